@@ -1,0 +1,408 @@
+"""Scenario files for the simulated GPU node: format, loading, validation.
+
+A scenario describes a node: its GPUs, the pods on it with their GPU
+processes, and host processes that belong to no pod. YAML or JSON; see
+docs/scenario.md for the format. Every error names the file, the line, the
+field, the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BUILTIN = "builtin"
+QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
+RUNTIMES = ("containerd", "crio", "docker")
+DRIVERS = ("systemd", "cgroupfs")
+_SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[KMGT]i?B?|B)?\s*$")
+_UNITS = {"": 1, "B": 1}
+for _i, _prefix in enumerate("KMGT", start=1):
+    _UNITS[f"{_prefix}i"] = _UNITS[f"{_prefix}iB"] = 1024**_i
+    _UNITS[_prefix] = _UNITS[f"{_prefix}B"] = 1000**_i
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be used. The message is one line for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wave:
+    """A value that moves: mean + amplitude * sin(2 pi (t / period + phase))."""
+
+    mean: float
+    amplitude: float = 0.0
+    period_s: float = 60.0
+    phase: float = 0.0
+
+    def at(self, t: float) -> float:
+        if self.amplitude == 0.0:
+            return self.mean
+        return self.mean + self.amplitude * math.sin(2 * math.pi * (t / self.period_s + self.phase))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    index: int
+    uuid: str
+    model: str
+    memory_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupSpec:
+    version: int = 2
+    driver: str = "systemd"
+    runtime: str = "containerd"
+    qos: str = "burstable"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    gpu: int
+    memory: Wave
+    """Bytes."""
+    sm: Wave
+    """0-1."""
+    container: str = "main"
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    namespace: str
+    name: str
+    uid: str
+    cgroup: CgroupSpec
+    processes: tuple[ProcessSpec, ...]
+    shares: dict[int, int] = field(default_factory=dict)
+    """GPU index -> vGPU shares."""
+    static: bool = False
+    in_directory: bool = True
+    period_s: float | None = None
+    active_s: float | None = None
+
+    def active(self, t: float) -> bool:
+        if self.period_s is None or self.active_s is None:
+            return True
+        return (t % self.period_s) < self.active_s
+
+    def cycle(self, t: float) -> int:
+        return 0 if self.period_s is None else int(t // self.period_s)
+
+
+@dataclass(frozen=True, slots=True)
+class HostProcessSpec:
+    gpu: int
+    memory: Wave
+    sm: Wave
+    cgroup: str
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    gpus: tuple[GpuSpec, ...]
+    pods: tuple[PodSpec, ...]
+    host_processes: tuple[HostProcessSpec, ...] = ()
+    node_name: str | None = None
+
+
+def load_scenario(source: str) -> Scenario:
+    """The built-in scenario (`builtin`) or the one in a file."""
+    if source == BUILTIN:
+        text = resources.files("otel_vgpu").joinpath("scenarios/builtin.yaml").read_text()
+        return parse_scenario(text, "builtin scenario")
+    path = Path(source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ScenarioError(f"{path}: cannot be read ({error})") from None
+    return parse_scenario(text, str(path))
+
+
+def parse_scenario(text: str, source: str) -> Scenario:
+    try:
+        document = yaml.load(text, Loader=_LineLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ScenarioError(f"{source}{where}: not valid YAML or JSON ({problem})") from None
+    return _Reader(source).scenario(document)
+
+
+class _LineDict(dict[Any, Any]):
+    """A mapping that remembers the line of each key (and its own)."""
+
+    line: int = 0
+    key_lines: dict[str, int]
+
+
+class _LineLoader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        mapping = _LineDict(super().construct_mapping(node, deep=True))
+        mapping.line = node.start_mark.line + 1
+        mapping.key_lines = {str(key.value): key.start_mark.line + 1 for key, _ in node.value}
+        return mapping
+
+
+_LineLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _LineLoader.construct_mapping,
+)
+
+
+class _Reader:
+    """Validates a loaded document into a Scenario, with located errors."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, line: int, message: str) -> ScenarioError:
+        location = f"{self.source}:{line}" if line else self.source
+        return ScenarioError(f"{location}: {where}: {message}")
+
+    def mapping(self, value: Any, where: str, line: int, allowed: set[str]) -> _LineDict:
+        if not isinstance(value, dict):
+            raise self.fail(where, line, f"{value!r} is not a mapping")
+        mapping = value if isinstance(value, _LineDict) else _LineDict(value)
+        if not hasattr(mapping, "key_lines"):
+            mapping.key_lines = {}
+        for key in mapping:
+            if key not in allowed:
+                raise self.fail(
+                    where, _line(mapping, key), f"unknown field {key!r}; valid: {', '.join(sorted(allowed))}"
+                )
+        return mapping
+
+    def sequence(self, value: Any, where: str, line: int) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(where, line, f"{value!r} is not a list")
+        return value
+
+    def scenario(self, document: Any) -> Scenario:
+        top = self.mapping(document, "scenario", 1, {"node", "gpus", "pods", "host_processes"})
+        gpus_raw = self.sequence(top.get("gpus"), "gpus", _line(top, "gpus"))
+        if not gpus_raw:
+            raise self.fail("gpus", _line(top, "gpus"), "the node needs at least one GPU")
+        gpus = tuple(self.gpu(raw, index) for index, raw in enumerate(gpus_raw))
+        uuids = [gpu.uuid for gpu in gpus]
+        if len(set(uuids)) != len(uuids):
+            raise self.fail("gpus", _line(top, "gpus"), "two GPUs have the same uuid")
+        pods = tuple(
+            self.pod(raw, f"pods[{i}]", len(gpus))
+            for i, raw in enumerate(self.sequence(top.get("pods"), "pods", _line(top, "pods")))
+        )
+        seen: dict[tuple[str, str], int] = {}
+        for i, pod in enumerate(pods):
+            if (pod.namespace, pod.name) in seen:
+                raise self.fail(
+                    f"pods[{i}]", 0, f"{pod.namespace}/{pod.name} is also pods[{seen[(pod.namespace, pod.name)]}]"
+                )
+            seen[(pod.namespace, pod.name)] = i
+        hosts = tuple(
+            self.host_process(raw, f"host_processes[{i}]", len(gpus))
+            for i, raw in enumerate(
+                self.sequence(top.get("host_processes"), "host_processes", _line(top, "host_processes"))
+            )
+        )
+        node = top.get("node")
+        return Scenario(gpus=gpus, pods=pods, host_processes=hosts, node_name=None if node is None else str(node))
+
+    def gpu(self, raw: Any, index: int) -> GpuSpec:
+        where = f"gpus[{index}]"
+        gpu = self.mapping(raw, where, 0, {"model", "memory", "uuid"})
+        model = str(gpu.get("model", "NVIDIA H100 80GB HBM3"))
+        memory = self.size(gpu.get("memory", "80GiB"), f"{where}.memory", _line(gpu, "memory"))
+        if memory <= 0:
+            raise self.fail(f"{where}.memory", _line(gpu, "memory"), "must be above 0")
+        default_uuid = "GPU-" + str(uuidlib.UUID(hashlib.md5(f"gpu{index}".encode()).hexdigest()))
+        return GpuSpec(index=index, uuid=str(gpu.get("uuid", default_uuid)), model=model, memory_total=memory)
+
+    def pod(self, raw: Any, where: str, gpu_count: int) -> PodSpec:
+        allowed = {
+            "namespace",
+            "name",
+            "uid",
+            "static",
+            "cgroup",
+            "processes",
+            "shares",
+            "in_directory",
+            "period_s",
+            "active_s",
+        }
+        pod = self.mapping(raw, where, 0, allowed)
+        name = pod.get("name")
+        if not isinstance(name, str) or not name:
+            raise self.fail(f"{where}.name", _line(pod, "name") or pod.line, f"{name!r}: a pod needs a name")
+        namespace = str(pod.get("namespace", "default"))
+        static = self.boolean(pod.get("static", False), f"{where}.static", _line(pod, "static"))
+        uid = pod.get("uid")
+        if uid is None:
+            digest = hashlib.md5(f"{namespace}/{name}".encode()).hexdigest()
+            uid = digest if static else str(uuidlib.UUID(digest))
+        uid = str(uid).lower()
+        pattern = r"[0-9a-f]{32}" if static else r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+        if not re.fullmatch(pattern, uid):
+            valid = "32 hex digits (a static pod's config hash)" if static else "a dashed UUID"
+            raise self.fail(f"{where}.uid", _line(pod, "uid"), f"{uid!r} is not {valid}")
+        processes = tuple(
+            self.process(p, f"{where}.processes[{i}]", gpu_count)
+            for i, p in enumerate(self.sequence(pod.get("processes"), f"{where}.processes", _line(pod, "processes")))
+        )
+        shares = self.shares(pod.get("shares"), f"{where}.shares", _line(pod, "shares"), gpu_count)
+        period = self.number_or_none(pod.get("period_s"), f"{where}.period_s", _line(pod, "period_s"))
+        active = self.number_or_none(pod.get("active_s"), f"{where}.active_s", _line(pod, "active_s"))
+        if (period is None) != (active is None):
+            raise self.fail(where, pod.line, "period_s and active_s go together")
+        if period is not None and active is not None and not 0 < active <= period:
+            raise self.fail(f"{where}.active_s", _line(pod, "active_s"), f"{active} must be in (0, period_s]")
+        return PodSpec(
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            static=static,
+            cgroup=self.cgroup(pod.get("cgroup"), f"{where}.cgroup", _line(pod, "cgroup")),
+            processes=processes,
+            shares=shares,
+            in_directory=self.boolean(
+                pod.get("in_directory", True), f"{where}.in_directory", _line(pod, "in_directory")
+            ),
+            period_s=period,
+            active_s=active,
+        )
+
+    def shares(self, raw: Any, where: str, line: int, gpu_count: int) -> dict[int, int]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise self.fail(where, line, f"{raw!r} is not a mapping of GPU index to shares")
+        shares: dict[int, int] = {}
+        for key, count in raw.items():
+            at = f"{where}.{key}"
+            key_line = _line(raw, key)
+            index = key if isinstance(key, int) and not isinstance(key, bool) else None
+            if index is None and isinstance(key, str) and key.isdigit():
+                index = int(key)
+            if index is None or not 0 <= index < gpu_count:
+                raise self.fail(at, key_line, f"{key!r} is not a GPU index; valid: 0 to {gpu_count - 1}")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise self.fail(at, key_line, f"{count!r} is not a whole number >= 0")
+            shares[index] = count
+        return shares
+
+    def cgroup(self, raw: Any, where: str, line: int) -> CgroupSpec:
+        if raw is None:
+            return CgroupSpec()
+        spec = self.mapping(raw, where, line, {"version", "driver", "runtime", "qos"})
+        version = spec.get("version", 2)
+        if version not in (1, 2):
+            raise self.fail(f"{where}.version", _line(spec, "version"), f"{version!r}; valid: 1, 2")
+        values = {}
+        for key, valid, default in (
+            ("driver", DRIVERS, "systemd"),
+            ("runtime", RUNTIMES, "containerd"),
+            ("qos", QOS_CLASSES, "burstable"),
+        ):
+            value = spec.get(key, default)
+            if value not in valid:
+                raise self.fail(f"{where}.{key}", _line(spec, key), f"{value!r}; valid: {', '.join(valid)}")
+            values[key] = value
+        return CgroupSpec(version=version, **values)
+
+    def process(self, raw: Any, where: str, gpu_count: int) -> ProcessSpec:
+        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", "container"})
+        return ProcessSpec(
+            gpu=self.gpu_index(proc, where, gpu_count),
+            memory=self.wave(proc.get("memory", 0), f"{where}.memory", _line(proc, "memory"), size=True),
+            sm=self.wave(proc.get("sm", 0), f"{where}.sm", _line(proc, "sm"), size=False),
+            container=str(proc.get("container", "main")),
+        )
+
+    def host_process(self, raw: Any, where: str, gpu_count: int) -> HostProcessSpec:
+        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", "cgroup"})
+        return HostProcessSpec(
+            gpu=self.gpu_index(proc, where, gpu_count),
+            memory=self.wave(proc.get("memory", 0), f"{where}.memory", _line(proc, "memory"), size=True),
+            sm=self.wave(proc.get("sm", 0), f"{where}.sm", _line(proc, "sm"), size=False),
+            cgroup=str(proc.get("cgroup", "0::/system.slice/nvidia-persistenced.service")),
+        )
+
+    def gpu_index(self, proc: _LineDict, where: str, gpu_count: int) -> int:
+        gpu = proc.get("gpu", 0)
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu < gpu_count:
+            raise self.fail(
+                f"{where}.gpu",
+                _line(proc, "gpu") or proc.line,
+                f"{gpu!r} is not a GPU index; valid: 0 to {gpu_count - 1}",
+            )
+        return gpu
+
+    def wave(self, raw: Any, where: str, line: int, size: bool) -> Wave:
+        def value(v: Any, at: str) -> float:
+            if size:
+                return float(self.size(v, at, line))
+            number = self.number(v, at, line)
+            if not 0.0 <= number <= 1.0:
+                raise self.fail(at, line, f"{v!r} is not a fraction between 0 and 1")
+            return number
+
+        if isinstance(raw, dict):
+            spec = self.mapping(raw, where, line, {"mean", "amplitude", "period_s", "phase"})
+            period = self.number(spec.get("period_s", 60), f"{where}.period_s", line)
+            if period <= 0:
+                raise self.fail(f"{where}.period_s", line, f"{period} must be above 0")
+            return Wave(
+                mean=value(spec.get("mean", 0), f"{where}.mean"),
+                amplitude=value(spec.get("amplitude", 0), f"{where}.amplitude"),
+                period_s=period,
+                phase=self.number(spec.get("phase", 0), f"{where}.phase", line),
+            )
+        return Wave(mean=value(raw, where))
+
+    def size(self, raw: Any, where: str, line: int) -> int:
+        if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+            return raw
+        match = _SIZE.match(raw) if isinstance(raw, str) else None
+        if match is None:
+            raise self.fail(
+                where,
+                line,
+                f"{raw!r} is not a size; valid: bytes, or a number with B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)",
+            )
+        return int(float(match.group("number")) * _UNITS[match.group("unit") or ""])
+
+    def number(self, raw: Any, where: str, line: int) -> float:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+            raise self.fail(where, line, f"{raw!r} is not a number")
+        return float(raw)
+
+    def number_or_none(self, raw: Any, where: str, line: int) -> float | None:
+        if raw is None:
+            return None
+        number = self.number(raw, where, line)
+        if number <= 0:
+            raise self.fail(where, line, f"{raw!r} must be above 0")
+        return number
+
+    def boolean(self, raw: Any, where: str, line: int) -> bool:
+        if not isinstance(raw, bool):
+            raise self.fail(where, line, f"{raw!r} is not true or false")
+        return raw
+
+
+def _line(mapping: Any, key: Any) -> int:
+    lines = getattr(mapping, "key_lines", None) or {}
+    return int(lines.get(str(key), getattr(mapping, "line", 0)))

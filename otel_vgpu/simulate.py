@@ -1,0 +1,249 @@
+"""The simulated GPU node: a GPU backend and a proc tree driven by a scenario.
+
+Only NVML and the host are simulated. The node writes `<root>/<pid>/cgroup`
+and `<root>/<pid>/stat` files shaped like a kubelet's (cgroup v1 and v2,
+systemd and cgroupfs drivers, containerd, CRI-O and Docker), so the agent's
+real proc reader, cgroup parser and attribution cache run on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from otel_vgpu.allocation import Shares
+from otel_vgpu.gpu import Device, GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.pods import PodMeta, StaticDirectory
+from otel_vgpu.scenario import CgroupSpec, PodSpec, Scenario
+
+# Memory the driver holds on each device beyond what processes use.
+DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
+# NVML keeps one utilization sample per process per sample period; a window
+# of any length returns a few of them.
+SAMPLES_PER_WINDOW = 4
+_FIRST_PID = 4000
+_V1_CONTROLLERS = ("cpu,cpuacct", "memory", "pids", "blkio", "devices", "freezer", "perf_event")
+_RUNTIME_PREFIX = {"containerd": "cri-containerd", "crio": "crio", "docker": "docker"}
+
+
+def container_id(pod: PodSpec, container: str) -> str:
+    return hashlib.sha256(f"{pod.namespace}/{pod.name}/{container}".encode()).hexdigest()
+
+
+def cgroup_path(spec: CgroupSpec, pod_uid: str, container: str) -> str:
+    """The cgroup path a kubelet with this driver and runtime gives a container."""
+    if spec.driver == "systemd":
+        uid = pod_uid.replace("-", "_")
+        if spec.qos == "guaranteed":
+            parent = f"/kubepods.slice/kubepods-pod{uid}.slice"
+        else:
+            parent = f"/kubepods.slice/kubepods-{spec.qos}.slice/kubepods-{spec.qos}-pod{uid}.slice"
+        return f"{parent}/{_RUNTIME_PREFIX[spec.runtime]}-{container}.scope"
+    qos = "" if spec.qos == "guaranteed" else f"/{spec.qos}"
+    leaf = f"crio-{container}" if spec.runtime == "crio" else container
+    return f"/kubepods{qos}/pod{pod_uid}/{leaf}"
+
+
+def cgroup_file(spec: CgroupSpec, pod_uid: str, container: str) -> str:
+    """The whole `/proc/<pid>/cgroup` of a process in that container."""
+    path = cgroup_path(spec, pod_uid, container)
+    if spec.version == 2:
+        return f"0::{path}\n"
+    lines = [f"{12 - i}:{controller}:{path}" for i, controller in enumerate(_V1_CONTROLLERS)]
+    # Hierarchies a container is not placed in stay at the root, as on real nodes.
+    lines += ["4:rdma:/", "3:hugetlb:/", "2:net_cls,net_prio:/"]
+    lines.append(f"1:name=systemd:{path}")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class _Process:
+    pid: int
+    start_time: int
+    gpu: int
+    memory: int
+    sm: Callable[[float], float]
+    cgroup: str
+
+
+class SimulatedNode:
+    """A GPU backend, an allocation source and a proc tree for one scenario."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        proc_root: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+    ) -> None:
+        self.scenario = scenario
+        self._owns_root = proc_root is None
+        self.proc_root = proc_root or Path(tempfile.mkdtemp(prefix="otel-vgpu-proc-"))
+        self._clock = clock
+        self._wall_clock_us = wall_clock_us
+        self._started = clock()
+        self._lock = threading.Lock()
+        self._written: dict[int, int] = {}  # pid -> start time on disk
+        self._state_at: float | None = None
+        self._processes: list[_Process] = []
+        self._failures: dict[tuple[str, int], str] = {}
+        self.refresh()
+
+    # The scenario's time: seconds since the node started.
+    def now(self) -> float:
+        return self._clock() - self._started
+
+    def directory(self) -> StaticDirectory:
+        return StaticDirectory(
+            {pod.uid: PodMeta(pod.namespace, pod.name) for pod in self.scenario.pods if pod.in_directory}
+        )
+
+    def fail(self, call: str, index: int, code: str | None) -> None:
+        """Make `call` ('device', 'processes', 'utilization_samples') fail on
+        GPU `index` with `code`, or succeed again with None (for fault tests)."""
+        if code is None:
+            self._failures.pop((call, index), None)
+        else:
+            self._failures[(call, index)] = code
+
+    # --- AllocationSource ---------------------------------------------------
+
+    def shares(self) -> Shares:
+        t = self.now()
+        result: dict[tuple[str, str], int] = {}
+        for pod in self.scenario.pods:
+            if pod.active(t):
+                for index, count in pod.shares.items():
+                    result[(pod.uid, self.scenario.gpus[index].uuid)] = count
+        return result
+
+    # --- GpuBackend -----------------------------------------------------------
+
+    def device_count(self) -> int:
+        self.refresh()
+        return len(self.scenario.gpus)
+
+    def device(self, index: int) -> Device:
+        self._maybe_fail("device", index)
+        gpu = self.scenario.gpus[index]
+        t = self.now()
+        mine = [p for p in self._processes if p.gpu == index]
+        return Device(
+            index=index,
+            uuid=gpu.uuid,
+            model=gpu.model,
+            memory_total=gpu.memory_total,
+            memory_used=min(gpu.memory_total, DRIVER_RESERVED_BYTES + sum(p.memory for p in mine)),
+            utilization=min(1.0, sum(p.sm(t) for p in mine)),
+        )
+
+    def processes(self, index: int) -> list[GpuProcess]:
+        self._maybe_fail("processes", index)
+        return [GpuProcess(pid=p.pid, used_memory=p.memory) for p in self._processes if p.gpu == index]
+
+    def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
+        self._maybe_fail("utilization_samples", index)
+        now_us = self.now_us()
+        t = self.now()
+        span = max(0, now_us - since_us)
+        samples = []
+        for process in self._processes:
+            if process.gpu != index:
+                continue
+            for k in range(SAMPLES_PER_WINDOW):
+                age_us = span * k // SAMPLES_PER_WINDOW
+                sm = process.sm(t - age_us / 1e6)
+                # NVML lists only processes that used the SMs in the period.
+                if sm > 0:
+                    samples.append(UtilizationSample(process.pid, now_us - age_us, sm))
+        return samples
+
+    def now_us(self) -> int:
+        return self._wall_clock_us()
+
+    def close(self) -> None:
+        if self._owns_root:
+            shutil.rmtree(self.proc_root, ignore_errors=True)
+
+    # --- state ------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Bring processes and the proc tree to the scenario's current time."""
+        with self._lock:
+            t = self.now()
+            self._processes = list(self._processes_at(t))
+            self._sync_proc_tree()
+
+    def _processes_at(self, t: float) -> list[_Process]:
+        processes: list[_Process] = []
+        pid = _FIRST_PID
+        for pod in self.scenario.pods:
+            for spec in pod.processes:
+                pid += 1
+                if not pod.active(t):
+                    continue
+                cid = container_id(pod, spec.container)
+                processes.append(
+                    _Process(
+                        pid=pid,
+                        # A new cycle of a coming-and-going pod, or another pod,
+                        # may reuse the PID; like a real one, its start time differs.
+                        start_time=zlib.crc32(f"{pod.uid}/{pod.cycle(t)}".encode()),
+                        gpu=spec.gpu,
+                        memory=int(max(0.0, spec.memory.at(t))),
+                        sm=_clamped(spec.sm.at),
+                        cgroup=cgroup_file(pod.cgroup, pod.uid, cid),
+                    )
+                )
+        for host in self.scenario.host_processes:
+            pid += 1
+            processes.append(
+                _Process(
+                    pid=pid,
+                    start_time=10,
+                    gpu=host.gpu,
+                    memory=int(max(0.0, host.memory.at(t))),
+                    sm=_clamped(host.sm.at),
+                    cgroup=host.cgroup + "\n",
+                )
+            )
+        return processes
+
+    def _sync_proc_tree(self) -> None:
+        wanted = {p.pid: p for p in self._processes}
+        for pid in list(self._written):
+            if pid not in wanted or wanted[pid].start_time != self._written[pid]:
+                shutil.rmtree(self.proc_root / str(pid), ignore_errors=True)
+                del self._written[pid]
+        for pid, process in wanted.items():
+            if pid in self._written:
+                continue
+            directory = self.proc_root / str(pid)
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "cgroup").write_text(process.cgroup)
+            # Field 22 is the start time; the command name holds a space and
+            # a parenthesis, as real ones can.
+            fields = ["S", "1"] + ["0"] * 17 + [str(process.start_time)] + ["0"] * 30
+            (directory / "stat").write_text(f"{pid} (python3 (gpu)) {' '.join(fields)}\n")
+            self._written[pid] = process.start_time
+
+    def _maybe_fail(self, call: str, index: int) -> None:
+        code = self._failures.get((call, index))
+        if code is not None:
+            raise GpuError(code, f"simulated {code}")
+
+
+def _clamped(wave: Callable[[float], float]) -> Callable[[float], float]:
+    def value(t: float) -> float:
+        v = wave(t)
+        return min(1.0, max(0.0, v)) if math.isfinite(v) else 0.0
+
+    return value

@@ -1,0 +1,122 @@
+"""gpu_allocation.txt: the seed format, and a clear error for every bad file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from otel_vgpu.ratio import MAX_FILE_BYTES, RatioFileError, RatioSource, parse_ratio, read_ratio
+
+
+@pytest.mark.parametrize(
+    ("text", "ratio"),
+    [
+        ("2", 2.0),
+        ("2\n", 2.0),
+        ("  4  \n", 4.0),
+        ("# vGPUs per GPU\n\n3\n", 3.0),
+        ("1.5 # inline comment\n", 1.5),
+        ("1", 1.0),
+        ("\n# a\n 8 \n# b\n", 8.0),
+    ],
+)
+def test_valid(text: str, ratio: float) -> None:
+    assert parse_ratio(text) == ratio
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        ("", None, "no value"),
+        ("# only a comment\n\n", None, "no value"),
+        ("two\n", 1, "'two' is not a number"),
+        ("# c\n0\n", 2, "'0' is below 1"),
+        ("-2", 1, "'-2' is below 1"),
+        ("0.5", 1, "'0.5' is below 1"),
+        ("nan", 1, "'nan' is not a finite number"),
+        ("inf", 1, "'inf' is not a finite number"),
+        ("2\n3\n", 2, "second value '3'"),
+        ("2 3", 1, "'2 3' is not a number"),
+    ],
+)
+def test_invalid_names_file_line_value_and_what_is_valid(text: str, line: int | None, fragment: str) -> None:
+    with pytest.raises(RatioFileError) as caught:
+        parse_ratio(text, "cfg/gpu_allocation.txt")
+    message = str(caught.value)
+    prefix = "cfg/gpu_allocation.txt" + (f":{line}:" if line else ":")
+    assert message.startswith(prefix)
+    assert fragment in message
+    assert "expected one number >= 1" in message
+    assert "\n" not in message
+
+
+def test_missing_directory_huge_and_binary_files(tmp_path: Path) -> None:
+    with pytest.raises(RatioFileError, match="no such file"):
+        read_ratio(tmp_path / "absent.txt")
+    with pytest.raises(RatioFileError, match="is a directory"):
+        read_ratio(tmp_path)
+    huge = tmp_path / "huge.txt"
+    huge.write_text("2\n" + "#" * MAX_FILE_BYTES)
+    with pytest.raises(RatioFileError, match="larger than"):
+        read_ratio(huge)
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"# ok\n\xff\xfe2\n")
+    with pytest.raises(RatioFileError, match=r"binary.txt:2: not UTF-8"):
+        read_ratio(binary)
+
+
+def test_unreadable_path(tmp_path: Path) -> None:
+    # Root reads any file whatever its mode, so the read error here comes
+    # from a path through a regular file.
+    (tmp_path / "file").write_text("2")
+    with pytest.raises(RatioFileError, match=r"cannot be read \(Not a directory\)"):
+        read_ratio(tmp_path / "file" / "gpu_allocation.txt")
+
+
+def test_reload_keeps_last_good_ratio_and_recovers(tmp_path: Path) -> None:
+    path = tmp_path / "gpu_allocation.txt"
+    path.write_text("2\n")
+    source = RatioSource(path)
+    assert source.ratio == 2.0
+    source.refresh()
+    assert source.error is None
+
+    path.write_text("4\n")
+    source.refresh()
+    assert (source.ratio, source.error) == (4.0, None)
+
+    path.write_text("zero\n")
+    source.refresh()
+    assert source.ratio == 4.0
+    assert source.error is not None and "'zero' is not a number" in str(source.error)
+
+    path.unlink()
+    source.refresh()
+    assert source.ratio == 4.0 and "no such file" in str(source.error)
+
+    path.write_text("3\n")
+    source.refresh()
+    assert (source.ratio, source.error) == (3.0, None)
+
+
+def test_configmap_symlink_swap_is_seen(tmp_path: Path) -> None:
+    # Kubernetes mounts a ConfigMap as <dir>/key -> ..data/key, with
+    # ..data -> ..<timestamp>; an update writes a new timestamped directory
+    # and renames a new ..data link over the old one.
+    def version(name: str, value: str) -> None:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "gpu_allocation.txt").write_text(value)
+
+    version("..2026_11_29_10_00_00.1", "2\n")
+    (tmp_path / "..data").symlink_to("..2026_11_29_10_00_00.1")
+    (tmp_path / "gpu_allocation.txt").symlink_to("..data/gpu_allocation.txt")
+    source = RatioSource(tmp_path / "gpu_allocation.txt")
+    assert source.ratio == 2.0
+
+    version("..2026_11_29_10_05_00.2", "4\n")
+    (tmp_path / "..data_tmp").symlink_to("..2026_11_29_10_05_00.2")
+    os.rename(tmp_path / "..data_tmp", tmp_path / "..data")
+    source.refresh()
+    assert source.ratio == 4.0

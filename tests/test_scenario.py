@@ -1,0 +1,96 @@
+"""Scenario files: the documented format, and located errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from otel_vgpu.scenario import BUILTIN, ScenarioError, Wave, load_scenario, parse_scenario
+
+from .conftest import GIB, MIB, STEADY
+
+
+def test_builtin_scenario_has_what_the_demo_promises() -> None:
+    scenario = load_scenario(BUILTIN)
+    assert len(scenario.gpus) >= 2
+    assert len(scenario.pods) >= 6
+    assert len({pod.namespace for pod in scenario.pods}) >= 2
+    assert any(len({p.gpu for p in pod.processes}) >= 2 for pod in scenario.pods), "a pod on two GPUs"
+    assert any(len(pod.processes) >= 2 for pod in scenario.pods), "a pod with several processes"
+    assert scenario.host_processes, "a process in no pod"
+    moving = [p.sm for pod in scenario.pods for p in pod.processes if p.sm.amplitude > 0]
+    assert moving, "values that move"
+    layouts = {(pod.cgroup.version, pod.cgroup.driver, pod.cgroup.runtime) for pod in scenario.pods}
+    assert {1, 2} <= {v for v, _, _ in layouts}
+    assert {"systemd", "cgroupfs"} <= {d for _, d, _ in layouts}
+    assert {"containerd", "crio", "docker"} <= {r for _, _, r in layouts}
+
+
+def test_sizes_units_and_defaults() -> None:
+    scenario = parse_scenario(STEADY, "steady.yaml")
+    assert scenario.gpus[0].memory_total == 80 * GIB
+    trainer = scenario.pods[0]
+    assert trainer.shares == {0: 2, 1: 1}
+    assert trainer.processes[0].memory == Wave(10 * GIB)
+    assert scenario.pods[3].processes[0].memory == Wave(256 * MIB)
+    assert len(scenario.pods[3].uid) == 32  # static pod: a config hash
+    assert scenario.pods[4].uid == "0e886e9a-3879-45f9-b44d-86ef9df03224"
+
+
+def test_json_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(
+        '{"gpus": [{"memory": 1073741824}], "pods": [{"name": "p", "processes": [{"gpu": 0, "memory": "1GB"}]}]}'
+    )
+    scenario = load_scenario(str(path))
+    assert scenario.gpus[0].memory_total == GIB
+    assert scenario.pods[0].processes[0].memory.mean == 1e9
+
+
+def test_wave_moves_around_its_mean() -> None:
+    wave = Wave(mean=0.5, amplitude=0.2, period_s=40)
+    assert wave.at(0) == pytest.approx(0.5)
+    assert wave.at(10) == pytest.approx(0.7)
+    assert wave.at(30) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("gpus: []\n", "bad.yaml:1: gpus: the node needs at least one GPU"),
+        ("gpus:\n  - memory: lots\n", "bad.yaml:2: gpus[0].memory: 'lots' is not a size"),
+        (
+            "gpus:\n  - memory: 1GiB\npods:\n  - name: a\n    processes:\n      - gpu: 3\n",
+            "bad.yaml:6: pods[0].processes[0].gpu: 3 is not a GPU index; valid: 0 to 0",
+        ),
+        ("gpus: [{}]\npods:\n  - name: a\n    colour: red\n", "bad.yaml:4: pods[0]: unknown field 'colour'"),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    processes: [{gpu: 0, sm: 1.5}]\n",
+            "bad.yaml:4: pods[0].processes[0].sm: 1.5 is not a fraction between 0 and 1",
+        ),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    cgroup: {runtime: rkt}\n",
+            "bad.yaml:4: pods[0].cgroup.runtime: 'rkt'; valid: containerd, crio, docker",
+        ),
+        ("gpus: [{}]\npods:\n  - name: a\n    shares: {1: 2}\n", "bad.yaml:4: pods[0].shares.1: 1 is not a GPU index"),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    uid: not-a-uid\n",
+            "bad.yaml:4: pods[0].uid: 'not-a-uid' is not a dashed UUID",
+        ),
+        ("gpus: [{}]\npods:\n  - {name: a}\n  - {name: a}\n", "pods[1]: default/a is also pods[0]"),
+        ("gpus: [{}]\npods:\n  - name: a\n    period_s: 10\n", "period_s and active_s go together"),
+        ("gpus: [{\n", "bad.yaml:2: not valid YAML or JSON"),
+        ("- 1\n", "bad.yaml:1: scenario: [1] is not a mapping"),
+    ],
+)
+def test_errors_name_file_line_field_and_what_is_valid(text: str, expected: str) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(text, "bad.yaml")
+    assert expected in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ScenarioError, match=r"no-such\.yaml: no such scenario file"):
+        load_scenario("no-such.yaml")
