@@ -1,0 +1,151 @@
+"""Scrape cost of the agent on a simulated node.
+
+Starts `otel-vgpu --simulate` on a generated node (default 8 GPUs, 80 pods,
+320 processes), scrapes /metrics sequentially, and prints scrape latency
+(median, p99), CPU time per collection, resident memory and series count.
+Every scrape runs a full sweep (`--min-interval 0`), so CPU per scrape is CPU
+per collection.
+
+    python bench/scrape_bench.py                     # realistic scale
+    python bench/scrape_bench.py --pods 384 --processes 1536   # stress scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+LAYOUTS = [
+    {"version": 2, "driver": "systemd", "runtime": "containerd"},
+    {"version": 1, "driver": "cgroupfs", "runtime": "docker"},
+    {"version": 2, "driver": "systemd", "runtime": "crio"},
+    {"version": 1, "driver": "systemd", "runtime": "containerd"},
+]
+
+
+def scenario(gpus: int, pods: int, processes: int) -> dict[str, object]:
+    per_pod, extra = divmod(processes, pods)
+    pod_list = []
+    for p in range(pods):
+        count = per_pod + (1 if p < extra else 0)
+        pod_list.append(
+            {
+                "namespace": f"team-{p % 8}",
+                "name": f"workload-{p}",
+                "cgroup": LAYOUTS[p % len(LAYOUTS)],
+                "shares": {p % gpus: 1},
+                "processes": [
+                    {
+                        "gpu": (p + i) % gpus,
+                        "memory": f"{256 + 64 * (i % 8)}MiB",
+                        "sm": {"mean": 0.02, "amplitude": 0.01, "period_s": 30 + p % 10},
+                    }
+                    for i in range(count)
+                ],
+            }
+        )
+    return {"gpus": [{"memory": "80GiB"} for _ in range(gpus)], "pods": pod_list}
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def scrape(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        body: bytes = response.read()
+        return body
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--pods", type=int, default=80)
+    parser.add_argument("--processes", type=int, default=320)
+    parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--port", type=int, default=18099)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        scenario_path = Path(tmp) / "node.yaml"
+        scenario_path.write_text(yaml.safe_dump(scenario(args.gpus, args.pods, args.processes)))
+        ratio = Path(tmp) / "gpu_allocation.txt"
+        ratio.write_text("4\n")
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "otel_vgpu",
+                "--simulate",
+                str(scenario_path),
+                "--allocation-file",
+                str(ratio),
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(args.port),
+                "--min-interval",
+                "0",
+                "--log-level",
+                "warning",
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{args.port}/metrics"
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    scrape(url)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or agent.poll() is not None:
+                        raise SystemExit("the agent did not start") from None
+                    time.sleep(0.1)
+            for _ in range(args.warmup):
+                scrape(url)
+            latencies = []
+            cpu_before = cpu_seconds(agent.pid)
+            for _ in range(args.scrapes):
+                started = time.perf_counter()
+                body = scrape(url)
+                latencies.append(time.perf_counter() - started)
+            cpu = cpu_seconds(agent.pid) - cpu_before
+            rss = rss_mib(agent.pid)
+        finally:
+            agent.terminate()
+            agent.wait(timeout=10)
+
+    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    print(f"node: {args.gpus} GPUs, {args.pods} pods, {args.processes} processes; {args.scrapes} scrapes")
+    print(f"scrape latency median  {statistics.median(latencies) * 1000:8.2f} ms")
+    print(f"scrape latency p99     {p99 * 1000:8.2f} ms")
+    print(f"CPU per collection     {cpu / args.scrapes * 1000:8.2f} ms")
+    print(f"resident memory        {rss:8.1f} MiB")
+    print(f"series per scrape      {series:8d}")
+    print(f"response size          {len(body) / 1024:8.1f} KiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from otel_vgpu.cli import main
+
+raise SystemExit(main())

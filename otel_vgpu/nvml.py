@@ -1,0 +1,139 @@
+"""The GPU backend on a real node: NVML through nvidia-ml-py."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from types import ModuleType
+from typing import Any
+
+from otel_vgpu.gpu import Device, GpuError, GpuProcess, UtilizationSample
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this machine. The message is one line for the user."""
+
+
+def _load_pynvml() -> ModuleType:
+    try:
+        import pynvml  # noqa: PLC0415 - imported only on a real node
+    except ImportError as error:  # pragma: no cover - it is a dependency
+        raise NvmlUnavailable(f"the nvidia-ml-py package is not installed ({error})") from None
+    module: ModuleType = pynvml
+    return module
+
+
+class NvmlBackend:
+    """Reads devices, processes and process utilization from NVML.
+
+    `nvml` is the nvidia-ml-py module; tests pass a double with the same
+    functions and error classes, since no GPU is available to them.
+    """
+
+    def __init__(self, nvml: ModuleType | Any = None) -> None:
+        self._nvml = nvml if nvml is not None else _load_pynvml()
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as error:
+            raise NvmlUnavailable(
+                f"NVML (libnvidia-ml.so.1, from the NVIDIA driver) could not be initialised: "
+                f"{_describe(error)}; on a machine without a GPU use --simulate"
+            ) from None
+        self._handles: dict[int, Any] = {}
+
+    def device_count(self) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetCount))
+
+    def device(self, index: int) -> Device:
+        handle = self._handle(index)
+        memory = self._call(self._nvml.nvmlDeviceGetMemoryInfo, handle)
+        rates = self._call(self._nvml.nvmlDeviceGetUtilizationRates, handle)
+        return Device(
+            index=index,
+            uuid=_text(self._call(self._nvml.nvmlDeviceGetUUID, handle)),
+            model=_text(self._call(self._nvml.nvmlDeviceGetName, handle)),
+            memory_total=int(memory.total),
+            memory_used=int(memory.used),
+            utilization=float(rates.gpu) / 100.0,
+        )
+
+    def processes(self, index: int) -> list[GpuProcess]:
+        handle = self._handle(index)
+        merged: dict[int, GpuProcess] = {}
+        for listing in (
+            self._nvml.nvmlDeviceGetComputeRunningProcesses,
+            self._nvml.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
+            for info in self._call(listing, handle):
+                pid = int(info.pid)
+                used = None if info.usedGpuMemory is None else int(info.usedGpuMemory)
+                previous = merged.get(pid)
+                # A process on both lists (CUDA and graphics contexts) holds
+                # one allocation that NVML reports in each: count it once.
+                if previous is None or (previous.used_memory is None and used is not None):
+                    merged[pid] = GpuProcess(pid=pid, used_memory=used)
+        return list(merged.values())
+
+    def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
+        handle = self._handle(index)
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+        except self._nvml.NVMLError as error:
+            # NOT_FOUND: no process had a sample since `since_us`, i.e. all idle.
+            if _code(error) == "NOT_FOUND":
+                return []
+            raise GpuError(_code(error), _describe(error)) from None
+        return [
+            UtilizationSample(
+                pid=int(sample.pid),
+                timestamp_us=int(sample.timeStamp),
+                sm=float(sample.smUtil) / 100.0,
+            )
+            for sample in samples
+        ]
+
+    def now_us(self) -> int:
+        # NVML stamps process samples with the CPU's wall clock in microseconds.
+        return time.time_ns() // 1000
+
+    def close(self) -> None:
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()
+
+    def _handle(self, index: int) -> Any:
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._call(self._nvml.nvmlDeviceGetHandleByIndex, index)
+            self._handles[index] = handle
+        return handle
+
+    def _call(self, function: Any, *args: Any) -> Any:
+        try:
+            return function(*args)
+        except self._nvml.NVMLError as error:
+            raise GpuError(_code(error), _describe(error)) from None
+
+
+def _code(error: Any) -> str:
+    # nvidia-ml-py makes a subclass per code, named NVMLError_GpuIsLost etc.;
+    # NVML's own string ("GPU is lost") is the stable, readable name.
+    name = type(error).__name__
+    if name.startswith("NVMLError_"):
+        snake: list[str] = []
+        for char in name.removeprefix("NVMLError_"):
+            if char.isupper() and snake:
+                snake.append("_")
+            snake.append(char.upper())
+        return "".join(snake)
+    return f"NVML_{getattr(error, 'value', 'ERROR')}"
+
+
+def _describe(error: Any) -> str:
+    try:
+        return str(error)
+    except Exception:  # nvidia-ml-py's __str__ calls into NVML, which may be gone
+        return _code(error)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,193 @@
+"""Sweeps: one read of every source, shared by every instrument and reader.
+
+A sweep reads NVML once, attributes the processes, and aggregates. The
+sampler hands the same snapshot to every caller while it is young enough, and
+a caller that arrives while a sweep is running waits for that sweep instead
+of starting another: however many scrapes and exports come at once, at most
+one sweep is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from otel_vgpu.aggregate import GpuReading, Snapshot, aggregate
+from otel_vgpu.allocation import AllocationSource
+from otel_vgpu.attribution import Attributor
+from otel_vgpu.gpu import GpuBackend, GpuError
+from otel_vgpu.pods import PodDirectory
+from otel_vgpu.ratio import RatioSource
+from otel_vgpu.sampling import SamplingWindows, mean_sm_by_pid
+
+log = logging.getLogger(__name__)
+
+
+class SweepObserver(Protocol):
+    """Where the sampler reports on itself (the agent's own metrics)."""
+
+    def sweep_finished(self, seconds: float) -> None: ...
+
+    def error(self, stage: str) -> None: ...
+
+
+class _NullObserver:
+    def sweep_finished(self, seconds: float) -> None:
+        pass
+
+    def error(self, stage: str) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _Errors:
+    """Failures of one sweep: (stage, kind) -> message."""
+
+    seen: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def add(self, stage: str, kind: str, message: str) -> None:
+        self.seen.setdefault((stage, kind), message)
+
+
+class Sampler:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        *,
+        attributor: Attributor,
+        directory: PodDirectory,
+        allocation: AllocationSource,
+        ratio: RatioSource,
+        observer: SweepObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._backend = backend
+        self._attributor = attributor
+        self._directory = directory
+        self._allocation = allocation
+        self._ratio = ratio
+        self._observer = observer or _NullObserver()
+        self._clock = clock
+        self._windows = SamplingWindows()
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._latest: Snapshot | None = None
+        self._last_success: float | None = None
+        self._failing: set[tuple[str, str]] = set()
+        self.sweeps = 0
+
+    def observe(self, observer: SweepObserver) -> None:
+        """Report sweeps and errors to `observer` from now on."""
+        self._observer = observer
+
+    @property
+    def last_success(self) -> float | None:
+        """Monotonic time of the last sweep that could enumerate the GPUs."""
+        return self._last_success
+
+    def snapshot(self, max_age: float) -> Snapshot:
+        """A snapshot no older than `max_age` seconds, sweeping if needed."""
+        generation = self._generation
+        with self._lock:
+            latest = self._latest
+            if latest is not None and (
+                # A sweep finished while this caller waited for the lock:
+                # it is as fresh as one this caller would start.
+                self._generation != generation or self._clock() - latest.taken_at <= max_age
+            ):
+                return latest
+            snapshot = self._sweep()
+            self._latest = snapshot
+            self._generation += 1
+            return snapshot
+
+    def _sweep(self) -> Snapshot:
+        started = self._clock()
+        errors = _Errors()
+        self.sweeps += 1
+        try:
+            snapshot = self._collect(errors)
+        except Exception as error:  # keep serving; the traceback is logged once
+            if ("sweep", type(error).__name__) not in self._failing:
+                log.exception("sweep failed unexpectedly")
+            errors.add("sweep", type(error).__name__, f"{type(error).__name__}: {error}")
+            snapshot = Snapshot(taken_at=self._clock(), ok=False)
+        finished = self._clock()
+        if snapshot.ok:
+            self._last_success = finished
+        self._observer.sweep_finished(finished - started)
+        self._report(errors)
+        return Snapshot(
+            taken_at=finished,
+            ok=snapshot.ok,
+            gpus=snapshot.gpus,
+            pods=snapshot.pods,
+            errors=tuple((stage, message) for (stage, _), message in errors.seen.items()),
+        )
+
+    def _collect(self, errors: _Errors) -> Snapshot:
+        self._ratio.refresh()
+        if self._ratio.error is not None:
+            message = f"{self._ratio.error} (keeping ratio {self._ratio.ratio:g})"
+            errors.add("allocation_file", str(self._ratio.error), message)
+        try:
+            count = self._backend.device_count()
+        except GpuError as error:
+            errors.add("device_count", error.code, str(error))
+            return Snapshot(taken_at=self._clock(), ok=False)
+
+        readings: list[GpuReading] = []
+        for index in range(count):
+            reading = self._read_gpu(index, errors)
+            if reading is not None:
+                readings.append(reading)
+        self._windows.keep_only(reading.device.uuid for reading in readings)
+
+        pids = [p.pid for reading in readings for p in reading.processes or ()]
+        attribution = self._attributor.attribute(pids)
+        for message in attribution.errors:
+            errors.add("attribution", "unreadable", message)
+
+        gpus, pods = aggregate(
+            readings,
+            attribution.pods,
+            self._directory.lookup,
+            self._allocation.shares(),
+            self._ratio.ratio,
+        )
+        return Snapshot(taken_at=self._clock(), ok=True, gpus=gpus, pods=pods)
+
+    def _read_gpu(self, index: int, errors: _Errors) -> GpuReading | None:
+        try:
+            device = self._backend.device(index)
+        except GpuError as error:
+            errors.add("device", f"{index}:{error.code}", f"GPU {index}: {error}")
+            return None
+        try:
+            processes = self._backend.processes(index)
+        except GpuError as error:
+            errors.add("processes", f"{index}:{error.code}", f"GPU {index}: {error}")
+            return GpuReading(device=device, processes=None, sm_by_pid=None)
+        now = self._backend.now_us()
+        since = self._windows.start(device.uuid, now)
+        try:
+            samples = self._backend.utilization_samples(index, since)
+        except GpuError as error:
+            errors.add("process_utilization", f"{index}:{error.code}", f"GPU {index}: {error}")
+            return GpuReading(device=device, processes=processes, sm_by_pid=None)
+        self._windows.advance(device.uuid, now)
+        return GpuReading(device=device, processes=processes, sm_by_pid=mean_sm_by_pid(samples, since))
+
+    def _report(self, errors: _Errors) -> None:
+        """Count every failure; log each kind once, when it starts and when it ends."""
+        for (stage, kind), message in errors.seen.items():
+            self._observer.error(stage)
+            if (stage, kind) not in self._failing and stage != "sweep":
+                log.warning("%s failed: %s", stage, message)
+        for stage, kind in self._failing - errors.seen.keys():
+            log.info("%s recovered (%s)", stage, kind)
+        self._failing = set(errors.seen)

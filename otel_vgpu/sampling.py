@@ -1,0 +1,58 @@
+"""Per-process SM utilization over the window since the last collection.
+
+NVML keeps recent per-process samples and returns those newer than a given
+timestamp. Each GPU remembers when it was last collected; the next collection
+asks for samples since then, but never for less than the last second, so two
+scrapes close together never read a busy process as idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from otel_vgpu.gpu import UtilizationSample
+
+MIN_WINDOW_US = 1_000_000
+
+
+def window_start(last_collected_us: int | None, now_us: int, min_window_us: int = MIN_WINDOW_US) -> int:
+    """Start of the sampling window for a GPU collected now."""
+    floor = now_us - min_window_us
+    if last_collected_us is None:
+        return floor
+    return min(last_collected_us, floor)
+
+
+def mean_sm_by_pid(samples: Iterable[UtilizationSample], since_us: int) -> dict[int, float]:
+    """Mean SM utilization (0-1) per PID of the samples inside the window.
+
+    A PID without a sample in the window is absent: the caller reads it as
+    idle. Values are clamped to 0-1, since drivers have been seen to report
+    more than 100 %.
+    """
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for sample in samples:
+        if sample.timestamp_us <= since_us:
+            continue
+        sums[sample.pid] = sums.get(sample.pid, 0.0) + sample.sm
+        counts[sample.pid] = counts.get(sample.pid, 0) + 1
+    return {pid: min(1.0, max(0.0, total / counts[pid])) for pid, total in sums.items()}
+
+
+class SamplingWindows:
+    """The last collection time of each GPU, by UUID (indexes can change
+    across a driver reload; UUIDs do not)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+
+    def start(self, gpu_uuid: str, now_us: int) -> int:
+        return window_start(self._last.get(gpu_uuid), now_us)
+
+    def advance(self, gpu_uuid: str, now_us: int) -> None:
+        self._last[gpu_uuid] = now_us
+
+    def keep_only(self, gpu_uuids: Iterable[str]) -> None:
+        keep = set(gpu_uuids)
+        self._last = {uuid: ts for uuid, ts in self._last.items() if uuid in keep}

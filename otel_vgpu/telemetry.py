@@ -1,0 +1,326 @@
+"""OpenTelemetry wiring: meter provider, readers, and the instruments.
+
+Every GPU and pod family is an observable gauge whose callback maps rows of
+one snapshot to observations. A collection is a scope: it takes one snapshot
+from the sampler before the SDK runs the callbacks, and every callback of
+that collection reads the same snapshot. That is what makes "one
+sweep per collection" hold whatever `--min-interval` is, and keeps the
+families of one scrape consistent with each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    MeterProvider,
+    ObservableGauge,
+)
+from opentelemetry.sdk.metrics.export import CardinalityLimits
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+from otel_vgpu import __version__
+from otel_vgpu.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+# Points one instrument may hold before the SDK folds the rest into an
+# overflow series. The SDK's default (2000) is below 8 GPUs x 400 pods; this
+# covers 8 GPUs x 8192 pods. Stale attribute sets are pruned after each
+# collection (see _prune), so the limit bounds live series, not history.
+CARDINALITY_LIMIT = 65_536
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ERROR_STAGES = (
+    "allocation_file",
+    "device_count",
+    "device",
+    "processes",
+    "process_utilization",
+    "attribution",
+    "sweep",
+)
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str
+    unit: str
+    description: str
+    value: Callable[[Any], float | None]
+
+
+POD_FAMILIES = (
+    Family(
+        "vgpu.pod.memory.used",
+        "By",
+        "GPU memory used by the pod's processes on this GPU (sum of NVML usedGpuMemory).",
+        lambda r: r.memory_used,
+    ),
+    Family(
+        "vgpu.pod.memory.allocated",
+        "By",
+        "GPU memory the pod was given on this GPU: vGPU shares x total memory / ratio.",
+        lambda r: r.memory_allocated,
+    ),
+    Family(
+        "vgpu.pod.sm.utilization",
+        "1",
+        "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1.",
+        lambda r: r.sm_utilization,
+    ),
+    Family(
+        "vgpu.pod.vgpu.utilization",
+        "1",
+        "SM use relative to the pod's vGPU shares: sm x ratio / shares (1 = exactly its share).",
+        lambda r: r.vgpu_utilization,
+    ),
+    Family("vgpu.pod.processes", "{process}", "Number of the pod's processes on this GPU.", lambda r: r.processes),
+)
+GPU_FAMILIES = (
+    Family("vgpu.gpu.memory.total", "By", "Physical memory of the GPU.", lambda g: g.memory_total),
+    Family(
+        "vgpu.gpu.memory.used", "By", "Physical memory in use on the GPU (NVML device figure).", lambda g: g.memory_used
+    ),
+    Family(
+        "vgpu.gpu.sm.utilization",
+        "1",
+        "Device utilization over NVML's last sample period, 0-1.",
+        lambda g: g.utilization,
+    ),
+    Family(
+        "vgpu.gpu.vgpus", "{vgpu}", "vGPUs each physical GPU is presented as (the ratio in force).", lambda g: g.vgpus
+    ),
+    Family(
+        "vgpu.gpu.memory.unattributed",
+        "By",
+        "GPU memory of processes that belong to no pod.",
+        lambda g: g.unattributed_memory,
+    ),
+)
+
+
+def pod_attributes(row: PodRow) -> dict[str, str]:
+    return {"namespace": row.namespace, "pod": row.pod, "gpu_id": str(row.gpu_index), "gpu_uuid": row.gpu_uuid}
+
+
+def gpu_attributes(row: GpuRow) -> dict[str, str]:
+    return {"gpu_id": str(row.index), "gpu_uuid": row.uuid, "gpu_model": row.model}
+
+
+def seed_rows(snapshot: Snapshot) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """The original exporter's three values per (pod, gpu_id): memory used
+    (MiB), SM utilization (percent x ratio) and allocated memory (MiB). Its
+    labels had no namespace, so pods of one name in two namespaces add up."""
+    ratio = {gpu.index: gpu.vgpus for gpu in snapshot.gpus}
+    rows: dict[tuple[str, str], tuple[float, float, float]] = {}
+    for row in snapshot.pods:
+        key = (row.pod, str(row.gpu_index))
+        used, sm, total = rows.get(key, (0.0, 0.0, 0.0))
+        rows[key] = (
+            used + row.memory_used / MIB,
+            sm + (row.sm_utilization or 0.0) * 100.0 * ratio.get(row.gpu_index, 1.0),
+            total + row.memory_allocated / MIB,
+        )
+    return rows
+
+
+class CollectionScope:
+    """One snapshot per reader collection, shared by every callback in it."""
+
+    def __init__(self, sampler: Sampler, max_age: float) -> None:
+        self._sampler = sampler
+        self._max_age = max_age
+        self._local = threading.local()
+
+    @contextmanager
+    def collection(self) -> Iterator[None]:
+        self._local.snapshot = self._sampler.snapshot(self._max_age)
+        self._local.observed = {}
+        try:
+            yield
+        finally:
+            self._local.snapshot = None
+
+    def snapshot(self) -> Snapshot:
+        pinned: Snapshot | None = getattr(self._local, "snapshot", None)
+        # Outside a reader's collection (not expected): still one sweep per
+        # max_age, through the sampler's own sharing.
+        return pinned if pinned is not None else self._sampler.snapshot(self._max_age)
+
+    def record(self, instrument: str, observations: list[Observation]) -> None:
+        observed = getattr(self._local, "observed", None)
+        if observed is not None:
+            observed[instrument] = observations
+
+    def observed(self) -> dict[str, list[Observation]]:
+        result: dict[str, list[Observation]] = getattr(self._local, "observed", None) or {}
+        return result
+
+
+class Telemetry:
+    """The meter provider, its Prometheus reader, and every instrument."""
+
+    def __init__(self, sampler: Sampler, min_interval: float, node_name: str, seed_metrics: bool) -> None:
+        self.scope = CollectionScope(sampler, min_interval)
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        limits: CardinalityLimits = {
+            ObservableGauge: CARDINALITY_LIMIT,
+            Counter: CARDINALITY_LIMIT,
+            Histogram: CARDINALITY_LIMIT,
+        }
+        self.reader = PrometheusMetricReader(
+            registry=self.registry,
+            # Scope labels would add three labels to every series for no
+            # information: every series here comes from the one agent.
+            scope_info_enabled=False,
+            cardinality_limits=limits,
+        )
+        resource = Resource.create(
+            {
+                "service.name": "otel-vgpu",
+                "service.version": __version__,
+                "k8s.node.name": node_name,
+                "host.name": socket.gethostname(),
+            }
+        )
+        self.provider = MeterProvider(
+            resource=resource,
+            metric_readers=[self.reader],
+            views=[
+                View(
+                    instrument_name="vgpu.agent.collection.duration",
+                    aggregation=ExplicitBucketHistogramAggregation(boundaries=DURATION_BUCKETS),
+                ),
+            ],
+        )
+        meter = self.provider.get_meter("otel_vgpu", __version__)
+        for family in POD_FAMILIES:
+            meter.create_observable_gauge(
+                family.name, [self._callback(family, "pod")], unit=family.unit, description=family.description
+            )
+        for family in GPU_FAMILIES:
+            meter.create_observable_gauge(
+                family.name, [self._callback(family, "gpu")], unit=family.unit, description=family.description
+            )
+        if seed_metrics:
+            for position, name, description in (
+                (0, "pod_gpu_memory_used", "GPU memory used by the pod in MiB (original exporter's family)."),
+                (1, "pod_gpu_sm_util", "Pod SM utilization in percent x ratio (original exporter's family)."),
+                (2, "pod_total_gpu_memory", "GPU memory allocated to the pod in MiB (original exporter's family)."),
+            ):
+                meter.create_observable_gauge(name, [self._seed_callback(name, position)], description=description)
+        self._duration = meter.create_histogram(
+            "vgpu.agent.collection.duration",
+            unit="s",
+            description="Time one sweep of NVML, /proc and the sources took.",
+        )
+        self._errors = meter.create_counter(
+            "vgpu.agent.collection.errors", unit="{error}", description="Failures during sweeps, by stage."
+        )
+        for stage in ERROR_STAGES:
+            self._errors.add(0, {"stage": stage})
+        self._render_lock = threading.Lock()
+
+    # --- SweepObserver -----------------------------------------------------------
+
+    def sweep_finished(self, seconds: float) -> None:
+        self._duration.record(seconds)
+
+    def error(self, stage: str) -> None:
+        self._errors.add(1, {"stage": stage})
+
+    # --- rendering -----------------------------------------------------------------
+
+    def render(self, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
+        # PrometheusMetricReader hands each collection's data to its registry
+        # collector through a shared queue; two renders at once could swap or
+        # duplicate each other's data. Renders are serialised; the sweep
+        # inside is shared anyway.
+        with self._render_lock, self.scope.collection():
+            body = encoder(self.registry)
+            self._prune(self.reader)
+            return body
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+    # --- callbacks -----------------------------------------------------------------
+
+    def _callback(self, family: Family, kind: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            snapshot = self.scope.snapshot()
+            observations = []
+            if kind == "pod":
+                for row in snapshot.pods:
+                    value = family.value(row)
+                    if value is not None:
+                        observations.append(Observation(value, pod_attributes(row)))
+            else:
+                for gpu in snapshot.gpus:
+                    value = family.value(gpu)
+                    if value is not None:
+                        observations.append(Observation(value, gpu_attributes(gpu)))
+            self.scope.record(family.name, observations)
+            return observations
+
+        return callback
+
+    def _seed_callback(self, name: str, position: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            rows = seed_rows(self.scope.snapshot())
+            observations = [
+                Observation(values[position], {"pod": pod, "gpu_id": gpu_id}) for (pod, gpu_id), values in rows.items()
+            ]
+            self.scope.record(name, observations)
+            return observations
+
+        return callback
+
+    def _prune(self, reader: Any) -> None:
+        """Forget attribute sets that the last collection did not observe.
+
+        The SDK keeps every attribute set an observable instrument has ever
+        reported (it reports only the observed ones, so no stale series
+        appear), which on a node where pods come and go grows without bound
+        and eventually pushes new pods into the overflow series. This reaches
+        into SDK internals; tests/test_telemetry.py proves it on the pinned
+        SDK, and any surprise disables it with one warning.
+        """
+        observed = self.scope.observed()
+        try:
+            storage = self.provider._measurement_consumer._reader_storages[reader]
+            matches = storage._instrument_view_instrument_matches
+            for instrument, views in matches.items():
+                if not isinstance(instrument, ObservableGauge) or instrument.name not in observed:
+                    continue
+                current = observed[instrument.name]
+                for view in views:
+                    if len(view._attributes_aggregation) <= len(current):
+                        continue
+                    keep = {frozenset((o.attributes or {}).items()) for o in current}
+                    with view._lock:
+                        view._attributes_aggregation = {
+                            key: aggregation
+                            for key, aggregation in view._attributes_aggregation.items()
+                            if frozenset((aggregation._attributes or {}).items()) in keep
+                        }
+        except (AttributeError, KeyError, TypeError) as error:  # pragma: no cover - SDK changed
+            log.warning("cannot prune stale attribute sets on this SDK version (%s)", error)
+            self._prune = lambda reader: None  # type: ignore[method-assign]

@@ -1,0 +1,107 @@
+"""Running the agent as a process, the way a user does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .promtext import Exposition, parse
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "otel_vgpu", *args]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "NODE_NAME"}
+    env.update(extra)
+    return env
+
+
+def run_to_exit(
+    args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 20
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(*args), capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=ROOT, check=False
+    )
+
+
+def get(url: str, headers: dict[str, str] | None = None, timeout: float = 10) -> tuple[int, bytes, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), dict(error.headers)
+
+
+@dataclass
+class Agent:
+    process: subprocess.Popen[str]
+    url: str
+
+    def scrape(self) -> Exposition:
+        status, body, _ = get(f"{self.url}/metrics")
+        assert status == 200
+        return parse(body.decode())
+
+    def stop(self) -> tuple[int, str]:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        return self.process.returncode, err
+
+
+@contextmanager
+def running_agent(*args: str, env: dict[str, str] | None = None) -> Iterator[Agent]:
+    port = free_port()
+    process = subprocess.Popen(
+        command("--address", "127.0.0.1", "--port", str(port), *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or clean_env(),
+        cwd=ROOT,
+    )
+    agent = Agent(process, f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(
+                    f"agent exited with {process.returncode}: {process.stderr.read() if process.stderr else ''}"
+                )
+            try:
+                if get(f"{agent.url}/healthz", timeout=1)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("agent did not start serving within 20 s")
+            time.sleep(0.05)
+        yield agent
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -1,0 +1,86 @@
+"""Shared helpers: scenarios, a sampler over the simulated node, scrapes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from otel_vgpu.attribution import Attributor, ProcReader
+from otel_vgpu.ratio import RatioSource
+from otel_vgpu.sampler import Sampler
+from otel_vgpu.scenario import Scenario, parse_scenario
+from otel_vgpu.simulate import SimulatedNode
+
+GIB = 1024**3
+MIB = 1024**2
+
+# Two GPUs, constant values, so every figure can be worked out by hand.
+STEADY = """
+gpus:
+  - {model: NVIDIA H100 80GB HBM3, memory: 80GiB, uuid: GPU-00000000-0000-0000-0000-000000000000}
+  - {model: NVIDIA H100 80GB HBM3, memory: 80GiB, uuid: GPU-11111111-1111-1111-1111-111111111111}
+pods:
+  - namespace: ml
+    name: trainer
+    cgroup: {version: 2, driver: systemd, runtime: containerd, qos: guaranteed}
+    shares: {0: 2, 1: 1}
+    processes:
+      - {gpu: 0, memory: 10GiB, sm: 0.5}
+      - {gpu: 0, memory: 2GiB, sm: 0.1, container: sidecar}
+      - {gpu: 1, memory: 4GiB, sm: 0.25}
+  - namespace: web
+    name: api
+    cgroup: {version: 1, driver: cgroupfs, runtime: docker, qos: burstable}
+    processes:
+      - {gpu: 1, memory: 3GiB, sm: 0.0}
+  - namespace: web
+    name: idle
+    cgroup: {version: 2, driver: systemd, runtime: crio, qos: besteffort}
+    shares: {0: 1}
+  - namespace: kube-system
+    name: probe
+    static: true
+    cgroup: {version: 1, driver: systemd, runtime: containerd}
+    processes:
+      - {gpu: 0, memory: 256MiB, sm: 0.02}
+  - namespace: hidden
+    name: unknown-to-directory
+    uid: 0e886e9a-3879-45f9-b44d-86ef9df03224
+    in_directory: false
+    cgroup: {version: 2, driver: cgroupfs, runtime: crio, qos: burstable}
+    processes:
+      - {gpu: 1, memory: 1GiB, sm: 0.05}
+host_processes:
+  - {gpu: 0, memory: 512MiB, sm: 0.0, cgroup: "0::/system.slice/xorg.service"}
+"""
+
+
+@pytest.fixture
+def steady() -> Scenario:
+    return parse_scenario(STEADY, "steady.yaml")
+
+
+@pytest.fixture
+def ratio_file(tmp_path: Path) -> Path:
+    path = tmp_path / "gpu_allocation.txt"
+    path.write_text("2\n")
+    return path
+
+
+@pytest.fixture
+def node(steady: Scenario, tmp_path: Path) -> Iterator[SimulatedNode]:
+    node = SimulatedNode(steady, tmp_path / "proc")
+    yield node
+    node.close()
+
+
+def make_sampler(node: SimulatedNode, ratio_file: Path) -> Sampler:
+    return Sampler(
+        node,
+        attributor=Attributor(ProcReader(node.proc_root)),
+        directory=node.directory(),
+        allocation=node,
+        ratio=RatioSource(ratio_file),
+    )

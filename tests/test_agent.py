@@ -1,0 +1,263 @@
+"""The agent as a process on the simulated node: scrapes, probes, reload, errors."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .agent import clean_env, free_port, get, run_to_exit, running_agent
+from .conftest import GIB, MIB, STEADY
+
+GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
+GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
+UNKNOWN_UID = "0e886e9a-3879-45f9-b44d-86ef9df03224"
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    path = tmp_path / "steady.yaml"
+    path.write_text(STEADY)
+    return path
+
+
+def agent_args(scenario_file: Path, ratio_file: Path, *extra: str) -> list[str]:
+    return ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file), "--min-interval", "0", *extra]
+
+
+def test_scrape_matches_the_scenario(scenario_file: Path, ratio_file: Path) -> None:
+    # Expected figures worked out by hand from STEADY at ratio 2.
+    with running_agent(*agent_args(scenario_file, ratio_file)) as agent:
+        exposition = agent.scrape()
+        code, err = agent.stop()
+    assert code == 0, err
+
+    memory = exposition.by("vgpu_pod_memory_used_bytes", "namespace", "pod", "gpu_id")
+    assert memory == {
+        ("ml", "trainer", "0"): 12 * GIB,
+        ("ml", "trainer", "1"): 4 * GIB,
+        ("web", "api", "1"): 3 * GIB,
+        ("web", "idle", "0"): 0,
+        ("kube-system", "probe", "0"): 256 * MIB,
+        ("", UNKNOWN_UID, "1"): 1 * GIB,
+    }
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
+    assert allocated[("trainer", "0")] == 2 * 80 * GIB / 2
+    assert allocated[("trainer", "1")] == 40 * GIB
+    assert allocated[("api", "1")] == 40 * GIB  # no allocation known: one share
+    assert allocated[("idle", "0")] == 40 * GIB
+    sm = exposition.by("vgpu_pod_sm_utilization", "pod", "gpu_id")
+    assert sm[("trainer", "0")] == pytest.approx(0.6)
+    assert sm[("trainer", "1")] == pytest.approx(0.25)
+    assert sm[("api", "1")] == 0 and sm[("idle", "0")] == 0
+    vgpu = exposition.by("vgpu_pod_vgpu_utilization", "pod", "gpu_id")
+    assert vgpu[("trainer", "0")] == pytest.approx(0.6 * 2 / 2)
+    assert vgpu[("trainer", "1")] == pytest.approx(0.25 * 2 / 1)
+    assert vgpu[("probe", "0")] == pytest.approx(0.02 * 2)
+    processes = exposition.by("vgpu_pod_processes", "pod", "gpu_id")
+    assert processes[("trainer", "0")] == 2 and processes[("idle", "0")] == 0
+
+    uuids = {dict(labels)["gpu_id"]: dict(labels)["gpu_uuid"] for labels in exposition.series("vgpu_pod_processes")}
+    assert uuids == {"0": GPU0, "1": GPU1}
+    assert exposition.by("vgpu_gpu_memory_total_bytes", "gpu_id") == {("0",): 80 * GIB, ("1",): 80 * GIB}
+    assert exposition.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): 2, ("1",): 2}
+    unattributed = exposition.by("vgpu_gpu_memory_unattributed_bytes", "gpu_id")
+    assert unattributed == {("0",): 512 * MIB, ("1",): 0}
+    models = {dict(labels)["gpu_model"] for labels in exposition.series("vgpu_gpu_vgpus")}
+    assert models == {"NVIDIA H100 80GB HBM3"}
+
+    # Per GPU, pods plus unattributed account for every process's memory.
+    document = yaml.safe_load(STEADY)
+    for gpu in ("0", "1"):
+        processes_total = sum(
+            _size(p["memory"]) for pod in document["pods"] for p in pod.get("processes", []) if str(p["gpu"]) == gpu
+        ) + sum(_size(p["memory"]) for p in document["host_processes"] if str(p["gpu"]) == gpu)
+        pods_total = sum(v for (_, _, g), v in memory.items() if g == gpu)
+        assert pods_total + unattributed[(gpu,)] == processes_total
+
+
+def _size(text: str) -> int:
+    number, unit = text[:-3], text[-3:]
+    return int(number) * {"GiB": GIB, "MiB": MIB}[unit]
+
+
+def test_probes_and_paths(scenario_file: Path, ratio_file: Path) -> None:
+    with running_agent(*agent_args(scenario_file, ratio_file)) as agent:
+        assert get(f"{agent.url}/healthz")[0] == 200
+        status, body, _ = get(f"{agent.url}/readyz")
+        assert (status, body) == (200, b"ready: 2 GPUs\n")
+        assert get(f"{agent.url}/nope")[0] == 404
+        status, body, headers = get(
+            f"{agent.url}/metrics", {"Accept": "application/openmetrics-text; version=1.0.0", "Accept-Encoding": "gzip"}
+        )
+        assert status == 200 and headers["Content-Encoding"] == "gzip"
+        assert headers["Content-Type"].startswith("application/openmetrics-text")
+        assert gzip.decompress(body).rstrip().endswith(b"# EOF")
+        agent.stop()
+
+
+def test_promtool_finds_nothing_to_fix(scenario_file: Path, ratio_file: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by scripts/test.sh (Debian package prometheus)"
+    with running_agent(*agent_args(scenario_file, ratio_file, "--seed-metrics")) as agent:
+        body = get(f"{agent.url}/metrics")[1]
+        agent.stop()
+    result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, check=False)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_ratio_file_is_reloaded_and_bad_change_keeps_last_good(scenario_file: Path, ratio_file: Path) -> None:
+    with running_agent(*agent_args(scenario_file, ratio_file)) as agent:
+        assert agent.scrape().by("vgpu_gpu_vgpus", "gpu_id")[("0",)] == 2
+        ratio_file.write_text("# four per GPU\n4\n")
+        exposition = agent.scrape()
+        assert exposition.by("vgpu_gpu_vgpus", "gpu_id")[("0",)] == 4
+        assert exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")[("trainer", "0")] == 2 * 80 * GIB / 4
+
+        ratio_file.write_text("0\n")
+        first = agent.scrape()
+        second = agent.scrape()
+        code, err = agent.stop()
+    assert first.by("vgpu_gpu_vgpus", "gpu_id")[("0",)] == 4
+    errors = [e.by("vgpu_agent_collection_errors_total", "stage")[("allocation_file",)] for e in (first, second)]
+    assert errors[0] >= 1 and errors[1] > errors[0]
+    assert code == 0
+    assert err.count("'0' is below 1") == 1, err
+
+
+def test_ended_pod_disappears_at_the_next_collection(tmp_path: Path, ratio_file: Path) -> None:
+    scenario = tmp_path / "blink.yaml"
+    scenario.write_text(
+        "gpus: [{memory: 16GiB}]\n"
+        "pods:\n"
+        "  - {name: steady, processes: [{gpu: 0, memory: 1GiB}]}\n"
+        "  - {name: blink, period_s: 1.0, active_s: 0.5, shares: {0: 1}, processes: [{gpu: 0, memory: 2GiB}]}\n"
+    )
+    seen: set[bool] = set()
+    with running_agent(
+        "--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"
+    ) as agent:
+        deadline = time.monotonic() + 10
+        while seen != {True, False} and time.monotonic() < deadline:
+            exposition = agent.scrape()
+            pods = {pod for (pod,) in exposition.by("vgpu_pod_memory_allocated_bytes", "pod")}
+            assert "steady" in pods
+            seen.add("blink" in pods)
+            # no zero-filled leftovers: an absent pod is absent from every family
+            for family in ("vgpu_pod_memory_used_bytes", "vgpu_pod_processes", "vgpu_pod_sm_utilization"):
+                assert ("blink" in {p for (p,) in exposition.by(family, "pod")}) == ("blink" in pods)
+            time.sleep(0.1)
+        agent.stop()
+    assert seen == {True, False}
+
+
+def test_sigterm_exits_cleanly_and_removes_the_proc_tree(scenario_file: Path, ratio_file: Path) -> None:
+    with running_agent(*agent_args(scenario_file, ratio_file)) as agent:
+        agent.scrape()
+        started = time.monotonic()
+        code, err = agent.stop()
+    assert code == 0
+    assert time.monotonic() - started < 5
+    proc_tree = err.split("proc tree in ")[1].split()[0]
+    assert not Path(proc_tree).exists()
+
+
+def test_builtin_scenario_and_environment_twins(ratio_file: Path) -> None:
+    env = clean_env(OTEL_VGPU_SIMULATE="true", OTEL_VGPU_ALLOCATION_FILE=str(ratio_file), OTEL_VGPU_SEED_METRICS="1")
+    with running_agent(env=env) as agent:
+        exposition = agent.scrape()
+        agent.stop()
+    namespaces = {ns for (ns,) in exposition.by("vgpu_pod_memory_used_bytes", "namespace")}
+    assert len(namespaces) >= 2
+    assert exposition.series("pod_gpu_memory_used")
+    target = dict(next(iter(exposition.series("target_info"))))
+    assert target["k8s_node_name"] == "sim-gpu-node-1"
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "no such file"),
+        ("", "no value"),
+        ("abc\n", ":1: 'abc' is not a number"),
+        ("# ratio\n0\n", ":2: '0' is below 1"),
+        ("-3", ":1: '-3' is below 1"),
+        ("NaN", ":1: 'NaN' is not a finite number"),
+        ("inf", ":1: 'inf' is not a finite number"),
+        ("0.5", ":1: '0.5' is below 1"),
+    ],
+)
+def test_bad_ratio_file_at_start_exits_2_with_one_line(tmp_path: Path, content: str | None, fragment: str) -> None:
+    path = tmp_path / "gpu_allocation.txt"
+    if content is not None:
+        path.write_text(content)
+    result = run_to_exit(["--simulate", "--allocation-file", str(path), "--port", str(free_port())])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert str(path) in lines[0] and fragment in lines[0]
+
+
+def test_port_in_use_exits_2_with_one_line(scenario_file: Path, ratio_file: Path) -> None:
+    with running_agent(*agent_args(scenario_file, ratio_file)) as agent:
+        port = agent.url.rsplit(":", 1)[1]
+        result = run_to_exit([*agent_args(scenario_file, ratio_file), "--address", "127.0.0.1", "--port", port])
+        agent.stop()
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and f"cannot listen on 127.0.0.1:{port}" in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "fragment"),
+    [
+        (["--port", "99999"], {}, "invalid port '99999'"),
+        (["--min-interval", "-1"], {}, "invalid interval '-1'"),
+        (["--log-level", "loud"], {}, "invalid log level 'loud'"),
+        ([], {"OTEL_VGPU_PORT": "http"}, "invalid port 'http'"),
+        ([], {"OTEL_VGPU_SEED_METRICS": "maybe"}, "OTEL_VGPU_SEED_METRICS='maybe'"),
+        (["--no-such-flag"], {}, "unrecognized arguments"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(args: list[str], env: dict[str, str], fragment: str) -> None:
+    result = run_to_exit(["--simulate", *args], env=clean_env(**env))
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert fragment in result.stderr
+
+
+def test_bad_scenario_exits_2_naming_the_line(tmp_path: Path, ratio_file: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("gpus:\n  - memory: 80GiB\npods:\n  - name: a\n    processes: [{gpu: 5}]\n")
+    result = run_to_exit(["--simulate", str(path), "--allocation-file", str(ratio_file)])
+    assert result.returncode == 2
+    assert f"{path}:5: pods[0].processes[0].gpu: 5 is not a GPU index" in result.stderr
+
+
+def test_without_a_gpu_and_without_simulate_it_refuses(ratio_file: Path) -> None:
+    result = run_to_exit(["--allocation-file", str(ratio_file), "--port", str(free_port())])
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "NVML" in lines[0] and "--simulate" in lines[0]
+
+
+def test_help_lists_every_flag_with_its_environment_twin() -> None:
+    result = run_to_exit(["--help"])
+    assert result.returncode == 0
+    for flag, variable in [
+        ("--port", "OTEL_VGPU_PORT"),
+        ("--address", "OTEL_VGPU_ADDRESS"),
+        ("--allocation-file", "OTEL_VGPU_ALLOCATION_FILE"),
+        ("--proc-root", "OTEL_VGPU_PROC_ROOT"),
+        ("--node-name", "OTEL_VGPU_NODE_NAME"),
+        ("--simulate", "OTEL_VGPU_SIMULATE"),
+        ("--min-interval", "OTEL_VGPU_MIN_INTERVAL"),
+        ("--seed-metrics", "OTEL_VGPU_SEED_METRICS"),
+        ("--log-level", "OTEL_VGPU_LOG_LEVEL"),
+    ]:
+        assert flag in result.stdout and variable in result.stdout, flag

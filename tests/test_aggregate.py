@@ -1,0 +1,114 @@
+"""Aggregation per GPU and per (pod, GPU), with the ratio."""
+
+from __future__ import annotations
+
+from otel_vgpu.aggregate import GpuReading, PodRow, aggregate
+from otel_vgpu.cgroups import PodRef
+from otel_vgpu.gpu import Device, GpuProcess
+from otel_vgpu.pods import PodMeta
+
+GIB = 1024**3
+GPU0 = Device(0, "GPU-0", "H100", 80 * GIB, 40 * GIB, 0.7)
+GPU1 = Device(1, "GPU-1", "H100", 80 * GIB, 10 * GIB, 0.1)
+NAMES = {"uid-a": PodMeta("ml", "a"), "uid-b": PodMeta("web", "b")}
+
+
+def by_key(rows: tuple[PodRow, ...]) -> dict[tuple[str, str, int], PodRow]:
+    return {(r.namespace, r.pod, r.gpu_index): r for r in rows}
+
+
+def test_pods_on_two_gpus_with_unattributed_memory() -> None:
+    readings = [
+        GpuReading(
+            GPU0,
+            [GpuProcess(1, 10 * GIB), GpuProcess(2, 5 * GIB), GpuProcess(3, 2 * GIB), GpuProcess(9, GIB)],
+            {1: 0.5, 2: 0.1},
+        ),
+        GpuReading(GPU1, [GpuProcess(4, 3 * GIB)], {4: 0.2}),
+    ]
+    pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-a", "c2"), 3: PodRef("uid-b", None), 4: PodRef("uid-a", "c1")}
+    gpus, rows = aggregate(readings, pods, NAMES.get, {("uid-a", "GPU-0"): 2}, ratio=4.0)
+
+    got = by_key(rows)
+    a0 = got[("ml", "a", 0)]
+    assert (a0.memory_used, a0.processes, a0.shares) == (15 * GIB, 2, 2)
+    assert a0.memory_allocated == 2 * 80 * GIB / 4
+    assert a0.sm_utilization is not None and abs(a0.sm_utilization - 0.6) < 1e-9
+    assert a0.vgpu_utilization is not None and abs(a0.vgpu_utilization - 0.6 * 4 / 2) < 1e-9
+    b0 = got[("web", "b", 0)]
+    # no allocation known: one share; no sample: idle
+    assert (b0.memory_used, b0.shares, b0.memory_allocated, b0.sm_utilization) == (2 * GIB, 1, 20 * GIB, 0.0)
+    a1 = got[("ml", "a", 1)]
+    assert (a1.memory_used, a1.shares, a1.gpu_uuid) == (3 * GIB, 1, "GPU-1")
+    assert len(rows) == 3
+
+    assert [g.unattributed_memory for g in gpus] == [GIB, 0]
+    assert [g.vgpus for g in gpus] == [4.0, 4.0]
+    # every byte of every process is either a pod's or unattributed
+    for reading, gpu in zip(readings, gpus, strict=True):
+        pod_bytes = sum(r.memory_used for r in rows if r.gpu_index == gpu.index)
+        assert pod_bytes + (gpu.unattributed_memory or 0) == sum(p.used_memory or 0 for p in reading.processes or ())
+
+
+def test_unresolved_pod_keeps_uid_and_empty_namespace() -> None:
+    _, rows = aggregate([GpuReading(GPU0, [GpuProcess(1, GIB)], {})], {1: PodRef("uid-x", None)}, NAMES.get, {}, 2.0)
+    assert [(r.namespace, r.pod) for r in rows] == [("", "uid-x")]
+
+
+def test_idle_allocation_appears_with_zero_use() -> None:
+    _, rows = aggregate([GpuReading(GPU0, [], {})], {}, NAMES.get, {("uid-b", "GPU-0"): 1, ("uid-a", "GPU-9"): 1}, 2.0)
+    assert [(r.pod, r.memory_used, r.memory_allocated, r.sm_utilization, r.processes) for r in rows] == [
+        ("b", 0, 40 * GIB, 0.0, 0)
+    ]
+
+
+def test_zero_shares_are_no_allocation() -> None:
+    _, rows = aggregate([GpuReading(GPU0, [], {})], {}, NAMES.get, {("uid-b", "GPU-0"): 0}, 2.0)
+    assert rows == ()
+
+
+def test_memory_unavailable_counts_process_but_no_bytes() -> None:
+    _, rows = aggregate(
+        [GpuReading(GPU0, [GpuProcess(1, None), GpuProcess(2, GIB)], {})],
+        {1: PodRef("uid-a", None), 2: PodRef("uid-a", None)},
+        NAMES.get,
+        {},
+        2.0,
+    )
+    assert [(r.memory_used, r.processes) for r in rows] == [(GIB, 2)]
+
+
+def test_failed_process_listing_reports_gpu_but_no_pods() -> None:
+    gpus, rows = aggregate([GpuReading(GPU0, None, None)], {}, NAMES.get, {("uid-a", "GPU-0"): 1}, 2.0)
+    assert rows == ()
+    assert gpus[0].unattributed_memory is None and gpus[0].memory_total == 80 * GIB
+
+
+def test_failed_utilization_leaves_sm_unknown_not_zero() -> None:
+    _, rows = aggregate([GpuReading(GPU0, [GpuProcess(1, GIB)], None)], {1: PodRef("uid-a", None)}, NAMES.get, {}, 2.0)
+    assert (rows[0].memory_used, rows[0].sm_utilization, rows[0].vgpu_utilization) == (GIB, None, None)
+
+
+def test_two_uids_with_one_name_share_a_series() -> None:
+    # a StatefulSet pod and its terminating predecessor
+    names = {"old": PodMeta("ml", "db-0"), "new": PodMeta("ml", "db-0")}
+    _, rows = aggregate(
+        [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB)], {1: 0.2, 2: 0.3})],
+        {1: PodRef("old", None), 2: PodRef("new", None)},
+        names.get,
+        {},
+        2.0,
+    )
+    assert len(rows) == 1
+    assert (rows[0].memory_used, rows[0].processes, rows[0].shares) == (3 * GIB, 2, 2)
+
+
+def test_sm_of_a_pod_is_capped_at_the_whole_gpu() -> None:
+    _, rows = aggregate(
+        [GpuReading(GPU0, [GpuProcess(1, 0), GpuProcess(2, 0)], {1: 0.7, 2: 0.6})],
+        {1: PodRef("uid-a", None), 2: PodRef("uid-a", None)},
+        NAMES.get,
+        {},
+        2.0,
+    )
+    assert rows[0].sm_utilization == 1.0

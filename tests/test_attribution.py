@@ -1,0 +1,94 @@
+"""/proc reading and the (PID, start time) attribution cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from otel_vgpu.attribution import Attributor, ProcReader, parse_start_time
+from otel_vgpu.cgroups import PodRef
+
+UID_A = "11111111-2222-3333-4444-555555555555"
+UID_B = "66666666-7777-8888-9999-000000000000"
+CID = "c" * 64
+
+
+def write_proc(root: Path, pid: int, start: int, cgroup: str, comm: str = "python3") -> None:
+    directory = root / str(pid)
+    directory.mkdir(parents=True, exist_ok=True)
+    fields = ["S", "1"] + ["0"] * 17 + [str(start)] + ["0"] * 30
+    (directory / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+    (directory / "cgroup").write_text(cgroup)
+
+
+def pod_cgroup(uid: str) -> str:
+    return f"0::/kubepods/burstable/pod{uid}/{CID}\n"
+
+
+def test_start_time_with_awkward_command_names() -> None:
+    fields = " ".join(["S", "1"] + ["0"] * 17 + ["4242"] + ["0"] * 30)
+    assert parse_start_time(f"7 (a) b (c)) {fields}") == 4242
+    assert parse_start_time(f"7 (py thon) {fields}") == 4242
+
+
+def test_attributes_and_caches(tmp_path: Path) -> None:
+    write_proc(tmp_path, 10, 100, pod_cgroup(UID_A))
+    write_proc(tmp_path, 11, 100, "0::/system.slice/sshd.service\n")
+    attributor = Attributor(ProcReader(tmp_path))
+    result = attributor.attribute([10, 11, 10])
+    assert result.pods == {10: PodRef(UID_A, CID), 11: None}
+    assert result.errors == []
+
+    # A cached process is not reread: changing its cgroup file (which a
+    # real process cannot do) shows the cache is used.
+    (tmp_path / "10" / "cgroup").write_text(pod_cgroup(UID_B))
+    assert attributor.attribute([10]).pods[10] == PodRef(UID_A, CID)
+
+
+def test_reused_pid_is_attributed_again(tmp_path: Path) -> None:
+    write_proc(tmp_path, 10, 100, pod_cgroup(UID_A))
+    attributor = Attributor(ProcReader(tmp_path))
+    assert attributor.attribute([10]).pods[10] == PodRef(UID_A, CID)
+    write_proc(tmp_path, 10, 200, pod_cgroup(UID_B))
+    assert attributor.attribute([10]).pods[10] == PodRef(UID_B, CID)
+
+
+def test_vanished_process_is_unattributed_not_an_error(tmp_path: Path) -> None:
+    result = Attributor(ProcReader(tmp_path)).attribute([99])
+    assert result.pods == {99: None}
+    assert result.errors == []
+
+
+def test_cache_holds_only_current_pids(tmp_path: Path) -> None:
+    for pid in range(10, 20):
+        write_proc(tmp_path, pid, 1, pod_cgroup(UID_A))
+    attributor = Attributor(ProcReader(tmp_path))
+    attributor.attribute(range(10, 20))
+    assert attributor.cached == 10
+    attributor.attribute([10])
+    assert attributor.cached == 1
+
+
+def test_unreadable_files_are_reported_and_unattributed(tmp_path: Path) -> None:
+    # A directory where the file should be: reading it fails with EISDIR,
+    # which root cannot bypass.
+    (tmp_path / "10" / "stat").mkdir(parents=True)
+    result = Attributor(ProcReader(tmp_path)).attribute([10])
+    assert result.pods == {10: None}
+    assert len(result.errors) == 1 and "10/stat" in result.errors[0]
+
+
+def test_malformed_stat_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "10").mkdir()
+    (tmp_path / "10" / "stat").write_text("10 (x) S 1\n")
+    result = Attributor(ProcReader(tmp_path)).attribute([10])
+    assert result.pods == {10: None} and "unexpected format" in result.errors[0]
+
+
+@pytest.mark.parametrize("size", [300 * 1024, 5 * 1024 * 1024])
+def test_huge_or_garbage_cgroup_file_is_read_safely(tmp_path: Path, size: int) -> None:
+    junk = (b"\xff\xfe garbage \x00" * (size // 14 + 1))[:size]
+    write_proc(tmp_path, 10, 1, "")
+    (tmp_path / "10" / "cgroup").write_bytes(pod_cgroup(UID_A).encode() + junk)
+    assert Attributor(ProcReader(tmp_path)).attribute([10]).pods[10] == PodRef(UID_A, CID)

@@ -1,0 +1,147 @@
+"""The NVML backend, against a double of nvidia-ml-py's module.
+
+No GPU is available to the tests, so the module's functions are replaced;
+the error classes are nvidia-ml-py's own, raised the way NVML raises them.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from otel_vgpu.gpu import GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.nvml import NvmlBackend, NvmlUnavailable
+
+
+class FakeNvml:
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self) -> None:
+        self.fail: dict[str, int] = {}
+        self.compute: list[Any] = [
+            SimpleNamespace(pid=10, usedGpuMemory=1000),
+            SimpleNamespace(pid=11, usedGpuMemory=None),
+        ]
+        self.graphics: list[Any] = [
+            SimpleNamespace(pid=10, usedGpuMemory=1000),
+            SimpleNamespace(pid=12, usedGpuMemory=5),
+        ]
+        self.samples: list[Any] = [SimpleNamespace(pid=10, timeStamp=123, smUtil=42)]
+        self.since: list[int] = []
+        self.shutdown = False
+
+    def _check(self, name: str) -> None:
+        if name in self.fail:
+            raise pynvml.NVMLError(self.fail[name])
+
+    def nvmlInit(self) -> None:
+        self._check("init")
+
+    def nvmlShutdown(self) -> None:
+        self.shutdown = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check("count")
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return f"handle{index}"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
+        self._check("memory")
+        return SimpleNamespace(total=80, used=30, free=50)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: str) -> Any:
+        return SimpleNamespace(gpu=55, memory=10)
+
+    def nvmlDeviceGetUUID(self, handle: str) -> str:
+        return f"GPU-{handle}"
+
+    def nvmlDeviceGetName(self, handle: str) -> bytes:
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
+        self._check("processes")
+        return self.compute
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: str) -> list[Any]:
+        return self.graphics
+
+    def nvmlDeviceGetProcessUtilization(self, handle: str, since: int) -> list[Any]:
+        self.since.append(since)
+        self._check("utilization")
+        return self.samples
+
+
+def test_device_fields_and_units() -> None:
+    backend = NvmlBackend(FakeNvml())
+    device = backend.device(1)
+    assert (device.index, device.uuid, device.model) == (1, "GPU-handle1", "NVIDIA H200")
+    assert (device.memory_total, device.memory_used, device.utilization) == (80, 30, 0.55)
+
+
+def test_compute_and_graphics_merge_and_unknown_memory_is_none() -> None:
+    backend = NvmlBackend(FakeNvml())
+    assert sorted(backend.processes(0), key=lambda p: p.pid) == [
+        GpuProcess(10, 1000),
+        GpuProcess(11, None),
+        GpuProcess(12, 5),
+    ]
+
+
+def test_samples_are_converted_and_not_found_means_idle() -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    assert backend.utilization_samples(0, 99) == [UtilizationSample(10, 123, 0.42)]
+    assert nvml.since == [99]
+    nvml.fail["utilization"] = pynvml.NVML_ERROR_NOT_FOUND
+    assert backend.utilization_samples(0, 100) == []
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "name"),
+    [
+        ("memory", pynvml.NVML_ERROR_GPU_IS_LOST, "GPU_IS_LOST"),
+        ("processes", pynvml.NVML_ERROR_UNKNOWN, "UNKNOWN"),
+        ("utilization", pynvml.NVML_ERROR_NOT_SUPPORTED, "NOT_SUPPORTED"),
+        ("count", pynvml.NVML_ERROR_UNINITIALIZED, "UNINITIALIZED"),
+        ("processes", pynvml.NVML_ERROR_TIMEOUT, "TIMEOUT"),
+    ],
+)
+def test_errors_become_gpu_errors_with_stable_codes(call: str, code: int, name: str) -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    nvml.fail[call] = code
+    with pytest.raises(GpuError) as caught:
+        {
+            "memory": lambda: backend.device(0),
+            "processes": lambda: backend.processes(0),
+            "utilization": lambda: backend.utilization_samples(0, 0),
+            "count": backend.device_count,
+        }[call]()
+    assert caught.value.code == name
+
+
+def test_init_failure_is_one_line_naming_the_library_and_simulate() -> None:
+    nvml = FakeNvml()
+    nvml.fail["init"] = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    with pytest.raises(NvmlUnavailable) as caught:
+        NvmlBackend(nvml)
+    message = str(caught.value)
+    assert "libnvidia-ml.so.1" in message and "--simulate" in message and "\n" not in message
+
+
+def test_real_module_without_driver_is_unavailable() -> None:
+    # This machine has no NVIDIA driver: the real nvidia-ml-py must fail to
+    # load NVML, and the backend must say so instead of pretending.
+    with pytest.raises(NvmlUnavailable, match="could not be initialised"):
+        NvmlBackend()
+
+
+def test_close_shuts_nvml_down() -> None:
+    nvml = FakeNvml()
+    NvmlBackend(nvml).close()
+    assert nvml.shutdown

@@ -1,0 +1,44 @@
+"""The sampling window of process SM utilization."""
+
+from __future__ import annotations
+
+from otel_vgpu.gpu import UtilizationSample
+from otel_vgpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_sm_by_pid, window_start
+
+S = 1_000_000
+
+
+def test_first_collection_looks_back_one_second() -> None:
+    assert window_start(None, 100 * S) == 99 * S
+
+
+def test_window_runs_since_the_previous_collection() -> None:
+    assert window_start(70 * S, 100 * S) == 70 * S
+
+
+def test_close_collections_still_look_back_one_second() -> None:
+    assert window_start(int(99.8 * S), 100 * S) == 100 * S - MIN_WINDOW_US
+
+
+def test_mean_per_pid_inside_the_window_only() -> None:
+    samples = [
+        UtilizationSample(1, 10 * S, 0.9),  # at the window's start: excluded
+        UtilizationSample(1, 11 * S, 0.4),
+        UtilizationSample(1, 12 * S, 0.6),
+        UtilizationSample(2, 12 * S, 0.1),
+        UtilizationSample(3, 9 * S, 1.0),  # before the window
+    ]
+    assert mean_sm_by_pid(samples, since_us=10 * S) == {1: 0.5, 2: 0.1}
+
+
+def test_out_of_range_values_are_clamped() -> None:
+    assert mean_sm_by_pid([UtilizationSample(1, 2, 1.7), UtilizationSample(2, 2, -0.1)], 1) == {1: 1.0, 2: 0.0}
+
+
+def test_windows_are_per_gpu_and_forget_removed_gpus() -> None:
+    windows = SamplingWindows()
+    windows.advance("GPU-a", 50 * S)
+    assert windows.start("GPU-a", 60 * S) == 50 * S
+    assert windows.start("GPU-b", 60 * S) == 59 * S
+    windows.keep_only(["GPU-b"])
+    assert windows.start("GPU-a", 60 * S) == 59 * S

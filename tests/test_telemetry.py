@@ -1,0 +1,134 @@
+"""The instruments as Prometheus sees them, in process."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from otel_vgpu import telemetry as telemetry_module
+from otel_vgpu.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
+from otel_vgpu.simulate import SimulatedNode
+from otel_vgpu.telemetry import Telemetry
+
+from .conftest import GIB, make_sampler
+from .promtext import Exposition, parse
+
+POD_FAMILIES = [
+    "vgpu_pod_memory_used_bytes",
+    "vgpu_pod_memory_allocated_bytes",
+    "vgpu_pod_sm_utilization",
+    "vgpu_pod_vgpu_utilization",
+    "vgpu_pod_processes",
+]
+GPU_FAMILIES = [
+    "vgpu_gpu_memory_total_bytes",
+    "vgpu_gpu_memory_used_bytes",
+    "vgpu_gpu_sm_utilization",
+    "vgpu_gpu_vgpus",
+    "vgpu_gpu_memory_unattributed_bytes",
+]
+
+
+def scrape(telemetry: Telemetry) -> Exposition:
+    return parse(telemetry.render(generate_latest).decode())
+
+
+@pytest.fixture
+def telemetry(node: SimulatedNode, ratio_file: Path) -> Iterator[Telemetry]:
+    sampler = make_sampler(node, ratio_file)
+    telemetry = Telemetry(sampler, min_interval=0.0, node_name="node-a", seed_metrics=True)
+    sampler.observe(telemetry)
+    yield telemetry
+    telemetry.shutdown()
+
+
+def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None:
+    exposition = scrape(telemetry)
+    for name in POD_FAMILIES:
+        assert exposition.series(name), name
+        for labels in exposition.series(name):
+            assert {k for k, _ in labels} == {"namespace", "pod", "gpu_id", "gpu_uuid"}
+    for name in GPU_FAMILIES:
+        assert len(exposition.series(name)) == 2, name
+        for labels in exposition.series(name):
+            assert {k for k, _ in labels} == {"gpu_id", "gpu_uuid", "gpu_model"}
+    for family, text in exposition.help.items():
+        assert text, f"{family} has no description"
+    assert exposition.types["vgpu_agent_collection_duration_seconds"] == "histogram"
+    assert exposition.by("vgpu_agent_collection_errors_total", "stage")[("device",)] == 0
+    assert "process_resident_memory_bytes" in exposition.values
+    target = dict(next(iter(exposition.series("target_info"))))
+    assert target["service_name"] == "otel-vgpu" and target["k8s_node_name"] == "node-a"
+    assert target["service_version"] and target["host_name"]
+
+
+def test_one_sweep_per_scrape_even_with_min_interval_zero(telemetry: Telemetry) -> None:
+    sampler = telemetry.scope._sampler
+    before = sampler.sweeps
+    scrape(telemetry)
+    scrape(telemetry)
+    assert sampler.sweeps - before == 2
+
+
+def test_seed_families(telemetry: Telemetry) -> None:
+    exposition = scrape(telemetry)
+    used = exposition.by("pod_gpu_memory_used", "pod", "gpu_id")
+    assert used[("trainer", "0")] == 12 * 1024  # MiB
+    sm = exposition.by("pod_gpu_sm_util", "pod", "gpu_id")
+    assert sm[("trainer", "0")] == pytest.approx((0.5 + 0.1) * 100 * 2)  # percent x ratio
+    total = exposition.by("pod_total_gpu_memory", "pod", "gpu_id")
+    assert total[("trainer", "0")] == 2 * 80 * 1024 / 2  # 2 shares of 80 GiB at ratio 2, MiB
+    for labels in exposition.series("pod_gpu_memory_used"):
+        assert {k for k, _ in labels} == {"pod", "gpu_id"}
+
+
+def big_node(gpus: int, pods: int) -> Scenario:
+    return Scenario(
+        gpus=tuple(GpuSpec(i, f"GPU-{i:08d}", "H100", 80 * GIB) for i in range(gpus)),
+        pods=tuple(
+            PodSpec(
+                namespace=f"ns{p % 7}",
+                name=f"pod-{p}",
+                uid=f"{p:08x}-0000-4000-8000-000000000000",
+                cgroup=CgroupSpec(version=1 + p % 2, driver=("systemd", "cgroupfs")[p % 2]),
+                processes=tuple(ProcessSpec(gpu=g, memory=Wave(GIB), sm=Wave(0.001)) for g in range(gpus)),
+            )
+            for p in range(pods)
+        ),
+    )
+
+
+def test_eight_gpus_and_four_hundred_pods_lose_nothing(tmp_path: Path, ratio_file: Path) -> None:
+    node = SimulatedNode(big_node(8, 400), tmp_path / "proc")
+    telemetry = Telemetry(make_sampler(node, ratio_file), 1.0, "n", seed_metrics=False)
+    exposition = scrape(telemetry)
+    for name in POD_FAMILIES:
+        series = exposition.series(name)
+        assert len(series) == 3200, name
+        assert not any(key == "otel_metric_overflow" for labels in series for key, _ in labels)
+    telemetry.shutdown()
+    node.close()
+
+
+def test_ended_pod_disappears_and_churn_never_overflows(
+    tmp_path: Path, ratio_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With a limit of 40 points per instrument, 150 pods passing through one
+    # at a time must each still get their own series.
+    monkeypatch.setattr(telemetry_module, "CARDINALITY_LIMIT", 40)
+    base = big_node(1, 3)
+    node = SimulatedNode(base, tmp_path / "proc")
+    telemetry = Telemetry(make_sampler(node, ratio_file), 0.0, "n", seed_metrics=False)
+    for step in range(150):
+        pod = dataclasses.replace(base.pods[0], name=f"job-{step}", uid=f"{step:08x}-1111-4000-8000-000000000000")
+        node.scenario = dataclasses.replace(base, pods=(base.pods[1], pod))
+        exposition = scrape(telemetry)
+        pods = {labels for labels, _ in exposition.by("vgpu_pod_memory_used_bytes", "pod").items()}
+        # the directory knows only the first scenario's pods: a job's UID stands for its name
+        assert pods == {(base.pods[1].name,), (pod.uid,)}, step
+    telemetry.shutdown()
+    node.close()
