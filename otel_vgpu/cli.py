@@ -10,17 +10,18 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from otel_vgpu import __version__
-from otel_vgpu.allocation import AllocationSource, UnknownAllocation
+from otel_vgpu.allocation import DEFAULT_RESOURCES
 from otel_vgpu.attribution import Attributor, ProcReader
-from otel_vgpu.gpu import GpuBackend
-from otel_vgpu.pods import PodDirectory, UnresolvedDirectory
+from otel_vgpu.kube import SERVICE_ACCOUNT_DIR
+from otel_vgpu.podresources import DEFAULT_SOCKET
 from otel_vgpu.ratio import RatioFileError, RatioSource
-from otel_vgpu.sampler import Sampler
+from otel_vgpu.sampler import Sampler, SweepObserver
+from otel_vgpu.sources import KubeSettings, SourceError
+from otel_vgpu.sources import build as build_sources
 
 log = logging.getLogger("otel_vgpu")
 EXIT_USAGE = 2
@@ -132,6 +133,57 @@ def build_parser() -> argparse.ArgumentParser:
         "pod_total_gpu_memory (OTEL_VGPU_SEED_METRICS)",
     )
     add(
+        "--no-kubernetes",
+        action="store_true",
+        default=None,
+        help="do not use the Kubernetes API: pod names stay unresolved (OTEL_VGPU_NO_KUBERNETES)",
+    )
+    add(
+        "--kubeconfig",
+        type=Path,
+        default=_path_env("KUBECONFIG"),
+        help="use this kubeconfig instead of the pod's service account (OTEL_VGPU_KUBECONFIG)",
+    )
+    add(
+        "--service-account-dir",
+        type=Path,
+        default=Path(_env("SERVICE_ACCOUNT_DIR", str(SERVICE_ACCOUNT_DIR))),
+        help=f"the service account's token, ca.crt and namespace (OTEL_VGPU_SERVICE_ACCOUNT_DIR; "
+        f"default {SERVICE_ACCOUNT_DIR})",
+    )
+    add(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path(_env("POD_RESOURCES_SOCKET", str(DEFAULT_SOCKET))),
+        help=f"the kubelet's pod-resources gRPC socket (OTEL_VGPU_POD_RESOURCES_SOCKET; default {DEFAULT_SOCKET})",
+    )
+    add(
+        "--pod-resources-interval",
+        type=_interval,
+        default=_env("POD_RESOURCES_INTERVAL", "5"),
+        help="seconds between calls to the kubelet's pod-resources API (OTEL_VGPU_POD_RESOURCES_INTERVAL; default 5)",
+    )
+    add(
+        "--no-pod-resources",
+        action="store_true",
+        default=None,
+        help="take vGPU shares from the pods' GPU limits, not the kubelet (OTEL_VGPU_NO_POD_RESOURCES)",
+    )
+    add(
+        "--gpu-resource",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="an extended resource whose devices count as vGPU shares; repeatable (OTEL_VGPU_GPU_RESOURCES, "
+        f"comma-separated; default {', '.join(DEFAULT_RESOURCES)})",
+    )
+    add(
+        "--by-container",
+        action="store_true",
+        default=None,
+        help="add a container label to the per-pod families (OTEL_VGPU_BY_CONTAINER)",
+    )
+    add(
         "--log-level",
         type=_log_level,
         default=_env("LOG_LEVEL", "info"),
@@ -141,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _path_env(name: str) -> Path | None:
+    raw = _env(name, "").strip()
+    return Path(raw) if raw else None
+
+
 def _simulate_default() -> str | None:
     raw = _env("SIMULATE", "").strip()
     if raw.lower() in _FALSE:
@@ -148,56 +205,45 @@ def _simulate_default() -> str | None:
     return "builtin" if raw.lower() in _TRUE else raw
 
 
-@dataclass(frozen=True, slots=True)
-class Sources:
-    backend: GpuBackend
-    proc_root: Path
-    directory: PodDirectory
-    allocation: AllocationSource
-
-
 def _fail(message: str, status: int) -> NoReturn:
     print(f"otel-vgpu: error: {message}", file=sys.stderr)
     raise SystemExit(status)
 
 
-def _sources(args: argparse.Namespace) -> Sources:
-    if args.simulate is not None:
-        from otel_vgpu.scenario import ScenarioError, load_scenario  # noqa: PLC0415
-        from otel_vgpu.simulate import SimulatedNode  # noqa: PLC0415
+class _ErrorSink:
+    """Counts errors of background sources, which start before the
+    telemetry exists: errors until then are held and handed over."""
 
-        try:
-            scenario = load_scenario(args.simulate)
-        except ScenarioError as error:
-            _fail(str(error), EXIT_USAGE)
-        node = SimulatedNode(scenario)
-        log.warning(
-            "simulated GPU node (%s): %d GPUs, %d pods; proc tree in %s",
-            args.simulate,
-            len(scenario.gpus),
-            len(scenario.pods),
-            node.proc_root,
-        )
-        return Sources(backend=node, proc_root=node.proc_root, directory=node.directory(), allocation=node)
+    def __init__(self) -> None:
+        self._observer: SweepObserver | None = None
+        self._held: list[str] = []
+        self._lock = threading.Lock()
 
-    from otel_vgpu.nvml import NvmlBackend, NvmlUnavailable  # noqa: PLC0415
+    def attach(self, observer: SweepObserver) -> None:
+        with self._lock:
+            self._observer = observer
+            held, self._held = self._held, []
+        for stage in held:
+            observer.error(stage)
 
-    try:
-        backend = NvmlBackend()
-    except NvmlUnavailable as error:
-        _fail(str(error), EXIT_NO_GPU)
-    log.info("pod names are not resolved yet: the pod label holds the pod UID")
-    return Sources(
-        backend=backend, proc_root=args.proc_root, directory=UnresolvedDirectory(), allocation=UnknownAllocation()
-    )
+    def __call__(self, stage: str) -> None:
+        with self._lock:
+            if self._observer is None:
+                self._held.append(stage)
+                return
+        self._observer.error(stage)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        if args.seed_metrics is None:
-            args.seed_metrics = _env_flag("SEED_METRICS")
+        for flag in ("seed_metrics", "no_kubernetes", "no_pod_resources", "by_container"):
+            if getattr(args, flag) is None:
+                setattr(args, flag, _env_flag(flag.upper()))
+        if args.gpu_resource is None:
+            raw = _env("GPU_RESOURCES", ",".join(DEFAULT_RESOURCES))
+            args.gpu_resource = [name.strip() for name in raw.split(",") if name.strip()]
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
     logging.basicConfig(
@@ -209,7 +255,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RatioFileError as error:
         _fail(str(error), EXIT_USAGE)
 
-    sources = _sources(args)
+    node_name = args.node_name or _scenario_node_name(args.simulate) or socket.gethostname()
+    errors = _ErrorSink()
+    kube = KubeSettings(
+        enabled=not args.no_kubernetes,
+        kubeconfig=args.kubeconfig,
+        service_account_dir=args.service_account_dir,
+        pod_resources=not args.no_pod_resources,
+        pod_resources_socket=args.pod_resources_socket,
+        pod_resources_interval=args.pod_resources_interval,
+        resources=tuple(args.gpu_resource),
+    )
+    try:
+        sources = build_sources(args.simulate, args.proc_root, node_name, kube, errors)
+    except SourceError as error:
+        _fail(str(error), error.status)
     # Imported here so that a bad flag or file fails before the SDK loads.
     from otel_vgpu.server import Server, make_app  # noqa: PLC0415
     from otel_vgpu.telemetry import Telemetry  # noqa: PLC0415
@@ -220,15 +280,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         directory=sources.directory,
         allocation=sources.allocation,
         ratio=ratio,
+        by_container=args.by_container,
     )
-    scenario = getattr(sources.backend, "scenario", None)
-    node_name = args.node_name or (scenario and scenario.node_name) or socket.gethostname()
     telemetry = Telemetry(sampler, args.min_interval, node_name, args.seed_metrics)
     sampler.observe(telemetry)
+    errors.attach(telemetry)
     try:
         server = Server(args.address, args.port, make_app(telemetry, sampler, max(args.min_interval, 1.0)))
     except OSError as error:
-        sources.backend.close()
+        sources.close()
         _fail(f"cannot listen on {args.address}:{args.port}: {error.strerror or error}", EXIT_USAGE)
 
     stop = threading.Event()
@@ -251,5 +311,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.wait()
     server.stop()
     telemetry.shutdown()
-    sources.backend.close()
+    sources.close()
     return 0
+
+
+def _scenario_node_name(simulate: str | None) -> str | None:
+    """The `node:` of the scenario, read before the sources start: the
+    Kubernetes directory watches pods by node name."""
+    if simulate is None:
+        return None
+    from otel_vgpu.scenario import ScenarioError, load_scenario  # noqa: PLC0415
+
+    try:
+        return load_scenario(simulate).node_name
+    except ScenarioError:
+        return None  # reported when the sources are built

@@ -18,6 +18,8 @@ class Device:
     """Bytes in use on the device, as NVML counts them (driver reservations included)."""
     utilization: float
     """Device SM utilization over NVML's last sample period, 0-1."""
+    mig_uuids: tuple[str, ...] = ()
+    """UUIDs of the MIG devices carved from this GPU (MIG mode only)."""
 
 
 @dataclass(frozen=True, slots=True)

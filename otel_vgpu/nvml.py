@@ -55,7 +55,28 @@ class NvmlBackend:
             memory_total=int(memory.total),
             memory_used=int(memory.used),
             utilization=float(rates.gpu) / 100.0,
+            mig_uuids=self._mig_uuids(handle),
         )
+
+    def _mig_uuids(self, handle: Any) -> tuple[str, ...]:
+        """MIG devices of a GPU in MIG mode, so the kubelet's `MIG-<uuid>`
+        device IDs can be counted against their physical GPU."""
+        nvml = self._nvml
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+            if current != nvml.NVML_DEVICE_MIG_ENABLE:
+                return ()
+            count = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except nvml.NVMLError:  # NOT_SUPPORTED on GPUs without MIG
+            return ()
+        uuids = []
+        for index in range(count):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+                uuids.append(_text(nvml.nvmlDeviceGetUUID(mig)))
+            except nvml.NVMLError:  # NOT_FOUND: an empty slot
+                continue
+        return tuple(uuids)
 
     def processes(self, index: int) -> list[GpuProcess]:
         handle = self._handle(index)

@@ -1,9 +1,9 @@
-"""The pod directory: pod UID to name and namespace."""
+"""The pod directory: pod UID to name, namespace and containers."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -11,11 +11,20 @@ from typing import Protocol
 class PodMeta:
     namespace: str
     name: str
+    containers: Mapping[str, str] = field(default_factory=dict)
+    """Container ID (without the runtime's `containerd://` scheme) to container name."""
+    gpu_limits: Mapping[str, float] = field(default_factory=dict)
+    """Container name to the GPUs its resource limits ask for (counted resources only)."""
 
 
 class PodDirectory(Protocol):
     def lookup(self, pod_uid: str) -> PodMeta | None:
-        """The pod's name, or None when it is not known (yet)."""
+        """The pod whose cgroups carry `pod_uid` (a static pod's config hash
+        included), or None when it is not known (yet)."""
+        ...
+
+    def pods(self) -> Mapping[str, PodMeta]:
+        """Every known pod, keyed as its cgroups name it."""
         ...
 
 
@@ -28,9 +37,15 @@ class StaticDirectory:
     def lookup(self, pod_uid: str) -> PodMeta | None:
         return self._pods.get(pod_uid)
 
+    def pods(self) -> Mapping[str, PodMeta]:
+        return self._pods
+
 
 class UnresolvedDirectory:
     """Resolves nothing: pods keep their UID in `pod` and an empty `namespace`."""
 
     def lookup(self, pod_uid: str) -> PodMeta | None:
         return None
+
+    def pods(self) -> Mapping[str, PodMeta]:
+        return {}

@@ -63,6 +63,7 @@ class Sampler:
         allocation: AllocationSource,
         ratio: RatioSource,
         observer: SweepObserver | None = None,
+        by_container: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._backend = backend
@@ -71,6 +72,7 @@ class Sampler:
         self._allocation = allocation
         self._ratio = ratio
         self._observer = observer or _NullObserver()
+        self._by_container = by_container
         self._clock = clock
         self._windows = SamplingWindows()
         self._lock = threading.Lock()
@@ -156,8 +158,9 @@ class Sampler:
             readings,
             attribution.pods,
             self._directory.lookup,
-            self._allocation.shares(),
+            self._allocation.allocation([reading.device for reading in readings]),
             self._ratio.ratio,
+            self._by_container,
         )
         return Snapshot(taken_at=self._clock(), ok=True, gpus=gpus, pods=pods)
 

@@ -15,11 +15,11 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_vgpu.allocation import Shares
+from otel_vgpu.allocation import Allocation
 from otel_vgpu.gpu import Device, GpuError, GpuProcess, UtilizationSample
 from otel_vgpu.pods import PodMeta, StaticDirectory
 from otel_vgpu.scenario import CgroupSpec, PodSpec, Scenario
@@ -103,7 +103,15 @@ class SimulatedNode:
 
     def directory(self) -> StaticDirectory:
         return StaticDirectory(
-            {pod.uid: PodMeta(pod.namespace, pod.name) for pod in self.scenario.pods if pod.in_directory}
+            {
+                pod.uid: PodMeta(
+                    pod.namespace,
+                    pod.name,
+                    containers={container_id(pod, p.container): p.container for p in pod.processes},
+                )
+                for pod in self.scenario.pods
+                if pod.in_directory
+            }
         )
 
     def fail(self, call: str, index: int, code: str | None) -> None:
@@ -116,14 +124,14 @@ class SimulatedNode:
 
     # --- AllocationSource ---------------------------------------------------
 
-    def shares(self) -> Shares:
+    def allocation(self, gpus: Sequence[Device]) -> Allocation:
         t = self.now()
-        result: dict[tuple[str, str], int] = {}
+        placed: dict[tuple[str, str, str], float] = {}
         for pod in self.scenario.pods:
             if pod.active(t):
                 for index, count in pod.shares.items():
-                    result[(pod.uid, self.scenario.gpus[index].uuid)] = count
-        return result
+                    placed[(pod.uid, "", self.scenario.gpus[index].uuid)] = float(count)
+        return Allocation(placed=placed)
 
     # --- GpuBackend -----------------------------------------------------------
 

@@ -51,6 +51,8 @@ ERROR_STAGES = (
     "process_utilization",
     "attribution",
     "sweep",
+    "kubernetes",
+    "pod_resources",
 )
 MIB = 1024 * 1024
 
@@ -114,7 +116,10 @@ GPU_FAMILIES = (
 
 
 def pod_attributes(row: PodRow) -> dict[str, str]:
-    return {"namespace": row.namespace, "pod": row.pod, "gpu_id": str(row.gpu_index), "gpu_uuid": row.gpu_uuid}
+    attributes = {"namespace": row.namespace, "pod": row.pod, "gpu_id": str(row.gpu_index), "gpu_uuid": row.gpu_uuid}
+    if row.container is not None:
+        attributes["container"] = row.container
+    return attributes
 
 
 def gpu_attributes(row: GpuRow) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from otel_vgpu.aggregate import GpuReading, PodRow, aggregate
+from otel_vgpu.allocation import Allocation
 from otel_vgpu.cgroups import PodRef
 from otel_vgpu.gpu import Device, GpuProcess
 from otel_vgpu.pods import PodMeta
@@ -27,7 +28,7 @@ def test_pods_on_two_gpus_with_unattributed_memory() -> None:
         GpuReading(GPU1, [GpuProcess(4, 3 * GIB)], {4: 0.2}),
     ]
     pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-a", "c2"), 3: PodRef("uid-b", None), 4: PodRef("uid-a", "c1")}
-    gpus, rows = aggregate(readings, pods, NAMES.get, {("uid-a", "GPU-0"): 2}, ratio=4.0)
+    gpus, rows = aggregate(readings, pods, NAMES.get, Allocation(placed={("uid-a", "", "GPU-0"): 2}), ratio=4.0)
 
     got = by_key(rows)
     a0 = got[("ml", "a", 0)]
@@ -51,19 +52,27 @@ def test_pods_on_two_gpus_with_unattributed_memory() -> None:
 
 
 def test_unresolved_pod_keeps_uid_and_empty_namespace() -> None:
-    _, rows = aggregate([GpuReading(GPU0, [GpuProcess(1, GIB)], {})], {1: PodRef("uid-x", None)}, NAMES.get, {}, 2.0)
+    _, rows = aggregate(
+        [GpuReading(GPU0, [GpuProcess(1, GIB)], {})], {1: PodRef("uid-x", None)}, NAMES.get, Allocation(), 2.0
+    )
     assert [(r.namespace, r.pod) for r in rows] == [("", "uid-x")]
 
 
 def test_idle_allocation_appears_with_zero_use() -> None:
-    _, rows = aggregate([GpuReading(GPU0, [], {})], {}, NAMES.get, {("uid-b", "GPU-0"): 1, ("uid-a", "GPU-9"): 1}, 2.0)
+    _, rows = aggregate(
+        [GpuReading(GPU0, [], {})],
+        {},
+        NAMES.get,
+        Allocation(placed={("uid-b", "", "GPU-0"): 1, ("uid-a", "", "GPU-9"): 1}),
+        2.0,
+    )
     assert [(r.pod, r.memory_used, r.memory_allocated, r.sm_utilization, r.processes) for r in rows] == [
         ("b", 0, 40 * GIB, 0.0, 0)
     ]
 
 
 def test_zero_shares_are_no_allocation() -> None:
-    _, rows = aggregate([GpuReading(GPU0, [], {})], {}, NAMES.get, {("uid-b", "GPU-0"): 0}, 2.0)
+    _, rows = aggregate([GpuReading(GPU0, [], {})], {}, NAMES.get, Allocation(placed={("uid-b", "", "GPU-0"): 0}), 2.0)
     assert rows == ()
 
 
@@ -72,20 +81,24 @@ def test_memory_unavailable_counts_process_but_no_bytes() -> None:
         [GpuReading(GPU0, [GpuProcess(1, None), GpuProcess(2, GIB)], {})],
         {1: PodRef("uid-a", None), 2: PodRef("uid-a", None)},
         NAMES.get,
-        {},
+        Allocation(),
         2.0,
     )
     assert [(r.memory_used, r.processes) for r in rows] == [(GIB, 2)]
 
 
 def test_failed_process_listing_reports_gpu_but_no_pods() -> None:
-    gpus, rows = aggregate([GpuReading(GPU0, None, None)], {}, NAMES.get, {("uid-a", "GPU-0"): 1}, 2.0)
+    gpus, rows = aggregate(
+        [GpuReading(GPU0, None, None)], {}, NAMES.get, Allocation(placed={("uid-a", "", "GPU-0"): 1}), 2.0
+    )
     assert rows == ()
     assert gpus[0].unattributed_memory is None and gpus[0].memory_total == 80 * GIB
 
 
 def test_failed_utilization_leaves_sm_unknown_not_zero() -> None:
-    _, rows = aggregate([GpuReading(GPU0, [GpuProcess(1, GIB)], None)], {1: PodRef("uid-a", None)}, NAMES.get, {}, 2.0)
+    _, rows = aggregate(
+        [GpuReading(GPU0, [GpuProcess(1, GIB)], None)], {1: PodRef("uid-a", None)}, NAMES.get, Allocation(), 2.0
+    )
     assert (rows[0].memory_used, rows[0].sm_utilization, rows[0].vgpu_utilization) == (GIB, None, None)
 
 
@@ -96,7 +109,7 @@ def test_two_uids_with_one_name_share_a_series() -> None:
         [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB)], {1: 0.2, 2: 0.3})],
         {1: PodRef("old", None), 2: PodRef("new", None)},
         names.get,
-        {},
+        Allocation(),
         2.0,
     )
     assert len(rows) == 1
@@ -108,7 +121,45 @@ def test_sm_of_a_pod_is_capped_at_the_whole_gpu() -> None:
         [GpuReading(GPU0, [GpuProcess(1, 0), GpuProcess(2, 0)], {1: 0.7, 2: 0.6})],
         {1: PodRef("uid-a", None), 2: PodRef("uid-a", None)},
         NAMES.get,
-        {},
+        Allocation(),
         2.0,
     )
     assert rows[0].sm_utilization == 1.0
+
+
+def test_unplaced_shares_spread_over_the_gpus_the_pod_runs_on() -> None:
+    readings = [
+        GpuReading(GPU0, [GpuProcess(1, GIB)], {}),
+        GpuReading(GPU1, [GpuProcess(2, GIB)], {}),
+    ]
+    pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-a", "c1")}
+    allocation = Allocation(unplaced={("uid-a", "trainer"): 2, ("uid-a", "sidecar"): 2, ("uid-b", "main"): 1})
+    _, rows = aggregate(readings, pods, NAMES.get, allocation, 2.0)
+    # 4 GPUs in the limits, on 2 GPUs: 2 each; uid-b runs nowhere, so no row
+    assert {(r.pod, r.gpu_index): r.shares for r in rows} == {("a", 0): 2.0, ("a", 1): 2.0}
+    assert rows[0].memory_allocated == 2 * 80 * GIB / 2
+
+
+def test_placed_shares_win_over_unplaced() -> None:
+    allocation = Allocation(placed={("uid-a", "", "GPU-0"): 3}, unplaced={("uid-a", ""): 8})
+    _, rows = aggregate(
+        [GpuReading(GPU0, [GpuProcess(1, GIB)], {})], {1: PodRef("uid-a", None)}, NAMES.get, allocation, 2.0
+    )
+    assert rows[0].shares == 3
+
+
+def test_rows_per_container_with_names_from_the_directory() -> None:
+    names = {"uid-a": PodMeta("ml", "a", containers={"c1": "trainer", "c2": "sidecar"})}
+    readings = [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB), GpuProcess(3, 4 * GIB)], {1: 0.5})]
+    pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-a", "c2"), 3: PodRef("uid-a", "c9")}
+    allocation = Allocation(placed={("uid-a", "trainer", "GPU-0"): 2, ("uid-a", "idle", "GPU-0"): 1})
+    _, rows = aggregate(readings, pods, names.get, allocation, 4.0, by_container=True)
+    got = {r.container: (r.memory_used, r.shares, r.sm_utilization) for r in rows}
+    assert got == {
+        "trainer": (GIB, 2, 0.5),
+        "sidecar": (2 * GIB, 1, 0.0),  # no allocation known: one share
+        "c9": (4 * GIB, 1, 0.0),  # not in the directory: its ID
+        "idle": (0, 1, 0.0),
+    }
+    _, pod_rows = aggregate(readings, pods, names.get, allocation, 4.0)
+    assert [(r.container, r.memory_used, r.shares) for r in pod_rows] == [(None, 7 * GIB, 3)]

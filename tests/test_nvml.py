@@ -63,6 +63,21 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: str) -> bytes:
         return b"NVIDIA H200"
 
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def nvmlDeviceGetMigMode(self, handle: str) -> tuple[int, int]:
+        if handle != "handle1":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: str) -> int:
+        return 3
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: str, index: int) -> str:
+        if index == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return f"mig{index}"
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
         self._check("processes")
         return self.compute
@@ -81,6 +96,8 @@ def test_device_fields_and_units() -> None:
     device = backend.device(1)
     assert (device.index, device.uuid, device.model) == (1, "GPU-handle1", "NVIDIA H200")
     assert (device.memory_total, device.memory_used, device.utilization) == (80, 30, 0.55)
+    assert device.mig_uuids == ("GPU-mig0", "GPU-mig2")
+    assert backend.device(0).mig_uuids == ()
 
 
 def test_compute_and_graphics_merge_and_unknown_memory_is_none() -> None:

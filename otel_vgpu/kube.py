@@ -1,0 +1,231 @@
+"""The pod directory from the Kubernetes API: this node's pods, listed then watched.
+
+Only pods bound to this node are asked for (`fieldSelector=spec.nodeName=<node>`),
+so the agent's memory and the API server's work scale with one node, not the
+cluster. A background thread lists, then watches from the list's
+resourceVersion; after `410 Gone`, a broken watch or any error it lists again,
+with exponential backoff. Sweeps read the current state and never wait for the
+API. The client is lightkube (TLS verified against the service account's CA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otel_vgpu.allocation import DEFAULT_RESOURCES
+from otel_vgpu.pods import PodMeta
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+CONFIG_HASH = "kubernetes.io/config.hash"
+# The API server closes a watch after this long; the client then lists again
+# only if the watch broke, otherwise it resumes from the last resourceVersion.
+WATCH_SECONDS = 300
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    uid: str
+    cgroup_uid: str
+    """What the pod's cgroups carry: the UID, or a static pod's config hash."""
+    meta: PodMeta
+
+
+def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES) -> _Entry:
+    """A lightkube Pod (or anything shaped like one) to a directory entry."""
+    metadata = pod.metadata
+    annotations = metadata.annotations or {}
+    containers: dict[str, str] = {}
+    status = pod.status
+    for statuses in (
+        (status.containerStatuses if status else None) or [],
+        (status.initContainerStatuses if status else None) or [],
+        (status.ephemeralContainerStatuses if status else None) or [],
+    ):
+        for container in statuses:
+            if container.containerID:
+                # "containerd://<id>", "cri-o://<id>", "docker://<id>"
+                containers[container.containerID.split("://", 1)[-1]] = container.name
+    limits: dict[str, float] = {}
+    wanted = tuple(resources)
+    for container in (pod.spec.containers if pod.spec else None) or []:
+        declared = (container.resources.limits if container.resources else None) or {}
+        count = sum(_quantity(declared[name]) for name in wanted if name in declared)
+        if count:
+            limits[container.name] = count
+    return _Entry(
+        uid=metadata.uid,
+        cgroup_uid=annotations.get(CONFIG_HASH, metadata.uid),
+        meta=PodMeta(metadata.namespace or "", metadata.name, containers=containers, gpu_limits=limits),
+    )
+
+
+def _quantity(value: Any) -> float:
+    from lightkube.utils.quantity import parse_quantity  # noqa: PLC0415
+
+    parsed = parse_quantity(str(value))
+    return float(parsed) if parsed is not None else 0.0
+
+
+class KubePodDirectory:
+    """This node's pods from the Kubernetes API, kept current by a watch."""
+
+    def __init__(
+        self,
+        client: Any,
+        node_name: str,
+        resources: Iterable[str] = DEFAULT_RESOURCES,
+        report: Callable[[str], None] = lambda stage: None,
+        watch_seconds: int = WATCH_SECONDS,
+    ) -> None:
+        self._client = client
+        self._node = node_name
+        self._resources = tuple(resources)
+        self._report = report
+        self._watch_seconds = watch_seconds
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}  # by API UID
+        self._by_cgroup: dict[str, PodMeta] = {}
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._failing: str | None = None
+        self._thread = threading.Thread(target=self._run, name="kubernetes-pods", daemon=True)
+
+    # --- PodDirectory --------------------------------------------------------
+
+    def lookup(self, pod_uid: str) -> PodMeta | None:
+        with self._lock:
+            return self._by_cgroup.get(pod_uid)
+
+    def pods(self) -> Mapping[str, PodMeta]:
+        with self._lock:
+            return dict(self._by_cgroup)
+
+    def uid_of(self) -> dict[tuple[str, str], str]:
+        """(namespace, name) -> the UID the pod's cgroups carry."""
+        with self._lock:
+            return {(e.meta.namespace, e.meta.name): e.cgroup_uid for e in self._entries.values()}
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self._synced.wait(timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+        # The thread may be blocked in a watch's read, which closing the
+        # client does not interrupt; it is a daemon, so it is not waited for.
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+    # --- the loop ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = BACKOFF_START_S
+        while not self._stop.is_set():
+            try:
+                version = self._list()
+                backoff = BACKOFF_START_S
+                self._watch(version)
+            except Exception as error:  # any failure of the API means: list again later
+                if self._stop.is_set():
+                    return
+                if _status(error) == 410:
+                    log.debug("watch expired (410 Gone); listing again")
+                    continue
+                self._failed(error)
+                self._stop.wait(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    def _list(self) -> str:
+        from lightkube.resources.core_v1 import Pod  # noqa: PLC0415
+
+        listing = self._client.list(Pod, namespace="*", fields={"spec.nodeName": self._node})
+        entries = {}
+        for pod in listing:
+            entry = pod_entry(pod, self._resources)
+            entries[entry.uid] = entry
+        with self._lock:
+            self._entries = entries
+            self._reindex()
+        if self._failing is not None:
+            log.info("Kubernetes API reachable again; %d pods on node %s", len(entries), self._node)
+            self._failing = None
+        elif not self._synced.is_set():
+            log.info("Kubernetes API: %d pods on node %s", len(entries), self._node)
+        self._synced.set()
+        version: str = listing.resourceVersion
+        return version
+
+    def _watch(self, version: str) -> None:
+        from lightkube.resources.core_v1 import Pod  # noqa: PLC0415
+
+        events = self._client.watch(
+            Pod,
+            namespace="*",
+            fields={"spec.nodeName": self._node},
+            resource_version=version,
+            server_timeout=self._watch_seconds,
+        )
+        for kind, pod in events:
+            if self._stop.is_set():
+                return
+            entry = pod_entry(pod, self._resources)
+            with self._lock:
+                if kind == "DELETED":
+                    self._entries.pop(entry.uid, None)
+                else:
+                    self._entries[entry.uid] = entry
+                self._reindex()
+
+    def _reindex(self) -> None:
+        """Rebuild the cgroup-UID index; the caller holds the lock."""
+        self._by_cgroup = {e.cgroup_uid: e.meta for e in self._entries.values()}
+
+    def _failed(self, error: Exception) -> None:
+        self._report("kubernetes")
+        kind = f"{type(error).__name__}:{_status(error)}"
+        if kind == self._failing:
+            return
+        self._failing = kind
+        status = _status(error)
+        if status in (401, 403):
+            log.warning(
+                "Kubernetes API refused the agent (%s): it needs get, list and watch on pods; "
+                "pod names stay unresolved until it is allowed",
+                status,
+            )
+        else:
+            log.warning("Kubernetes API failed (%s); retrying with backoff", _describe(error))
+
+
+def _status(error: Exception) -> int | None:
+    status = getattr(error, "status", None)
+    code = getattr(status, "code", None)
+    return int(code) if isinstance(code, int) else None
+
+
+def _describe(error: Exception) -> str:
+    text = str(error) or type(error).__name__
+    return text.splitlines()[0][:200]
+
+
+def make_client(kubeconfig: Path | None, service_account_dir: Path) -> Any:
+    """A lightkube client from a kubeconfig file, or from the pod's service account."""
+    import httpx2  # noqa: PLC0415 - lightkube's HTTP client
+    from lightkube import Client, KubeConfig  # noqa: PLC0415
+
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account(service_account_dir)
+    return Client(config=config, timeout=httpx2.Timeout(10.0), trust_env=False)

@@ -1,0 +1,133 @@
+"""vGPU shares from the kubelet's pod-resources API, with pod limits as fallback.
+
+The kubelet serves `v1.PodResourcesLister` over gRPC on a Unix socket. A
+background thread calls `List` every few seconds; sweeps use the latest
+answer and never wait for the kubelet. While the socket cannot be reached,
+shares come from the GPU limits in the pod specs (count known, GPU not).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from otel_vgpu.allocation import (
+    DEFAULT_RESOURCES,
+    Allocation,
+    DeviceAssignment,
+    from_limits,
+    from_pod_resources,
+)
+from otel_vgpu.gpu import Device
+from otel_vgpu.kube import KubePodDirectory
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+POLL_SECONDS = 5.0
+CALL_TIMEOUT_S = 2.0
+
+
+class PodResourcesError(Exception):
+    pass
+
+
+class PodResourcesClient:
+    """`List` on the kubelet's pod-resources socket."""
+
+    def __init__(self, socket_path: Path, timeout: float = CALL_TIMEOUT_S) -> None:
+        import grpc  # noqa: PLC0415
+
+        from otel_vgpu.kubelet import podresources_pb2_grpc  # noqa: PLC0415
+
+        self._grpc = grpc
+        self._timeout = timeout
+        self._channel = grpc.insecure_channel(f"unix://{socket_path}")
+        self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
+
+    def list(self) -> list[DeviceAssignment]:
+        from otel_vgpu.kubelet import podresources_pb2  # noqa: PLC0415
+
+        try:
+            response = self._stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=self._timeout)
+        except self._grpc.RpcError as error:
+            raise PodResourcesError(f"{error.code().name}: {error.details()}") from None
+        return [
+            DeviceAssignment(
+                namespace=pod.namespace,
+                pod=pod.name,
+                container=container.name,
+                resource=devices.resource_name,
+                device_ids=tuple(devices.device_ids),
+            )
+            for pod in response.pod_resources
+            for container in pod.containers
+            for devices in container.devices
+        ]
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class KubeletAllocation:
+    """Shares from pod-resources when the kubelet answers, else from pod limits."""
+
+    def __init__(
+        self,
+        directory: KubePodDirectory,
+        client: PodResourcesClient | None,
+        resources: Iterable[str] = DEFAULT_RESOURCES,
+        report: Callable[[str], None] = lambda stage: None,
+        poll_seconds: float = POLL_SECONDS,
+    ) -> None:
+        self._directory = directory
+        self._client = client
+        self._resources = tuple(resources)
+        self._report = report
+        self._poll_seconds = poll_seconds
+        self._latest: list[DeviceAssignment] | None = None
+        self._failing: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
+
+    def start(self) -> None:
+        if self._client is not None:
+            self._poll()
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._client is not None:
+            self._thread.join(timeout=5)
+            self._client.close()
+
+    def allocation(self, gpus: Sequence[Device]) -> Allocation:
+        latest = self._latest
+        if latest is None:
+            return from_limits(self._directory.pods())
+        mig_parents = {mig: gpu.uuid for gpu in gpus for mig in gpu.mig_uuids}
+        return from_pod_resources(latest, self._directory.uid_of(), gpus, mig_parents, self._resources)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_seconds):
+            self._poll()
+
+    def _poll(self) -> None:
+        assert self._client is not None
+        try:
+            self._latest = self._client.list()
+        except PodResourcesError as error:
+            self._latest = None
+            self._report("pod_resources")
+            if self._failing != str(error):
+                self._failing = str(error)
+                log.warning(
+                    "kubelet pod-resources API failed (%s); shares come from pod GPU limits until it answers",
+                    error,
+                )
+            return
+        if self._failing is not None:
+            log.info("kubelet pod-resources API answers again")
+            self._failing = None

@@ -1,0 +1,255 @@
+"""A Kubernetes API server double: pods of one node over HTTPS, in the API's JSON.
+
+It speaks what a real API server speaks for `GET /api/v1/pods`: bearer-token
+authentication, `fieldSelector`, lists with a resourceVersion, and watch
+streams (chunked, one JSON event per line) that resume from a
+resourceVersion and answer `410 Gone` (an ERROR event) once it is compacted.
+Faults are switched on from the test: refused tokens, failing or slow lists,
+a watch that breaks mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from .certs import Certs
+
+
+def pod_object(
+    namespace: str,
+    name: str,
+    uid: str,
+    node: str,
+    containers: dict[str, str] | None = None,
+    gpu_limits: dict[str, int] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Pod as the API returns it. `containers` maps name to container ID."""
+    containers = containers or {"main": ""}
+    gpu_limits = gpu_limits or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations or {}},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": cname,
+                    "image": "registry.example/app:1",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpu_limits[cname])}} if cname in gpu_limits else {},
+                }
+                for cname in containers
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": cname,
+                    "containerID": f"containerd://{cid}" if cid else None,
+                    "image": "registry.example/app:1",
+                    "imageID": "sha256:00",
+                    "ready": True,
+                    "restartCount": 0,
+                }
+                for cname, cid in containers.items()
+            ],
+        },
+    }
+
+
+@dataclass
+class ApiState:
+    node: str
+    token: str
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
+    version: int = 100
+    compacted_below: int = 0
+    list_failures: list[int] = field(default_factory=list)
+    """HTTP statuses the next lists answer with, one each."""
+    list_delay: float = 0.0
+    down: bool = False
+    """Every list answers 503 while set."""
+    refuse_all: bool = False
+    watch_generation: int = 0
+    requests: list[str] = field(default_factory=list)
+    lists: int = 0
+    watches: int = 0
+    condition: threading.Condition = field(default_factory=threading.Condition)
+
+
+class KubeApiDouble:
+    def __init__(self, certs: Certs, node: str, token: str = "test-token") -> None:
+        self.state = ApiState(node=node, token=token)
+        handler = type("Handler", (_Handler,), {"state": self.state})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certs.cert, certs.key)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> KubeApiDouble:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self.state.condition:
+            self.state.watch_generation += 1
+            self.state.condition.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+
+    # --- changing the cluster ------------------------------------------------
+
+    def _event(self, kind: str, pod: dict[str, Any]) -> None:
+        state = self.state
+        with state.condition:
+            state.version += 1
+            pod = json.loads(json.dumps(pod))
+            pod["metadata"]["resourceVersion"] = str(state.version)
+            if kind == "DELETED":
+                state.pods.pop(pod["metadata"]["uid"], None)
+            else:
+                state.pods[pod["metadata"]["uid"]] = pod
+            state.events.append((state.version, kind, pod))
+            state.condition.notify_all()
+
+    def put(self, pod: dict[str, Any]) -> None:
+        kind = "MODIFIED" if pod["metadata"]["uid"] in self.state.pods else "ADDED"
+        self._event(kind, pod)
+
+    def delete(self, uid: str) -> None:
+        self._event("DELETED", self.state.pods[uid])
+
+    def compact(self) -> None:
+        """Forget history: watches resuming from an older version get 410 Gone."""
+        with self.state.condition:
+            self.state.compacted_below = self.state.version + 1
+            self.state.version += 1
+            self.state.watch_generation += 1  # open watches end with the ERROR too
+            self.state.condition.notify_all()
+
+    def break_watches(self) -> None:
+        """Drop every open watch connection without ending the stream."""
+        with self.state.condition:
+            self.state.watch_generation += 1
+            self.state.condition.notify_all()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    state: ApiState
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _status(self, code: int, reason: str, message: str) -> dict[str, Any]:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
+
+    def do_GET(self) -> None:
+        state = self.state
+        url = urlparse(self.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        state.requests.append(self.path)
+        if state.refuse_all or self.headers.get("Authorization") != f"Bearer {state.token}":
+            self._json(401, self._status(401, "Unauthorized", "Unauthorized"))
+            return
+        if url.path != "/api/v1/pods":
+            self._json(404, self._status(404, "NotFound", f"the server could not find {url.path}"))
+            return
+        if query.get("fieldSelector") != f"spec.nodeName={state.node}":
+            # Only this node's pods may be asked for: anything else is a test failure.
+            self._json(400, self._status(400, "BadRequest", f"unexpected fieldSelector {query.get('fieldSelector')}"))
+            return
+        if query.get("watch") in ("true", "1"):
+            self._watch(int(query.get("resourceVersion") or 0), float(query.get("timeoutSeconds") or 30))
+        else:
+            self._list()
+
+    def _list(self) -> None:
+        state = self.state
+        state.lists += 1
+        if state.list_delay:
+            time.sleep(state.list_delay)
+        if state.list_failures or state.down:
+            code = state.list_failures.pop(0) if state.list_failures else 503
+            self._json(code, self._status(code, "InternalError", f"injected {code}"))
+            return
+        with state.condition:
+            items = [pod for pod in state.pods.values() if pod["spec"]["nodeName"] == state.node]
+            body = {
+                "apiVersion": "v1",
+                "kind": "PodList",
+                "metadata": {"resourceVersion": str(state.version)},
+                "items": items,
+            }
+        self._json(200, body)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _watch(self, since: int, timeout: float) -> None:
+        state = self.state
+        state.watches += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        deadline = time.monotonic() + timeout
+        with state.condition:
+            generation = state.watch_generation
+        sent = since
+        while True:
+            with state.condition:
+                if since < state.compacted_below:
+                    gone = {
+                        "type": "ERROR",
+                        "object": self._status(410, "Expired", f"too old resource version: {since}"),
+                    }
+                    self._chunk(json.dumps(gone).encode() + b"\n")
+                    break
+                if state.watch_generation != generation:
+                    # broken mid-stream: no terminating chunk
+                    self.close_connection = True
+                    return
+                pending = [(v, k, o) for v, k, o in state.events if v > sent and o["spec"]["nodeName"] == state.node]
+                if not pending:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    state.condition.wait(min(remaining, 0.5))
+                    continue
+            for version, kind, obj in pending:
+                self._chunk(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                sent = version
+        self._chunk(b"")

@@ -1,0 +1,335 @@
+"""The agent against a Kubernetes API double (HTTPS, the API's JSON) and a
+kubelet double (the real pod-resources gRPC), on the simulated GPU node."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from otel_vgpu.scenario import parse_scenario
+from otel_vgpu.simulate import container_id
+
+from .agent import Agent, clean_env, get, running_agent
+from .certs import make_certs
+from .conftest import GIB, MIB
+from .kube_api_double import KubeApiDouble, pod_object
+from .kubelet_double import KubeletDouble
+from .promtext import Exposition
+
+NODE = "node-a"
+U0 = "GPU-00000000-0000-0000-0000-000000000000"
+U1 = "GPU-11111111-1111-1111-1111-111111111111"
+TRAINER = "7fda01c4-0ece-403d-88b4-c371d66d132a"
+API = "2c9f8a79-5391-454b-88cb-86190881cb96"
+IDLE = "a5c1f8d5-1919-434d-add7-4afaafdaef89"
+ORPHAN = "0e886e9a-3879-45f9-b44d-86ef9df03224"
+STATIC_HASH = "09a70ae9ccc491e651e5c773579b3490"
+SCENARIO = f"""
+gpus:
+  - {{memory: 80GiB, uuid: {U0}}}
+  - {{memory: 80GiB, uuid: {U1}}}
+pods:
+  - name: sim-trainer
+    uid: {TRAINER}
+    cgroup: {{version: 2, driver: systemd, runtime: containerd}}
+    processes:
+      - {{gpu: 0, memory: 10GiB, sm: 0.5, container: trainer}}
+      - {{gpu: 1, memory: 4GiB, sm: 0.25, container: trainer}}
+      - {{gpu: 0, memory: 2GiB, sm: 0.1, container: sidecar}}
+  - name: sim-api
+    uid: {API}
+    cgroup: {{version: 1, driver: cgroupfs, runtime: docker}}
+    processes:
+      - {{gpu: 1, memory: 3GiB, sm: 0.0}}
+  - name: sim-idle
+    uid: {IDLE}
+  - name: sim-probe
+    static: true
+    uid: {STATIC_HASH}
+    cgroup: {{version: 2, driver: cgroupfs, runtime: crio}}
+    processes:
+      - {{gpu: 0, memory: 256MiB, sm: 0.02}}
+  - name: sim-orphan
+    uid: {ORPHAN}
+    processes:
+      - {{gpu: 1, memory: 1GiB, sm: 0.05}}
+host_processes:
+  - {{gpu: 0, memory: 512MiB, sm: 0.0}}
+"""
+SIM = {pod.name: pod for pod in parse_scenario(SCENARIO, "k8s.yaml").pods}
+
+
+def cid(sim_name: str, container: str) -> str:
+    return container_id(SIM[sim_name], container)
+
+
+@dataclass
+class Cluster:
+    api: KubeApiDouble
+    kubelet: KubeletDouble
+    env: dict[str, str]
+    args: list[str]
+    account: Path
+
+    def agent(self, *extra: str, env: dict[str, str] | None = None) -> AbstractContextManager[Agent]:
+        return running_agent(*self.args, *extra, env=env or self.env)
+
+
+def populate(api: KubeApiDouble, kubelet: KubeletDouble) -> None:
+    api.put(
+        pod_object(
+            "ml",
+            "trainer-7f9c",
+            TRAINER,
+            NODE,
+            containers={"trainer": cid("sim-trainer", "trainer"), "sidecar": cid("sim-trainer", "sidecar")},
+            gpu_limits={"trainer": 3},
+        )
+    )
+    api.put(pod_object("web", "api-0", API, NODE, containers={"main": cid("sim-api", "main")}, gpu_limits={"main": 1}))
+    api.put(pod_object("web", "idle-0", IDLE, NODE, gpu_limits={"main": 1}))
+    api.put(
+        pod_object(
+            "kube-system",
+            "gpu-probe-node-a",
+            "f3b5c0de-0000-4000-8000-000000000001",
+            NODE,
+            annotations={
+                "kubernetes.io/config.hash": STATIC_HASH,
+                "kubernetes.io/config.mirror": STATIC_HASH,
+                "kubernetes.io/config.source": "file",
+            },
+        )
+    )
+    api.put(pod_object("web", "elsewhere", "99999999-0000-4000-8000-000000000000", "node-b"))
+    kubelet.assign("ml", "trainer-7f9c", {"trainer": [f"{U0}::0", f"{U0}::1", f"{U1}::0"]})
+    kubelet.assign("web", "api-0", {"main": [f"{U1}::1"]})
+    kubelet.assign("web", "idle-0", {"main": [f"{U0}::2"]})
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, ratio_file: Path) -> Iterator[Cluster]:
+    certs = make_certs(tmp_path / "pki")
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("test-token")
+    (account / "namespace").write_text("otel-vgpu")
+    (account / "ca.crt").write_bytes(certs.ca.read_bytes())
+    api = KubeApiDouble(certs, NODE).start()
+    socket_path = tmp_path / "kubelet.sock"
+    kubelet = KubeletDouble(socket_path).start()
+    populate(api, kubelet)
+    scenario = tmp_path / "k8s.yaml"
+    scenario.write_text(SCENARIO)
+    env = clean_env(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(api.port))
+    args = [
+        "--simulate",
+        str(scenario),
+        "--allocation-file",
+        str(ratio_file),
+        "--min-interval",
+        "0",
+        "--node-name",
+        NODE,
+        "--service-account-dir",
+        str(account),
+        "--pod-resources-socket",
+        str(socket_path),
+        "--pod-resources-interval",
+        "0.2",
+    ]
+    yield Cluster(api, kubelet, env, args, account)
+    kubelet.stop()
+    api.stop()
+
+
+def wait_for(agent: Agent, predicate: Callable[[Exposition], bool], timeout: float = 15) -> Exposition:
+    deadline = time.monotonic() + timeout
+    while True:
+        exposition = agent.scrape()
+        if predicate(exposition):
+            return exposition
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                "condition not met; last scrape:\n" + repr(exposition.series("vgpu_pod_memory_used_bytes"))
+            )
+        time.sleep(0.1)
+
+
+def pods_of(exposition: Exposition) -> set[tuple[str, str]]:
+    return {(ns, pod) for (ns, pod) in exposition.by("vgpu_pod_memory_allocated_bytes", "namespace", "pod")}
+
+
+def test_names_shares_idle_allocation_and_static_pod(cluster: Cluster) -> None:
+    with cluster.agent() as agent:
+        exposition = wait_for(agent, lambda e: ("web", "idle-0") in pods_of(e))
+        code, err = agent.stop()
+    assert code == 0, err
+    memory = exposition.by("vgpu_pod_memory_used_bytes", "namespace", "pod", "gpu_id")
+    assert memory == {
+        ("ml", "trainer-7f9c", "0"): 12 * GIB,
+        ("ml", "trainer-7f9c", "1"): 4 * GIB,
+        ("web", "api-0", "1"): 3 * GIB,
+        ("web", "idle-0", "0"): 0,  # an idle allocation
+        ("kube-system", "gpu-probe-node-a", "0"): 256 * MIB,  # static pod through its config hash
+        ("", ORPHAN, "1"): 1 * GIB,  # unknown to the API: its UID
+    }
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
+    # 80 GiB GPUs at ratio 2: 40 GiB a share
+    assert allocated == {
+        ("trainer-7f9c", "0"): 2 * 40 * GIB,  # two replicas of GPU 0
+        ("trainer-7f9c", "1"): 1 * 40 * GIB,
+        ("api-0", "1"): 40 * GIB,
+        ("idle-0", "0"): 40 * GIB,
+        ("gpu-probe-node-a", "0"): 40 * GIB,  # no devices: one share where it runs
+        (ORPHAN, "1"): 40 * GIB,
+    }
+    vgpu = exposition.by("vgpu_pod_vgpu_utilization", "pod", "gpu_id")
+    assert vgpu[("trainer-7f9c", "0")] == pytest.approx(0.6 * 2 / 2)
+    assert exposition.by("vgpu_pod_processes", "pod", "gpu_id")[("idle-0", "0")] == 0
+    assert "elsewhere" not in {pod for (_, pod) in pods_of(exposition)}
+    assert all("fieldSelector=spec.nodeName%3Dnode-a" in r for r in cluster.api.state.requests)
+
+
+def test_ended_pod_disappears_and_new_pod_appears(cluster: Cluster) -> None:
+    with cluster.agent() as agent:
+        wait_for(agent, lambda e: ("web", "idle-0") in pods_of(e))
+        cluster.api.delete(IDLE)
+        cluster.kubelet.remove("web", "idle-0")
+        gone = wait_for(agent, lambda e: ("web", "idle-0") not in pods_of(e))
+        for family in ("vgpu_pod_memory_used_bytes", "vgpu_pod_processes", "vgpu_pod_sm_utilization"):
+            assert "idle-0" not in {pod for (pod,) in gone.by(family, "pod")}
+        cluster.api.put(pod_object("web", "idle-1", IDLE, NODE))
+        cluster.kubelet.assign("web", "idle-1", {"main": [f"{U1}::3"]})
+        renamed = wait_for(agent, lambda e: ("web", "idle-1") in pods_of(e))
+        assert renamed.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")[("idle-1", "1")] == 40 * GIB
+        agent.stop()
+
+
+def test_by_container(cluster: Cluster) -> None:
+    with cluster.agent("--by-container") as agent:
+        exposition = wait_for(agent, lambda e: ("web", "idle-0") in pods_of(e))
+        agent.stop()
+    rows = exposition.by("vgpu_pod_memory_used_bytes", "pod", "container", "gpu_id")
+    assert rows[("trainer-7f9c", "trainer", "0")] == 10 * GIB
+    assert rows[("trainer-7f9c", "sidecar", "0")] == 2 * GIB
+    assert rows[("trainer-7f9c", "trainer", "1")] == 4 * GIB
+    assert rows[("idle-0", "main", "0")] == 0
+    # the orphan's container is not known to the API: its ID stands in
+    assert rows[(ORPHAN, cid("sim-orphan", "main"), "1")] == GIB
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "container", "gpu_id")
+    assert allocated[("trainer-7f9c", "trainer", "0")] == 2 * 40 * GIB
+    assert allocated[("trainer-7f9c", "sidecar", "0")] == 40 * GIB
+
+
+def test_limits_without_pod_resources(cluster: Cluster) -> None:
+    with cluster.agent("--no-pod-resources") as agent:
+        exposition = wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
+        agent.stop()
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
+    # 3 GPUs in the trainer's limits, processes on 2 GPUs: 1.5 shares each
+    assert allocated[("trainer-7f9c", "0")] == 1.5 * 40 * GIB
+    assert allocated[("trainer-7f9c", "1")] == 1.5 * 40 * GIB
+    assert allocated[("api-0", "1")] == 40 * GIB
+    # which GPU the idle pod holds is not known without the kubelet
+    assert "idle-0" not in {pod for (_, pod) in pods_of(exposition)}
+    assert cluster.kubelet.calls == 0
+
+
+def test_kubelet_down_falls_back_then_recovers(cluster: Cluster) -> None:
+    cluster.kubelet.unavailable = True
+    with cluster.agent() as agent:
+        fallback = wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
+        assert fallback.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")[("trainer-7f9c", "0")] == 1.5 * 40 * GIB
+        assert fallback.by("vgpu_agent_collection_errors_total", "stage")[("pod_resources",)] >= 1
+        cluster.kubelet.unavailable = False
+        healed = wait_for(agent, lambda e: ("web", "idle-0") in pods_of(e))
+        assert healed.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")[("trainer-7f9c", "0")] == 2 * 40 * GIB
+        code, err = agent.stop()
+    assert code == 0
+    assert err.count("pod-resources API failed") == 1
+
+
+def test_api_down_at_start_then_recovers(cluster: Cluster) -> None:
+    cluster.api.state.list_failures = [500]
+    cluster.api.state.down = True
+    with cluster.agent() as agent:
+        first = agent.scrape()
+        assert ("", TRAINER) in pods_of(first), "UIDs stand in while the API is down"
+        cluster.api.state.down = False
+        healed = wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e), timeout=30)
+        assert ("", TRAINER) not in pods_of(healed)
+        assert healed.by("vgpu_agent_collection_errors_total", "stage")[("kubernetes",)] >= 1
+        code, err = agent.stop()
+    assert code == 0
+    assert "Kubernetes API reachable again" in err
+
+
+def test_refused_token_leaves_uids_and_says_what_is_needed(cluster: Cluster) -> None:
+    (cluster.account / "token").write_text("wrong-token")
+    with cluster.agent() as agent:
+        time.sleep(1.5)
+        exposition = agent.scrape()
+        code, err = agent.stop()
+    assert code == 0
+    assert ("", TRAINER) in pods_of(exposition)
+    assert "refused the agent (401)" in err and "get, list and watch on pods" in err
+    assert err.count("refused the agent") == 1
+
+
+def test_watch_410_and_broken_stream_relist(cluster: Cluster) -> None:
+    with cluster.agent() as agent:
+        wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
+        lists = cluster.api.state.lists
+        cluster.api.compact()
+        cluster.api.put(pod_object("web", "after-410", "11111111-aaaa-4000-8000-000000000000", NODE))
+        cluster.kubelet.assign("web", "after-410", {"main": [f"{U0}::5"]})
+        wait_for(agent, lambda e: ("web", "after-410") in pods_of(e))
+        assert cluster.api.state.lists > lists, "410 Gone must lead to a new list"
+
+        lists = cluster.api.state.lists
+        cluster.api.break_watches()
+        cluster.api.put(pod_object("web", "after-break", "22222222-aaaa-4000-8000-000000000000", NODE))
+        cluster.kubelet.assign("web", "after-break", {"main": [f"{U1}::5"]})
+        wait_for(agent, lambda e: ("web", "after-break") in pods_of(e))
+        assert cluster.api.state.lists > lists, "a broken watch must lead to a new list"
+        agent.stop()
+
+
+def test_slow_api_does_not_hold_scrapes(cluster: Cluster) -> None:
+    cluster.api.state.list_delay = 4.0
+    with cluster.agent() as agent:
+        started = time.monotonic()
+        status, _, _ = get(f"{agent.url}/metrics")
+        assert status == 200 and time.monotonic() - started < 2
+        wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e), timeout=20)
+        agent.stop()
+
+
+def test_tls_is_verified_against_the_service_account_ca(cluster: Cluster, tmp_path: Path) -> None:
+    other = make_certs(tmp_path / "other-pki")
+    (cluster.account / "ca.crt").write_bytes(other.ca.read_bytes())
+    with cluster.agent() as agent:
+        time.sleep(1.5)
+        exposition = agent.scrape()
+        code, err = agent.stop()
+    assert code == 0
+    assert ("", TRAINER) in pods_of(exposition)
+    assert cluster.api.state.lists == 0, "no request may pass an unverified TLS handshake"
+    assert "CERTIFICATE_VERIFY_FAILED" in err or "certificate verify failed" in err
+
+
+def test_no_kubernetes_flag(cluster: Cluster) -> None:
+    with cluster.agent("--no-kubernetes") as agent:
+        exposition = agent.scrape()
+        code, err = agent.stop()
+    # the simulated node's own directory names the pods; the API is never asked
+    assert ("default", "sim-trainer") in pods_of(exposition)
+    assert cluster.api.state.requests == []
+    assert code == 0
+    assert "Kubernetes API off (--no-kubernetes)" not in err  # names are resolved, so nothing to warn of
