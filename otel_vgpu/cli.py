@@ -7,15 +7,18 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from otel_vgpu import __version__
 from otel_vgpu.allocation import DEFAULT_RESOURCES
 from otel_vgpu.attribution import Attributor, ProcReader
+from otel_vgpu.auth import BasicAuth
 from otel_vgpu.kube import SERVICE_ACCOUNT_DIR
 from otel_vgpu.podresources import DEFAULT_SOCKET
 from otel_vgpu.ratio import RatioFileError, RatioSource
@@ -69,6 +72,16 @@ def _interval(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid interval {text!r}: expected seconds >= 0, e.g. 1") from None
     if not 0 <= value <= 3600:
         raise argparse.ArgumentTypeError(f"invalid interval {text!r}: expected seconds from 0 to 3600")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: expected a number above 0") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: expected a number above 0")
     return value
 
 
@@ -184,6 +197,51 @@ def build_parser() -> argparse.ArgumentParser:
         help="add a container label to the per-pod families (OTEL_VGPU_BY_CONTAINER)",
     )
     add(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="push metrics over OTLP to this Collector base URL (e.g. http://collector:4317); also on when "
+        "OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set",
+    )
+    add(
+        "--otlp-protocol",
+        choices=("grpc", "http/protobuf"),
+        default=None,
+        help="OTLP protocol (default OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)",
+    )
+    add(
+        "--otlp-interval",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="seconds between pushes (default OTEL_METRIC_EXPORT_INTERVAL in ms, else 60)",
+    )
+    add(
+        "--tls-cert-file",
+        type=Path,
+        default=_path_env("TLS_CERT_FILE"),
+        help="serve HTTPS with this certificate (PEM) (OTEL_VGPU_TLS_CERT_FILE)",
+    )
+    add(
+        "--tls-key-file",
+        type=Path,
+        default=_path_env("TLS_KEY_FILE"),
+        help="the certificate's private key (PEM) (OTEL_VGPU_TLS_KEY_FILE)",
+    )
+    add(
+        "--tls-client-ca-file",
+        type=Path,
+        default=_path_env("TLS_CLIENT_CA_FILE"),
+        help="require client certificates signed by this CA: mutual TLS (OTEL_VGPU_TLS_CLIENT_CA_FILE)",
+    )
+    add(
+        "--basic-auth-file",
+        type=Path,
+        default=_path_env("BASIC_AUTH_FILE"),
+        help="require basic auth on /metrics: a file of user:hash lines, bcrypt or sha256:<hex> "
+        "(OTEL_VGPU_BASIC_AUTH_FILE)",
+    )
+    add(
         "--log-level",
         type=_log_level,
         default=_env("LOG_LEVEL", "info"),
@@ -254,6 +312,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratio = RatioSource(args.allocation_file)
     except RatioFileError as error:
         _fail(str(error), EXIT_USAGE)
+    from otel_vgpu.otlp import settings_from  # noqa: PLC0415
+
+    try:
+        otlp = settings_from(args.otlp_endpoint, args.otlp_protocol, args.otlp_interval)
+        endpoint = _endpoint_security(args)
+    except ValueError as error:
+        _fail(str(error), EXIT_USAGE)
 
     node_name = args.node_name or _scenario_node_name(args.simulate) or socket.gethostname()
     errors = _ErrorSink()
@@ -282,11 +347,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratio=ratio,
         by_container=args.by_container,
     )
-    telemetry = Telemetry(sampler, args.min_interval, node_name, args.seed_metrics)
+    telemetry = Telemetry(sampler, args.min_interval, node_name, args.seed_metrics, otlp=otlp)
     sampler.observe(telemetry)
     errors.attach(telemetry)
     try:
-        server = Server(args.address, args.port, make_app(telemetry, sampler, max(args.min_interval, 1.0)))
+        app = make_app(telemetry, sampler, max(args.min_interval, 1.0), endpoint.auth)
+        server = Server(args.address, args.port, app, endpoint.ssl_context)
     except OSError as error:
         sources.close()
         _fail(f"cannot listen on {args.address}:{args.port}: {error.strerror or error}", EXIT_USAGE)
@@ -300,8 +366,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
+    if otlp is not None:
+        log.info(
+            "pushing OTLP (%s) every %g s to %s",
+            otlp.protocol,
+            otlp.interval_s,
+            otlp.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint",
+        )
     log.info(
-        "serving http://%s:%d/metrics (ratio %g from %s, node %s)",
+        "serving %s://%s:%d/metrics (ratio %g from %s, node %s)",
+        "https" if endpoint.ssl_context else "http",
         args.address,
         server.port,
         ratio.ratio,
@@ -313,6 +387,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     telemetry.shutdown()
     sources.close()
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    ssl_context: ssl.SSLContext | None
+    auth: BasicAuth | None
+
+
+def _endpoint_security(args: argparse.Namespace) -> _Endpoint:
+    """TLS and basic auth for the endpoint; ValueError with one line if unusable."""
+    from otel_vgpu.auth import AuthFileError, load_users  # noqa: PLC0415
+    from otel_vgpu.server import tls_context  # noqa: PLC0415
+
+    context = None
+    if (args.tls_cert_file is None) != (args.tls_key_file is None):
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    if args.tls_client_ca_file is not None and args.tls_cert_file is None:
+        raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+    if args.tls_cert_file is not None:
+        try:
+            context = tls_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+        except (OSError, ssl.SSLError) as error:
+            files = ", ".join(str(f) for f in (args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file) if f)
+            raise ValueError(f"cannot use the TLS files {files}: {error}") from None
+    auth = None
+    if args.basic_auth_file is not None:
+        try:
+            auth = BasicAuth(load_users(args.basic_auth_file))
+        except AuthFileError as error:
+            raise ValueError(str(error)) from None
+    return _Endpoint(ssl_context=context, auth=auth)
 
 
 def _scenario_node_name(simulate: str | None) -> str | None:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import gzip
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client.exposition import choose_encoder
 
+from otel_vgpu.auth import BasicAuth
 from otel_vgpu.sampler import Sampler
 from otel_vgpu.telemetry import Telemetry
 
@@ -24,6 +27,18 @@ CONNECTION_TIMEOUT_S = 30
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
+    ssl_context: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # The TLS handshake runs here, in the connection's own thread, so a
+        # client that connects and says nothing cannot stall the others.
+        if self.ssl_context is not None:
+            request.settimeout(CONNECTION_TIMEOUT_S)
+            try:
+                request = self.ssl_context.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError):
+                return  # plain HTTP, a bad client certificate, a dropped handshake
+        super().finish_request(request, client_address)
 
 
 class _ThreadingServer6(_ThreadingServer):
@@ -38,10 +53,19 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def make_app(telemetry: Telemetry, sampler: Sampler, ready_max_age: float) -> Callable[..., Iterable[bytes]]:
+def make_app(
+    telemetry: Telemetry, sampler: Sampler, ready_max_age: float, auth: BasicAuth | None = None
+) -> Callable[..., Iterable[bytes]]:
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
+            # Probes stay open (they reveal nothing); the figures need credentials.
+            if auth is not None and not auth.check(environ.get("HTTP_AUTHORIZATION")):
+                headers = [
+                    ("Content-Type", "text/plain; charset=utf-8"),
+                    ("WWW-Authenticate", 'Basic realm="otel-vgpu"'),
+                ]
+                return _respond(start_response, "401 Unauthorized", b"unauthorized\n", headers)
             encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
             body = telemetry.render(encoder)
             headers = [("Content-Type", content_type)]
@@ -75,13 +99,31 @@ def _respond(
     return [body]
 
 
+def tls_context(cert_file: Path, key_file: Path, client_ca_file: Path | None) -> ssl.SSLContext:
+    """A server context; with a client CA, clients must present a certificate it signed."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    if client_ca_file is not None:
+        context.load_verify_locations(client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 class Server:
     """The endpoint, serving from a background thread."""
 
-    def __init__(self, address: str, port: int, app: Callable[..., Iterable[bytes]]) -> None:
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        app: Callable[..., Iterable[bytes]],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         server_class: type[_ThreadingServer] = _ThreadingServer6 if ":" in address else _ThreadingServer
         # OSError (port in use, address not available) reaches the caller.
         self._server = make_server(address, port, app, server_class=server_class, handler_class=_QuietHandler)
+        self._server.ssl_context = ssl_context
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
     @property

@@ -26,13 +26,14 @@ from opentelemetry.sdk.metrics import (
     MeterProvider,
     ObservableGauge,
 )
-from opentelemetry.sdk.metrics.export import CardinalityLimits
+from opentelemetry.sdk.metrics.export import CardinalityLimits, MetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from otel_vgpu import __version__
 from otel_vgpu.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.otlp import OtlpPusher, OtlpSettings, make_exporter
 from otel_vgpu.sampler import Sampler
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,14 @@ class CollectionScope:
 class Telemetry:
     """The meter provider, its Prometheus reader, and every instrument."""
 
-    def __init__(self, sampler: Sampler, min_interval: float, node_name: str, seed_metrics: bool) -> None:
+    def __init__(
+        self,
+        sampler: Sampler,
+        min_interval: float,
+        node_name: str,
+        seed_metrics: bool,
+        otlp: OtlpSettings | None = None,
+    ) -> None:
         self.scope = CollectionScope(sampler, min_interval)
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
@@ -197,6 +205,7 @@ class Telemetry:
             scope_info_enabled=False,
             cardinality_limits=limits,
         )
+        # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over the defaults.
         resource = Resource.create(
             {
                 "service.name": "otel-vgpu",
@@ -204,10 +213,22 @@ class Telemetry:
                 "k8s.node.name": node_name,
                 "host.name": socket.gethostname(),
             }
-        )
+        ).merge(OTELResourceDetector().detect())
+        readers: list[MetricReader] = [self.reader]
+        self.pusher: OtlpPusher | None = None
+        if otlp is not None:
+            self.pusher = OtlpPusher(
+                make_exporter(otlp),
+                otlp,
+                scope=self.scope.collection,
+                after_collect=self._prune,
+                on_failure=lambda: self._export_failures.add(1),
+                cardinality_limits=limits,
+            )
+            readers.append(self.pusher)
         self.provider = MeterProvider(
             resource=resource,
-            metric_readers=[self.reader],
+            metric_readers=readers,
             views=[
                 View(
                     instrument_name="vgpu.agent.collection.duration",
@@ -241,6 +262,12 @@ class Telemetry:
         )
         for stage in ERROR_STAGES:
             self._errors.add(0, {"stage": stage})
+        self._export_failures = meter.create_counter(
+            "vgpu.agent.export.failures", unit="{export}", description="OTLP exports that failed."
+        )
+        if self.pusher is not None:
+            self._export_failures.add(0)
+            self.pusher.start()
         self._render_lock = threading.Lock()
 
     # --- SweepObserver -----------------------------------------------------------
@@ -264,6 +291,8 @@ class Telemetry:
             return body
 
     def shutdown(self) -> None:
+        if self.pusher is not None:
+            self.pusher.stop()
         self.provider.shutdown()
 
     # --- callbacks -----------------------------------------------------------------

@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# promtool (Debian's prometheus package) checks the exposition format.
-if ! command -v promtool >/dev/null 2>&1; then
-    echo "installing Debian's prometheus package (promtool)..."
+# Debian's prometheus package: the server scrapes the agent in the end-to-end
+# tests, promtool checks the exposition format and the alert rules.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    echo "installing Debian's prometheus package..."
     sudo_cmd=""
     [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .promtext import Exposition, parse
 
@@ -73,8 +76,26 @@ class Agent:
         return self.process.returncode, err
 
 
+def _healthy(url: str, https_ca: Path | None, https_client: Any) -> bool:
+    if https_ca is None:
+        return get(f"{url}/healthz", timeout=1)[0] == 200
+    context = ssl.create_default_context(cafile=str(https_ca))
+    if https_client is not None:
+        context.load_cert_chain(https_client.client_cert, https_client.client_key)
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPSConnection(host, int(port), context=context, timeout=1)
+    try:
+        connection.request("GET", "/healthz")
+        return connection.getresponse().status == 200
+    finally:
+        connection.close()
+
+
 @contextmanager
-def running_agent(*args: str, env: dict[str, str] | None = None) -> Iterator[Agent]:
+def running_agent(
+    *args: str, env: dict[str, str] | None = None, https_ca: Path | None = None, https_client: Any = None
+) -> Iterator[Agent]:
+    """The agent on a free port; `url` is http://127.0.0.1:<port> even when it serves HTTPS."""
     port = free_port()
     process = subprocess.Popen(
         command("--address", "127.0.0.1", "--port", str(port), *args),
@@ -93,9 +114,9 @@ def running_agent(*args: str, env: dict[str, str] | None = None) -> Iterator[Age
                     f"agent exited with {process.returncode}: {process.stderr.read() if process.stderr else ''}"
                 )
             try:
-                if get(f"{agent.url}/healthz", timeout=1)[0] == 200:
+                if _healthy(agent.url, https_ca, https_client):
                     break
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 pass
             if time.monotonic() > deadline:
                 raise AssertionError("agent did not start serving within 20 s")

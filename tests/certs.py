@@ -18,6 +18,8 @@ class Certs:
     ca: Path
     cert: Path
     key: Path
+    client_cert: Path
+    client_key: Path
 
 
 def _name(common_name: str) -> x509.Name:
@@ -53,7 +55,39 @@ def make_certs(directory: Path, common_name: str = "127.0.0.1") -> Certs:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    key, cert = _leaf(ca_key, ca_cert, common_name, now, server=True)
+    client_key, client_cert = _leaf(ca_key, ca_cert, "otel-vgpu test client", now, server=False)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = Certs(
+        ca=directory / "ca.crt",
+        cert=directory / "server.crt",
+        key=directory / "server.key",
+        client_cert=directory / "client.crt",
+        client_key=directory / "client.key",
+    )
+    paths.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    for cert_path, key_path, leaf_cert, leaf_key in (
+        (paths.cert, paths.key, cert, key),
+        (paths.client_cert, paths.client_key, client_cert, client_key),
+    ):
+        cert_path.write_bytes(leaf_cert.public_bytes(serialization.Encoding.PEM))
+        key_path.write_bytes(
+            leaf_key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    return paths
+
+
+def _leaf(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    common_name: str,
+    now: datetime.datetime,
+    server: bool,
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
+    usage = x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
@@ -66,15 +100,8 @@ def make_certs(directory: Path, common_name: str = "127.0.0.1") -> Certs:
             x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
             critical=False,
         )
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = Certs(ca=directory / "ca.crt", cert=directory / "server.crt", key=directory / "server.key")
-    paths.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    paths.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths.key.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return paths
+    return key, cert

@@ -63,6 +63,14 @@ def steady() -> Scenario:
 
 
 @pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    """STEADY in a file, for the agent run as a process."""
+    path = tmp_path / "steady.yaml"
+    path.write_text(STEADY)
+    return path
+
+
+@pytest.fixture
 def ratio_file(tmp_path: Path) -> Path:
     path = tmp_path / "gpu_allocation.txt"
     path.write_text("2\n")

@@ -19,13 +19,6 @@ GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
 UNKNOWN_UID = "0e886e9a-3879-45f9-b44d-86ef9df03224"
 
 
-@pytest.fixture
-def scenario_file(tmp_path: Path) -> Path:
-    path = tmp_path / "steady.yaml"
-    path.write_text(STEADY)
-    return path
-
-
 def agent_args(scenario_file: Path, ratio_file: Path, *extra: str) -> list[str]:
     return ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file), "--min-interval", "0", *extra]
 

@@ -1,0 +1,195 @@
+"""OTLP push to an OpenTelemetry Collector, beside the Prometheus endpoint.
+
+Off unless `--otlp-endpoint` or one of the standard OTEL_EXPORTER_OTLP_*
+endpoint variables is set. The exporter modules are imported only then.
+
+The push has its own thread and its own reader. Each tick is a collection
+scope like a scrape's, so push and scrapes share sweeps (`--min-interval`):
+turning OTLP on adds no NVML work while scrapes keep the snapshot fresh. An
+unreachable collector costs that thread its export timeout and nothing else:
+scrapes never wait for it. Failed exports are counted and logged once per
+outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("grpc", "http/protobuf")
+ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+DEFAULT_INTERVAL_S = 60.0
+DEFAULT_TIMEOUT_S = 10.0
+# On SIGTERM the last export gets this long, so the pod stops in a few seconds.
+FLUSH_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class OtlpSettings:
+    endpoint: str | None
+    """Base URL from --otlp-endpoint; None: the exporter reads the standard variables."""
+    protocol: str
+    interval_s: float
+    timeout_s: float
+
+
+def settings_from(endpoint: str | None, protocol: str | None, interval_s: float | None) -> OtlpSettings | None:
+    """The push settings, or None when OTLP is off."""
+    if endpoint is None and not any(os.environ.get(name) for name in ENDPOINT_VARIABLES):
+        return None
+    chosen = (
+        protocol
+        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    )
+    if chosen not in PROTOCOLS:
+        raise ValueError(f"OTLP protocol {chosen!r}: expected one of {', '.join(PROTOCOLS)}")
+    if interval_s is None:
+        interval_s = _env_millis("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_INTERVAL_S)
+    timeout_s = min(_env_millis("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_TIMEOUT_S), interval_s)
+    return OtlpSettings(endpoint=endpoint, protocol=chosen, interval_s=interval_s, timeout_s=timeout_s)
+
+
+def _env_millis(name: str, default_s: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default_s
+    try:
+        value = float(raw) / 1000.0
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected milliseconds, e.g. 60000") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r}: expected milliseconds above 0")
+    return value
+
+
+def make_exporter(settings: OtlpSettings) -> MetricExporter:
+    """The SDK's OTLP metric exporter for the protocol. It reads the standard
+    variables (headers, certificates, compression) itself."""
+    exporter: MetricExporter
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # noqa: PLC0415
+            OTLPMetricExporter as GrpcExporter,
+        )
+
+        exporter = GrpcExporter(endpoint=settings.endpoint, timeout=settings.timeout_s)
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
+            OTLPMetricExporter as HttpExporter,
+        )
+
+        endpoint = None
+        if settings.endpoint is not None:
+            # --otlp-endpoint is a base URL, like OTEL_EXPORTER_OTLP_ENDPOINT.
+            endpoint = settings.endpoint.rstrip("/") + "/v1/metrics"
+        exporter = HttpExporter(endpoint=endpoint, timeout=settings.timeout_s)
+    # The exporters log every failed attempt; the pusher logs once per outage.
+    for name in (
+        "opentelemetry.exporter.otlp.proto.grpc.exporter",
+        "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+        "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+        "opentelemetry.exporter.otlp.proto.http",
+    ):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    return exporter
+
+
+class OtlpPusher(MetricReader):
+    """A reader that collects and exports on its own thread, every interval.
+
+    `scope` wraps each collection (the sweep sharing); `after_collect` runs
+    after it (pruning stale attribute sets); `on_failure` counts a failed
+    export.
+    """
+
+    def __init__(
+        self,
+        exporter: MetricExporter,
+        settings: OtlpSettings,
+        scope: Callable[[], Any],
+        after_collect: Callable[[MetricReader], None],
+        on_failure: Callable[[], None],
+        cardinality_limits: Any = None,
+    ) -> None:
+        super().__init__(
+            preferred_temporality=exporter._preferred_temporality,
+            preferred_aggregation=exporter._preferred_aggregation,
+            cardinality_limits=cardinality_limits,
+        )
+        self._exporter = exporter
+        self._settings = settings
+        self._scope = scope
+        self._after_collect = after_collect
+        self._on_failure = on_failure
+        self._stop = threading.Event()
+        self._export_timeout_s = settings.timeout_s
+        self._outage_since: float | None = None
+        self.exports = 0
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="otlp-push", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._settings.interval_s):
+            self.push()
+
+    def push(self) -> None:
+        with self._scope():
+            try:
+                self.collect(timeout_millis=self._settings.timeout_s * 1000)
+            except Exception:  # a failed collection must not end the push thread
+                log.exception("OTLP collection failed")
+            self._after_collect(self)
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+        if metrics_data is None:
+            return
+        try:
+            result = self._exporter.export(metrics_data, timeout_millis=self._export_timeout_s * 1000)
+        except Exception as error:
+            log.debug("OTLP export raised %s", error)
+            result = MetricExportResult.FAILURE
+        self.exports += 1
+        if result is MetricExportResult.SUCCESS:
+            if self._outage_since is not None:
+                log.info("OTLP export works again after %.0f s", time.monotonic() - self._outage_since)
+                self._outage_since = None
+            return
+        self.failures += 1
+        self._on_failure()
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            log.warning(
+                "OTLP export to %s failed; retrying every %g s (logged once per outage)",
+                self._settings.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint",
+                self._settings.interval_s,
+            )
+
+    def stop(self) -> None:
+        """Stop the thread and export once more: the last figures before exit.
+
+        Bounded by FLUSH_TIMEOUT_S whatever the collector does: a push stuck
+        on an unreachable collector is left to its daemon thread.
+        """
+        self._stop.set()
+        self._export_timeout_s = min(self._settings.timeout_s, FLUSH_TIMEOUT_S)
+        deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        self._thread.join(timeout=FLUSH_TIMEOUT_S)
+        final = threading.Thread(target=self.push, name="otlp-flush", daemon=True)
+        final.start()
+        final.join(timeout=max(0.1, deadline - time.monotonic() + FLUSH_TIMEOUT_S))
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._exporter.shutdown(timeout_millis=min(timeout_millis, FLUSH_TIMEOUT_S * 1000))

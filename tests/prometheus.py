@@ -1,0 +1,97 @@
+"""A real Prometheus server (Debian's `prometheus` package) for the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .agent import free_port
+
+
+@dataclass
+class Prometheus:
+    url: str
+    log: Path
+
+    def api(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=10) as response:
+            body = json.loads(response.read())
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.api("query", query=expr)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def wait_for(self, expr: str, timeout: float = 30) -> list[dict[str, Any]]:
+        """Poll until `expr` returns something (the first scrape takes seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                result = self.query(expr)
+            except OSError:
+                result = []
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no result for {expr} after {timeout} s; log:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+
+@contextmanager
+def running_prometheus(
+    tmp_path: Path, scrape_configs: list[dict[str, Any]], rule_files: list[Path]
+) -> Iterator[Prometheus]:
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is installed by scripts/test.sh (Debian package prometheus)"
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(path) for path in rule_files],
+        "scrape_configs": scrape_configs,
+    }
+    config_path = tmp_path / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = tmp_path / "prometheus.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--web.enable-lifecycle",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    prometheus = Prometheus(f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("prometheus did not start:\n" + log.read_text()[-3000:])
+            time.sleep(0.2)
+        yield prometheus
+    finally:
+        process.terminate()
+        process.wait(timeout=15)

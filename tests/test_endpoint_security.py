@@ -1,0 +1,165 @@
+"""HTTPS, mutual TLS and basic auth on the endpoint, with a real HTTPS client."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import ssl
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from otel_vgpu.auth import AuthFileError, BasicAuth, parse_users
+
+from .agent import free_port, run_to_exit, running_agent
+from .certs import Certs, make_certs
+
+
+def https_get(url: str, ca: Path, auth: tuple[str, str] | None = None, client: Certs | None = None) -> int:
+    context = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        context.load_cert_chain(client.client_cert, client.client_key)
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPSConnection(host, int(port), context=context, timeout=10)
+    headers = {}
+    if auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    try:
+        connection.request("GET", "/metrics", headers=headers)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Certs:
+    return make_certs(tmp_path / "pki")
+
+
+@pytest.fixture
+def users(tmp_path: Path) -> Path:
+    path = tmp_path / "users"
+    hashed = bcrypt.hashpw(b"bcrypt-secret", bcrypt.gensalt(rounds=4)).decode()
+    path.write_text(f"# scrapers\nprometheus:{hashed}\ncollector:sha256:{hashlib.sha256(b'sha-secret').hexdigest()}\n")
+    return path
+
+
+def test_https_with_basic_auth(certs: Certs, users: Path, ratio_file: Path) -> None:
+    args = [
+        "--simulate",
+        "--allocation-file",
+        str(ratio_file),
+        "--tls-cert-file",
+        str(certs.cert),
+        "--tls-key-file",
+        str(certs.key),
+        "--basic-auth-file",
+        str(users),
+    ]
+    with running_agent(*args, https_ca=certs.ca) as agent:
+        assert https_get(agent.url, certs.ca, ("prometheus", "bcrypt-secret")) == 200
+        assert https_get(agent.url, certs.ca, ("prometheus", "bcrypt-secret")) == 200  # cached check
+        assert https_get(agent.url, certs.ca, ("collector", "sha-secret")) == 200
+        assert https_get(agent.url, certs.ca, ("prometheus", "wrong")) == 401
+        assert https_get(agent.url, certs.ca, ("nobody", "sha-secret")) == 401
+        assert https_get(agent.url, certs.ca) == 401
+        # plain HTTP to the TLS port gets no HTTP answer
+        host, port = agent.url.removeprefix("http://").split(":")
+        plain = http.client.HTTPConnection(host, int(port), timeout=5)
+        with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
+            plain.request("GET", "/metrics")
+            plain.getresponse()
+        plain.close()
+        code, _ = agent.stop()
+    assert code == 0
+
+
+def test_mutual_tls(certs: Certs, tmp_path: Path, ratio_file: Path) -> None:
+    args = [
+        "--simulate",
+        "--allocation-file",
+        str(ratio_file),
+        "--tls-cert-file",
+        str(certs.cert),
+        "--tls-key-file",
+        str(certs.key),
+        "--tls-client-ca-file",
+        str(certs.ca),
+    ]
+    stranger = make_certs(tmp_path / "stranger")
+    with running_agent(*args, https_ca=certs.ca, https_client=certs) as agent:
+        assert https_get(agent.url, certs.ca, client=certs) == 200
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            https_get(agent.url, certs.ca)
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            https_get(agent.url, certs.ca, client=stranger)
+        agent.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "no users"),
+        ("alice\n", "users:1: no user:hash pair"),
+        ("alice:plaintext\n", "users:1: the hash of 'alice' is neither bcrypt nor sha256"),
+        (f"a:sha256:{'0' * 64}\na:sha256:{'1' * 64}\n", "users:2: user 'a' appears twice"),
+    ],
+)
+def test_bad_credentials_file(text: str, fragment: str) -> None:
+    with pytest.raises(AuthFileError, match=fragment):
+        parse_users(text, "users")
+
+
+def test_bad_credentials_file_stops_the_agent(tmp_path: Path, ratio_file: Path) -> None:
+    users = tmp_path / "users"
+    users.write_text("alice:secret\n")
+    result = run_to_exit(
+        [
+            "--simulate",
+            "--allocation-file",
+            str(ratio_file),
+            "--port",
+            str(free_port()),
+            "--basic-auth-file",
+            str(users),
+        ]
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"otel-vgpu: error: {users}:1: the hash of 'alice' is neither bcrypt nor sha256; "
+        "expected user:hash, the hash bcrypt ($2b$...) or sha256:<64 hex digits>"
+    ]
+
+
+def test_tls_flags_must_come_together(certs: Certs, ratio_file: Path) -> None:
+    result = run_to_exit(["--simulate", "--allocation-file", str(ratio_file), "--tls-cert-file", str(certs.cert)])
+    assert result.returncode == 2 and "--tls-cert-file and --tls-key-file go together" in result.stderr
+    result = run_to_exit(
+        [
+            "--simulate",
+            "--allocation-file",
+            str(ratio_file),
+            "--tls-cert-file",
+            str(certs.key),
+            "--tls-key-file",
+            str(certs.key),
+        ]
+    )
+    assert result.returncode == 2 and "cannot use the TLS files" in result.stderr
+
+
+def test_malformed_authorization_headers_are_refused() -> None:
+    auth = BasicAuth({"u": f"sha256:{hashlib.sha256(b'p').hexdigest()}"})
+    good = "Basic " + base64.b64encode(b"u:p").decode()
+    assert auth.check(good)
+    for header in (
+        None,
+        "",
+        "Bearer x",
+        "Basic !!!",
+        "Basic " + base64.b64encode(b"no-colon").decode(),
+        "Basic " + base64.b64encode(b"\xff\xfe").decode(),
+    ):
+        assert not auth.check(header), header

@@ -1,0 +1,173 @@
+"""OTLP push into a real receiver (rotel), beside the Prometheus endpoint."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .agent import clean_env, get, running_agent
+from .conftest import GIB
+from .rotel import running_rotel
+
+
+def base_args(scenario_file: Path, ratio_file: Path, *extra: str) -> list[str]:
+    return ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file), *extra]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_push_arrives_with_names_units_attributes_and_resource(
+    tmp_path: Path, scenario_file: Path, ratio_file: Path, protocol: str
+) -> None:
+    env = clean_env(
+        OTEL_RESOURCE_ATTRIBUTES="k8s.cluster.name=gpu-east,deployment.environment=test",
+        OTEL_SERVICE_NAME="gpu-monitor",
+    )
+    with running_rotel(tmp_path) as rotel:
+        url = rotel.grpc_url if protocol == "grpc" else rotel.http_url
+        args = base_args(
+            scenario_file,
+            ratio_file,
+            "--otlp-endpoint",
+            url,
+            "--otlp-protocol",
+            protocol,
+            "--otlp-interval",
+            "0.5",
+            "--node-name",
+            "node-7",
+        )
+        with running_agent(*args, env=env) as agent:
+            batches = rotel.wait_for_batches(2)
+            assert agent.scrape().series("vgpu_pod_memory_used_bytes"), "the Prometheus endpoint stays on"
+            code, err = agent.stop()
+    assert code == 0, err
+    batch = batches[-1]
+    assert batch.resource["service.name"] == "gpu-monitor"
+    assert batch.resource["k8s.cluster.name"] == "gpu-east"
+    assert batch.resource["k8s.node.name"] == "node-7"
+    assert batch.resource["service.version"] and batch.resource["host.name"]
+    units = {name: metric.unit for name, metric in batch.metrics.items()}
+    assert units["vgpu.pod.memory.used"] == "By"
+    assert units["vgpu.pod.memory.allocated"] == "By"
+    assert units["vgpu.pod.sm.utilization"] == "1"
+    assert units["vgpu.pod.vgpu.utilization"] == "1"
+    assert units["vgpu.pod.processes"] == "{process}"
+    assert units["vgpu.gpu.memory.total"] == "By"
+    assert units["vgpu.gpu.vgpus"] == "{vgpu}"
+    assert units["vgpu.agent.collection.duration"] == "s"
+    assert batch.metrics["vgpu.pod.memory.used"].data_type == "Gauge"
+    points = {
+        (p.attributes["namespace"], p.attributes["pod"], p.attributes["gpu_id"]): p
+        for p in batch.metrics["vgpu.pod.memory.used"].points
+    }
+    trainer = points[("ml", "trainer", "0")]
+    assert trainer.value == 12 * GIB
+    assert trainer.attributes["gpu_uuid"] == "GPU-00000000-0000-0000-0000-000000000000"
+    assert all(m.description for m in batch.metrics.values())
+
+
+def test_standard_variables_turn_the_push_on(tmp_path: Path, scenario_file: Path, ratio_file: Path) -> None:
+    with running_rotel(tmp_path) as rotel:
+        env = clean_env(
+            OTEL_EXPORTER_OTLP_ENDPOINT=rotel.http_url,
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_METRIC_EXPORT_INTERVAL="300",
+            OTEL_EXPORTER_OTLP_HEADERS="x-tenant=gpu-team",
+        )
+        with running_agent(*base_args(scenario_file, ratio_file), env=env) as agent:
+            batches = rotel.wait_for_batches(2)
+            agent.stop()
+    assert "vgpu.gpu.memory.total" in batches[-1].metrics
+
+
+def test_push_and_scrapes_share_sweeps(tmp_path: Path, scenario_file: Path, ratio_file: Path) -> None:
+    with running_rotel(tmp_path) as rotel:
+        args = base_args(
+            scenario_file,
+            ratio_file,
+            "--otlp-endpoint",
+            rotel.grpc_url,
+            "--otlp-interval",
+            "0.2",
+            "--min-interval",
+            "2",
+        )
+        with running_agent(*args) as agent:
+            started = time.monotonic()
+            scrapes = 0
+            while time.monotonic() - started < 4:
+                agent.scrape()
+                scrapes += 1
+                time.sleep(0.1)
+            elapsed = time.monotonic() - started
+            sweeps = agent.scrape().series("vgpu_agent_collection_duration_seconds_count")
+            agent.stop()
+        pushes = len(rotel.batches())
+    sweep_count = next(iter(sweeps.values()))
+    assert scrapes >= 20 and pushes >= 10
+    # one sweep per 2 s whatever pulls it, plus the probe's and the first
+    assert sweep_count <= elapsed / 2 + 3, (sweep_count, scrapes, pushes)
+
+
+def test_unreachable_collector_never_slows_scrapes(scenario_file: Path, ratio_file: Path) -> None:
+    # A socket that accepts connections into its backlog and never answers:
+    # each export hangs until its timeout.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        args = base_args(
+            scenario_file, ratio_file, "--otlp-endpoint", url, "--otlp-interval", "1", "--min-interval", "0"
+        )
+        with running_agent(*args) as agent:
+            latencies = []
+            for _ in range(40):
+                started = time.monotonic()
+                status, _, _ = get(f"{agent.url}/metrics")
+                latencies.append(time.monotonic() - started)
+                assert status == 200
+                time.sleep(0.1)
+            exposition = agent.scrape()
+            stop_started = time.monotonic()
+            code, err = agent.stop()
+            stop_seconds = time.monotonic() - stop_started
+    finally:
+        silent.close()
+    assert max(latencies) < 1.0, max(latencies)
+    assert next(iter(exposition.series("vgpu_agent_export_failures_total").values())) >= 1
+    assert err.count("OTLP export to") == 1, err
+    assert code == 0 and stop_seconds < 8
+
+
+def test_sigterm_flushes_the_last_export(tmp_path: Path, scenario_file: Path, ratio_file: Path) -> None:
+    with running_rotel(tmp_path) as rotel:
+        args = base_args(scenario_file, ratio_file, "--otlp-endpoint", rotel.grpc_url, "--otlp-interval", "3600")
+        with running_agent(*args) as agent:
+            agent.scrape()
+            assert rotel.batches() == []
+            started = time.monotonic()
+            code, _ = agent.stop()
+            stopped = time.monotonic() - started
+        batches = rotel.wait_for_batches(1, timeout=5)
+    assert code == 0 and stopped < 5
+    assert len(batches) == 1 and "vgpu.pod.memory.used" in batches[0].metrics
+
+
+def test_exporter_is_imported_only_when_used(ratio_file: Path) -> None:
+    probe = (
+        "import sys, threading\n"
+        "from otel_vgpu import cli\n"
+        "threading.Timer(1.5, lambda: (print(any(m.startswith('opentelemetry.exporter.otlp') for m in sys.modules),"
+        " flush=True), __import__('os').kill(__import__('os').getpid(), 15))).start()\n"
+        f"cli.main(['--simulate', '--port', '0', '--address', '127.0.0.1', '--allocation-file', '{ratio_file}'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=clean_env(), timeout=20, check=False
+    )
+    assert result.stdout.strip() == "False", result.stderr

@@ -1,0 +1,144 @@
+"""Real Prometheus scrapes the agent (over HTTP, and over HTTPS with basic auth);
+the alert rules load in it and pass promtool's unit tests; every dashboard
+query is valid PromQL that Prometheus evaluates."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from .agent import ROOT, running_agent
+from .certs import make_certs
+from .conftest import GIB
+from .prometheus import running_prometheus
+
+RULES = ROOT / "deploy" / "prometheus" / "otel-vgpu-rules.yaml"
+RULE_TESTS = ROOT / "tests" / "rules" / "otel-vgpu-rules.test.yaml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "otel-vgpu-dashboard.json"
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("promtool")
+    assert binary, "promtool is installed by scripts/test.sh (Debian package prometheus)"
+    return subprocess.run([binary, *args], capture_output=True, text=True, check=False, cwd=ROOT)
+
+
+def test_rules_are_valid_and_their_unit_tests_pass() -> None:
+    check = promtool("check", "rules", str(RULES))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 5 rules found" in check.stdout
+    tested = promtool("test", "rules", str(RULE_TESTS))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_rule_unit_tests_can_fail(tmp_path: Path) -> None:
+    # The same tests against rules whose thresholds moved must fail.
+    (tmp_path / "deploy" / "prometheus").mkdir(parents=True)
+    (tmp_path / "tests" / "rules").mkdir(parents=True)
+    broken = RULES.read_text().replace("> 1.2", "> 2").replace("for: 2h", "for: 4h")
+    (tmp_path / "deploy" / "prometheus" / RULES.name).write_text(broken)
+    (tmp_path / "tests" / "rules" / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
+    tested = promtool("test", "rules", str(tmp_path / "tests" / "rules" / RULE_TESTS.name))
+    assert tested.returncode != 0
+    assert (
+        "VGPUPodOverSMShare" in tested.stdout + tested.stderr and "VGPUAllocationIdle" in tested.stdout + tested.stderr
+    )
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    queries += [v["definition"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    return queries
+
+
+def as_promql(query: str) -> str:
+    """Grafana's variables, as Grafana would substitute them."""
+    match = re.fullmatch(r"label_values\((?P<metric>\w+), *(?P<label>\w+)\)", query)
+    if match:
+        return f"count by ({match['label']}) ({match['metric']})"
+    return query.replace("$__rate_interval", "1m").replace("$instance", ".*").replace("$namespace", ".*")
+
+
+def test_prometheus_scrapes_the_agent_over_http_and_over_tls_with_auth(
+    tmp_path: Path, scenario_file: Path, ratio_file: Path
+) -> None:
+    certs = make_certs(tmp_path / "pki")
+    users = tmp_path / "users"
+    users.write_text(f"prometheus:sha256:{hashlib.sha256(b'scrape-secret').hexdigest()}\n")
+    common = ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file)]
+    secure = ["--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key), "--basic-auth-file", str(users)]
+    with running_agent(*common) as plain, running_agent(*common, *secure, https_ca=certs.ca) as tls:
+        plain_target = plain.url.removeprefix("http://")
+        tls_target = tls.url.removeprefix("http://")
+        scrape_configs = [
+            {"job_name": "otel-vgpu", "honor_labels": True, "static_configs": [{"targets": [plain_target]}]},
+            {
+                "job_name": "otel-vgpu-tls",
+                "honor_labels": True,
+                "scheme": "https",
+                "tls_config": {"ca_file": str(certs.ca)},
+                "basic_auth": {"username": "prometheus", "password": "scrape-secret"},
+                "static_configs": [{"targets": [tls_target]}],
+            },
+        ]
+        with running_prometheus(tmp_path, scrape_configs, [RULES]) as prometheus:
+            for job in ("otel-vgpu", "otel-vgpu-tls"):
+                result = prometheus.wait_for(
+                    f'vgpu_pod_memory_used_bytes{{job="{job}",namespace="ml",pod="trainer",gpu_id="0"}}'
+                )
+                assert float(result[0]["value"][1]) == 12 * GIB
+                assert result[0]["metric"]["gpu_uuid"] == "GPU-00000000-0000-0000-0000-000000000000"
+                up = prometheus.query(f'up{{job="{job}"}}')
+                assert up and up[0]["value"][1] == "1"
+            idle = prometheus.query(
+                'vgpu_pod_memory_allocated_bytes{job="otel-vgpu"} > 0 and on (namespace, pod, gpu_id) '
+                'vgpu_pod_processes{job="otel-vgpu"} == 0'
+            )
+            assert [r["metric"]["pod"] for r in idle] == ["idle"]
+            unattributed = prometheus.query('vgpu_gpu_memory_unattributed_bytes{job="otel-vgpu",gpu_id="0"}')
+            assert float(unattributed[0]["value"][1]) == 512 * 1024**2
+            target = prometheus.query('target_info{job="otel-vgpu"}')
+            assert target[0]["metric"]["service_name"] == "otel-vgpu"
+
+            rules = prometheus.api("rules")
+            loaded = [rule for group in rules["groups"] for rule in group["rules"]]
+            assert len(loaded) == 5 and all(rule["health"] == "ok" for rule in loaded), loaded
+
+            for query in dashboard_queries():
+                # Prometheus rejects invalid PromQL with an error status.
+                prometheus.query(as_promql(query))
+            # the dashboard's panels find data on a live agent
+            assert prometheus.query(as_promql(dashboard_queries()[0]))
+        plain.stop()
+        tls.stop()
+
+
+def test_dashboard_names_only_families_the_agent_serves() -> None:
+    served = {
+        "vgpu_pod_memory_used_bytes",
+        "vgpu_pod_memory_allocated_bytes",
+        "vgpu_pod_sm_utilization",
+        "vgpu_pod_vgpu_utilization",
+        "vgpu_pod_processes",
+        "vgpu_gpu_memory_total_bytes",
+        "vgpu_gpu_memory_used_bytes",
+        "vgpu_gpu_sm_utilization",
+        "vgpu_gpu_vgpus",
+        "vgpu_gpu_memory_unattributed_bytes",
+        "vgpu_agent_collection_errors_total",
+        "vgpu_agent_collection_duration_seconds_bucket",
+        "process_resident_memory_bytes",
+        "up",
+    }
+    named = set()
+    for query in dashboard_queries():
+        named |= set(re.findall(r"\b(vgpu_\w+|process_\w+|up)\b(?=\s*[{)\[]|\s*$|\s*[/>=])", query))
+    assert named and named <= served, named - served
+    dashboard = json.loads(DASHBOARD.read_text())
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    assert {"Idle allocations", "Unattributed GPU memory", "SM use against the pod's share"} <= titles
