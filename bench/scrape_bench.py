@@ -4,7 +4,8 @@ Starts `otel-vgpu --simulate` on a generated node (default 8 GPUs, 80 pods,
 320 processes), scrapes /metrics sequentially, and prints scrape latency
 (median, p99), CPU time per collection, resident memory and series count.
 Every scrape runs a full sweep (`--min-interval 0`), so CPU per scrape is CPU
-per collection.
+per collection. Then the same for the floor (bench/floor_server.py): plain
+prometheus_client rendering the same series from a snapshot taken once.
 
     python bench/scrape_bench.py                     # realistic scale
     python bench/scrape_bench.py --pods 384 --processes 1536   # stress scale
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -75,6 +77,57 @@ def scrape(url: str) -> bytes:
         return body
 
 
+@dataclass
+class Figures:
+    median_ms: float
+    p99_ms: float
+    cpu_ms: float
+    rss_mib: float
+    series: int
+    size_kib: float
+
+
+def wait_until_serving(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            scrape(url)
+            return
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise SystemExit(f"{url} did not start") from None
+            time.sleep(0.1)
+
+
+def measure(command: list[str], url: str, scrapes: int, warmup: int) -> Figures:
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_serving(url, process)
+        for _ in range(warmup):
+            scrape(url)
+        latencies = []
+        cpu_before = cpu_seconds(process.pid)
+        for _ in range(scrapes):
+            started = time.perf_counter()
+            body = scrape(url)
+            latencies.append(time.perf_counter() - started)
+        cpu = cpu_seconds(process.pid) - cpu_before
+        rss = rss_mib(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    latencies.sort()
+    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+    return Figures(
+        median_ms=statistics.median(latencies) * 1000,
+        p99_ms=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000,
+        cpu_ms=cpu / scrapes * 1000,
+        rss_mib=rss,
+        series=series,
+        size_kib=len(body) / 1024,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=8)
@@ -90,7 +143,8 @@ def main() -> None:
         scenario_path.write_text(yaml.safe_dump(scenario(args.gpus, args.pods, args.processes)))
         ratio = Path(tmp) / "gpu_allocation.txt"
         ratio.write_text("4\n")
-        agent = subprocess.Popen(
+        url = f"http://127.0.0.1:{args.port}/metrics"
+        agent = measure(
             [
                 sys.executable,
                 "-m",
@@ -108,43 +162,36 @@ def main() -> None:
                 "--log-level",
                 "warning",
             ],
-            stderr=subprocess.DEVNULL,
+            url,
+            args.scrapes,
+            args.warmup,
         )
-        url = f"http://127.0.0.1:{args.port}/metrics"
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    scrape(url)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or agent.poll() is not None:
-                        raise SystemExit("the agent did not start") from None
-                    time.sleep(0.1)
-            for _ in range(args.warmup):
-                scrape(url)
-            latencies = []
-            cpu_before = cpu_seconds(agent.pid)
-            for _ in range(args.scrapes):
-                started = time.perf_counter()
-                body = scrape(url)
-                latencies.append(time.perf_counter() - started)
-            cpu = cpu_seconds(agent.pid) - cpu_before
-            rss = rss_mib(agent.pid)
-        finally:
-            agent.terminate()
-            agent.wait(timeout=10)
+        floor = measure(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("floor_server.py")),
+                str(scenario_path),
+                str(ratio),
+                str(args.port),
+            ],
+            url,
+            args.scrapes,
+            args.warmup,
+        )
 
-    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
-    latencies.sort()
-    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-    print(f"node: {args.gpus} GPUs, {args.pods} pods, {args.processes} processes; {args.scrapes} scrapes")
-    print(f"scrape latency median  {statistics.median(latencies) * 1000:8.2f} ms")
-    print(f"scrape latency p99     {p99 * 1000:8.2f} ms")
-    print(f"CPU per collection     {cpu / args.scrapes * 1000:8.2f} ms")
-    print(f"resident memory        {rss:8.1f} MiB")
-    print(f"series per scrape      {series:8d}")
-    print(f"response size          {len(body) / 1024:8.1f} KiB")
+    print(f"node: {args.gpus} GPUs, {args.pods} pods, {args.processes} processes; {args.scrapes} scrapes each")
+    print(f"{'':24} {'agent':>10} {'floor':>10} {'agent/floor':>12}")
+    for label, attr, unit in (
+        ("scrape latency median", "median_ms", "ms"),
+        ("scrape latency p99", "p99_ms", "ms"),
+        ("CPU per collection", "cpu_ms", "ms"),
+        ("resident memory", "rss_mib", "MiB"),
+        ("series per scrape", "series", ""),
+        ("response size", "size_kib", "KiB"),
+    ):
+        a, f = getattr(agent, attr), getattr(floor, attr)
+        ratio_text = f"{a / f:10.2f}x" if f else ""
+        print(f"{label:24} {a:8.1f}{unit:>3} {f:8.1f}{unit:>3} {ratio_text:>12}")
 
 
 if __name__ == "__main__":

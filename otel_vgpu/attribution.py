@@ -39,6 +39,9 @@ class ProcReader:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        # Plain strings: a sweep reads a file per GPU process, and pathlib's
+        # joins cost more than the reads.
+        self._prefix = str(root).rstrip("/") + "/"
 
     def start_time(self, pid: int) -> int | None:
         """None if the process is gone."""
@@ -55,9 +58,9 @@ class ProcReader:
         return self._read(pid, "cgroup", MAX_CGROUP_BYTES)
 
     def _read(self, pid: int, name: str, limit: int) -> str | None:
-        path = self.root / str(pid) / name
+        path = f"{self._prefix}{pid}/{name}"
         try:
-            with path.open("rb") as handle:
+            with open(path, "rb") as handle:
                 data = handle.read(limit)
         except (FileNotFoundError, ProcessLookupError):
             return None

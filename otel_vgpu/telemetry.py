@@ -21,6 +21,7 @@ from typing import Any
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
     Counter,
     Histogram,
     MeterProvider,
@@ -229,6 +230,9 @@ class Telemetry:
         self.provider = MeterProvider(
             resource=resource,
             metric_readers=readers,
+            # Gauges of GPU state have no traces to link to; sampling exemplars
+            # would cost a reservoir per series per collection for nothing.
+            exemplar_filter=AlwaysOffExemplarFilter(),
             views=[
                 View(
                     instrument_name="vgpu.agent.collection.duration",
@@ -267,8 +271,11 @@ class Telemetry:
         )
         if self.pusher is not None:
             self._export_failures.add(0)
-            self.pusher.start()
         self._render_lock = threading.Lock()
+        self._labels_lock = threading.Lock()
+        self._labels: tuple[Snapshot, list[dict[str, str]], list[dict[str, str]]] | None = None
+        if self.pusher is not None:
+            self.pusher.start()
 
     # --- SweepObserver -----------------------------------------------------------
 
@@ -300,21 +307,33 @@ class Telemetry:
     def _callback(self, family: Family, kind: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             snapshot = self.scope.snapshot()
-            observations = []
-            if kind == "pod":
-                for row in snapshot.pods:
-                    value = family.value(row)
-                    if value is not None:
-                        observations.append(Observation(value, pod_attributes(row)))
-            else:
-                for gpu in snapshot.gpus:
-                    value = family.value(gpu)
-                    if value is not None:
-                        observations.append(Observation(value, gpu_attributes(gpu)))
+            rows, attributes = self._labelled(snapshot, kind)
+            value = family.value
+            observations = [
+                Observation(v, attrs)
+                for row, attrs in zip(rows, attributes, strict=True)
+                if (v := value(row)) is not None
+            ]
             self.scope.record(family.name, observations)
             return observations
 
         return callback
+
+    def _labelled(self, snapshot: Snapshot, kind: str) -> tuple[tuple[Any, ...], list[dict[str, str]]]:
+        """A snapshot's rows with their attributes, built once per snapshot
+        and shared by every family (five pod families read the same rows)."""
+        with self._labels_lock:
+            cached = self._labels
+            if cached is None or cached[0] is not snapshot:
+                cached = (
+                    snapshot,
+                    [pod_attributes(row) for row in snapshot.pods],
+                    [gpu_attributes(row) for row in snapshot.gpus],
+                )
+                self._labels = cached
+        if kind == "pod":
+            return snapshot.pods, cached[1]
+        return snapshot.gpus, cached[2]
 
     def _seed_callback(self, name: str, position: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:

@@ -1,0 +1,77 @@
+"""The floor for scrape cost: plain prometheus_client serving the same series.
+
+Takes one snapshot of the simulated node (the agent's own sweep, once), turns
+it into prometheus_client metric families up front, and serves them on
+/metrics: each scrape only renders what is precomputed. Whatever the agent
+costs above this is the price of sweeping and of the OpenTelemetry pipeline.
+
+    python bench/floor_server.py SCENARIO RATIO_FILE PORT
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from otel_vgpu.attribution import Attributor, ProcReader
+from otel_vgpu.ratio import RatioSource
+from otel_vgpu.sampler import Sampler
+from otel_vgpu.scenario import load_scenario
+from otel_vgpu.simulate import SimulatedNode
+from otel_vgpu.telemetry import GPU_FAMILIES, POD_FAMILIES, Family, gpu_attributes, pod_attributes
+
+
+def families(snapshot_rows: Iterable[object], specs: Iterable[Family], attributes: object) -> list[GaugeMetricFamily]:
+    rows = list(snapshot_rows)
+    result = []
+    for spec in specs:
+        unit = {"By": "bytes"}.get(spec.unit, "")
+        name = spec.name.replace(".", "_")
+        family = GaugeMetricFamily(name, spec.description, unit=unit)
+        for row in rows:
+            value = spec.value(row)
+            if value is not None:
+                labels = attributes(row)  # type: ignore[operator]
+                family.add_sample(family.name, labels, float(value))
+        result.append(family)
+    return result
+
+
+class Precomputed(Collector):
+    def __init__(self, prepared: list[GaugeMetricFamily]) -> None:
+        self._prepared = prepared
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        return self._prepared
+
+
+def main() -> None:
+    scenario_path, ratio_path, port = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    node = SimulatedNode(load_scenario(scenario_path), Path(tempfile.mkdtemp()))
+    sampler = Sampler(
+        node,
+        attributor=Attributor(ProcReader(node.proc_root)),
+        directory=node.directory(),
+        allocation=node,
+        ratio=RatioSource(ratio_path),
+    )
+    snapshot = sampler.snapshot(0.0)
+    prepared = families(snapshot.pods, POD_FAMILIES, pod_attributes) + families(
+        snapshot.gpus, GPU_FAMILIES, gpu_attributes
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    registry.register(Precomputed(prepared))
+    start_http_server(port, addr="127.0.0.1", registry=registry)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
