@@ -16,10 +16,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
-from .certs import Certs
+if TYPE_CHECKING:
+    from .certs import Certs
 
 
 def pod_object(
@@ -88,14 +89,16 @@ class ApiState:
 
 
 class KubeApiDouble:
-    def __init__(self, certs: Certs, node: str, token: str = "test-token") -> None:
+    def __init__(self, certs: Certs | None, node: str, token: str = "test-token") -> None:
+        """HTTPS with `certs`; plain HTTP without (for a kubeconfig with an http:// server)."""
         self.state = ApiState(node=node, token=token)
         handler = type("Handler", (_Handler,), {"state": self.state})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(certs.cert, certs.key)
-        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        if certs is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certs.cert, certs.key)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

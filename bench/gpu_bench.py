@@ -1,0 +1,288 @@
+"""The agent's cost on a real NVIDIA GPU, against its floor and against nvitop-exporter.
+
+Run as root on a node with an NVIDIA GPU, cgroup v2, CUDA and PyTorch, from
+the repository root:
+
+    python3 bench/gpu_bench.py [--out results.md]
+
+With CUDA workloads running in kubelet-shaped cgroups (bench/gpu_workloads.py):
+
+1. Sweep time against the floor. The floor is the raw NVML and /proc calls one
+   collection makes, timed in a loop with nothing around them (device count,
+   memory, utilization, UUID, name, MIG mode, compute and graphics processes,
+   process utilization; /proc/<pid>/stat of each process). The agent's sweep is
+   Sampler.snapshot with the real NVML backend, in the same process.
+2. The agent as a process: CPU per collection and resident memory over
+   sequential scrapes with `--min-interval 0`.
+3. Side by side with nvitop-exporter, if it is installed, both at a 1 s
+   interval and scraped once a second: CPU %, resident memory, scrape latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gpu_workloads import Pod, start_pods, stop_pods
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def timed(function: Any, runs: int) -> list[float]:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def raw_collection(nvml: Any, handles: list[Any], since: list[int]) -> None:
+    """The NVML and /proc calls of one collection, and nothing else."""
+    nvml.nvmlDeviceGetCount()
+    for index, handle in enumerate(handles):
+        nvml.nvmlDeviceGetMemoryInfo(handle)
+        nvml.nvmlDeviceGetUtilizationRates(handle)
+        nvml.nvmlDeviceGetUUID(handle)
+        nvml.nvmlDeviceGetName(handle)
+        try:  # noqa: SIM105 - the floor carries no overhead of its own
+            nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError:
+            pass
+        pids = [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+        pids += [p.pid for p in nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)]
+        try:  # noqa: SIM105
+            nvml.nvmlDeviceGetProcessUtilization(handle, since[index])
+        except nvml.NVMLError:
+            pass
+        since[index] = time.time_ns() // 1000 - 1_000_000
+        for pid in set(pids):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as handle_file:
+                    handle_file.read()
+            except OSError:
+                pass
+
+
+def ms(samples: list[float], q: float = 0.5) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def scrape(url: str) -> float:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as response:
+        response.read()
+    return time.perf_counter() - started
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            scrape(url)
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{url} did not come up") from None
+            time.sleep(0.2)
+
+
+def at_one_hertz(command: list[str], url: str, seconds: float) -> tuple[float, float, float]:
+    """CPU %, RSS (MiB) and median scrape latency (ms) of an exporter scraped once a second."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(url, process)
+        time.sleep(2)
+        cpu_before, started = cpu_seconds(process.pid), time.monotonic()
+        latencies = []
+        while time.monotonic() - started < seconds:
+            latencies.append(scrape(url))
+            time.sleep(max(0.0, 1.0 - latencies[-1]))
+        cpu = cpu_seconds(process.pid) - cpu_before
+        wall = time.monotonic() - started
+        return 100 * cpu / wall, rss_mib(process.pid), statistics.median(latencies) * 1000
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of each side-by-side run")
+    args = parser.parse_args()
+
+    import pynvml  # noqa: PLC0415
+
+    from otel_vgpu.allocation import UnknownAllocation  # noqa: PLC0415
+    from otel_vgpu.attribution import Attributor, ProcReader  # noqa: PLC0415
+    from otel_vgpu.nvml import NvmlBackend  # noqa: PLC0415
+    from otel_vgpu.pods import UnresolvedDirectory  # noqa: PLC0415
+    from otel_vgpu.ratio import RatioSource  # noqa: PLC0415
+    from otel_vgpu.sampler import Sampler  # noqa: PLC0415
+
+    pods = [
+        Pod(
+            "ml",
+            f"worker-{i}",
+            ("systemd", "cgroupfs")[i % 2],
+            "burstable",
+            workloads=[("busy" if i == 0 else "idle", 1.0), ("idle", 0.5)],
+        )
+        for i in range(6)
+    ]
+    lines = []
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+    ratio_file = tmp / "gpu_allocation.txt"
+    ratio_file.write_text("2\n")
+    try:
+        start_pods(pods)
+        processes = sum(len(p.processes) for p in pods)
+        time.sleep(3)
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        model = pynvml.nvmlDeviceGetName(handles[0])
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        since = [time.time_ns() // 1000 - 1_000_000 for _ in handles]
+        sampler = Sampler(
+            NvmlBackend(pynvml),
+            attributor=Attributor(ProcReader(Path("/proc"))),
+            directory=UnresolvedDirectory(),
+            allocation=UnknownAllocation(),
+            ratio=RatioSource(ratio_file),
+        )
+        floor: list[float] = []
+        sweep: list[float] = []
+        for _ in range(args.runs // 50):  # interleaved, so drift hits both alike
+            floor += timed(lambda: raw_collection(pynvml, handles, since), 50)
+            sweep += timed(lambda: sampler.snapshot(0.0), 50)
+        snapshot = sampler.snapshot(0.0)
+        lines += [
+            f"GPU: {model} x{len(handles)}, driver {driver}; {len(pods)} pods, {processes} CUDA processes "
+            f"({len(snapshot.pods)} pod rows)",
+            "",
+            "| per collection | median | p90 |",
+            "|---|---|---|",
+            f"| raw NVML + /proc calls (floor) | {ms(floor):.2f} ms | {ms(floor, 0.9):.2f} ms |",
+            f"| agent sweep (Sampler.snapshot) | {ms(sweep):.2f} ms | {ms(sweep, 0.9):.2f} ms |",
+            f"| agent / floor | {ms(sweep) / ms(floor):.2f}x | |",
+            "",
+        ]
+
+        port = 18181
+        url = f"http://127.0.0.1:{port}/metrics"
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "otel_vgpu",
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--allocation-file",
+                str(ratio_file),
+                "--min-interval",
+                "0",
+                "--no-kubernetes",
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for(url, agent)
+            for _ in range(20):
+                scrape(url)
+            cpu_before = cpu_seconds(agent.pid)
+            latencies = [scrape(url) for _ in range(200)]
+            cpu_per = (cpu_seconds(agent.pid) - cpu_before) / 200
+            lines += [
+                "| agent process, 200 sequential scrapes, each a sweep | |",
+                "|---|---|",
+                f"| scrape latency median / p99 | {ms(latencies):.2f} ms / {ms(latencies, 0.99):.2f} ms |",
+                f"| CPU per collection | {cpu_per * 1000:.2f} ms |",
+                f"| resident memory | {rss_mib(agent.pid):.1f} MiB |",
+                "",
+            ]
+        finally:
+            agent.terminate()
+            agent.wait(timeout=15)
+
+        agent_command = [
+            sys.executable,
+            "-m",
+            "otel_vgpu",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--allocation-file",
+            str(ratio_file),
+            "--min-interval",
+            "1",
+            "--no-kubernetes",
+            "--log-level",
+            "warning",
+        ]
+        rows = [("otel-vgpu (--min-interval 1)", *at_one_hertz(agent_command, url, args.seconds))]
+        nvitop = shutil.which("nvitop-exporter") or (
+            str(Path(sys.executable).parent / "nvitop-exporter")
+            if (Path(sys.executable).parent / "nvitop-exporter").exists()
+            else None
+        )
+        nvitop_module = subprocess.run([sys.executable, "-c", "import nvitop_exporter"], check=False).returncode == 0
+        if nvitop or nvitop_module:
+            command = [nvitop] if nvitop else [sys.executable, "-m", "nvitop_exporter"]
+            command += ["--bind-address", "127.0.0.1", "--port", str(port + 1), "--interval", "1.0"]
+            rows.append(
+                (
+                    "nvitop-exporter (--interval 1.0)",
+                    *at_one_hertz(command, f"http://127.0.0.1:{port + 1}/metrics", args.seconds),
+                )
+            )
+        lines += [
+            f"| scraped once a second for {args.seconds:g} s | CPU | resident memory | scrape latency median |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {name} | {cpu:.2f} % | {rss:.1f} MiB | {latency:.2f} ms |" for name, cpu, rss, latency in rows]
+        if len(rows) == 1:
+            lines.append("| nvitop-exporter | not installed | | |")
+    finally:
+        stop_pods(pods)
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        args.out.write_text(f"# Agent cost on a real GPU\n\n{report}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

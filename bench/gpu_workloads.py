@@ -1,0 +1,210 @@
+"""CUDA workloads in kubelet-shaped cgroups, for the real-GPU scripts.
+
+Run as root on a node with cgroup v2 mounted at /sys/fs/cgroup. Each pod gets
+a cgroup shaped like the kubelet's, systemd-style
+(`kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid_>.slice/cri-containerd-<id>.scope`)
+or cgroupfs-style (`kubepods/<qos>/pod<uid>/<id>`), and each workload (a
+PyTorch process: busy with matrix products, or idle holding memory) is moved
+into its container's cgroup.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+WORKLOAD = r"""
+import os, sys, time, torch
+mode, gib = sys.argv[1], float(sys.argv[2])
+hold = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+print("ready", flush=True)
+while True:
+    if mode == "busy":
+        for _ in range(20):
+            a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+    else:
+        time.sleep(0.5)
+"""
+
+
+@dataclass
+class Pod:
+    namespace: str
+    name: str
+    driver: str  # systemd or cgroupfs
+    qos: str
+    workloads: list[tuple[str, float]] = field(default_factory=list)  # (busy|idle, GiB)
+    visible: list[str | None] = field(default_factory=list)  # CUDA_VISIBLE_DEVICES per workload
+    shares: int = 1
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    processes: list[subprocess.Popen[str]] = field(default_factory=list)
+    containers: list[tuple[str, Path]] = field(default_factory=list)  # (container ID, cgroup)
+
+    @property
+    def busy(self) -> bool:
+        return any(mode == "busy" for mode, _ in self.workloads)
+
+
+def cgroup_dir(pod: Pod, container_id: str) -> Path:
+    if pod.driver == "systemd":
+        uid = pod.uid.replace("-", "_")
+        if pod.qos == "guaranteed":
+            parent = Path("kubepods.slice") / f"kubepods-pod{uid}.slice"
+        else:
+            parent = Path("kubepods.slice") / f"kubepods-{pod.qos}.slice" / f"kubepods-{pod.qos}-pod{uid}.slice"
+        return CGROUP_ROOT / parent / f"cri-containerd-{container_id}.scope"
+    qos = "" if pod.qos == "guaranteed" else pod.qos
+    return CGROUP_ROOT / "kubepods" / qos / f"pod{pod.uid}" / container_id
+
+
+def start_workload(mode: str, gib: float, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """A PyTorch process on the GPU `env`'s CUDA_VISIBLE_DEVICES names (default: CUDA's first)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", WORKLOAD, mode, str(gib)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        raise SystemExit(f"workload {mode} {gib} GiB did not start")
+    return process
+
+
+def start_pods(pods: list[Pod]) -> None:
+    """Start every pod's workloads and move each into its container's cgroup."""
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: it creates cgroups and moves processes into them")
+    for pod in pods:
+        for index, (mode, gib) in enumerate(pod.workloads):
+            visible = pod.visible[index] if index < len(pod.visible) else None
+            process = start_workload(mode, gib, {"CUDA_VISIBLE_DEVICES": visible} if visible else None)
+            container_id = uuid.uuid4().hex + uuid.uuid4().hex
+            directory = cgroup_dir(pod, container_id)
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "cgroup.procs").write_text(str(process.pid))
+            pod.processes.append(process)
+            pod.containers.append((container_id, directory))
+
+
+def stop_pods(pods: list[Pod], others: list[subprocess.Popen[str]] = ()) -> None:  # type: ignore[assignment]
+    for process in [p for pod in pods for p in pod.processes] + list(others):
+        process.kill()
+        process.wait()
+    for pod in pods:
+        for _, directory in pod.containers:
+            # innermost first; a parent goes once it is empty
+            for path in [directory, *directory.parents]:
+                if path == CGROUP_ROOT:
+                    break
+                try:
+                    path.rmdir()
+                except OSError:
+                    break
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def scrape(url: str) -> Samples:
+    """Every sample of a scrape, by name."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    result: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            result.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Cluster:
+    """The test doubles standing in for the Kubernetes API (HTTP, the API's
+    JSON) and the kubelet (pod-resources gRPC on a Unix socket)."""
+
+    def __init__(self, directory: Path, node: str) -> None:
+        from tests.kube_api_double import KubeApiDouble  # noqa: PLC0415
+        from tests.kubelet_double import KubeletDouble  # noqa: PLC0415
+
+        self.directory = directory
+        self.node = node
+        self.api = KubeApiDouble(None, node).start()
+        self.socket = directory / "kubelet.sock"
+        self.kubelet = KubeletDouble(self.socket).start()
+        self.kubeconfig = directory / "kubeconfig"
+        self.kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{self.api.port}'}}}}]\n"
+            "users: [{name: u, user: {token: test-token}}]\n"
+            "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+        )
+
+    def add(self, pod: Pod, devices: dict[str, list[str]]) -> None:
+        """Publish the pod in the API and give its containers these device IDs."""
+        from tests.kube_api_double import pod_object  # noqa: PLC0415
+
+        containers = {"main": pod.containers[0][0] if pod.containers else ""}
+        self.api.put(pod_object(pod.namespace, pod.name, pod.uid, self.node, containers=containers))
+        self.kubelet.assign(pod.namespace, pod.name, devices)
+
+    def stop(self) -> None:
+        self.kubelet.stop()
+        self.api.stop()
+
+
+def start_agent(cluster: Cluster, port: int, ratio: float, *extra: str) -> subprocess.Popen[bytes]:
+    """The agent on the real NVML, with the doubles for names and shares."""
+    ratio_file = cluster.directory / "gpu_allocation.txt"
+    ratio_file.write_text(f"{ratio}\n")
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otel_vgpu",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--allocation-file",
+            str(ratio_file),
+            "--min-interval",
+            "1",
+            "--node-name",
+            cluster.node,
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--pod-resources-socket",
+            str(cluster.socket),
+            "--pod-resources-interval",
+            "0.5",
+            *extra,
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            scrape(f"http://127.0.0.1:{port}/metrics")
+            return agent
+        except OSError:
+            if time.monotonic() > deadline or agent.poll() is not None:
+                raise SystemExit("the agent did not start") from None
+            time.sleep(0.2)
