@@ -55,34 +55,31 @@ def _env_flag(name: str) -> bool:
     raise argparse.ArgumentTypeError(f"OTEL_VGPU_{name}={raw!r}: expected true or false")
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}: expected a whole number 1-65535") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}: expected a whole number 1-65535")
-    return value
+def _number(kind: type[int] | type[float], what: str, low: float, high: float, low_open: bool = False) -> Any:
+    """An argparse type: a number of `kind` within [low, high] ((low, high] with low_open)."""
+    whole = kind is int
+    valid = (
+        f"a whole number {low:g}-{high:g}"
+        if whole
+        else f"a number {'above' if low_open else 'from'} {low:g}{'' if low_open else f' to {high:g}'}"
+    )
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}") from None
+        if not (low < value if low_open else low <= value) or value > high:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}")
+        return value
+
+    return parse
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid interval {text!r}: expected seconds >= 0, e.g. 1") from None
-    if not 0 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"invalid interval {text!r}: expected seconds from 0 to 3600")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: expected a number above 0") from None
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: expected a number above 0")
-    return value
+_port = _number(int, "port", 1, 65535)
+_interval = _number(float, "interval", 0, 3600)
+_watch_seconds = _number(int, "watch seconds", 1, 3600)
+_positive_seconds = _number(float, "seconds", 0, 86400, low_open=True)
 
 
 def _log_level(text: str) -> str:
@@ -169,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=Path(_env("POD_RESOURCES_SOCKET", str(DEFAULT_SOCKET))),
         help=f"the kubelet's pod-resources gRPC socket (OTEL_VGPU_POD_RESOURCES_SOCKET; default {DEFAULT_SOCKET})",
+    )
+    add(
+        "--kube-watch-seconds",
+        type=_watch_seconds,
+        default=_env("KUBE_WATCH_SECONDS", "300"),
+        help="timeout of each Kubernetes watch; a watch silent for 1.2 times this plus 5 s is taken for "
+        "hung and the pods are listed again (OTEL_VGPU_KUBE_WATCH_SECONDS; default 300)",
     )
     add(
         "--pod-resources-interval",
@@ -307,6 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    # The HTTP clients log every request at INFO: a watch every few minutes,
+    # a list after each outage. Their failures reach the agent's own log.
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
     try:
         ratio = RatioSource(args.allocation_file)
@@ -330,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pod_resources_socket=args.pod_resources_socket,
         pod_resources_interval=args.pod_resources_interval,
         resources=tuple(args.gpu_resource),
+        watch_seconds=args.kube_watch_seconds,
     )
     try:
         sources = build_sources(args.simulate, args.proc_root, node_name, kube, errors)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,13 +82,16 @@ class KubePodDirectory:
 
     def __init__(
         self,
-        client: Any,
+        make_client: Callable[[], Any],
         node_name: str,
         resources: Iterable[str] = DEFAULT_RESOURCES,
         report: Callable[[str], None] = lambda stage: None,
         watch_seconds: int = WATCH_SECONDS,
     ) -> None:
-        self._client = client
+        self._make_client = make_client
+        self._client: Any = None
+        self._generation = 0
+        self._progress = time.monotonic()
         self._node = node_name
         self._resources = tuple(resources)
         self._report = report
@@ -98,7 +102,12 @@ class KubePodDirectory:
         self._stop = threading.Event()
         self._synced = threading.Event()
         self._failing: str | None = None
-        self._thread = threading.Thread(target=self._run, name="kubernetes-pods", daemon=True)
+        # A list or watch event must come within this long, or the watch is
+        # taken for hung (a half-open connection the server never closes):
+        # the agent lists again on a new connection. On a quiet node that is
+        # one extra list every few minutes.
+        self._silence_limit = watch_seconds * 1.2 + 5
+        self._watchdog = threading.Thread(target=self._watch_the_watch, name="kubernetes-watchdog", daemon=True)
 
     # --- PodDirectory --------------------------------------------------------
 
@@ -118,29 +127,59 @@ class KubePodDirectory:
     # --- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        self._begin()
+        self._watchdog.start()
+
+    def _begin(self) -> None:
+        """A new list-and-watch loop on a new client; the previous loop's
+        events are ignored from now on."""
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+            old, self._client = self._client, self._make_client()
+            self._progress = time.monotonic()
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+        client = self._client
+        threading.Thread(
+            target=self._run, args=(client, generation), name=f"kubernetes-pods-{generation}", daemon=True
+        ).start()
+
+    def _watch_the_watch(self) -> None:
+        while not self._stop.wait(min(5.0, self._silence_limit / 4)):
+            silent = time.monotonic() - self._progress
+            if self._synced.is_set() and self._failing is None and silent > self._silence_limit:
+                log.warning(
+                    "no word from the Kubernetes API watch for %.0f s; listing again on a new connection", silent
+                )
+                self._report("kubernetes")
+                self._begin()
 
     def wait_synced(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
 
     def stop(self) -> None:
         self._stop.set()
-        # The thread may be blocked in a watch's read, which closing the
-        # client does not interrupt; it is a daemon, so it is not waited for.
+        # The loop may be blocked in a watch's read, which closing the client
+        # does not interrupt; its thread is a daemon, so it is not waited for.
         with contextlib.suppress(Exception):
             self._client.close()
 
     # --- the loop ----------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _current(self, generation: int) -> bool:
+        return generation == self._generation and not self._stop.is_set()
+
+    def _run(self, client: Any, generation: int) -> None:
         backoff = BACKOFF_START_S
-        while not self._stop.is_set():
+        while self._current(generation):
             try:
-                version = self._list()
+                version = self._list(client, generation)
                 backoff = BACKOFF_START_S
-                self._watch(version)
+                self._watch(client, generation, version)
             except Exception as error:  # any failure of the API means: list again later
-                if self._stop.is_set():
+                if not self._current(generation):
                     return
                 if _status(error) == 410:
                     log.debug("watch expired (410 Gone); listing again")
@@ -149,17 +188,20 @@ class KubePodDirectory:
                 self._stop.wait(backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
 
-    def _list(self) -> str:
+    def _list(self, client: Any, generation: int) -> str:
         from lightkube.resources.core_v1 import Pod  # noqa: PLC0415
 
-        listing = self._client.list(Pod, namespace="*", fields={"spec.nodeName": self._node})
+        listing = client.list(Pod, namespace="*", fields={"spec.nodeName": self._node})
         entries = {}
         for pod in listing:
             entry = pod_entry(pod, self._resources)
             entries[entry.uid] = entry
         with self._lock:
+            if generation != self._generation:
+                raise _Superseded
             self._entries = entries
             self._reindex()
+            self._progress = time.monotonic()
         if self._failing is not None:
             log.info("Kubernetes API reachable again; %d pods on node %s", len(entries), self._node)
             self._failing = None
@@ -169,10 +211,10 @@ class KubePodDirectory:
         version: str = listing.resourceVersion
         return version
 
-    def _watch(self, version: str) -> None:
+    def _watch(self, client: Any, generation: int, version: str) -> None:
         from lightkube.resources.core_v1 import Pod  # noqa: PLC0415
 
-        events = self._client.watch(
+        events = client.watch(
             Pod,
             namespace="*",
             fields={"spec.nodeName": self._node},
@@ -180,10 +222,11 @@ class KubePodDirectory:
             server_timeout=self._watch_seconds,
         )
         for kind, pod in events:
-            if self._stop.is_set():
-                return
             entry = pod_entry(pod, self._resources)
             with self._lock:
+                if generation != self._generation or self._stop.is_set():
+                    return
+                self._progress = time.monotonic()
                 if kind == "DELETED":
                     self._entries.pop(entry.uid, None)
                 else:
@@ -211,6 +254,10 @@ class KubePodDirectory:
             log.warning("Kubernetes API failed (%s); retrying with backoff", _describe(error))
 
 
+class _Superseded(Exception):
+    """A loop the watchdog replaced finished a list: its result is dropped."""
+
+
 def _status(error: Exception) -> int | None:
     status = getattr(error, "status", None)
     code = getattr(status, "code", None)
@@ -223,7 +270,9 @@ def _describe(error: Exception) -> str:
 
 
 def make_client(kubeconfig: Path | None, service_account_dir: Path) -> Any:
-    """A lightkube client from a kubeconfig file, or from the pod's service account."""
+    """A lightkube client from a kubeconfig file, or from the pod's service
+    account (the token is read anew for each client, so rotated tokens are
+    picked up)."""
     import httpx2  # noqa: PLC0415 - lightkube's HTTP client
     from lightkube import Client, KubeConfig  # noqa: PLC0415
 

@@ -1,13 +1,25 @@
-"""The GPU backend on a real node: NVML through nvidia-ml-py."""
+"""The GPU backend on a real node: NVML through nvidia-ml-py.
+
+NVML may not be ready when the agent starts (the driver still loading on a
+booting node) and may go away while it runs (a driver upgrade). Without the
+library at all the agent refuses to start; any other failure to initialise,
+at start or after `UNINITIALIZED` / `DRIVER_NOT_LOADED` mid-run, is retried
+with exponential backoff (1 s to 60 s) on the sweeps that follow, until NVML
+answers again. No restart is needed.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from otel_vgpu.gpu import Device, GpuError, GpuProcess, UtilizationSample
+
+log = logging.getLogger(__name__)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -23,6 +35,17 @@ def _load_pynvml() -> ModuleType:
     return module
 
 
+# Errors after which the NVML session is gone and must be initialised again.
+SESSION_LOST = frozenset({"UNINITIALIZED", "DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH"})
+# Errors that mean this machine cannot use NVML at all.
+NO_LIBRARY = frozenset({"LIBRARY_NOT_FOUND", "FUNCTION_NOT_FOUND"})
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 60.0
+# A listing NVML sized, then found too small because processes started in
+# between: asked again this many times.
+LISTING_ATTEMPTS = 3
+
+
 class NvmlBackend:
     """Reads devices, processes and process utilization from NVML.
 
@@ -30,18 +53,53 @@ class NvmlBackend:
     functions and error classes, since no GPU is available to them.
     """
 
-    def __init__(self, nvml: ModuleType | Any = None) -> None:
+    def __init__(self, nvml: ModuleType | Any = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._nvml = nvml if nvml is not None else _load_pynvml()
+        self._clock = clock
+        self._handles: dict[int, Any] = {}
+        self._ready = False
+        self._backoff = BACKOFF_START_S
+        self._next_attempt = 0.0
+        try:
+            self._initialise()
+        except GpuError as error:
+            if error.code in NO_LIBRARY:
+                raise NvmlUnavailable(
+                    f"NVML (libnvidia-ml.so.1, from the NVIDIA driver) could not be initialised: "
+                    f"{error}; on a machine without a GPU use --simulate"
+                ) from None
+            log.warning("NVML could not be initialised (%s); retrying with backoff", error)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def _initialise(self) -> None:
         try:
             self._nvml.nvmlInit()
         except self._nvml.NVMLError as error:
-            raise NvmlUnavailable(
-                f"NVML (libnvidia-ml.so.1, from the NVIDIA driver) could not be initialised: "
-                f"{_describe(error)}; on a machine without a GPU use --simulate"
-            ) from None
-        self._handles: dict[int, Any] = {}
+            self._next_attempt = self._clock() + self._backoff
+            self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
+            raise GpuError(_code(error), _describe(error)) from None
+        self._ready = True
+        self._backoff = BACKOFF_START_S
+        self._handles.clear()
+
+    def _session_lost(self) -> None:
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()
+        self._ready = False
+        self._handles.clear()
+        self._next_attempt = self._clock() + self._backoff
+        self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
 
     def device_count(self) -> int:
+        if not self._ready:
+            if self._clock() < self._next_attempt:
+                wait = self._next_attempt - self._clock()
+                raise GpuError("UNINITIALIZED", f"NVML is not initialised; next attempt in {wait:.0f} s")
+            self._initialise()
+            log.info("NVML initialised")
         return int(self._call(self._nvml.nvmlDeviceGetCount))
 
     def device(self, index: int) -> Device:
@@ -85,7 +143,7 @@ class NvmlBackend:
             self._nvml.nvmlDeviceGetComputeRunningProcesses,
             self._nvml.nvmlDeviceGetGraphicsRunningProcesses,
         ):
-            for info in self._call(listing, handle):
+            for info in self._listing(listing, handle):
                 pid = int(info.pid)
                 used = None if info.usedGpuMemory is None else int(info.usedGpuMemory)
                 previous = merged.get(pid)
@@ -98,12 +156,12 @@ class NvmlBackend:
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         handle = self._handle(index)
         try:
-            samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
-        except self._nvml.NVMLError as error:
+            samples = self._call(self._nvml.nvmlDeviceGetProcessUtilization, handle, since_us)
+        except GpuError as error:
             # NOT_FOUND: no process had a sample since `since_us`, i.e. all idle.
-            if _code(error) == "NOT_FOUND":
+            if error.code == "NOT_FOUND":
                 return []
-            raise GpuError(_code(error), _describe(error)) from None
+            raise
         return [
             UtilizationSample(
                 pid=int(sample.pid),
@@ -128,11 +186,23 @@ class NvmlBackend:
             self._handles[index] = handle
         return handle
 
+    def _listing(self, function: Any, handle: Any) -> Any:
+        for attempt in range(LISTING_ATTEMPTS):
+            try:
+                return self._call(function, handle)
+            except GpuError as error:
+                if error.code != "INSUFFICIENT_SIZE" or attempt == LISTING_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def _call(self, function: Any, *args: Any) -> Any:
         try:
             return function(*args)
         except self._nvml.NVMLError as error:
-            raise GpuError(_code(error), _describe(error)) from None
+            code = _code(error)
+            if code in SESSION_LOST:
+                self._session_lost()
+            raise GpuError(code, _describe(error)) from None
 
 
 def _code(error: Any) -> str:

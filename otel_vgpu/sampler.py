@@ -75,6 +75,9 @@ class Sampler:
         self._by_container = by_container
         self._clock = clock
         self._windows = SamplingWindows()
+        # GPUs whose NVML cannot tell per-process utilization (vGPU guests,
+        # some older boards): asked once, then left alone, not an error each sweep.
+        self._no_process_utilization: set[str] = set()
         self._lock = threading.Lock()
         self._generation = 0
         self._latest: Snapshot | None = None
@@ -175,11 +178,18 @@ class Sampler:
         except GpuError as error:
             errors.add("processes", f"{index}:{error.code}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=None, sm_by_pid=None)
+        if device.uuid in self._no_process_utilization:
+            return GpuReading(device=device, processes=processes, sm_by_pid=None)
         now = self._backend.now_us()
         since = self._windows.start(device.uuid, now)
         try:
             samples = self._backend.utilization_samples(index, since)
         except GpuError as error:
+            if error.code == "NOT_SUPPORTED":
+                self._no_process_utilization.add(device.uuid)
+                log.warning(
+                    "GPU %d (%s) cannot report per-process utilization; SM families omitted", index, device.uuid
+                )
             errors.add("process_utilization", f"{index}:{error.code}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         self._windows.advance(device.uuid, now)

@@ -106,12 +106,46 @@ class HostProcessSpec:
     cgroup: str
 
 
+FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples")
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    """An NVML call that fails (with `code`) or is slow (by `delay_s`), on one
+    GPU or all, between `from_s` and `to_s` of scenario time."""
+
+    call: str
+    gpu: int | None = None
+    code: str | None = None
+    delay_s: float = 0.0
+    from_s: float = 0.0
+    to_s: float = math.inf
+
+    def active(self, call: str, gpu: int | None, t: float) -> bool:
+        return call == self.call and (self.gpu is None or self.gpu == gpu) and self.from_s <= t < self.to_s
+
+
+@dataclass(frozen=True, slots=True)
+class ChurnSpec:
+    """Pods that come and go: `pods` in all, `live` at a time, each living
+    `lifetime_s`, with `processes` processes of `memory` each, spread over the
+    GPUs. Generated as they are needed, so a long soak stays cheap."""
+
+    pods: int
+    live: int
+    lifetime_s: float
+    processes: int = 1
+    memory: int = 1024**3
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     gpus: tuple[GpuSpec, ...]
     pods: tuple[PodSpec, ...]
     host_processes: tuple[HostProcessSpec, ...] = ()
     node_name: str | None = None
+    faults: tuple[FaultSpec, ...] = ()
+    churn: ChurnSpec | None = None
 
 
 def load_scenario(source: str) -> Scenario:
@@ -192,7 +226,7 @@ class _Reader:
         return value
 
     def scenario(self, document: Any) -> Scenario:
-        top = self.mapping(document, "scenario", 1, {"node", "gpus", "pods", "host_processes"})
+        top = self.mapping(document, "scenario", 1, {"node", "gpus", "pods", "host_processes", "faults", "churn"})
         gpus_raw = self.sequence(top.get("gpus"), "gpus", _line(top, "gpus"))
         if not gpus_raw:
             raise self.fail("gpus", _line(top, "gpus"), "the node needs at least one GPU")
@@ -218,7 +252,56 @@ class _Reader:
             )
         )
         node = top.get("node")
-        return Scenario(gpus=gpus, pods=pods, host_processes=hosts, node_name=None if node is None else str(node))
+        faults = tuple(
+            self.fault(raw, f"faults[{i}]", len(gpus))
+            for i, raw in enumerate(self.sequence(top.get("faults"), "faults", _line(top, "faults")))
+        )
+        churn = None if top.get("churn") is None else self.churn(top["churn"], "churn", _line(top, "churn"))
+        return Scenario(
+            gpus=gpus,
+            pods=pods,
+            host_processes=hosts,
+            node_name=None if node is None else str(node),
+            faults=faults,
+            churn=churn,
+        )
+
+    def fault(self, raw: Any, where: str, gpu_count: int) -> FaultSpec:
+        spec = self.mapping(raw, where, 0, {"call", "gpu", "code", "delay_s", "from_s", "to_s"})
+        call = spec.get("call")
+        if call not in FAULT_CALLS:
+            raise self.fail(f"{where}.call", _line(spec, "call"), f"{call!r}; valid: {', '.join(FAULT_CALLS)}")
+        gpu = None if spec.get("gpu") is None else self.gpu_index(spec, where, gpu_count)
+        code = spec.get("code")
+        delay = self.number(spec.get("delay_s", 0), f"{where}.delay_s", _line(spec, "delay_s"))
+        if code is None and delay <= 0:
+            raise self.fail(where, spec.line, "a fault needs a code (e.g. GPU_IS_LOST) or a delay_s above 0")
+        return FaultSpec(
+            call=call,
+            gpu=gpu,
+            code=None if code is None else str(code),
+            delay_s=delay,
+            from_s=self.number(spec.get("from_s", 0), f"{where}.from_s", _line(spec, "from_s")),
+            to_s=self.number(spec.get("to_s", math.inf), f"{where}.to_s", _line(spec, "to_s"))
+            if spec.get("to_s") is not None
+            else math.inf,
+        )
+
+    def churn(self, raw: Any, where: str, line: int) -> ChurnSpec:
+        spec = self.mapping(raw, where, line, {"pods", "live", "lifetime_s", "processes", "memory"})
+        counts = {}
+        for key, default in (("pods", None), ("live", None), ("processes", 1)):
+            value = spec.get(key, default)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise self.fail(f"{where}.{key}", _line(spec, key), f"{value!r} is not a whole number >= 1")
+            counts[key] = value
+        lifetime = self.number(spec.get("lifetime_s"), f"{where}.lifetime_s", _line(spec, "lifetime_s"))
+        if lifetime <= 0:
+            raise self.fail(f"{where}.lifetime_s", _line(spec, "lifetime_s"), f"{lifetime} must be above 0")
+        memory = self.size(spec.get("memory", "1GiB"), f"{where}.memory", _line(spec, "memory"))
+        return ChurnSpec(
+            pods=counts["pods"], live=counts["live"], lifetime_s=lifetime, processes=counts["processes"], memory=memory
+        )
 
     def gpu(self, raw: Any, index: int) -> GpuSpec:
         where = f"gpus[{index}]"

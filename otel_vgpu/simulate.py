@@ -8,8 +8,10 @@ real proc reader, cgroup parser and attribution cache run on them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import os
 import shutil
 import tempfile
 import threading
@@ -30,6 +32,11 @@ DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
 # of any length returns a few of them.
 SAMPLES_PER_WINDOW = 4
 _FIRST_PID = 4000
+# /proc/<pid>/stat fields 5-21 and 23-52, for the simulated processes.
+_STAT_ZEROS = " ".join(["0"] * 17)
+_STAT_TAIL = " ".join(["0"] * 30)
+_CHURN_FIRST_PID = 100_000
+_CHURN_PIDS = 50_000
 _V1_CONTROLLERS = ("cpu,cpuacct", "memory", "pids", "blkio", "devices", "freezer", "perf_event")
 _RUNTIME_PREFIX = {"containerd": "cri-containerd", "crio": "crio", "docker": "docker"}
 
@@ -86,7 +93,7 @@ class SimulatedNode:
     ) -> None:
         self.scenario = scenario
         self._owns_root = proc_root is None
-        self.proc_root = proc_root or Path(tempfile.mkdtemp(prefix="otel-vgpu-proc-"))
+        self.proc_root = proc_root or Path(tempfile.mkdtemp(prefix="otel-vgpu-proc-", dir=_memory_backed_tmp()))
         self._clock = clock
         self._wall_clock_us = wall_clock_us
         self._started = clock()
@@ -102,17 +109,20 @@ class SimulatedNode:
         return self._clock() - self._started
 
     def directory(self) -> StaticDirectory:
-        return StaticDirectory(
-            {
-                pod.uid: PodMeta(
-                    pod.namespace,
-                    pod.name,
-                    containers={container_id(pod, p.container): p.container for p in pod.processes},
-                )
-                for pod in self.scenario.pods
-                if pod.in_directory
-            }
-        )
+        pods = {
+            pod.uid: PodMeta(
+                pod.namespace,
+                pod.name,
+                containers={container_id(pod, p.container): p.container for p in pod.processes},
+            )
+            for pod in self.scenario.pods
+            if pod.in_directory
+        }
+        if self.scenario.churn is not None:
+            for index in range(self.scenario.churn.pods):
+                pod = self.churn_pod(index)
+                pods[pod.uid] = PodMeta(pod.namespace, pod.name, containers={container_id(pod, "main"): "main"})
+        return StaticDirectory(pods)
 
     def fail(self, call: str, index: int, code: str | None) -> None:
         """Make `call` ('device', 'processes', 'utilization_samples') fail on
@@ -125,17 +135,24 @@ class SimulatedNode:
     # --- AllocationSource ---------------------------------------------------
 
     def allocation(self, gpus: Sequence[Device]) -> Allocation:
-        t = self.now()
+        # The time of the sweep's process listing, so shares and processes
+        # describe the same moment.
+        t = self._state_at if self._state_at is not None else self.now()
         placed: dict[tuple[str, str, str], float] = {}
         for pod in self.scenario.pods:
             if pod.active(t):
                 for index, count in pod.shares.items():
                     placed[(pod.uid, "", self.scenario.gpus[index].uuid)] = float(count)
+        if self.scenario.churn is not None:
+            for index in self.churn_pods(t):
+                gpu = self.scenario.gpus[index % len(self.scenario.gpus)]
+                placed[(self.churn_pod(index).uid, "", gpu.uuid)] = 1.0
         return Allocation(placed=placed)
 
     # --- GpuBackend -----------------------------------------------------------
 
     def device_count(self) -> int:
+        self._maybe_fail("device_count", None)
         self.refresh()
         return len(self.scenario.gpus)
 
@@ -187,6 +204,7 @@ class SimulatedNode:
         """Bring processes and the proc tree to the scenario's current time."""
         with self._lock:
             t = self.now()
+            self._state_at = t
             self._processes = list(self._processes_at(t))
             self._sync_proc_tree()
 
@@ -211,6 +229,7 @@ class SimulatedNode:
                         cgroup=cgroup_file(pod.cgroup, pod.uid, cid),
                     )
                 )
+        processes.extend(self._churn_at(t))
         for host in self.scenario.host_processes:
             pid += 1
             processes.append(
@@ -225,28 +244,97 @@ class SimulatedNode:
             )
         return processes
 
+    def churn_pods(self, t: float) -> range:
+        """Indexes of the churning pods alive at scenario time `t`."""
+        churn = self.scenario.churn
+        if churn is None:
+            return range(0)
+        # One new pod every lifetime/live seconds; each lives lifetime_s.
+        newest = int(t * churn.live / churn.lifetime_s)
+        return range(max(0, newest - churn.live + 1), min(churn.pods, newest + 1))
+
+    def churn_pod(self, index: int) -> PodSpec:
+        return PodSpec(
+            namespace=f"churn-{index % 10}",
+            name=f"job-{index}",
+            uid=f"{index:08x}-c0de-4000-8000-{index:012x}",
+            cgroup=CgroupSpec(version=1 + index % 2, driver=("systemd", "cgroupfs")[index % 2]),
+            processes=(),
+        )
+
+    def _churn_at(self, t: float) -> list[_Process]:
+        churn = self.scenario.churn
+        if churn is None:
+            return []
+        processes = []
+        gpus = len(self.scenario.gpus)
+        for index in self.churn_pods(t):
+            pod = self.churn_pod(index)
+            cid = container_id(pod, "main")
+            cgroup = cgroup_file(pod.cgroup, pod.uid, cid)
+            for k in range(churn.processes):
+                processes.append(
+                    _Process(
+                        # PIDs wrap as on a real node, so reuse happens; the
+                        # start time tells the processes apart.
+                        pid=_CHURN_FIRST_PID + (index * churn.processes + k) % _CHURN_PIDS,
+                        start_time=zlib.crc32(f"{pod.uid}/{k}".encode()),
+                        gpu=(index + k) % gpus,
+                        memory=churn.memory,
+                        sm=_constant(0.01),
+                        cgroup=cgroup,
+                    )
+                )
+        return processes
+
     def _sync_proc_tree(self) -> None:
+        # os calls on strings: a churning soak writes thousands of these a second.
+        root = str(self.proc_root)
         wanted = {p.pid: p for p in self._processes}
         for pid in list(self._written):
             if pid not in wanted or wanted[pid].start_time != self._written[pid]:
-                shutil.rmtree(self.proc_root / str(pid), ignore_errors=True)
+                directory = f"{root}/{pid}"
+                for name in ("cgroup", "stat"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(f"{directory}/{name}")
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
                 del self._written[pid]
         for pid, process in wanted.items():
             if pid in self._written:
                 continue
-            directory = self.proc_root / str(pid)
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / "cgroup").write_text(process.cgroup)
+            directory = f"{root}/{pid}"
+            os.makedirs(directory, exist_ok=True)
+            with open(f"{directory}/cgroup", "w") as handle:
+                handle.write(process.cgroup)
             # Field 22 is the start time; the command name holds a space and
             # a parenthesis, as real ones can.
-            fields = ["S", "1"] + ["0"] * 17 + [str(process.start_time)] + ["0"] * 30
-            (directory / "stat").write_text(f"{pid} (python3 (gpu)) {' '.join(fields)}\n")
+            with open(f"{directory}/stat", "w") as handle:
+                handle.write(f"{pid} (python3 (gpu)) S 1 {_STAT_ZEROS} {process.start_time} {_STAT_TAIL}\n")
             self._written[pid] = process.start_time
 
-    def _maybe_fail(self, call: str, index: int) -> None:
-        code = self._failures.get((call, index))
+    def _maybe_fail(self, call: str, index: int | None) -> None:
+        code = self._failures.get((call, index)) if index is not None else None
         if code is not None:
             raise GpuError(code, f"simulated {code}")
+        t = self.now()
+        for fault in self.scenario.faults:
+            if fault.active(call, index, t):
+                if fault.delay_s > 0:
+                    time.sleep(fault.delay_s)
+                if fault.code is not None:
+                    raise GpuError(fault.code, f"simulated {fault.code} (scenario fault)")
+
+
+def _memory_backed_tmp() -> str | None:
+    """A tmpfs for the proc tree where there is one, as /proc is in memory:
+    on a disk-backed /tmp a churning scenario spends its time in mkdir."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+def _constant(value: float) -> Callable[[float], float]:
+    return lambda t: value
 
 
 def _clamped(wave: Callable[[float], float]) -> Callable[[float], float]:

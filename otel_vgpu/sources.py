@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from otel_vgpu.allocation import AllocationSource, UnknownAllocation
 from otel_vgpu.gpu import GpuBackend
@@ -41,6 +42,7 @@ class KubeSettings:
     pod_resources_socket: Path
     pod_resources_interval: float
     resources: tuple[str, ...]
+    watch_seconds: int = 300
 
 
 @dataclass(slots=True)
@@ -122,12 +124,15 @@ def _attach_kubernetes(sources: Sources, node_name: str, kube: KubeSettings, rep
     from otel_vgpu.kube import KubePodDirectory, make_client  # noqa: PLC0415
     from otel_vgpu.podresources import KubeletAllocation, PodResourcesClient  # noqa: PLC0415
 
+    def new_client() -> Any:
+        return make_client(kube.kubeconfig, kube.service_account_dir)
+
     try:
-        client = make_client(kube.kubeconfig, kube.service_account_dir)
+        new_client().close()  # a bad configuration fails here, at start
     except Exception as error:  # lightkube raises several kinds for a bad config
         where = kube.kubeconfig or kube.service_account_dir
         raise SourceError(f"cannot use the Kubernetes configuration in {where}: {error}", 2) from None
-    directory = KubePodDirectory(client, node_name, kube.resources, report)
+    directory = KubePodDirectory(new_client, node_name, kube.resources, report, watch_seconds=kube.watch_seconds)
     directory.start()
     sources._closers.append(directory.stop)
     if not directory.wait_synced(FIRST_SYNC_WAIT_S):

@@ -288,11 +288,12 @@ class Telemetry:
     # --- rendering -----------------------------------------------------------------
 
     def render(self, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
-        # PrometheusMetricReader hands each collection's data to its registry
-        # collector through a shared queue; two renders at once could swap or
-        # duplicate each other's data. Renders are serialised; the sweep
-        # inside is shared anyway.
-        with self._render_lock, self.scope.collection():
+        # The sweep comes first, outside the lock, so scrapes arriving together
+        # share the sweep in flight. PrometheusMetricReader hands each
+        # collection's data to its registry collector through a shared queue;
+        # two renders at once could swap or duplicate each other's data, so
+        # rendering itself is serialised.
+        with self.scope.collection(), self._render_lock:
             body = encoder(self.registry)
             self._prune(self.reader)
             return body

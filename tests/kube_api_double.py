@@ -80,6 +80,11 @@ class ApiState:
     list_delay: float = 0.0
     down: bool = False
     """Every list answers 503 while set."""
+    garbage_lists: int = 0
+    """How many of the next lists answer 200 with a body that is not JSON."""
+    forbidden: bool = False
+    hang_watches: bool = False
+    """Watches answer their headers, then nothing, and never end (a half-open connection)."""
     refuse_all: bool = False
     watch_generation: int = 0
     requests: list[str] = field(default_factory=list)
@@ -186,6 +191,10 @@ class _Handler(BaseHTTPRequestHandler):
         if state.refuse_all or self.headers.get("Authorization") != f"Bearer {state.token}":
             self._json(401, self._status(401, "Unauthorized", "Unauthorized"))
             return
+        if state.forbidden:
+            message = 'pods is forbidden: User "system:serviceaccount:otel-vgpu:otel-vgpu" cannot list resource "pods"'
+            self._json(403, self._status(403, "Forbidden", message))
+            return
         if url.path != "/api/v1/pods":
             self._json(404, self._status(404, "NotFound", f"the server could not find {url.path}"))
             return
@@ -203,6 +212,15 @@ class _Handler(BaseHTTPRequestHandler):
         state.lists += 1
         if state.list_delay:
             time.sleep(state.list_delay)
+        if state.garbage_lists:
+            state.garbage_lists -= 1
+            data = b'{"apiVersion": "v1", "kind": "PodList", "items": [{"metadata": '
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if state.list_failures or state.down:
             code = state.list_failures.pop(0) if state.list_failures else 503
             self._json(code, self._status(code, "InternalError", f"injected {code}"))
@@ -228,6 +246,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        if state.hang_watches:
+            with state.condition:
+                generation = state.watch_generation
+                while state.watch_generation == generation:
+                    state.condition.wait(0.5)
+            self.close_connection = True
+            return
         deadline = time.monotonic() + timeout
         with state.condition:
             generation = state.watch_generation

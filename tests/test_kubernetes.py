@@ -333,3 +333,53 @@ def test_no_kubernetes_flag(cluster: Cluster) -> None:
     assert cluster.api.state.requests == []
     assert code == 0
     assert "Kubernetes API off (--no-kubernetes)" not in err  # names are resolved, so nothing to warn of
+
+
+def test_api_going_down_mid_run_keeps_names_and_catches_up(cluster: Cluster) -> None:
+    with cluster.agent() as agent:
+        wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
+        cluster.api.state.down = True
+        cluster.api.break_watches()
+        time.sleep(1.5)
+        during = agent.scrape()
+        assert ("ml", "trainer-7f9c") in pods_of(during), "names known before the outage stay"
+        assert during.by("vgpu_agent_collection_errors_total", "stage")[("kubernetes",)] >= 1
+        cluster.api.put(pod_object("web", "born-in-outage", "33333333-aaaa-4000-8000-000000000000", NODE))
+        cluster.kubelet.assign("web", "born-in-outage", {"main": [f"{U0}::7"]})
+        cluster.api.state.down = False
+        wait_for(agent, lambda e: ("web", "born-in-outage") in pods_of(e), timeout=20)
+        code, _ = agent.stop()
+    assert code == 0
+
+
+def test_malformed_list_and_forbidden_are_retried(cluster: Cluster) -> None:
+    cluster.api.state.garbage_lists = 1
+    cluster.api.state.forbidden = True
+    with cluster.agent() as agent:
+        time.sleep(1.0)
+        assert ("", TRAINER) in pods_of(agent.scrape())
+        cluster.api.state.forbidden = False
+        wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e), timeout=20)
+        code, err = agent.stop()
+    assert code == 0
+    assert "refused the agent (403)" in err
+
+
+def test_a_hung_watch_is_abandoned_and_the_pods_listed_again(cluster: Cluster) -> None:
+    with cluster.agent("--kube-watch-seconds", "1") as agent:
+        wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
+        lists = cluster.api.state.lists
+        cluster.api.state.hang_watches = True
+        cluster.api.break_watches()  # the running watch ends; every new one hangs
+        deadline = time.monotonic() + 10
+        while cluster.api.state.lists == lists:  # the relist after the broken watch
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.5)  # now in a watch that will never say anything
+        lists = cluster.api.state.lists
+        cluster.api.put(pod_object("web", "after-hang", "44444444-aaaa-4000-8000-000000000000", NODE))
+        cluster.kubelet.assign("web", "after-hang", {"main": [f"{U1}::6"]})
+        wait_for(agent, lambda e: ("web", "after-hang") in pods_of(e), timeout=20)
+        assert cluster.api.state.lists > lists
+        code, err = agent.stop()
+    assert code == 0 and "no word from the Kubernetes API watch" in err

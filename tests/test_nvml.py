@@ -32,10 +32,18 @@ class FakeNvml:
         self.samples: list[Any] = [SimpleNamespace(pid=10, timeStamp=123, smUtil=42)]
         self.since: list[int] = []
         self.shutdown = False
+        self.calls: list[str] = []
+        self.fail_times: dict[str, tuple[int, int]] = {}  # call -> (code, how many more times)
+        self.handles_asked = 0
 
     def _check(self, name: str) -> None:
+        self.calls.append(name)
         if name in self.fail:
             raise pynvml.NVMLError(self.fail[name])
+        if name in self.fail_times and self.fail_times[name][1] > 0:
+            code, left = self.fail_times[name]
+            self.fail_times[name] = (code, left - 1)
+            raise pynvml.NVMLError(code)
 
     def nvmlInit(self) -> None:
         self._check("init")
@@ -48,6 +56,7 @@ class FakeNvml:
         return 2
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        self.handles_asked += 1
         return f"handle{index}"
 
     def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
@@ -162,3 +171,77 @@ def test_close_shuts_nvml_down() -> None:
     nvml = FakeNvml()
     NvmlBackend(nvml).close()
     assert nvml.shutdown
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_driver_not_loaded_at_start_is_retried_with_backoff() -> None:
+    nvml, clock = FakeNvml(), Clock()
+    nvml.fail["init"] = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    backend = NvmlBackend(nvml, clock=clock)  # starts anyway: the driver may still be loading
+    assert not backend.ready
+    with pytest.raises(GpuError) as caught:
+        backend.device_count()
+    assert caught.value.code == "UNINITIALIZED" and nvml.calls.count("init") == 1  # waits for its backoff
+    clock.now += 1.1
+    with pytest.raises(GpuError) as caught:
+        backend.device_count()
+    assert caught.value.code == "DRIVER_NOT_LOADED" and nvml.calls.count("init") == 2
+    clock.now += 1.5  # the backoff doubled to 2 s
+    with pytest.raises(GpuError):
+        backend.device_count()
+    assert nvml.calls.count("init") == 2
+    del nvml.fail["init"]
+    clock.now += 1.0
+    assert backend.device_count() == 2 and backend.ready
+
+
+def test_driver_going_away_mid_run_is_recovered_without_restart() -> None:
+    nvml, clock = FakeNvml(), Clock()
+    backend = NvmlBackend(nvml, clock=clock)
+    assert backend.device(0).uuid == "GPU-handle0"
+    asked = nvml.handles_asked
+    nvml.fail["count"] = pynvml.NVML_ERROR_UNINITIALIZED
+    with pytest.raises(GpuError) as caught:
+        backend.device_count()
+    assert caught.value.code == "UNINITIALIZED" and nvml.shutdown and not backend.ready
+    del nvml.fail["count"]
+    with pytest.raises(GpuError):  # within the backoff NVML is left alone
+        backend.device_count()
+    clock.now += 1.1
+    assert backend.device_count() == 2
+    backend.device(0)
+    assert nvml.handles_asked == asked + 1, "handles of the old session are not reused"
+
+
+def test_backoff_is_capped() -> None:
+    nvml, clock = FakeNvml(), Clock()
+    nvml.fail["init"] = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    backend = NvmlBackend(nvml, clock=clock)
+    waits = []
+    for _ in range(10):
+        before = nvml.calls.count("init")
+        start = clock.now
+        while nvml.calls.count("init") == before:
+            clock.now += 0.5
+            with pytest.raises(GpuError):
+                backend.device_count()
+        waits.append(clock.now - start)
+    assert waits[0] <= 1.0 and waits[-1] <= 60.5 and max(waits) >= 59.5
+
+
+def test_listing_that_grew_between_sizing_and_reading_is_asked_again() -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    nvml.fail_times["processes"] = (pynvml.NVML_ERROR_INSUFFICIENT_SIZE, 2)
+    assert {p.pid for p in backend.processes(0)} == {10, 11, 12}
+    nvml.fail_times["processes"] = (pynvml.NVML_ERROR_INSUFFICIENT_SIZE, 5)
+    with pytest.raises(GpuError) as caught:
+        backend.processes(0)
+    assert caught.value.code == "INSUFFICIENT_SIZE"

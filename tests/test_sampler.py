@@ -179,3 +179,16 @@ def test_sampling_window_is_at_least_one_second(node: SimulatedNode, ratio_file:
     sampler.snapshot(0.0)
     for since, now in asked:
         assert now - since >= 1_000_000 - 50_000
+
+
+def test_process_utilization_not_supported_is_reported_once(node: SimulatedNode, ratio_file: Path) -> None:
+    sampler = make_sampler(node, ratio_file)
+    recorder = Recorder()
+    sampler.observe(recorder)
+    node.fail("utilization_samples", 1, "NOT_SUPPORTED")
+    snapshots = [sampler.snapshot(0.0) for _ in range(3)]
+    assert recorder.errors == ["process_utilization"]
+    for snapshot in snapshots:
+        assert all(p.sm_utilization is None for p in snapshot.pods if p.gpu_index == 1)
+        assert all(p.sm_utilization is not None for p in snapshot.pods if p.gpu_index == 0)
+        assert any(p.memory_used for p in snapshot.pods if p.gpu_index == 1)

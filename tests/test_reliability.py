@@ -1,0 +1,256 @@
+"""Faults, races, load and soak against the agent as a process: nothing lost,
+nothing stale, nothing piling up. Loopback only, every loop bounded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.soak import run_soak
+
+from .agent import Agent, get, running_agent
+from .promtext import Exposition, parse
+
+TWO_GPUS = """
+gpus: [{memory: 80GiB}, {memory: 80GiB}]
+pods:
+  - {name: a, namespace: ml, processes: [{gpu: 0, memory: 1GiB, sm: 0.5}, {gpu: 1, memory: 2GiB, sm: 0.25}]}
+  - {name: b, namespace: ml, processes: [{gpu: 1, memory: 3GiB, sm: 0.1}]}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    return path
+
+
+def poll(agent: Agent, predicate: Callable[[Exposition], bool], timeout: float = 10) -> Exposition:
+    deadline = time.monotonic() + timeout
+    while True:
+        exposition = agent.scrape()
+        if predicate(exposition):
+            return exposition
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def gpus_of(exposition: Exposition) -> set[str]:
+    return {gpu for (gpu,) in exposition.by("vgpu_gpu_memory_total_bytes", "gpu_id")}
+
+
+def errors(exposition: Exposition, stage: str) -> float:
+    return exposition.by("vgpu_agent_collection_errors_total", "stage")[(stage,)]
+
+
+def test_gpu_lost_mid_run_leaves_the_other_reported_and_recovers(tmp_path: Path, ratio_file: Path) -> None:
+    scenario = write(
+        tmp_path, TWO_GPUS + "faults:\n  - {call: device, gpu: 1, code: GPU_IS_LOST, from_s: 1.5, to_s: 3.5}\n"
+    )
+    args = ["--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
+    with running_agent(*args) as agent:
+        poll(agent, lambda e: gpus_of(e) == {"0", "1"})
+        lost = poll(agent, lambda e: gpus_of(e) == {"0"})
+        assert {gpu for (gpu,) in lost.by("vgpu_pod_memory_used_bytes", "gpu_id")} == {"0"}, "no stale GPU 1 rows"
+        assert errors(lost, "device") >= 1
+        back = poll(agent, lambda e: gpus_of(e) == {"0", "1"})
+        assert back.by("vgpu_pod_memory_used_bytes", "pod", "gpu_id")[("b", "1")] == 3 * 1024**3
+        code, err = agent.stop()
+    assert code == 0
+    assert err.count("device failed") == 1 and "device recovered" in err, err
+
+
+def test_driver_away_mid_run_serves_no_stale_figures_and_recovers(tmp_path: Path, ratio_file: Path) -> None:
+    scenario = write(
+        tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, code: DRIVER_NOT_LOADED, from_s: 1.5, to_s: 3.5}\n"
+    )
+    args = ["--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
+    with running_agent(*args) as agent:
+        poll(agent, lambda e: gpus_of(e) == {"0", "1"})
+        away = poll(agent, lambda e: not gpus_of(e))
+        assert not away.series("vgpu_pod_memory_used_bytes"), "the last good snapshot is not served as fresh"
+        assert errors(away, "device_count") >= 1
+        assert get(f"{agent.url}/readyz")[0] == 503 and get(f"{agent.url}/healthz")[0] == 200
+        poll(agent, lambda e: gpus_of(e) == {"0", "1"})
+        assert get(f"{agent.url}/readyz")[0] == 200
+        code, _ = agent.stop()
+    assert code == 0
+
+
+def test_slow_sweeps_do_not_pile_up_under_concurrent_scrapes(tmp_path: Path, ratio_file: Path) -> None:
+    scenario = write(tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, delay_s: 1.0}\n")
+    args = ["--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
+    with running_agent(*args) as agent:
+        stop = threading.Event()
+        timeouts = []
+
+        def scraper() -> None:
+            while not stop.is_set():
+                try:
+                    get(f"{agent.url}/metrics", timeout=0.5)  # gives up before the sweep ends
+                except OSError:
+                    timeouts.append(1)
+
+        threads = [threading.Thread(target=scraper) for _ in range(16)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        time.sleep(5)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - started
+        time.sleep(1.5)
+        sweeps = next(iter(agent.scrape().series("vgpu_agent_collection_duration_seconds_count").values()))
+        agent.stop()
+    assert timeouts, "the scrapers did time out"
+    # one sweep at a time, each 1 s: never more than the time allows
+    assert sweeps <= elapsed / 1.0 + 4, (sweeps, elapsed)
+
+
+def test_sixty_four_concurrent_scrapers(tmp_path: Path, ratio_file: Path) -> None:
+    args = ["--simulate", "--allocation-file", str(ratio_file), "--min-interval", "1"]
+    with running_agent(*args) as agent:
+        stop = threading.Event()
+        latencies: list[float] = []
+        failures: list[str] = []
+        lock = threading.Lock()
+
+        def scraper() -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                status, body, _ = get(f"{agent.url}/metrics", timeout=30)
+                took = time.monotonic() - started
+                try:
+                    exposition = parse(body.decode())
+                    complete = status == 200 and body.endswith(b"\n") and len(gpus_of(exposition)) == 2
+                    complete = complete and bool(exposition.series("vgpu_pod_memory_used_bytes"))
+                except Exception as error:
+                    complete = False
+                    failures.append(repr(error))
+                with lock:
+                    latencies.append(took)
+                    if not complete:
+                        failures.append(f"status {status}, {len(body)} bytes")
+
+        threads = [threading.Thread(target=scraper) for _ in range(64)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        time.sleep(30)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - started
+        sweeps = next(iter(agent.scrape().series("vgpu_agent_collection_duration_seconds_count").values()))
+        code, _ = agent.stop()
+    latencies.sort()
+    median, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
+    print(  # the load figures, for the record (pytest -s)
+        f"64 scrapers, {elapsed:.0f} s: {len(latencies)} scrapes, median {median * 1000:.0f} ms, "
+        f"p99 {p99 * 1000:.0f} ms, {sweeps:.0f} sweeps"
+    )
+    assert failures == []
+    assert len(latencies) >= 64
+    assert sweeps <= elapsed / 1.0 + 5, "at most one sweep per --min-interval, however many scrape"
+    assert code == 0
+
+
+def test_idle_and_half_open_connections_do_not_block_scrapes(ratio_file: Path) -> None:
+    with running_agent("--simulate", "--allocation-file", str(ratio_file)) as agent:
+        host, port = agent.url.removeprefix("http://").split(":")
+        idle = [socket.create_connection((host, int(port))) for _ in range(100)]
+        half = []
+        for _ in range(20):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
+            half.append(sock)
+        try:
+            for _ in range(10):
+                started = time.monotonic()
+                status, _, _ = get(f"{agent.url}/metrics", timeout=5)
+                assert status == 200 and time.monotonic() - started < 2
+        finally:
+            for sock in idle + half:
+                sock.close()
+        code, _ = agent.stop()
+    assert code == 0
+
+
+def test_ratio_rewritten_during_scrapes_is_always_a_valid_ratio(ratio_file: Path) -> None:
+    with running_agent("--simulate", "--allocation-file", str(ratio_file), "--min-interval", "0") as agent:
+        stop = threading.Event()
+
+        def rewrite() -> None:
+            values = ["2\n", "4\n"]
+            i = 0
+            while not stop.is_set():
+                i += 1
+                if i % 2:
+                    ratio_file.write_text(values[i % 2])  # truncate then write: readers may see it empty
+                else:
+                    temporary = ratio_file.with_suffix(".tmp")
+                    temporary.write_text(values[i % 2])
+                    os.replace(temporary, ratio_file)  # atomic, as a ConfigMap swap
+                time.sleep(0.003)
+
+        writer = threading.Thread(target=rewrite)
+        writer.start()
+        seen = set()
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                exposition = agent.scrape()
+                seen |= {v for v in exposition.by("vgpu_gpu_vgpus", "gpu_id").values()}
+        finally:
+            stop.set()
+            writer.join()
+        code, _ = agent.stop()
+    assert seen <= {2.0, 4.0} and seen
+    assert code == 0
+
+
+def test_sigterm_during_a_sweep_exits_cleanly(tmp_path: Path, ratio_file: Path) -> None:
+    scenario = write(tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, delay_s: 2.0, from_s: 1.0}\n")
+    with running_agent(
+        "--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"
+    ) as agent:
+        time.sleep(1.2)
+        outcome: list[str] = []
+
+        def scrape_until_cut() -> None:
+            try:
+                get(f"{agent.url}/metrics", timeout=10)
+                outcome.append("answered")
+            except OSError:  # the agent exits mid-answer: expected
+                outcome.append("cut")
+
+        scraping = threading.Thread(target=scrape_until_cut)
+        scraping.start()
+        time.sleep(0.5)  # the sweep is now inside its slow call
+        started = time.monotonic()
+        agent.process.send_signal(signal.SIGTERM)
+        agent.process.wait(timeout=10)
+        stopped = time.monotonic() - started
+        scraping.join()
+    assert agent.process.returncode == 0 and stopped < 5
+    assert outcome  # the scrape ended one way or the other, and nothing hung
+
+
+def test_soak_churning_pods_memory_bounded_no_leftovers() -> None:
+    soak = run_soak(pods=5000, live=100, lifetime_s=1.0, processes=20)
+    assert soak.returncode == 0
+    assert soak.pods_seen == 5000, "every pod of the churn was reported"
+    assert soak.max_live_pods <= 100, "no series outlived its pod"
+    assert soak.samples[-1].pod_series == 0, "after the churn, no pod series remain"
+    warm = [s for s in soak.samples if s.seconds >= 4]
+    growth = warm[-1].rss_mib - warm[0].rss_mib
+    print("soak RSS MiB:", [round(s.rss_mib, 1) for s in soak.samples])
+    assert growth < 5, f"resident memory grew {growth:.1f} MiB over the soak"
+    fds = {s.open_fds for s in soak.samples}
+    assert max(fds) - min(fds) <= 2, f"file descriptors: {sorted(fds)}"
