@@ -21,7 +21,6 @@ With CUDA workloads running in kubelet-shaped cgroups (bench/gpu_workloads.py):
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -35,20 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_workloads import Pod, start_pods, stop_pods
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+from bench.procstat import cpu_seconds, rss_mib
 
 
 def timed(function: Any, runs: int) -> list[float]:
@@ -130,6 +116,15 @@ def at_one_hertz(command: list[str], url: str, seconds: float) -> tuple[float, f
         process.wait(timeout=15)
 
 
+def agent_command(port: int, ratio_file: Path, min_interval: str) -> list[str]:
+    """The agent on the real NVML, outside any cluster."""
+    return [
+        sys.executable, "-m", "otel_vgpu", "--address", "127.0.0.1", "--port", str(port),
+        "--allocation-file", str(ratio_file), "--min-interval", min_interval, "--no-kubernetes",
+        "--log-level", "warning",
+    ]  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path)
@@ -198,22 +193,7 @@ def main() -> int:
         port = 18181
         url = f"http://127.0.0.1:{port}/metrics"
         agent = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "otel_vgpu",
-                "--address",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--allocation-file",
-                str(ratio_file),
-                "--min-interval",
-                "0",
-                "--no-kubernetes",
-                "--log-level",
-                "warning",
-            ],
+            agent_command(port, ratio_file, min_interval="0"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -236,23 +216,9 @@ def main() -> int:
             agent.terminate()
             agent.wait(timeout=15)
 
-        agent_command = [
-            sys.executable,
-            "-m",
-            "otel_vgpu",
-            "--address",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--allocation-file",
-            str(ratio_file),
-            "--min-interval",
-            "1",
-            "--no-kubernetes",
-            "--log-level",
-            "warning",
+        rows = [
+            ("otel-vgpu (--min-interval 1)", *at_one_hertz(agent_command(port, ratio_file, "1"), url, args.seconds))
         ]
-        rows = [("otel-vgpu (--min-interval 1)", *at_one_hertz(agent_command, url, args.seconds))]
         nvitop = shutil.which("nvitop-exporter") or (
             str(Path(sys.executable).parent / "nvitop-exporter")
             if (Path(sys.executable).parent / "nvitop-exporter").exists()

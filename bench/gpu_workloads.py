@@ -11,7 +11,6 @@ into its container's cgroup.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,10 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.procstat import free_port
+
+__all__ = ["CGROUP_ROOT", "Cluster", "Pod", "free_port", "scrape", "start_agent", "start_pods", "stop_pods"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 WORKLOAD = r"""
@@ -128,12 +131,6 @@ def scrape(url: str) -> Samples:
         for sample in family.samples:
             result.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
     return result
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Cluster:

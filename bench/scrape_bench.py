@@ -14,7 +14,6 @@ prometheus_client rendering the same series from a snapshot taken once.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,10 @@ from pathlib import Path
 
 import yaml
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.procstat import cpu_seconds, rss_mib
+
 LAYOUTS = [
     {"version": 2, "driver": "systemd", "runtime": "containerd"},
     {"version": 1, "driver": "cgroupfs", "runtime": "docker"},
@@ -57,18 +59,6 @@ def scenario(gpus: int, pods: int, processes: int) -> dict[str, object]:
             }
         )
     return {"gpus": [{"memory": "80GiB"} for _ in range(gpus)], "pods": pod_list}
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 def scrape(url: str) -> bytes:

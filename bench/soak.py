@@ -24,6 +24,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.procstat import free_port, rss_mib
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -44,21 +48,6 @@ class Soak:
     pods_seen: int
     max_live_pods: int
     returncode: int
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def free_port() -> int:
-    import socket  # noqa: PLC0415
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, processes: int = 20) -> Soak:
