@@ -26,7 +26,6 @@ It prints a table and exits non-zero on any mismatch.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import tempfile
 import time
@@ -38,11 +37,13 @@ from bench.gpu_workloads import (
     CGROUP_ROOT,
     Cluster,
     Pod,
+    Report,
     free_port,
     scrape,
     start_agent,
     start_pods,
     start_workload,
+    stop_agent,
     stop_pods,
 )
 
@@ -77,13 +78,8 @@ def main() -> int:
         Pod("inference", "server-0", "systemd", "guaranteed", workloads=[("idle", 2.0), ("idle", 3.0)]),
         Pod("inference", "standby-0", "systemd", "burstable", workloads=[]),  # holds a share, runs nothing
     ]
-    lines: list[str] = []
-    failures: list[str] = []
-
-    def check(ok: bool, what: str) -> None:
-        lines.append(f"| {'ok' if ok else 'FAIL'} | {what} |")
-        if not ok:
-            failures.append(what)
+    report = Report()
+    lines, check = report.lines, report.check
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu-validate-"))
     outside = None
@@ -154,18 +150,11 @@ def main() -> int:
         if count:
             lines += ["", f"agent sweep time: mean {total_s / count * 1000:.2f} ms over {count:g} sweeps"]
     finally:
-        if agent is not None:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(timeout=10)
+        stop_agent(agent)
         stop_pods(pods, [outside] if outside else [])
         cluster.stop()
 
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        args.out.write_text(f"# Real-GPU validation\n\n{report}\n")
-    print(f"\n{len(failures)} failed" if failures else "\nall checks passed")
-    return 1 if failures else 0
+    return report.finish("Real-GPU validation", args.out)
 
 
 if __name__ == "__main__":

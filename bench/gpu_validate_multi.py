@@ -24,7 +24,6 @@ fewer than two GPUs).
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import Cluster, Pod, free_port, scrape, start_agent, start_pods, stop_pods
+from bench.gpu_workloads import Cluster, Pod, Report, free_port, scrape, start_agent, start_pods, stop_agent, stop_pods
 
 GIB = 1024**3
 NODE = "gpu-node-2"
@@ -75,13 +74,8 @@ def main() -> int:
     )
     by_index = Pod("ml", "cuda-index-1", "cgroupfs", "besteffort", workloads=[("idle", 1.5)], visible=["1"])
     pods = [spread, by_index]
-    lines: list[str] = []
-    failures: list[str] = []
-
-    def check(ok: bool, what: str) -> None:
-        lines.append(f"| {'ok' if ok else 'FAIL'} | {what} |")
-        if not ok:
-            failures.append(what)
+    report = Report()
+    lines, check = report.lines, report.check
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu-validate-multi-"))
     cluster = Cluster(tmp, NODE)
@@ -201,18 +195,11 @@ def main() -> int:
                 f"GPU 1 failing its {call} call: GPU 0 and its pods reported, error counted as {call!r}",
             )
     finally:
-        if agent is not None:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(timeout=10)
+        stop_agent(agent)
         stop_pods(pods)
         cluster.stop()
 
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        args.out.write_text(f"# Multi-GPU validation\n\n{report}\n")
-    print(f"\n{len(failures)} failed" if failures else "\nall checks passed")
-    return 1 if failures else 0
+    return report.finish("Multi-GPU validation", args.out)
 
 
 if __name__ == "__main__":

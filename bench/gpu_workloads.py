@@ -11,6 +11,7 @@ into its container's cgroup.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,18 @@ from pathlib import Path
 
 from bench.procstat import free_port
 
-__all__ = ["CGROUP_ROOT", "Cluster", "Pod", "free_port", "scrape", "start_agent", "start_pods", "stop_pods"]
+__all__ = [
+    "CGROUP_ROOT",
+    "Cluster",
+    "Pod",
+    "Report",
+    "free_port",
+    "scrape",
+    "start_agent",
+    "start_pods",
+    "stop_agent",
+    "stop_pods",
+]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 WORKLOAD = r"""
@@ -205,3 +217,31 @@ def start_agent(cluster: Cluster, port: int, ratio: float, *extra: str) -> subpr
             if time.monotonic() > deadline or agent.poll() is not None:
                 raise SystemExit("the agent did not start") from None
             time.sleep(0.2)
+
+
+@dataclass
+class Report:
+    """A validation's table and checks, printed and optionally written out."""
+
+    lines: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def check(self, ok: bool, what: str) -> None:
+        self.lines.append(f"| {'ok' if ok else 'FAIL'} | {what} |")
+        if not ok:
+            self.failures.append(what)
+
+    def finish(self, title: str, out: Path | None) -> int:
+        """Print, write `out` if given; the exit status: 1 on any failed check."""
+        text = "\n".join(self.lines)
+        print(text)
+        if out is not None:
+            out.write_text(f"# {title}\n\n{text}\n")
+        print(f"\n{len(self.failures)} failed" if self.failures else "\nall checks passed")
+        return 1 if self.failures else 0
+
+
+def stop_agent(agent: subprocess.Popen[bytes] | None) -> None:
+    if agent is not None:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
