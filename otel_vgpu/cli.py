@@ -23,14 +23,10 @@ from otel_vgpu.kube import SERVICE_ACCOUNT_DIR
 from otel_vgpu.podresources import DEFAULT_SOCKET
 from otel_vgpu.ratio import RatioFileError, RatioSource
 from otel_vgpu.sampler import Sampler, SweepObserver
-from otel_vgpu.sources import KubeSettings, SourceError
+from otel_vgpu.sources import EXIT_USAGE, KubeSettings, SourceError
 from otel_vgpu.sources import build as build_sources
 
 log = logging.getLogger("otel_vgpu")
-EXIT_USAGE = 2
-EXIT_NO_GPU = 1
-# /readyz answers ready while a sweep succeeded this recently (or the probe's
-# own sweep succeeds).
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -25,6 +25,11 @@ log = logging.getLogger("otel_vgpu")
 FIRST_SYNC_WAIT_S = 3.0
 
 
+# Exit statuses: a bad flag, file or configuration; no GPU to read.
+EXIT_USAGE = 2
+EXIT_NO_GPU = 1
+
+
 class SourceError(Exception):
     """A source cannot be set up. `status` is the exit status; the message is one line."""
 
@@ -85,7 +90,7 @@ def _gpu_sources(simulate: str | None, proc_root: Path) -> Sources:
         try:
             scenario = load_scenario(simulate)
         except ScenarioError as error:
-            raise SourceError(str(error), 2) from None
+            raise SourceError(str(error), EXIT_USAGE) from None
         node = SimulatedNode(scenario)
         log.warning(
             "simulated GPU node (%s): %d GPUs, %d pods; proc tree in %s",
@@ -107,7 +112,7 @@ def _gpu_sources(simulate: str | None, proc_root: Path) -> Sources:
     try:
         backend = NvmlBackend()
     except NvmlUnavailable as error:
-        raise SourceError(str(error), 1) from None
+        raise SourceError(str(error), EXIT_NO_GPU) from None
     return Sources(
         backend=backend, proc_root=proc_root, directory=UnresolvedDirectory(), allocation=UnknownAllocation()
     )
@@ -131,7 +136,7 @@ def _attach_kubernetes(sources: Sources, node_name: str, kube: KubeSettings, rep
         new_client().close()  # a bad configuration fails here, at start
     except Exception as error:  # lightkube raises several kinds for a bad config
         where = kube.kubeconfig or kube.service_account_dir
-        raise SourceError(f"cannot use the Kubernetes configuration in {where}: {error}", 2) from None
+        raise SourceError(f"cannot use the Kubernetes configuration in {where}: {error}", EXIT_USAGE) from None
     directory = KubePodDirectory(new_client, node_name, kube.resources, report, watch_seconds=kube.watch_seconds)
     directory.start()
     sources._closers.append(directory.stop)

@@ -274,6 +274,7 @@ class Telemetry:
         self._render_lock = threading.Lock()
         self._labels_lock = threading.Lock()
         self._labels: tuple[Snapshot, list[dict[str, str]], list[dict[str, str]]] | None = None
+        self._seed: tuple[Snapshot, dict[tuple[str, str], tuple[float, float, float]]] | None = None
         if self.pusher is not None:
             self.pusher.start()
 
@@ -336,9 +337,16 @@ class Telemetry:
             return snapshot.pods, cached[1]
         return snapshot.gpus, cached[2]
 
+    def _seed_rows(self, snapshot: Snapshot) -> dict[tuple[str, str], tuple[float, float, float]]:
+        """seed_rows once per snapshot: the three seed families read the same rows."""
+        with self._labels_lock:
+            if self._seed is None or self._seed[0] is not snapshot:
+                self._seed = (snapshot, seed_rows(snapshot))
+            return self._seed[1]
+
     def _seed_callback(self, name: str, position: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            rows = seed_rows(self.scope.snapshot())
+            rows = self._seed_rows(self.scope.snapshot())
             observations = [
                 Observation(values[position], {"pod": pod, "gpu_id": gpu_id}) for (pod, gpu_id), values in rows.items()
             ]

@@ -46,18 +46,16 @@ def users(tmp_path: Path) -> Path:
     return path
 
 
+def tls_args(ratio_file: Path, certs: Certs, *extra: str) -> list[str]:
+    """The simulated agent serving HTTPS with the test certificate."""
+    return [
+        "--simulate", "--allocation-file", str(ratio_file),
+        "--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key), *extra,
+    ]  # fmt: skip
+
+
 def test_https_with_basic_auth(certs: Certs, users: Path, ratio_file: Path) -> None:
-    args = [
-        "--simulate",
-        "--allocation-file",
-        str(ratio_file),
-        "--tls-cert-file",
-        str(certs.cert),
-        "--tls-key-file",
-        str(certs.key),
-        "--basic-auth-file",
-        str(users),
-    ]
+    args = tls_args(ratio_file, certs, "--basic-auth-file", str(users))
     with running_agent(*args, https_ca=certs.ca) as agent:
         assert https_get(agent.url, certs.ca, ("prometheus", "bcrypt-secret")) == 200
         assert https_get(agent.url, certs.ca, ("prometheus", "bcrypt-secret")) == 200  # cached check
@@ -77,17 +75,7 @@ def test_https_with_basic_auth(certs: Certs, users: Path, ratio_file: Path) -> N
 
 
 def test_mutual_tls(certs: Certs, tmp_path: Path, ratio_file: Path) -> None:
-    args = [
-        "--simulate",
-        "--allocation-file",
-        str(ratio_file),
-        "--tls-cert-file",
-        str(certs.cert),
-        "--tls-key-file",
-        str(certs.key),
-        "--tls-client-ca-file",
-        str(certs.ca),
-    ]
+    args = tls_args(ratio_file, certs, "--tls-client-ca-file", str(certs.ca))
     stranger = make_certs(tmp_path / "stranger")
     with running_agent(*args, https_ca=certs.ca, https_client=certs) as agent:
         assert https_get(agent.url, certs.ca, client=certs) == 200
