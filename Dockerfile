@@ -1,7 +1,11 @@
 # otel-vgpu: per-pod usage of shared NVIDIA GPUs, as OpenTelemetry metrics.
 #
 #   docker build -t otel-vgpu .
-#   docker run --rm -p 8080:8080 otel-vgpu --simulate
+#   docker run --rm --pid=host -p 8080:8080 otel-vgpu --simulate
+#
+# --pid=host: NVML (drivers from 535.113) lists only the GPU processes in the
+# caller's PID namespace, and the simulated node models that; in a PID
+# namespace of its own the agent reports the GPUs busy, no pod, and why.
 #
 # BASE_IMAGE must provide python3 with the venv module (the official slim
 # Python images do; so does Debian with python3-venv).

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from otel_vgpu.allocation import Allocation
 from otel_vgpu.cgroups import PodRef
 from otel_vgpu.gpu import Device, GpuProcess
+from otel_vgpu.pidns import BlindGpu
 from otel_vgpu.pods import PodMeta
 
 
@@ -68,6 +69,8 @@ class Snapshot:
     pods: tuple[PodRow, ...] = ()
     errors: tuple[tuple[str, str], ...] = field(default=())
     """(stage, message) of every failure in the sweep."""
+    blind: tuple[BlindGpu, ...] = ()
+    """GPUs in use whose processes the driver hides from the agent (no hostPID)."""
 
 
 @dataclass(slots=True)

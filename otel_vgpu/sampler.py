@@ -20,6 +20,7 @@ from otel_vgpu.aggregate import GpuReading, Snapshot, aggregate
 from otel_vgpu.allocation import AllocationSource
 from otel_vgpu.attribution import Attributor
 from otel_vgpu.gpu import GpuBackend, GpuError
+from otel_vgpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
 from otel_vgpu.pods import PodDirectory
 from otel_vgpu.ratio import RatioSource
 from otel_vgpu.sampling import SamplingWindows, mean_sm_by_pid
@@ -65,7 +66,10 @@ class Sampler:
         observer: SweepObserver | None = None,
         by_container: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        host_pid_namespace: bool | None = None,
     ) -> None:
+        """`host_pid_namespace`: whether the agent shares the host's PID
+        namespace (None: unknown); by default read from /proc/self/ns/pid."""
         self._backend = backend
         self._attributor = attributor
         self._directory = directory
@@ -83,6 +87,8 @@ class Sampler:
         self._latest: Snapshot | None = None
         self._last_success: float | None = None
         self._failing: set[tuple[str, str]] = set()
+        self._host_pid_namespace = in_host_pid_namespace() if host_pid_namespace is None else host_pid_namespace
+        self._blind_uuids: frozenset[str] = frozenset()
         self.sweeps = 0
 
     def observe(self, observer: SweepObserver) -> None:
@@ -126,12 +132,14 @@ class Sampler:
             self._last_success = finished
         self._observer.sweep_finished(finished - started)
         self._report(errors)
+        self._report_blind(snapshot)
         return Snapshot(
             taken_at=finished,
             ok=snapshot.ok,
             gpus=snapshot.gpus,
             pods=snapshot.pods,
             errors=tuple((stage, message) for (stage, _), message in errors.seen.items()),
+            blind=snapshot.blind,
         )
 
     def _collect(self, errors: _Errors) -> Snapshot:
@@ -151,6 +159,12 @@ class Sampler:
             if reading is not None:
                 readings.append(reading)
         self._windows.keep_only(reading.device.uuid for reading in readings)
+        blind = blind_gpus([(r.device, r.processes) for r in readings], self._host_pid_namespace)
+        if blind:
+            # What the driver hides is unknown, not zero: a blind GPU gets no
+            # pod rows (no false idle allocations) and no unattributed figure.
+            hidden = {gpu.uuid for gpu in blind}
+            readings = [GpuReading(r.device, None, None) if r.device.uuid in hidden else r for r in readings]
 
         pids = [p.pid for reading in readings for p in reading.processes or ()]
         attribution = self._attributor.attribute(pids)
@@ -165,7 +179,7 @@ class Sampler:
             self._ratio.ratio,
             self._by_container,
         )
-        return Snapshot(taken_at=self._clock(), ok=True, gpus=gpus, pods=pods)
+        return Snapshot(taken_at=self._clock(), ok=True, gpus=gpus, pods=pods, blind=blind)
 
     def _read_gpu(self, index: int, errors: _Errors) -> GpuReading | None:
         try:
@@ -194,6 +208,16 @@ class Sampler:
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         self._windows.advance(device.uuid, now)
         return GpuReading(device=device, processes=processes, sm_by_pid=mean_sm_by_pid(samples, since))
+
+    def _report_blind(self, snapshot: Snapshot) -> None:
+        """One error line when the agent goes blind (or other GPUs join), one when it sees again."""
+        uuids = frozenset(gpu.uuid for gpu in snapshot.blind)
+        if uuids - self._blind_uuids:
+            log.error("%s", blind_message(snapshot.blind))
+        elif self._blind_uuids and not uuids and snapshot.ok:
+            log.info("NVML lists the processes of every GPU in use again")
+        if snapshot.ok:
+            self._blind_uuids = uuids
 
     def _report(self, errors: _Errors) -> None:
         """Count every failure; log each kind once, when it starts and when it ends."""

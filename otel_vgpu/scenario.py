@@ -139,6 +139,16 @@ class ChurnSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DriverSpec:
+    """What the simulated driver does that the agent must cope with."""
+
+    pid_namespace_filter: bool = True
+    """True (drivers from 535.113): NVML lists only the processes that have a
+    PID in the caller's PID namespace, so an agent outside the host's sees
+    none. False: older drivers, which list every process by host PID."""
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     gpus: tuple[GpuSpec, ...]
     pods: tuple[PodSpec, ...]
@@ -146,6 +156,7 @@ class Scenario:
     node_name: str | None = None
     faults: tuple[FaultSpec, ...] = ()
     churn: ChurnSpec | None = None
+    driver: DriverSpec = DriverSpec()
 
 
 def load_scenario(source: str) -> Scenario:
@@ -226,7 +237,9 @@ class _Reader:
         return value
 
     def scenario(self, document: Any) -> Scenario:
-        top = self.mapping(document, "scenario", 1, {"node", "gpus", "pods", "host_processes", "faults", "churn"})
+        top = self.mapping(
+            document, "scenario", 1, {"node", "gpus", "pods", "host_processes", "faults", "churn", "driver"}
+        )
         gpus_raw = self.sequence(top.get("gpus"), "gpus", _line(top, "gpus"))
         if not gpus_raw:
             raise self.fail("gpus", _line(top, "gpus"), "the node needs at least one GPU")
@@ -257,6 +270,7 @@ class _Reader:
             for i, raw in enumerate(self.sequence(top.get("faults"), "faults", _line(top, "faults")))
         )
         churn = None if top.get("churn") is None else self.churn(top["churn"], "churn", _line(top, "churn"))
+        driver = DriverSpec() if top.get("driver") is None else self.driver(top["driver"], _line(top, "driver"))
         return Scenario(
             gpus=gpus,
             pods=pods,
@@ -264,7 +278,13 @@ class _Reader:
             node_name=None if node is None else str(node),
             faults=faults,
             churn=churn,
+            driver=driver,
         )
+
+    def driver(self, raw: Any, line: int) -> DriverSpec:
+        spec = self.mapping(raw, "driver", line, {"pid_namespace_filter"})
+        key = "pid_namespace_filter"
+        return DriverSpec(pid_namespace_filter=self.boolean(spec.get(key, True), f"driver.{key}", _line(spec, key)))
 
     def fault(self, raw: Any, where: str, gpu_count: int) -> FaultSpec:
         spec = self.mapping(raw, where, 0, {"call", "gpu", "code", "delay_s", "from_s", "to_s"})

@@ -15,6 +15,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client.exposition import choose_encoder
 
 from otel_vgpu.auth import BasicAuth
+from otel_vgpu.pidns import blind_message
 from otel_vgpu.sampler import Sampler
 from otel_vgpu.telemetry import Telemetry
 
@@ -79,9 +80,14 @@ def make_app(
             # The probe itself may sweep: a node nobody scrapes yet must still
             # become ready, or it would never be discovered and scraped.
             snapshot = sampler.snapshot(ready_max_age)
-            if snapshot.ok:
+            if snapshot.ok and not snapshot.blind:
                 return _respond(start_response, "200 OK", f"ready: {len(snapshot.gpus)} GPUs\n".encode())
-            reasons = "; ".join(message for _, message in snapshot.errors) or "no successful sweep"
+            if snapshot.blind:
+                # Serving would publish a node with no pods on it: the pod is
+                # not ready until it shares the host's PID namespace.
+                reasons = blind_message(snapshot.blind)
+            else:
+                reasons = "; ".join(message for _, message in snapshot.errors) or "no successful sweep"
             return _respond(start_response, "503 Service Unavailable", f"not ready: {reasons}\n".encode())
         if path == "/":
             body = b"otel-vgpu: /metrics (Prometheus), /healthz, /readyz\n"

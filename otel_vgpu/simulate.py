@@ -4,6 +4,12 @@ Only NVML and the host are simulated. The node writes `<root>/<pid>/cgroup`
 and `<root>/<pid>/stat` files shaped like a kubelet's (cgroup v1 and v2,
 systemd and cgroupfs drivers, containerd, CRI-O and Docker), so the agent's
 real proc reader, cgroup parser and attribution cache run on them.
+
+The simulated processes live in the host's PID namespace. Like drivers from
+535.113 on (the scenario's `driver.pid_namespace_filter`, on by default), the
+node lists them only to an agent that shares that namespace: an agent in a
+PID namespace of its own (`unshare --pid`, a container without `--pid=host`)
+sees the devices busy and holding memory, and no process.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 
 from otel_vgpu.allocation import Allocation
 from otel_vgpu.gpu import Device, GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods import PodMeta, StaticDirectory
 from otel_vgpu.scenario import CgroupSpec, PodSpec, Scenario
 
@@ -90,8 +97,15 @@ class SimulatedNode:
         proc_root: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+        host_pid_namespace: bool | None = None,
     ) -> None:
+        """`host_pid_namespace`: whether the agent shares the host's PID
+        namespace; by default, whether this process does."""
         self.scenario = scenario
+        if host_pid_namespace is None:
+            host_pid_namespace = in_host_pid_namespace() is not False
+        # What the driver hides from this caller: every simulated process, or none.
+        self._hidden = scenario.driver.pid_namespace_filter and not host_pid_namespace
         self._owns_root = proc_root is None
         self.proc_root = proc_root or Path(tempfile.mkdtemp(prefix="otel-vgpu-proc-", dir=_memory_backed_tmp()))
         self._clock = clock
@@ -172,7 +186,7 @@ class SimulatedNode:
 
     def processes(self, index: int) -> list[GpuProcess]:
         self._maybe_fail("processes", index)
-        return [GpuProcess(pid=p.pid, used_memory=p.memory) for p in self._processes if p.gpu == index]
+        return [GpuProcess(pid=p.pid, used_memory=p.memory) for p in self._visible() if p.gpu == index]
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         self._maybe_fail("utilization_samples", index)
@@ -180,7 +194,7 @@ class SimulatedNode:
         t = self.now()
         span = max(0, now_us - since_us)
         samples = []
-        for process in self._processes:
+        for process in self._visible():
             if process.gpu != index:
                 continue
             for k in range(SAMPLES_PER_WINDOW):
@@ -193,6 +207,9 @@ class SimulatedNode:
 
     def now_us(self) -> int:
         return self._wall_clock_us()
+
+    def _visible(self) -> list[_Process]:
+        return [] if self._hidden else self._processes
 
     def close(self) -> None:
         if self._owns_root:

@@ -261,6 +261,13 @@ class Telemetry:
             unit="s",
             description="Time one sweep of NVML, /proc and the sources took.",
         )
+        meter.create_observable_gauge(
+            "vgpu.agent.blind.gpus",
+            [self._blind_callback],
+            unit="{gpu}",
+            description="GPUs in use whose processes NVML does not list to the agent, which is outside the "
+            "host's PID namespace (hostPID missing); 0 when the agent sees every process.",
+        )
         self._errors = meter.create_counter(
             "vgpu.agent.collection.errors", unit="{error}", description="Failures during sweeps, by stage."
         )
@@ -320,6 +327,9 @@ class Telemetry:
             return observations
 
         return callback
+
+    def _blind_callback(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(len(self.scope.snapshot().blind))]
 
     def _labelled(self, snapshot: Snapshot, kind: str) -> tuple[tuple[Any, ...], list[dict[str, str]]]:
         """A snapshot's rows with their attributes, built once per snapshot

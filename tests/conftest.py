@@ -84,11 +84,12 @@ def node(steady: Scenario, tmp_path: Path) -> Iterator[SimulatedNode]:
     node.close()
 
 
-def make_sampler(node: SimulatedNode, ratio_file: Path) -> Sampler:
+def make_sampler(node: SimulatedNode, ratio_file: Path, host_pid_namespace: bool | None = None) -> Sampler:
     return Sampler(
         node,
         attributor=Attributor(ProcReader(node.proc_root)),
         directory=node.directory(),
         allocation=node,
         ratio=RatioSource(ratio_file),
+        host_pid_namespace=host_pid_namespace,
     )

@@ -132,6 +132,10 @@ def test_image_runs_the_simulated_node_and_serves_metrics(image: tuple[Podman, s
         "agent",
         "--network",
         "host",
+        # as the DaemonSet runs it: the simulated driver, like a real one,
+        # lists only processes in the agent's PID namespace
+        "--pid",
+        "host",
         *ULIMITS,
         tag,
         "--simulate",
