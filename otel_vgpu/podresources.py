@@ -2,16 +2,20 @@
 
 The kubelet serves `v1.PodResourcesLister` over gRPC on a Unix socket. A
 background thread calls `List` every few seconds; sweeps use the latest
-answer and never wait for the kubelet. While the socket cannot be reached,
-shares come from the GPU limits in the pod specs (count known, GPU not).
+answer and never wait for the kubelet. One failed call (a kubelet restart, a
+slow answer) does not change the shares: the last good answer stays in force
+through `KEEP_LAST_GOOD_CALLS` failed calls in a row. Only then, and until
+the kubelet answers again, shares come from the GPU limits in the pod specs
+(count known, GPU not). Every failed call is counted.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from otel_vgpu.allocation import (
     DEFAULT_RESOURCES,
@@ -21,13 +25,16 @@ from otel_vgpu.allocation import (
     from_pod_resources,
 )
 from otel_vgpu.gpu import Device
-from otel_vgpu.kube import KubePodDirectory
+from otel_vgpu.pods import PodMeta
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 POLL_SECONDS = 5.0
 CALL_TIMEOUT_S = 2.0
+# Failed calls in a row through which the last good answer is kept: 15 s at
+# the default interval, longer than a kubelet restart takes to reopen the socket.
+KEEP_LAST_GOOD_CALLS = 3
 
 
 class PodResourcesError(Exception):
@@ -71,12 +78,20 @@ class PodResourcesClient:
         self._channel.close()
 
 
+class NodePods(Protocol):
+    """What the allocation needs of the pod directory (the Kubernetes API's view of this node)."""
+
+    def pods(self) -> Mapping[str, PodMeta]: ...
+
+    def uid_of(self) -> dict[tuple[str, str], str]: ...
+
+
 class KubeletAllocation:
     """Shares from pod-resources when the kubelet answers, else from pod limits."""
 
     def __init__(
         self,
-        directory: KubePodDirectory,
+        directory: NodePods,
         client: PodResourcesClient | None,
         resources: Iterable[str] = DEFAULT_RESOURCES,
         report: Callable[[str], None] = lambda stage: None,
@@ -89,6 +104,7 @@ class KubeletAllocation:
         self._poll_seconds = poll_seconds
         self._latest: list[DeviceAssignment] | None = None
         self._failing: str | None = None
+        self._failed_calls = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
 
@@ -100,7 +116,8 @@ class KubeletAllocation:
     def stop(self) -> None:
         self._stop.set()
         if self._client is not None:
-            self._thread.join(timeout=5)
+            if self._thread.ident is not None:
+                self._thread.join(timeout=5)
             self._client.close()
 
     def allocation(self, gpus: Sequence[Device]) -> Allocation:
@@ -119,15 +136,26 @@ class KubeletAllocation:
         try:
             self._latest = self._client.list()
         except PodResourcesError as error:
-            self._latest = None
+            self._failed_calls += 1
             self._report("pod_resources")
+            kept = self._latest is not None and self._failed_calls <= KEEP_LAST_GOOD_CALLS
+            if self._latest is not None and not kept:
+                self._latest = None
+                log.warning(
+                    "kubelet pod-resources API failed %d times in a row; shares come from pod GPU limits "
+                    "until it answers",
+                    self._failed_calls,
+                )
             if self._failing != str(error):
                 self._failing = str(error)
-                log.warning(
-                    "kubelet pod-resources API failed (%s); shares come from pod GPU limits until it answers",
-                    error,
+                then = (
+                    f"keeping its last answer for up to {KEEP_LAST_GOOD_CALLS} failed calls"
+                    if kept
+                    else "shares come from pod GPU limits until it answers"
                 )
+                log.warning("kubelet pod-resources API failed (%s); %s", error, then)
             return
+        self._failed_calls = 0
         if self._failing is not None:
             log.info("kubelet pod-resources API answers again")
             self._failing = None
