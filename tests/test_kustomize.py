@@ -23,7 +23,11 @@ TARGETS = ["base", *OVERLAYS]
 # Overlays that knowingly differ from the base's security context, and why
 # (each says so in its kustomization.yaml).
 PRIVILEGED = {"gke"}  # opens host device nodes the device plugin did not assign
-RUNS_AS_ROOT = {"kubelet-root"}  # reaches the root-only pod-resources socket
+NON_ROOT = {"non-root"}  # gives up the root-only pod-resources socket
+# NVML without the `nvidia` RuntimeClass: the node's default runtime injects it
+# (nvidia-default-runtime), or GKE's driver is mounted (gke).
+NO_RUNTIME_CLASS = {"nvidia-default-runtime", "gke"}
+GPU_NODE_LABELS = {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"}
 CRD_KINDS = {"PodMonitor", "SecurityContextConstraints"}
 KUBERNETES_VERSION = "1.37.0"
 
@@ -83,7 +87,8 @@ def cli_flags() -> set[str]:
 
 def test_every_overlay_is_documented() -> None:
     readme = (KUSTOMIZE / "README.md").read_text()
-    assert {"prometheus-operator", "otlp", "runtimeclass-nvidia", "gke", "openshift", "seed-compat"} <= set(OVERLAYS)
+    expected = {"prometheus-operator", "otlp", "nvidia-default-runtime", "non-root", "gke", "openshift", "seed-compat"}
+    assert expected <= set(OVERLAYS)
     for overlay in OVERLAYS:
         assert re.search(rf"^\| `{re.escape(overlay)}` \| .+\|$", readme, re.MULTILINE), overlay
 
@@ -118,10 +123,15 @@ def test_daemonset_invariants(target: str) -> None:
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
 
-    # host PIDs: the host's /proc, read-only, given to --proc-root
-    assert "hostPID" not in pod
-    proc_mount = next(m for m in mounts.values() if volumes[m["name"]].get("hostPath", {}).get("path") == "/proc")
-    assert flags["--proc-root"] == proc_mount["mountPath"]
+    # the host's PID namespace: NVML lists only the processes in the caller's
+    assert pod["hostPID"] is True
+    assert "--proc-root" not in flags, "with hostPID the container's own /proc is the host's"
+    assert all(v.get("hostPath", {}).get("path") != "/proc" for v in volumes.values())
+    # NVML from the NVIDIA runtime class, unless the overlay says otherwise
+    if target in NO_RUNTIME_CLASS:
+        assert "runtimeClassName" not in pod
+    else:
+        assert pod["runtimeClassName"] == "nvidia"
     # the node's name from the downward API
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
@@ -151,15 +161,24 @@ def test_daemonset_invariants(target: str) -> None:
     # scheduling
     tolerations = {t["key"] for t in pod["tolerations"]}
     assert "nvidia.com/gpu" in tolerations
-    assert pod.get("nodeSelector") or pod.get("affinity", {}).get("nodeAffinity")
+    assert "nodeSelector" not in pod, "one label would miss clusters without the GPU Operator"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    if target != "gke":
+        # ORed terms, one label each, as the NVIDIA device plugin's chart selects GPU nodes
+        keys = {e["key"] for term in terms for e in term["matchExpressions"]}
+        assert all(len(term["matchExpressions"]) == 1 for term in terms)
+        assert keys == GPU_NODE_LABELS
+        assert all(e["values"] == ["true"] for term in terms for e in term["matchExpressions"])
     assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     # security
     pod_security = pod["securityContext"]
     assert pod_security["seccompProfile"]["type"] == "RuntimeDefault"
-    if target in RUNS_AS_ROOT:
-        assert pod_security["runAsUser"] == 0 and pod_security["runAsNonRoot"] is False
-    else:
+    if target in NON_ROOT:
         assert pod_security["runAsNonRoot"] is True and pod_security["runAsUser"] != 0
+    else:
+        # the kubelet's pod-resources directory is root's, 0750
+        assert pod_security["runAsUser"] == 0 and pod_security["runAsGroup"] == 0
+        assert pod_security["runAsNonRoot"] is False
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
     if target in PRIVILEGED:
@@ -252,7 +271,6 @@ def test_otlp_overlay_pushes_to_its_collector() -> None:
 
 
 def test_small_overlays_do_what_they_say() -> None:
-    assert daemonset("runtimeclass-nvidia")["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
     assert "--seed-metrics" in agent_container("seed-compat")["args"]
     tls = agent_container("tls")
     flags = flag_values(tls)
@@ -261,9 +279,44 @@ def test_small_overlays_do_what_they_say() -> None:
     gke = daemonset("gke")["spec"]["template"]["spec"]
     terms = gke["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms[0]["matchExpressions"][0]["key"] == "cloud.google.com/gke-accelerator"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_namespace_admits_the_agent_under_pod_security(target: str) -> None:
+    # hostPID and hostPath volumes are outside the baseline level
+    namespace = one(render(target), "Namespace", "otel-vgpu")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert daemonset(target)["metadata"]["namespace"] == "otel-vgpu"
+
+
+def test_gke_quota_admits_system_node_critical_pods() -> None:
+    docs = render("gke")
+    pod = daemonset("gke")["spec"]["template"]["spec"]
+    quota = one(docs, "ResourceQuota")
+    assert quota["metadata"]["namespace"] == daemonset("gke")["metadata"]["namespace"]
+    expressions = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert {"operator": "In", "scopeName": "PriorityClass", "values": [pod["priorityClassName"]]} in expressions
+    assert int(quota["spec"]["hard"]["pods"]) >= 1000, "one pod per node, every node"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["key"] == "cloud.google.com/gke-accelerator"
+    # only GKE limits critical pods this way; elsewhere the quota would be noise
+    assert [t for t in TARGETS if any(d["kind"] == "ResourceQuota" for d in render(t))] == ["gke"]
+
+
+def test_openshift_scc_admits_what_the_pod_asks_for() -> None:
     scc = one(render("openshift"), "SecurityContextConstraints", "otel-vgpu")
-    assert scc["allowPrivilegedContainer"] is False and scc["runAsUser"]["type"] == "MustRunAsNonRoot"
-    assert scc["allowHostDirVolumePlugin"] is True and scc["allowHostPID"] is False
+    pod = daemonset("openshift")["spec"]["template"]["spec"]
+    assert scc["allowHostPID"] is True and pod["hostPID"] is True
+    assert scc["allowPrivilegedContainer"] is False and scc["allowPrivilegeEscalation"] is False
+    assert scc["requiredDropCapabilities"] == ["ALL"] and scc["allowedCapabilities"] == []
+    # uid 0 (and the non-root overlay's 65532) are admitted
+    assert scc["runAsUser"]["type"] == "RunAsAny"
+    # spc_t: container_t may not read other containers' /proc/<pid>
+    assert pod["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
+    assert scc["seLinuxContext"]["type"] == "RunAsAny"
+    assert scc["allowHostDirVolumePlugin"] is True and scc["readOnlyRootFilesystem"] is True
+    hostpaths = {v["name"] for v in pod["volumes"] if "hostPath" in v}
+    assert "hostPath" in scc["volumes"] and hostpaths
 
 
 def test_agent_rereads_a_configmap_volume_swapped_like_the_kubelet_does(tmp_path: Path, scenario_file: Path) -> None:
