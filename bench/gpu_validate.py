@@ -3,7 +3,17 @@
 Run as root on a Linux node with an NVIDIA GPU, cgroup v2, CUDA and PyTorch,
 from the repository root:
 
-    python3 bench/gpu_validate.py [--out results.md]
+    kubectl kustomize kustomize/base > base.yaml      # where kubectl is
+    python3 bench/gpu_validate.py --pod base.yaml [--out results.md]
+    python3 bench/gpu_validate.py --pod base.yaml --drop-host-pid [--out blind.md]
+
+With `--pod` the agent runs as the rendered DaemonSet runs it
+(bench/pod_harness.py: its PID, mount and cgroup namespaces, uid and gid, no
+capabilities, read-only root, its volumes, its service account against an
+HTTPS API double, the kubelet double's socket in a root-owned 0750
+directory); without, as root in the host's namespaces, which proves nothing
+about a pod. `--drop-host-pid` removes `hostPID` from the pod spec and checks
+that the agent says it is blind instead.
 
 It starts CUDA workloads with PyTorch (one busy with matrix products, others
 idle but holding memory), creates cgroups shaped like a kubelet's (systemd and
@@ -20,24 +30,34 @@ on the real NVML, scrapes it, and checks:
 - allocated memory is shares x total / ratio, for the shares the kubelet gave;
 - a pod with a share and no process shows as an idle allocation.
 
+With `--drop-host-pid` it checks instead that the agent reports no pod, sets
+vgpu_agent_blind_gpus, fails /readyz with a reason that names hostPID, and
+logs that once.
+
 It prints a table and exits non-zero on any mismatch.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_workloads import (
     CGROUP_ROOT,
+    Check,
     Cluster,
     Pod,
     Report,
+    Samples,
     free_port,
     scrape,
     start_agent,
@@ -46,9 +66,60 @@ from bench.gpu_workloads import (
     stop_agent,
     stop_pods,
 )
+from bench.pod_harness import Cluster as HarnessCluster
+from bench.pod_harness import Pod as HarnessPod
+from bench.pod_harness import PodHarness
+from otel_vgpu.ratio import parse_ratio
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where the kubelet serves pod-resources, and so where the manifest mounts it from.
+POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
 
 GIB = 1024**3
 NODE = "gpu-node-1"
+AGENT_PORT = 8080  # the DaemonSet's containerPort, the agent's default
+
+
+def nvml_idle() -> str:
+    """GPU 0's memory figures before any workload: what an idle GPU holds."""
+    import pynvml  # noqa: PLC0415
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    processes = len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    utilization = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+    try:
+        v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        reserved = f", v2 used {v2.used / GIB:.3f} GiB + reserved {v2.reserved / GIB:.3f} GiB"
+    except (pynvml.NVMLError, AttributeError, TypeError):
+        reserved = ""
+    pynvml.nvmlShutdown()
+    return (
+        f"idle GPU 0 before the workloads: {processes} processes, {utilization} % busy, "
+        f"memory used (v1) {v1.used / GIB:.3f} GiB{reserved}"
+    )
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def wait_serving(url: str, process: subprocess.Popen[str], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if get(f"{url}/healthz")[0] == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise SystemExit(f"the agent did not start; its log:\n{log.read_text()}")
+        time.sleep(0.2)
 
 
 def nvml_truth() -> tuple[dict[int, int], int, str, str, str]:
@@ -68,9 +139,13 @@ def nvml_truth() -> tuple[dict[int, int], int, str, str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="also write the report (Markdown) here")
-    parser.add_argument("--ratio", type=float, default=2.0)
+    parser.add_argument("--ratio", type=float, default=2.0, help="without --pod; with it, the manifest's ConfigMap's")
     parser.add_argument("--settle", type=float, default=6.0, help="seconds of load before the measured scrape")
+    parser.add_argument("--pod", type=Path, metavar="MANIFEST", help="run the agent as this rendered DaemonSet does")
+    parser.add_argument("--drop-host-pid", action="store_true", help="with --pod: remove hostPID, expect blindness")
     args = parser.parse_args()
+    if args.drop_host_pid and args.pod is None:
+        parser.error("--drop-host-pid needs --pod")
 
     pods = [
         Pod("ml", "trainer-0", "systemd", "burstable", workloads=[("busy", 6.0)], shares=2),
@@ -81,10 +156,12 @@ def main() -> int:
     report = Report()
     lines, check = report.lines, report.check
 
-    tmp = Path(tempfile.mkdtemp(prefix="gpu-validate-"))
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-validate-", dir="/var/tmp"))
     outside = None
     agent = None
-    cluster = Cluster(tmp, NODE)
+    harness = None
+    idle = nvml_idle()
+    cluster = Cluster(tmp, NODE, pki=args.pod is not None, socket_dir=POD_RESOURCES_DIR if args.pod else None)
     try:
         start_pods(pods)
         outside = start_workload("idle", 1.0)
@@ -94,67 +171,119 @@ def main() -> int:
             devices = [f"{gpu_uuid}::{replica + i}" for i in range(pod.shares)]
             replica += pod.shares
             cluster.add(pod, {"main": devices})
-        port = free_port()
-        agent = start_agent(cluster, port, args.ratio)
-        url = f"http://127.0.0.1:{port}/metrics"
+        if args.pod is not None:
+            harness = PodHarness(
+                args.pod,
+                tmp / "pod",
+                HarnessPod(node=NODE),
+                HarnessCluster("127.0.0.1", cluster.api.port, cluster.token, cluster.ca_crt),
+                python_path=(*os.environ.get("PYTHONPATH", "").split(":"), str(ROOT)),
+                drop_host_pid=args.drop_host_pid,
+            )
+            ratio = parse_ratio(next(iter(harness.configmaps.values()))["gpu_allocation.txt"])
+            url = f"http://127.0.0.1:{AGENT_PORT}"
+            wait_serving(url, harness.start(), harness.log)
+            lines += [
+                f"Agent run by bench/pod_harness.py from {args.pod.name}"
+                f"{' with hostPID removed' if args.drop_host_pid else ''}; what the kernel says of it:",
+                "",
+                "| | |",
+                "|---|---|",
+                *(f"| {k} | `{v}` |" for k, v in harness.evidence(pods[0].processes[0].pid).items()),
+                "",
+            ]
+        else:
+            ratio = args.ratio
+            port = free_port()
+            agent = start_agent(cluster, port, ratio)
+            url = f"http://127.0.0.1:{port}"
         time.sleep(args.settle)
-        metrics = scrape(url)
+        metrics = scrape(f"{url}/metrics")
+        ready = get(f"{url}/readyz")
         used, *_ = nvml_truth()
-
-        def pod_value(family: str, pod: Pod) -> float | None:
-            for labels, value in metrics.get(family, []):
-                if (labels.get("namespace"), labels.get("pod")) == (pod.namespace, pod.name):
-                    return float(value)
-            return None
-
-        lines += [
-            f"GPU: {model}, driver {driver}, {total / GIB:.1f} GiB; ratio {args.ratio:g}",
-            "",
-            "| pod | cgroup | processes | memory (agent) | memory (NVML) | SM | vGPU util | shares | allocated |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for pod in pods:
-            truth = sum(used.get(p.pid, 0) for p in pod.processes)
-            where = pod.containers[0][1].relative_to(CGROUP_ROOT).parent if pod.containers else "(no process)"
-            lines.append(
-                f"| {pod.namespace}/{pod.name} | {where} | {pod_value('vgpu_pod_processes', pod)} | "
-                f"{(pod_value('vgpu_pod_memory_used_bytes', pod) or 0) / GIB:.3f} GiB | {truth / GIB:.3f} GiB | "
-                f"{pod_value('vgpu_pod_sm_utilization', pod)} | {pod_value('vgpu_pod_vgpu_utilization', pod)} | "
-                f"{pod.shares} | {(pod_value('vgpu_pod_memory_allocated_bytes', pod) or 0) / GIB:.1f} GiB |"
-            )
-        lines += ["", "| check | what |", "|---|---|"]
-        for pod in pods:
-            label = f"{pod.namespace}/{pod.name}"
-            truth = sum(used.get(p.pid, 0) for p in pod.processes)
-            memory = pod_value("vgpu_pod_memory_used_bytes", pod)
-            check(memory == truth, f"{label}: memory {memory} == NVML sum {truth} (name from the API double)")
-            check(
-                pod_value("vgpu_pod_processes", pod) == len(pod.processes), f"{label}: {len(pod.processes)} processes"
-            )
-            sm = pod_value("vgpu_pod_sm_utilization", pod)
-            if pod.busy:
-                check(sm is not None and sm > 0.5, f"{label}: busy SM {sm} > 0.5")
-            else:
-                check(sm is not None and sm < 0.05, f"{label}: idle SM {sm} < 0.05")
-            allocated = pod_value("vgpu_pod_memory_allocated_bytes", pod)
-            expected = int(pod.shares * total / args.ratio)
-            check(allocated == expected, f"{label}: allocated {allocated} == {pod.shares} shares x total / ratio")
-        unattributed = [
-            v for labels, v in metrics.get("vgpu_gpu_memory_unattributed_bytes", []) if labels["gpu_id"] == "0"
-        ]
-        in_pods = {p.pid for pod in pods for p in pod.processes}
-        truth_outside = sum(v for pid, v in used.items() if pid not in in_pods)
-        check(unattributed == [truth_outside], f"unattributed {unattributed} == NVML outside pods {truth_outside}")
-        count = next(iter(v for _, v in metrics.get("vgpu_agent_collection_duration_seconds_count", [])), 0)
-        total_s = next(iter(v for _, v in metrics.get("vgpu_agent_collection_duration_seconds_sum", [])), 0)
-        if count:
-            lines += ["", f"agent sweep time: mean {total_s / count * 1000:.2f} ms over {count:g} sweeps"]
+        lines += [f"GPU: {model}, driver {driver}, {total / GIB:.1f} GiB; ratio {ratio:g}", "", idle, ""]
+        if args.drop_host_pid:
+            log = harness.stop() if harness is not None else ""
+            blind_checks(check, metrics, ready, log, used)
+        else:
+            pod_checks(lines, check, metrics, pods, used, total, ratio)
     finally:
         stop_agent(agent)
+        if harness is not None:
+            harness.stop()
         stop_pods(pods, [outside] if outside else [])
         cluster.stop()
 
     return report.finish("Real-GPU validation", args.out)
+
+
+def pod_checks(
+    lines: list[str], check: Check, metrics: Samples, pods: list[Pod], used: dict[int, int], total: int, ratio: float
+) -> None:
+    """Every pod's figures against NVML's."""
+
+    def pod_value(family: str, pod: Pod) -> float | None:
+        for labels, value in metrics.get(family, []):
+            if (labels.get("namespace"), labels.get("pod")) == (pod.namespace, pod.name):
+                return float(value)
+        return None
+
+    lines += [
+        "| pod | cgroup | processes | memory (agent) | memory (NVML) | SM | vGPU util | shares | allocated |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for pod in pods:
+        truth = sum(used.get(p.pid, 0) for p in pod.processes)
+        where = pod.containers[0][1].relative_to(CGROUP_ROOT).parent if pod.containers else "(no process)"
+        lines.append(
+            f"| {pod.namespace}/{pod.name} | {where} | {pod_value('vgpu_pod_processes', pod)} | "
+            f"{(pod_value('vgpu_pod_memory_used_bytes', pod) or 0) / GIB:.3f} GiB | {truth / GIB:.3f} GiB | "
+            f"{pod_value('vgpu_pod_sm_utilization', pod)} | {pod_value('vgpu_pod_vgpu_utilization', pod)} | "
+            f"{pod.shares} | {(pod_value('vgpu_pod_memory_allocated_bytes', pod) or 0) / GIB:.1f} GiB |"
+        )
+    lines += ["", "| check | what |", "|---|---|"]
+    for pod in pods:
+        label = f"{pod.namespace}/{pod.name}"
+        truth = sum(used.get(p.pid, 0) for p in pod.processes)
+        memory = pod_value("vgpu_pod_memory_used_bytes", pod)
+        check(memory == truth, f"{label}: memory {memory} == NVML sum {truth} (name from the API double)")
+        check(pod_value("vgpu_pod_processes", pod) == len(pod.processes), f"{label}: {len(pod.processes)} processes")
+        sm = pod_value("vgpu_pod_sm_utilization", pod)
+        if pod.busy:
+            check(sm is not None and sm > 0.5, f"{label}: busy SM {sm} > 0.5")
+        else:
+            check(sm is not None and sm < 0.05, f"{label}: idle SM {sm} < 0.05")
+        allocated = pod_value("vgpu_pod_memory_allocated_bytes", pod)
+        expected = int(pod.shares * total / ratio)
+        check(allocated == expected, f"{label}: allocated {allocated} == {pod.shares} shares x total / ratio")
+    unattributed = [v for labels, v in metrics.get("vgpu_gpu_memory_unattributed_bytes", []) if labels["gpu_id"] == "0"]
+    in_pods = {p.pid for pod in pods for p in pod.processes}
+    truth_outside = sum(v for pid, v in used.items() if pid not in in_pods)
+    check(unattributed == [truth_outside], f"unattributed {unattributed} == NVML outside pods {truth_outside}")
+    blind = [v for _, v in metrics.get("vgpu_agent_blind_gpus", [])]
+    check(blind == [0], f"vgpu_agent_blind_gpus {blind} == [0]")
+    count = next(iter(v for _, v in metrics.get("vgpu_agent_collection_duration_seconds_count", [])), 0)
+    total_s = next(iter(v for _, v in metrics.get("vgpu_agent_collection_duration_seconds_sum", [])), 0)
+    if count:
+        lines += ["", f"agent sweep time: mean {total_s / count * 1000:.2f} ms over {count:g} sweeps"]
+
+
+def blind_checks(check: Check, metrics: Samples, ready: tuple[int, str], log: str, used: dict[int, int]) -> None:
+    """An agent outside the host's PID namespace: no pod, and it says why."""
+    check(bool(used), f"NVML in the host's namespace lists {len(used)} processes on GPU 0")
+    pod_series = sum(len(v) for k, v in metrics.items() if k.startswith("vgpu_pod_"))
+    check(pod_series == 0, f"no vgpu_pod_* series ({pod_series}): the driver lists no process to the agent")
+    memory = [v for labels, v in metrics.get("vgpu_gpu_memory_used_bytes", []) if labels["gpu_id"] == "0"]
+    check(bool(memory) and memory[0] > 10 * GIB, f"the device still reports {memory} bytes in use")
+    blind = [v for _, v in metrics.get("vgpu_agent_blind_gpus", [])]
+    check(blind == [1], f"vgpu_agent_blind_gpus {blind} == [1]")
+    status, body = ready
+    check(status == 503 and "hostPID: true" in body, f"/readyz {status}: `{body.strip()}`")
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    check(
+        len(errors) == 1 and "hostPID: true" in errors[0],
+        f"one error line in the log: `{errors[0] if errors else '(none)'}`",
+    )
 
 
 if __name__ == "__main__":

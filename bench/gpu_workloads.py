@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,9 +25,11 @@ from bench.procstat import free_port
 
 __all__ = [
     "CGROUP_ROOT",
+    "Check",
     "Cluster",
     "Pod",
     "Report",
+    "Samples",
     "free_port",
     "scrape",
     "start_agent",
@@ -130,6 +133,7 @@ def stop_pods(pods: list[Pod], others: list[subprocess.Popen[str]] = ()) -> None
 
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
+Check = Callable[[bool, str], None]
 
 
 def scrape(url: str) -> Samples:
@@ -146,17 +150,32 @@ def scrape(url: str) -> Samples:
 
 
 class Cluster:
-    """The test doubles standing in for the Kubernetes API (HTTP, the API's
-    JSON) and the kubelet (pod-resources gRPC on a Unix socket)."""
+    """The test doubles standing in for the Kubernetes API (the API's JSON;
+    HTTPS with a service account when `pki` is given, else plain HTTP with a
+    kubeconfig) and the kubelet (pod-resources gRPC on a Unix socket, in
+    `socket_dir`: a root-owned 0750 directory, as the kubelet makes it)."""
 
-    def __init__(self, directory: Path, node: str) -> None:
+    def __init__(self, directory: Path, node: str, pki: bool = False, socket_dir: Path | None = None) -> None:
         from tests.kube_api_double import KubeApiDouble  # noqa: PLC0415
         from tests.kubelet_double import KubeletDouble  # noqa: PLC0415
 
         self.directory = directory
         self.node = node
-        self.api = KubeApiDouble(None, node).start()
-        self.socket = directory / "kubelet.sock"
+        self.ca_crt = b""
+        certs = None
+        if pki:
+            from tests.certs import make_certs  # noqa: PLC0415
+
+            certs = make_certs(directory / "pki")
+            self.ca_crt = certs.ca.read_bytes()
+        self.api = KubeApiDouble(certs, node).start()
+        self.token = self.api.state.token
+        if socket_dir is not None:
+            socket_dir.mkdir(parents=True, exist_ok=True)
+            os.chown(socket_dir, 0, 0)
+            socket_dir.chmod(0o750)
+        self.socket = (socket_dir or directory) / "kubelet.sock"
+        self.socket.unlink(missing_ok=True)
         self.kubelet = KubeletDouble(self.socket).start()
         self.kubeconfig = directory / "kubeconfig"
         self.kubeconfig.write_text(
