@@ -91,7 +91,12 @@ class PodHarness:
         python: str = sys.executable,
         python_path: tuple[str, ...] = (),
         drop_host_pid: bool = False,
+        host_paths: dict[str, Path] | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
+        """`host_paths` stands other directories in for the manifest's hostPaths
+        (a test's kubelet socket, not the node's); `extra_args` go after the
+        container's own (`--simulate` where there is no GPU)."""
         self.spec, self.configmaps = load_daemonset(manifest)
         if drop_host_pid:
             self.spec.pop("hostPID", None)
@@ -101,6 +106,8 @@ class PodHarness:
         self.cluster = cluster
         self.python = python
         self.python_path = python_path
+        self.host_paths = host_paths or {}
+        self.extra_args = extra_args
         self.process: subprocess.Popen[str] | None = None
         self.log = workdir / "agent.log"
 
@@ -160,7 +167,7 @@ class PodHarness:
                 source = self._configmap(volume["name"], self.configmaps[volume["configMap"]["name"]])
                 mounts.append((f"bind:{source}", mount["mountPath"], True))
             elif "hostPath" in volume:
-                path = Path(volume["hostPath"]["path"])
+                path = self.host_paths.get(volume["hostPath"]["path"], Path(volume["hostPath"]["path"]))
                 if volume["hostPath"].get("type") == "DirectoryOrCreate" and not path.exists():
                     path.mkdir(parents=True, mode=0o755)
                 mounts.append((f"bind:{path}", mount["mountPath"], read_only))
@@ -229,7 +236,8 @@ class PodHarness:
         cgroup = self._cgroup()
         lines.append(f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))}")
         env = " ".join(shlex.quote(f"{k}={v}") for k, v in self._env().items())
-        args = " ".join(shlex.quote(a) for a in [*self.container.get("command", []), *self.container.get("args", [])])
+        argv = [*self.container.get("command", []), *self.container.get("args", []), *self.extra_args]
+        args = " ".join(shlex.quote(a) for a in argv)
         setpriv = f"setpriv --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all --bounding-set=-all"
         if not escalation:
             setpriv += " --no-new-privs"

@@ -1,0 +1,181 @@
+"""The shipped manifests, run as deployed, on the simulated node.
+
+bench/pod_harness.py gives the rendered DaemonSet's agent the isolation its
+pod spec asks for (PID, mount and cgroup namespaces, user, no capabilities,
+read-only root, volumes, service account); the Kubernetes API double answers
+over HTTPS to the service account, and the kubelet double serves
+pod-resources in a root-owned 0750 directory, as a kubelet does. What a
+manifest change breaks for a real pod, these tests see. Run as root (CI is).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bench.pod_harness import Cluster as HarnessCluster
+from bench.pod_harness import Pod, PodHarness
+
+from .agent import free_port, get
+from .certs import make_certs
+from .kube_api_double import KubeApiDouble
+from .kubelet_double import KubeletDouble
+from .promtext import Exposition, parse
+from .test_kubernetes import NODE, SCENARIO, populate
+from .test_kustomize import rendered_text
+
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def interpreter() -> tuple[str, tuple[str, ...]]:
+    """A Python every uid may run, with this environment's packages on its path.
+
+    The image's interpreter is world-readable; a virtual environment's may
+    point into a private home (pyenv under /root). The system's Python of the
+    same version runs the same wheels."""
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    python = str(system) if system.exists() else sys.executable
+    return python, (str(ROOT), sysconfig.get_paths()["purelib"])
+
+
+@dataclass
+class PodRun:
+    ready: tuple[int, str]
+    metrics: Exposition
+    log: str
+    evidence: dict[str, str]
+
+    def pods(self) -> set[tuple[str, str]]:
+        return {(ns, pod) for ns, pod in self.metrics.by("vgpu_pod_memory_allocated_bytes", "namespace", "pod")}
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    # Not under /tmp: the pod's emptyDir covers /tmp.
+    path = Path(tempfile.mkdtemp(prefix="otel-vgpu-pod-", dir="/var/tmp"))
+    path.chmod(0o755)  # the volumes in it are the kubelet's, readable by a non-root pod
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def doubles(workdir: Path) -> Iterator[tuple[KubeApiDouble, KubeletDouble, Path]]:
+    socket_dir = workdir / "kubelet" / "pod-resources"
+    socket_dir.mkdir(parents=True)
+    os.chown(socket_dir, 0, 0)
+    socket_dir.chmod(0o750)  # as setupDataDirs in the kubelet makes it
+    certs = make_certs(workdir / "pki")
+    api = KubeApiDouble(certs, NODE).start()
+    kubelet = KubeletDouble(socket_dir / "kubelet.sock").start()
+    populate(api, kubelet)
+    yield api, kubelet, certs.ca
+    kubelet.stop()
+    api.stop()
+
+
+def run_pod(
+    target: str, workdir: Path, doubles: tuple[KubeApiDouble, KubeletDouble, Path], drop_host_pid: bool = False
+) -> PodRun:
+    assert os.geteuid() == 0, "the pod harness makes namespaces and mounts: run as root (CI does)"
+    api, kubelet, ca = doubles
+    manifest = workdir / f"{target}.yaml"
+    manifest.write_text(rendered_text(target))
+    scenario = workdir / "node.yaml"
+    scenario.write_text(SCENARIO)
+    port = free_port()
+    harness = PodHarness(
+        manifest,
+        workdir / "pod",
+        Pod(node=NODE),
+        HarnessCluster("127.0.0.1", api.port, api.state.token, ca.read_bytes()),
+        python=interpreter()[0],
+        python_path=interpreter()[1],
+        drop_host_pid=drop_host_pid,
+        host_paths={POD_RESOURCES: kubelet.socket_path.parent},
+        extra_args=("--simulate", str(scenario), "--port", str(port), "--pod-resources-interval", "0.2"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    process = harness.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, f"the pod's agent exited: {harness.stop()}"
+            try:
+                if get(f"{url}/healthz", timeout=1)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"the pod's agent did not serve: {harness.stop()}"
+            time.sleep(0.1)
+        # The agent asks the kubelet once before it serves: the answer, or
+        # its failure, is in the first scrape.
+        evidence = harness.evidence()
+        status, body, _ = get(f"{url}/readyz")
+        _, metrics, _ = get(f"{url}/metrics")
+    finally:
+        log = harness.stop()
+    return PodRun((status, body.decode()), parse(metrics.decode()), log, evidence)
+
+
+def no_capabilities(evidence: dict[str, str]) -> bool:
+    return set(re.findall(r"[0-9a-f]{16}", evidence["CapEff / CapPrm / CapBnd / CapAmb"])) == {"0" * 16}
+
+
+def test_base_as_deployed_sees_every_pod_with_the_kubelets_shares(
+    workdir: Path, doubles: tuple[KubeApiDouble, KubeletDouble, Path]
+) -> None:
+    run = run_pod("base", workdir, doubles)
+    evidence = run.evidence
+    assert evidence["uid (real, effective, saved, fs)"] == "0 0 0 0" and no_capabilities(evidence)
+    assert evidence["NoNewPrivs"] == "1" and evidence["root mount options"].startswith("ro")
+    agent_ns, host_ns = evidence["PID namespace: agent / harness (host)"].split(" / ")
+    assert agent_ns == host_ns, "hostPID"
+    assert run.ready[0] == 200, run.ready
+    assert run.metrics.series("vgpu_agent_blind_gpus") == {frozenset(): 0}
+    # names from the API over the service account, shares from the kubelet's socket
+    assert {("ml", "trainer-7f9c"), ("web", "api-0"), ("web", "idle-0")} <= run.pods()
+    allocated = run.metrics.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
+    assert allocated[("trainer-7f9c", "0")] == 2 * 40 * 1024**3  # two replicas of GPU 0, ratio 2
+    assert run.metrics.by("vgpu_pod_memory_used_bytes", "pod", "gpu_id")[("idle-0", "0")] == 0  # idle allocation
+    errors = run.metrics.by("vgpu_agent_collection_errors_total", "stage")
+    assert errors[("pod_resources",)] == 0 and errors[("attribution",)] == 0, run.log
+
+
+def test_base_without_host_pid_is_blind_and_says_so(
+    workdir: Path, doubles: tuple[KubeApiDouble, KubeletDouble, Path]
+) -> None:
+    run = run_pod("base", workdir, doubles, drop_host_pid=True)
+    agent_ns, host_ns = run.evidence["PID namespace: agent / harness (host)"].split(" / ")
+    assert agent_ns != host_ns
+    assert run.metrics.series("vgpu_agent_blind_gpus") == {frozenset(): 2}
+    assert run.metrics.series("vgpu_pod_memory_used_bytes") == {}
+    status, body = run.ready
+    assert status == 503 and "hostPID: true" in body
+    assert [line for line in run.log.splitlines() if " ERROR " in line and "hostPID: true" in line], run.log
+
+
+def test_non_root_overlay_loses_the_kubelets_shares_as_documented(
+    workdir: Path, doubles: tuple[KubeApiDouble, KubeletDouble, Path]
+) -> None:
+    run = run_pod("non-root", workdir, doubles)
+    assert run.evidence["uid (real, effective, saved, fs)"] == "65532 65532 65532 65532"
+    assert no_capabilities(run.evidence)
+    assert run.ready[0] == 200
+    errors = run.metrics.by("vgpu_agent_collection_errors_total", "stage")
+    assert errors[("pod_resources",)] >= 1
+    assert "ermission denied" in run.log, run.log
+    # shares from the limits: the trainer's 3 GPUs over the 2 it runs on; the idle pod unseen
+    allocated = run.metrics.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
+    assert allocated[("trainer-7f9c", "0")] == 1.5 * 40 * 1024**3
+    assert ("web", "idle-0") not in run.pods()
