@@ -1,7 +1,11 @@
 """GPU processes to pods, through `<proc-root>/<pid>/cgroup`.
 
-NVML reports host PIDs, so the proc root is the host's `/proc` (hostPID, or
-the host's `/proc` mounted in the container). A process keeps its cgroup for
+NVML gives each process's PID as the agent's PID namespace numbers it, and
+leaves out the processes that have no PID there (drivers from 535.113; see
+pidns.py). So the agent shares the host's PID namespace (hostPID), and the
+proc root is its own `/proc`, which is then the host's. (Older drivers gave
+host PIDs to every caller; for them an agent in its own namespace could read
+a mounted host `/proc` through `--proc-root`.) A process keeps its cgroup for
 life, so each attribution is cached per (PID, start time): a reused PID has a
 different start time and is read again.
 """

@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--proc-root",
         type=Path,
         default=Path(_env("PROC_ROOT", "/proc")),
-        help="the host's /proc, for /proc/<pid>/cgroup of GPU processes (OTEL_VGPU_PROC_ROOT; default /proc)",
+        help="where to read /proc/<pid>/cgroup of GPU processes; the default is the host's when the agent "
+        "shares the host's PID namespace, as it must (OTEL_VGPU_PROC_ROOT; default /proc)",
     )
     add(
         "--node-name",

@@ -25,7 +25,7 @@ class Device:
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int
-    """Host PID."""
+    """The PID in the agent's PID namespace, where NVML translates it (the host's, with hostPID)."""
     used_memory: int | None
     """Bytes, or None where NVML cannot tell (MIG, WDDM)."""
 
