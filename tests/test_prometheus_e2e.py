@@ -11,6 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from .agent import ROOT, running_agent
 from .certs import make_certs
 from .conftest import GIB
@@ -27,10 +29,18 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([binary, *args], capture_output=True, text=True, check=False, cwd=ROOT)
 
 
+def alert_names() -> list[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule["alert"] for group in groups for rule in group["rules"]]
+
+
 def test_rules_are_valid_and_their_unit_tests_pass() -> None:
     check = promtool("check", "rules", str(RULES))
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 5 rules found" in check.stdout
+    assert f"SUCCESS: {len(alert_names())} rules found" in check.stdout
+    # every alert has unit tests
+    for name in alert_names():
+        assert f"alertname: {name}" in RULE_TESTS.read_text(), name
     tested = promtool("test", "rules", str(RULE_TESTS))
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -39,14 +49,18 @@ def test_rule_unit_tests_can_fail(tmp_path: Path) -> None:
     # The same tests against rules whose thresholds moved must fail.
     (tmp_path / "deploy" / "prometheus").mkdir(parents=True)
     (tmp_path / "tests" / "rules").mkdir(parents=True)
-    broken = RULES.read_text().replace("> 1.2", "> 2").replace("for: 2h", "for: 4h")
+    broken = (
+        RULES.read_text()
+        .replace("> 1.2", "> 2")
+        .replace("for: 2h", "for: 4h")
+        .replace("vgpu_agent_blind_gpus > 0", "vgpu_agent_blind_gpus > 1")
+    )
     (tmp_path / "deploy" / "prometheus" / RULES.name).write_text(broken)
     (tmp_path / "tests" / "rules" / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
     tested = promtool("test", "rules", str(tmp_path / "tests" / "rules" / RULE_TESTS.name))
     assert tested.returncode != 0
-    assert (
-        "VGPUPodOverSMShare" in tested.stdout + tested.stderr and "VGPUAllocationIdle" in tested.stdout + tested.stderr
-    )
+    for name in ("VGPUPodOverSMShare", "VGPUAllocationIdle", "VGPUAgentBlind"):
+        assert name in tested.stdout + tested.stderr, name
 
 
 def dashboard_queries() -> list[str]:
@@ -107,7 +121,8 @@ def test_prometheus_scrapes_the_agent_over_http_and_over_tls_with_auth(
 
             rules = prometheus.api("rules")
             loaded = [rule for group in rules["groups"] for rule in group["rules"]]
-            assert len(loaded) == 5 and all(rule["health"] == "ok" for rule in loaded), loaded
+            assert sorted(rule["name"] for rule in loaded) == sorted(alert_names()), loaded
+            assert all(rule["health"] == "ok" for rule in loaded), loaded
 
             for query in dashboard_queries():
                 # Prometheus rejects invalid PromQL with an error status.
