@@ -232,6 +232,16 @@ class PodHarness:
                     lines.append(f"mount -o remount,bind,ro {inside}")
             else:
                 lines.append(f"mount -t tmpfs -o size={what},mode=1777 tmpfs {inside}")
+        # What the image holds (the interpreter's packages, the agent's code)
+        # at the same paths, read-only, over whatever volume covers them (the
+        # emptyDir at /tmp covers a checkout under /tmp).
+        for path in dict.fromkeys(p for p in self.python_path if p and os.path.isdir(p)):
+            inside = '"$ROOT"' + shlex.quote(os.path.realpath(path))
+            lines += [
+                f"mkdir -p {inside}",
+                f"mount --bind {shlex.quote(path)} {inside}",
+                f"mount -o remount,bind,ro {inside}",
+            ]
         lines.append('mount -t proc proc "$ROOT/proc"')
         cgroup = self._cgroup()
         lines.append(f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))}")

@@ -48,6 +48,25 @@ class Soak:
     pods_seen: int
     max_live_pods: int
     returncode: int
+    wrong_scrapes: list[str]
+    """Scrapes whose pods were not exactly the pods alive at one moment of the churn."""
+
+
+def alive_at_one_moment(indexes: set[int], pods: int, live: int) -> bool:
+    """Whether `indexes` are the pods a churn has alive at some moment.
+
+    The churn starts pod i at i x lifetime / live and ends it `lifetime`
+    later, so at any moment the live pods are consecutive, `live` of them
+    (fewer only as the churn starts and ends): a gap is a pod that lives and
+    is not reported, an extra one a series that outlived its pod. This holds
+    whatever the scrape latency, which only decides which moment is seen.
+    """
+    if not indexes:
+        return True
+    low, high = min(indexes), max(indexes)
+    consecutive = indexes == set(range(low, high + 1))
+    full = len(indexes) == live or low == 0 or high == pods - 1
+    return consecutive and full and len(indexes) <= live
 
 
 def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, processes: int = 20) -> Soak:
@@ -85,6 +104,7 @@ def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, process
         url = f"http://127.0.0.1:{port}/metrics"
         samples: list[Sample] = []
         seen: set[str] = set()
+        wrong: list[str] = []
         scrapes = 0
         max_live = 0
         try:
@@ -114,6 +134,9 @@ def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, process
                         elif sample.name == "vgpu_agent_collection_duration_seconds_count":
                             sweeps = sample.value
                 seen |= pods_now
+                indexes = {int(name.removeprefix("job-")) for name in pods_now}
+                if not alive_at_one_moment(indexes, pods, live):
+                    wrong.append(f"scrape {scrapes}: pods {sorted(indexes)}")
                 max_live = max(max_live, len(pods_now))
                 elapsed = time.monotonic() - started
                 if elapsed - last_sample >= 2 or (elapsed >= churn_s + 2.5 and not final):
@@ -132,7 +155,14 @@ def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, process
         finally:
             agent.terminate()
             returncode = agent.wait(timeout=15)
-    return Soak(samples=samples, scrapes=scrapes, pods_seen=len(seen), max_live_pods=max_live, returncode=returncode)
+    return Soak(
+        samples=samples,
+        scrapes=scrapes,
+        pods_seen=len(seen),
+        max_live_pods=max_live,
+        returncode=returncode,
+        wrong_scrapes=wrong,
+    )
 
 
 def main() -> None:
@@ -143,6 +173,7 @@ def main() -> None:
     args = parser.parse_args()
     soak = run_soak(args.pods, args.live, 1.0, args.processes)
     print(f"{soak.scrapes} scrapes; {soak.pods_seen} pods seen of {args.pods}; at most {soak.max_live_pods} at once")
+    print(f"scrapes whose pods were not those alive at one moment: {len(soak.wrong_scrapes)}")
     print(f"{'s':>6} {'RSS MiB':>8} {'fds':>5} {'pod series':>11} {'pods':>5} {'sweeps':>7}")
     for s in soak.samples:
         print(f"{s.seconds:6.1f} {s.rss_mib:8.1f} {s.open_fds:5d} {s.pod_series:11d} {s.live_pods:5d} {s.sweeps:7.0f}")

@@ -124,44 +124,49 @@ def test_image_runs_the_simulated_node_and_serves_metrics(image: tuple[Podman, s
     compilers = podman("run", "--rm", *ULIMITS, "--entrypoint", "sh", tag, "-c", "command -v gcc cc c++ || true")
     assert compilers.strip() == ""
 
-    port = free_port()
-    podman(
-        "run",
-        "-d",
-        "--name",
-        "agent",
-        "--network",
-        "host",
-        # as the DaemonSet runs it: the simulated driver, like a real one,
-        # lists only processes in the agent's PID namespace
-        "--pid",
-        "host",
-        *ULIMITS,
-        tag,
-        "--simulate",
-        "--address",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if get(f"{url}/readyz", timeout=2)[0] == 200:
-                break
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, podman.logs("agent")
-        time.sleep(0.5)
+    # As the DaemonSet runs it, in the host's PID namespace: the simulated
+    # driver, like a real one, lists only the processes in the agent's.
+    url = run_agent(podman, tag, "seeing", "--pid", "host")
+    ready, _ = wait_answering(podman, "seeing", url)
+    assert ready == 200
     status, body, _ = get(f"{url}/metrics")
     assert status == 200
     exposition = parse(body.decode())
     assert len(exposition.series("vgpu_gpu_memory_total_bytes")) == 2
     assert exposition.by("vgpu_gpu_vgpus", "gpu_id")[("0",)] == 2  # the image's default ratio file
+    assert exposition.series("vgpu_pod_memory_used_bytes"), "the pods of the simulated node"
+    podman("rm", "--force", "seeing")
+
+    # As a plain `docker run` does: a PID namespace of its own, the agent PID 1.
+    url = run_agent(podman, tag, "alone")
+    ready, body = wait_answering(podman, "alone", url)
+    assert ready == 503 and b"hostPID: true" in body, body
+    # PID 1 ignores SIGTERM unless it handles it; the agent does.
     started = time.monotonic()
-    podman("stop", "--time", "10", "agent")
+    podman("stop", "--time", "10", "alone")
     assert time.monotonic() - started < 8, "SIGTERM must stop the agent, not the 10 s kill"
-    state = json.loads(podman("inspect", "agent"))[0]["State"]
+    state = json.loads(podman("inspect", "alone"))[0]["State"]
     assert state["ExitCode"] == 0
-    assert "received SIGTERM" in podman.logs("agent")
+    assert "received SIGTERM" in podman.logs("alone")
+
+
+def run_agent(podman: Podman, tag: str, name: str, *options: str) -> str:
+    """The image's agent on the simulated node, on the host's network; its URL."""
+    port = free_port()
+    podman("run", "-d", "--name", name, "--network", "host", *options, *ULIMITS, tag,
+           "--simulate", "--address", "127.0.0.1", "--port", str(port))  # fmt: skip
+    return f"http://127.0.0.1:{port}"
+
+
+def wait_answering(podman: Podman, name: str, url: str) -> tuple[int, bytes]:
+    """/readyz once the agent has swept: 200, or 503 with the reason."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            status, body, _ = get(f"{url}/readyz", timeout=2)
+            if status == 200 or b"not ready" in body:
+                return status, body
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, podman.logs(name)
+        time.sleep(0.5)

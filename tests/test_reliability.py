@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.soak import run_soak
+from bench.soak import alive_at_one_moment, run_soak
 
 from .agent import Agent, get, running_agent
 from .promtext import Exposition, parse
@@ -245,7 +245,11 @@ def test_sigterm_during_a_sweep_exits_cleanly(tmp_path: Path, ratio_file: Path) 
 def test_soak_churning_pods_memory_bounded_no_leftovers() -> None:
     soak = run_soak(pods=5000, live=100, lifetime_s=1.0, processes=20)
     assert soak.returncode == 0
-    assert soak.pods_seen == 5000, "every pod of the churn was reported"
+    # Every scrape reports exactly the pods alive at its sweep: none missing,
+    # none outliving its pod. How many scrapes fit in the churn, and so how
+    # many of its pods are caught alive, is the machine's speed, not the agent's.
+    assert soak.wrong_scrapes == [], soak.wrong_scrapes[:3]
+    assert soak.scrapes >= 10 and soak.pods_seen >= 100
     assert soak.max_live_pods <= 100, "no series outlived its pod"
     assert soak.samples[-1].pod_series == 0, "after the churn, no pod series remain"
     warm = [s for s in soak.samples if s.seconds >= 4]
@@ -254,3 +258,12 @@ def test_soak_churning_pods_memory_bounded_no_leftovers() -> None:
     assert growth < 5, f"resident memory grew {growth:.1f} MiB over the soak"
     fds = {s.open_fds for s in soak.samples}
     assert max(fds) - min(fds) <= 2, f"file descriptors: {sorted(fds)}"
+
+
+def test_soak_check_tells_a_live_window_from_a_gap_or_a_leftover() -> None:
+    assert alive_at_one_moment(set(range(200, 300)), pods=5000, live=100)
+    assert alive_at_one_moment(set(range(0, 40)), pods=5000, live=100)  # the churn starting
+    assert alive_at_one_moment(set(range(4970, 5000)), pods=5000, live=100)  # and ending
+    assert not alive_at_one_moment(set(range(200, 300)) - {250}, pods=5000, live=100)  # a live pod missing
+    assert not alive_at_one_moment(set(range(201, 300)) | {150}, pods=5000, live=100)  # a pod outliving itself
+    assert not alive_at_one_moment(set(range(200, 250)), pods=5000, live=100)  # half the live pods missing
