@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from otel_vgpu.config import DEFAULT_RESOURCES
 from otel_vgpu.gpu import Device
 from otel_vgpu.pods import PodMeta
 
-DEFAULT_RESOURCES = ("nvidia.com/gpu",)
 _GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/.*)?$")
 
 

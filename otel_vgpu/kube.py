@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_vgpu.allocation import DEFAULT_RESOURCES
+from otel_vgpu.config import DEFAULT_RESOURCES
+from otel_vgpu.health import Health, Stage
 from otel_vgpu.pods import PodMeta
 
 log = logging.getLogger(__name__)
 
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 CONFIG_HASH = "kubernetes.io/config.hash"
 # The API server closes a watch after this long; the client then lists again
 # only if the watch broke, otherwise it resumes from the last resourceVersion.
@@ -85,8 +85,9 @@ class KubePodDirectory:
         make_client: Callable[[], Any],
         node_name: str,
         resources: Iterable[str] = DEFAULT_RESOURCES,
-        report: Callable[[str], None] = lambda stage: None,
+        health: Health | None = None,
         watch_seconds: int = WATCH_SECONDS,
+        backoff: tuple[float, float] = (BACKOFF_START_S, BACKOFF_MAX_S),
     ) -> None:
         self._make_client = make_client
         self._client: Any = None
@@ -94,14 +95,14 @@ class KubePodDirectory:
         self._progress = time.monotonic()
         self._node = node_name
         self._resources = tuple(resources)
-        self._report = report
+        self._health = health or Health()
         self._watch_seconds = watch_seconds
+        self._backoff = backoff
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}  # by API UID
         self._by_cgroup: dict[str, PodMeta] = {}
         self._stop = threading.Event()
         self._synced = threading.Event()
-        self._failing: str | None = None
         # A list or watch event must come within this long, or the watch is
         # taken for hung (a half-open connection the server never closes):
         # the agent lists again on a new connection. On a quiet node that is
@@ -149,11 +150,12 @@ class KubePodDirectory:
     def _watch_the_watch(self) -> None:
         while not self._stop.wait(min(5.0, self._silence_limit / 4)):
             silent = time.monotonic() - self._progress
-            if self._synced.is_set() and self._failing is None and silent > self._silence_limit:
+            if self._synced.is_set() and not self._health.failing(Stage.KUBERNETES) and silent > self._silence_limit:
+                # Counted and logged each time: a hung watch is an event, not an outage.
+                self._health.count(Stage.KUBERNETES)
                 log.warning(
                     "no word from the Kubernetes API watch for %.0f s; listing again on a new connection", silent
                 )
-                self._report("kubernetes")
                 self._begin()
 
     def wait_synced(self, timeout: float) -> bool:
@@ -172,11 +174,12 @@ class KubePodDirectory:
         return generation == self._generation and not self._stop.is_set()
 
     def _run(self, client: Any, generation: int) -> None:
-        backoff = BACKOFF_START_S
+        first, most = self._backoff
+        backoff = first
         while self._current(generation):
             try:
                 version = self._list(client, generation)
-                backoff = BACKOFF_START_S
+                backoff = first
                 self._watch(client, generation, version)
             except Exception as error:  # any failure of the API means: list again later
                 if not self._current(generation):
@@ -186,7 +189,7 @@ class KubePodDirectory:
                     continue
                 self._failed(error)
                 self._stop.wait(backoff)
-                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                backoff = min(most, backoff * 2)
 
     def _list(self, client: Any, generation: int) -> str:
         from lightkube.resources.core_v1 import Pod  # noqa: PLC0415
@@ -202,10 +205,8 @@ class KubePodDirectory:
             self._entries = entries
             self._reindex()
             self._progress = time.monotonic()
-        if self._failing is not None:
-            log.info("Kubernetes API reachable again; %d pods on node %s", len(entries), self._node)
-            self._failing = None
-        elif not self._synced.is_set():
+        healed = f"Kubernetes API reachable again; {len(entries)} pods on node {self._node}"
+        if not self._health.recovered(Stage.KUBERNETES, healed) and not self._synced.is_set():
             log.info("Kubernetes API: %d pods on node %s", len(entries), self._node)
         self._synced.set()
         version: str = listing.resourceVersion
@@ -238,20 +239,15 @@ class KubePodDirectory:
         self._by_cgroup = {e.cgroup_uid: e.meta for e in self._entries.values()}
 
     def _failed(self, error: Exception) -> None:
-        self._report("kubernetes")
-        kind = f"{type(error).__name__}:{_status(error)}"
-        if kind == self._failing:
-            return
-        self._failing = kind
         status = _status(error)
         if status in (401, 403):
-            log.warning(
-                "Kubernetes API refused the agent (%s): it needs get, list and watch on pods; "
-                "pod names stay unresolved until it is allowed",
-                status,
+            message = (
+                f"Kubernetes API refused the agent ({status}): it needs get, list and watch on pods; "
+                "pod names stay unresolved until it is allowed"
             )
         else:
-            log.warning("Kubernetes API failed (%s); retrying with backoff", _describe(error))
+            message = f"Kubernetes API failed ({_describe(error)}); retrying with backoff"
+        self._health.failed(Stage.KUBERNETES, f"{type(error).__name__}:{status}", message)
 
 
 class _Superseded(Exception):

@@ -23,6 +23,8 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
 
+from otel_vgpu.health import Health, Stage
+
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -108,8 +110,8 @@ class OtlpPusher(MetricReader):
     """A reader that collects and exports on its own thread, every interval.
 
     `scope` wraps each collection (the sweep sharing); `after_collect` runs
-    after it (pruning stale attribute sets); `on_failure` counts a failed
-    export.
+    after it (pruning stale attribute sets); `health` counts failed exports
+    and logs each outage once.
     """
 
     def __init__(
@@ -118,7 +120,7 @@ class OtlpPusher(MetricReader):
         settings: OtlpSettings,
         scope: Callable[[], Any],
         after_collect: Callable[[MetricReader], None],
-        on_failure: Callable[[], None],
+        health: Health,
         cardinality_limits: Any = None,
     ) -> None:
         super().__init__(
@@ -130,12 +132,9 @@ class OtlpPusher(MetricReader):
         self._settings = settings
         self._scope = scope
         self._after_collect = after_collect
-        self._on_failure = on_failure
+        self._health = health
         self._stop = threading.Event()
         self._export_timeout_s = settings.timeout_s
-        self._outage_since: float | None = None
-        self.exports = 0
-        self.failures = 0
         self._thread = threading.Thread(target=self._run, name="otlp-push", daemon=True)
 
     def start(self) -> None:
@@ -161,21 +160,16 @@ class OtlpPusher(MetricReader):
         except Exception as error:
             log.debug("OTLP export raised %s", error)
             result = MetricExportResult.FAILURE
-        self.exports += 1
         if result is MetricExportResult.SUCCESS:
-            if self._outage_since is not None:
-                log.info("OTLP export works again after %.0f s", time.monotonic() - self._outage_since)
-                self._outage_since = None
+            self._health.recovered(Stage.EXPORT, "OTLP export works again")
             return
-        self.failures += 1
-        self._on_failure()
-        if self._outage_since is None:
-            self._outage_since = time.monotonic()
-            log.warning(
-                "OTLP export to %s failed; retrying every %g s (logged once per outage)",
-                self._settings.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint",
-                self._settings.interval_s,
-            )
+        endpoint = self._settings.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint"
+        self._health.failed(
+            Stage.EXPORT,
+            "export",
+            f"OTLP export to {endpoint} failed; retrying every {self._settings.interval_s:g} s "
+            "(logged once per outage)",
+        )
 
     def stop(self) -> None:
         """Stop the thread and export once more: the last figures before exit.

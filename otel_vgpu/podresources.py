@@ -13,23 +13,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from otel_vgpu.allocation import (
-    DEFAULT_RESOURCES,
     Allocation,
     DeviceAssignment,
     from_limits,
     from_pod_resources,
 )
+from otel_vgpu.config import DEFAULT_RESOURCES
 from otel_vgpu.gpu import Device
+from otel_vgpu.health import Health, Stage
 from otel_vgpu.pods import PodMeta
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 POLL_SECONDS = 5.0
 CALL_TIMEOUT_S = 2.0
 # Failed calls in a row through which the last good answer is kept: 15 s at
@@ -94,16 +94,15 @@ class KubeletAllocation:
         directory: NodePods,
         client: PodResourcesClient | None,
         resources: Iterable[str] = DEFAULT_RESOURCES,
-        report: Callable[[str], None] = lambda stage: None,
+        health: Health | None = None,
         poll_seconds: float = POLL_SECONDS,
     ) -> None:
         self._directory = directory
         self._client = client
         self._resources = tuple(resources)
-        self._report = report
+        self._health = health or Health()
         self._poll_seconds = poll_seconds
         self._latest: list[DeviceAssignment] | None = None
-        self._failing: str | None = None
         self._failed_calls = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
@@ -137,8 +136,13 @@ class KubeletAllocation:
             self._latest = self._client.list()
         except PodResourcesError as error:
             self._failed_calls += 1
-            self._report("pod_resources")
             kept = self._latest is not None and self._failed_calls <= KEEP_LAST_GOOD_CALLS
+            then = (
+                f"keeping its last answer for up to {KEEP_LAST_GOOD_CALLS} failed calls"
+                if kept
+                else "shares come from pod GPU limits until it answers"
+            )
+            self._health.failed(Stage.POD_RESOURCES, str(error), f"kubelet pod-resources API failed ({error}); {then}")
             if self._latest is not None and not kept:
                 self._latest = None
                 log.warning(
@@ -146,16 +150,6 @@ class KubeletAllocation:
                     "until it answers",
                     self._failed_calls,
                 )
-            if self._failing != str(error):
-                self._failing = str(error)
-                then = (
-                    f"keeping its last answer for up to {KEEP_LAST_GOOD_CALLS} failed calls"
-                    if kept
-                    else "shares come from pod GPU limits until it answers"
-                )
-                log.warning("kubelet pod-resources API failed (%s); %s", error, then)
             return
         self._failed_calls = 0
-        if self._failing is not None:
-            log.info("kubelet pod-resources API answers again")
-            self._failing = None
+        self._health.recovered(Stage.POD_RESOURCES, "kubelet pod-resources API answers again")

@@ -14,12 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from otel_vgpu.aggregate import GpuReading, Snapshot, aggregate
 from otel_vgpu.allocation import AllocationSource
 from otel_vgpu.attribution import Attributor
 from otel_vgpu.gpu import GpuBackend, GpuError
+from otel_vgpu.health import SWEEP_STAGES, Health, Stage
 from otel_vgpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
 from otel_vgpu.pods import PodDirectory
 from otel_vgpu.ratio import RatioSource
@@ -28,29 +28,13 @@ from otel_vgpu.sampling import SamplingWindows, mean_sm_by_pid
 log = logging.getLogger(__name__)
 
 
-class SweepObserver(Protocol):
-    """Where the sampler reports on itself (the agent's own metrics)."""
-
-    def sweep_finished(self, seconds: float) -> None: ...
-
-    def error(self, stage: str) -> None: ...
-
-
-class _NullObserver:
-    def sweep_finished(self, seconds: float) -> None:
-        pass
-
-    def error(self, stage: str) -> None:
-        pass
-
-
 @dataclass(slots=True)
 class _Errors:
     """Failures of one sweep: (stage, kind) -> message."""
 
-    seen: dict[tuple[str, str], str] = field(default_factory=dict)
+    seen: dict[tuple[Stage, str], str] = field(default_factory=dict)
 
-    def add(self, stage: str, kind: str, message: str) -> None:
+    def add(self, stage: Stage, kind: str, message: str) -> None:
         self.seen.setdefault((stage, kind), message)
 
 
@@ -63,7 +47,7 @@ class Sampler:
         directory: PodDirectory,
         allocation: AllocationSource,
         ratio: RatioSource,
-        observer: SweepObserver | None = None,
+        health: Health | None = None,
         by_container: bool = False,
         clock: Callable[[], float] = time.monotonic,
         host_pid_namespace: bool | None = None,
@@ -75,7 +59,7 @@ class Sampler:
         self._directory = directory
         self._allocation = allocation
         self._ratio = ratio
-        self._observer = observer or _NullObserver()
+        self._health = health or Health()
         self._by_container = by_container
         self._clock = clock
         self._windows = SamplingWindows()
@@ -86,14 +70,9 @@ class Sampler:
         self._generation = 0
         self._latest: Snapshot | None = None
         self._last_success: float | None = None
-        self._failing: set[tuple[str, str]] = set()
         self._host_pid_namespace = in_host_pid_namespace() if host_pid_namespace is None else host_pid_namespace
         self._blind_uuids: frozenset[str] = frozenset()
         self.sweeps = 0
-
-    def observe(self, observer: SweepObserver) -> None:
-        """Report sweeps and errors to `observer` from now on."""
-        self._observer = observer
 
     @property
     def last_success(self) -> float | None:
@@ -123,14 +102,14 @@ class Sampler:
         try:
             snapshot = self._collect(errors)
         except Exception as error:  # keep serving; the traceback is logged once
-            if ("sweep", type(error).__name__) not in self._failing:
+            if not self._health.failing(Stage.SWEEP, type(error).__name__):
                 log.exception("sweep failed unexpectedly")
-            errors.add("sweep", type(error).__name__, f"{type(error).__name__}: {error}")
+            errors.add(Stage.SWEEP, type(error).__name__, f"{type(error).__name__}: {error}")
             snapshot = Snapshot(taken_at=self._clock(), ok=False)
         finished = self._clock()
         if snapshot.ok:
             self._last_success = finished
-        self._observer.sweep_finished(finished - started)
+        self._health.swept(finished - started)
         self._report(errors)
         self._report_blind(snapshot)
         return Snapshot(
@@ -138,7 +117,7 @@ class Sampler:
             ok=snapshot.ok,
             gpus=snapshot.gpus,
             pods=snapshot.pods,
-            errors=tuple((stage, message) for (stage, _), message in errors.seen.items()),
+            errors=tuple((stage.value, message) for (stage, _), message in errors.seen.items()),
             blind=snapshot.blind,
         )
 
@@ -146,11 +125,11 @@ class Sampler:
         self._ratio.refresh()
         if self._ratio.error is not None:
             message = f"{self._ratio.error} (keeping ratio {self._ratio.ratio:g})"
-            errors.add("allocation_file", str(self._ratio.error), message)
+            errors.add(Stage.ALLOCATION_FILE, str(self._ratio.error), message)
         try:
             count = self._backend.device_count()
         except GpuError as error:
-            errors.add("device_count", error.code, str(error))
+            errors.add(Stage.DEVICE_COUNT, error.code, str(error))
             return Snapshot(taken_at=self._clock(), ok=False)
 
         readings: list[GpuReading] = []
@@ -169,7 +148,7 @@ class Sampler:
         pids = [p.pid for reading in readings for p in reading.processes or ()]
         attribution = self._attributor.attribute(pids)
         for message in attribution.errors:
-            errors.add("attribution", "unreadable", message)
+            errors.add(Stage.ATTRIBUTION, "unreadable", message)
 
         gpus, pods = aggregate(
             readings,
@@ -185,12 +164,12 @@ class Sampler:
         try:
             device = self._backend.device(index)
         except GpuError as error:
-            errors.add("device", f"{index}:{error.code}", f"GPU {index}: {error}")
+            errors.add(Stage.DEVICE, f"{index}:{error.code}", f"GPU {index}: {error}")
             return None
         try:
             processes = self._backend.processes(index)
         except GpuError as error:
-            errors.add("processes", f"{index}:{error.code}", f"GPU {index}: {error}")
+            errors.add(Stage.PROCESSES, f"{index}:{error.code}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=None, sm_by_pid=None)
         if device.uuid in self._no_process_utilization:
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
@@ -204,7 +183,7 @@ class Sampler:
                 log.warning(
                     "GPU %d (%s) cannot report per-process utilization; SM families omitted", index, device.uuid
                 )
-            errors.add("process_utilization", f"{index}:{error.code}", f"GPU {index}: {error}")
+            errors.add(Stage.PROCESS_UTILIZATION, f"{index}:{error.code}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         self._windows.advance(device.uuid, now)
         return GpuReading(device=device, processes=processes, sm_by_pid=mean_sm_by_pid(samples, since))
@@ -222,9 +201,8 @@ class Sampler:
     def _report(self, errors: _Errors) -> None:
         """Count every failure; log each kind once, when it starts and when it ends."""
         for (stage, kind), message in errors.seen.items():
-            self._observer.error(stage)
-            if (stage, kind) not in self._failing and stage != "sweep":
-                log.warning("%s failed: %s", stage, message)
-        for stage, kind in self._failing - errors.seen.keys():
-            log.info("%s recovered (%s)", stage, kind)
-        self._failing = set(errors.seen)
+            # An unexpected exception logged its traceback already.
+            self._health.failed(stage, kind, f"{stage.value} failed: {message}", log=stage is not Stage.SWEEP)
+        for stage in SWEEP_STAGES:
+            still = {kind for (seen, kind) in errors.seen if seen is stage}
+            self._health.recovered(stage, f"{stage.value} recovered ({{kinds}})", still=still)

@@ -130,6 +130,7 @@ class Server:
         # OSError (port in use, address not available) reaches the caller.
         self._server = make_server(address, port, app, server_class=server_class, handler_class=_QuietHandler)
         self._server.ssl_context = ssl_context
+        self.tls = ssl_context is not None
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
     @property

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from otel_vgpu import __version__
 from otel_vgpu.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
 from otel_vgpu.otlp import OtlpPusher, OtlpSettings, make_exporter
 from otel_vgpu.sampler import Sampler
 
@@ -45,17 +46,6 @@ log = logging.getLogger(__name__)
 # collection (see _prune), so the limit bounds live series, not history.
 CARDINALITY_LIMIT = 65_536
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-ERROR_STAGES = (
-    "allocation_file",
-    "device_count",
-    "device",
-    "processes",
-    "process_utilization",
-    "attribution",
-    "sweep",
-    "kubernetes",
-    "pod_resources",
-)
 MIB = 1024 * 1024
 
 
@@ -148,14 +138,17 @@ def seed_rows(snapshot: Snapshot) -> dict[tuple[str, str], tuple[float, float, f
 class CollectionScope:
     """One snapshot per reader collection, shared by every callback in it."""
 
-    def __init__(self, sampler: Sampler, max_age: float) -> None:
+    def __init__(self, sampler: Sampler, max_age: float, before: Callable[[], None] = lambda: None) -> None:
+        """`before` runs at the start of each collection, after its sweep."""
         self._sampler = sampler
         self._max_age = max_age
+        self._before = before
         self._local = threading.local()
 
     @contextmanager
     def collection(self) -> Iterator[None]:
         self._local.snapshot = self._sampler.snapshot(self._max_age)
+        self._before()
         self._local.observed = {}
         try:
             yield
@@ -184,12 +177,14 @@ class Telemetry:
     def __init__(
         self,
         sampler: Sampler,
+        health: Health,
         min_interval: float,
         node_name: str,
         seed_metrics: bool,
         otlp: OtlpSettings | None = None,
     ) -> None:
-        self.scope = CollectionScope(sampler, min_interval)
+        self._health = health
+        self.scope = CollectionScope(sampler, min_interval, before=self._record_durations)
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -223,7 +218,7 @@ class Telemetry:
                 otlp,
                 scope=self.scope.collection,
                 after_collect=self._prune,
-                on_failure=lambda: self._export_failures.add(1),
+                health=health,
                 cardinality_limits=limits,
             )
             readers.append(self.pusher)
@@ -268,30 +263,40 @@ class Telemetry:
             description="GPUs in use whose processes NVML does not list to the agent, which is outside the "
             "host's PID namespace (hostPID missing); 0 when the agent sees every process.",
         )
-        self._errors = meter.create_counter(
-            "vgpu.agent.collection.errors", unit="{error}", description="Failures during sweeps, by stage."
-        )
-        for stage in ERROR_STAGES:
-            self._errors.add(0, {"stage": stage})
-        self._export_failures = meter.create_counter(
-            "vgpu.agent.export.failures", unit="{export}", description="OTLP exports that failed."
+        meter.create_observable_counter(
+            "vgpu.agent.collection.errors",
+            [self._errors_callback],
+            unit="{error}",
+            description="Failures during sweeps, by stage.",
         )
         if self.pusher is not None:
-            self._export_failures.add(0)
+            meter.create_observable_counter(
+                "vgpu.agent.export.failures",
+                [lambda options: [Observation(self._health.counts()[Stage.EXPORT])]],
+                unit="{export}",
+                description="OTLP exports that failed.",
+            )
         self._render_lock = threading.Lock()
         self._labels_lock = threading.Lock()
         self._labels: tuple[Snapshot, list[dict[str, str]], list[dict[str, str]]] | None = None
         self._seed: tuple[Snapshot, dict[tuple[str, str], tuple[float, float, float]]] | None = None
+
+    def start(self) -> None:
+        """Start pushing, where OTLP is on (scrapes need nothing started)."""
         if self.pusher is not None:
             self.pusher.start()
 
-    # --- SweepObserver -----------------------------------------------------------
+    # --- the agent's own health ----------------------------------------------------
 
-    def sweep_finished(self, seconds: float) -> None:
-        self._duration.record(seconds)
+    def _record_durations(self) -> None:
+        # Sweeps made since the last collection, whoever asked for them (a
+        # readiness probe too), go into the histogram before it is read.
+        for seconds in self._health.take_durations():
+            self._duration.record(seconds)
 
-    def error(self, stage: str) -> None:
-        self._errors.add(1, {"stage": stage})
+    def _errors_callback(self, options: CallbackOptions) -> Iterable[Observation]:
+        counts = self._health.counts()
+        return [Observation(counts[stage], {"stage": stage.value}) for stage in COLLECTION_STAGES]
 
     # --- rendering -----------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from otel_vgpu.attribution import Attributor, ProcReader
+from otel_vgpu.health import Health
 from otel_vgpu.ratio import RatioSource
 from otel_vgpu.sampler import Sampler
 from otel_vgpu.scenario import Scenario, parse_scenario
@@ -84,12 +85,15 @@ def node(steady: Scenario, tmp_path: Path) -> Iterator[SimulatedNode]:
     node.close()
 
 
-def make_sampler(node: SimulatedNode, ratio_file: Path, host_pid_namespace: bool | None = None) -> Sampler:
+def make_sampler(
+    node: SimulatedNode, ratio_file: Path, host_pid_namespace: bool | None = None, health: Health | None = None
+) -> Sampler:
     return Sampler(
         node,
         attributor=Attributor(ProcReader(node.proc_root)),
         directory=node.directory(),
         allocation=node,
         ratio=RatioSource(ratio_file),
+        health=health,
         host_pid_namespace=host_pid_namespace,
     )

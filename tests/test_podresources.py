@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from otel_vgpu.gpu import Device
+from otel_vgpu.health import Health, Stage
 from otel_vgpu.podresources import KEEP_LAST_GOOD_CALLS, KubeletAllocation, PodResourcesClient
 from otel_vgpu.pods import PodMeta
 
@@ -37,10 +38,8 @@ def kubelet(tmp_path: Path) -> Iterator[KubeletDouble]:
 
 
 def test_a_failing_kubelet_keeps_its_last_answer_for_a_few_calls(kubelet: KubeletDouble) -> None:
-    reports: list[str] = []
-    allocation = KubeletAllocation(
-        OnePod(), PodResourcesClient(kubelet.socket_path), report=reports.append, poll_seconds=3600
-    )
+    health = Health()
+    allocation = KubeletAllocation(OnePod(), PodResourcesClient(kubelet.socket_path), health=health, poll_seconds=3600)
     placed_on_gpu = {(UID, "main", "GPU-0000"): 1.0}
     try:
         allocation._poll()
@@ -54,7 +53,7 @@ def test_a_failing_kubelet_keeps_its_last_answer_for_a_few_calls(kubelet: Kubele
         fallback = allocation.allocation([GPU])
         # the pod's limits: one share, GPU unknown
         assert fallback.placed == {} and fallback.unplaced == {(UID, "main"): 1.0}
-        assert reports == ["pod_resources"] * (KEEP_LAST_GOOD_CALLS + 1)
+        assert health.counts()[Stage.POD_RESOURCES] == KEEP_LAST_GOOD_CALLS + 1
         kubelet.unavailable = False
         allocation._poll()
         assert allocation.allocation([GPU]).placed == placed_on_gpu

@@ -11,22 +11,16 @@ import pytest
 
 from otel_vgpu.aggregate import Snapshot
 from otel_vgpu.gpu import Device, GpuError
+from otel_vgpu.health import Health
 from otel_vgpu.scenario import Scenario
 from otel_vgpu.simulate import SimulatedNode
 
 from .conftest import make_sampler
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.durations: list[float] = []
-
-    def sweep_finished(self, seconds: float) -> None:
-        self.durations.append(seconds)
-
-    def error(self, stage: str) -> None:
-        self.errors.append(stage)
+def counted(health: Health) -> dict[str, int]:
+    """The failures counted so far, by stage."""
+    return {stage.value: n for stage, n in health.counts().items() if n}
 
 
 class SlowNode(SimulatedNode):
@@ -76,9 +70,8 @@ def test_fresh_snapshot_is_reused_and_stale_one_replaced(node: SimulatedNode, ra
 def test_one_failing_gpu_leaves_the_other_reported(
     node: SimulatedNode, ratio_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sampler = make_sampler(node, ratio_file)
-    recorder = Recorder()
-    sampler.observe(recorder)
+    health = Health()
+    sampler = make_sampler(node, ratio_file, health=health)
     node.fail("device", 1, "GPU_IS_LOST")
     with caplog.at_level(logging.WARNING, logger="otel_vgpu"):
         first = sampler.snapshot(0.0)
@@ -88,7 +81,7 @@ def test_one_failing_gpu_leaves_the_other_reported(
         assert [g.index for g in snapshot.gpus] == [0]
         assert {p.gpu_index for p in snapshot.pods} == {0}
         assert snapshot.errors and snapshot.errors[0][0] == "device"
-    assert recorder.errors == ["device", "device"]
+    assert counted(health) == {"device": 2}
     assert sum("GPU_IS_LOST" in r.getMessage() for r in caplog.records) == 1
 
     node.fail("device", 1, None)
@@ -139,20 +132,18 @@ class Exploding(SimulatedNode):
 
 
 def test_unexpected_exception_is_a_failed_sweep_not_a_crash(steady: Scenario, tmp_path: Path, ratio_file: Path) -> None:
-    sampler = make_sampler(Exploding(steady, tmp_path / "p"), ratio_file)
-    recorder = Recorder()
-    sampler.observe(recorder)
+    health = Health()
+    sampler = make_sampler(Exploding(steady, tmp_path / "p"), ratio_file, health=health)
     snapshot = sampler.snapshot(0.0)
     assert not snapshot.ok
-    assert recorder.errors == ["sweep"]
+    assert counted(health) == {"sweep": 1}
 
 
 def test_bad_ratio_reload_keeps_last_good_and_counts(
     node: SimulatedNode, ratio_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sampler = make_sampler(node, ratio_file)
-    recorder = Recorder()
-    sampler.observe(recorder)
+    health = Health()
+    sampler = make_sampler(node, ratio_file, health=health)
     assert sampler.snapshot(0.0).gpus[0].vgpus == 2.0
     ratio_file.write_text("4\n")
     assert sampler.snapshot(0.0).gpus[0].vgpus == 4.0
@@ -161,7 +152,7 @@ def test_bad_ratio_reload_keeps_last_good_and_counts(
         for _ in range(3):
             snapshot = sampler.snapshot(0.0)
             assert snapshot.ok and snapshot.gpus[0].vgpus == 4.0
-    assert recorder.errors == ["allocation_file"] * 3
+    assert counted(health) == {"allocation_file": 3}
     assert sum("'-1' is below 1" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -182,12 +173,11 @@ def test_sampling_window_is_at_least_one_second(node: SimulatedNode, ratio_file:
 
 
 def test_process_utilization_not_supported_is_reported_once(node: SimulatedNode, ratio_file: Path) -> None:
-    sampler = make_sampler(node, ratio_file)
-    recorder = Recorder()
-    sampler.observe(recorder)
+    health = Health()
+    sampler = make_sampler(node, ratio_file, health=health)
     node.fail("utilization_samples", 1, "NOT_SUPPORTED")
     snapshots = [sampler.snapshot(0.0) for _ in range(3)]
-    assert recorder.errors == ["process_utilization"]
+    assert counted(health) == {"process_utilization": 1}
     for snapshot in snapshots:
         assert all(p.sm_utilization is None for p in snapshot.pods if p.gpu_index == 1)
         assert all(p.sm_utilization is not None for p in snapshot.pods if p.gpu_index == 0)

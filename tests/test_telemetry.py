@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from otel_vgpu import telemetry as telemetry_module
+from otel_vgpu.health import Health
 from otel_vgpu.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
 from otel_vgpu.simulate import SimulatedNode
 from otel_vgpu.telemetry import Telemetry
@@ -39,9 +40,9 @@ def scrape(telemetry: Telemetry) -> Exposition:
 
 @pytest.fixture
 def telemetry(node: SimulatedNode, ratio_file: Path) -> Iterator[Telemetry]:
-    sampler = make_sampler(node, ratio_file)
-    telemetry = Telemetry(sampler, min_interval=0.0, node_name="node-a", seed_metrics=True)
-    sampler.observe(telemetry)
+    health = Health()
+    sampler = make_sampler(node, ratio_file, health=health)
+    telemetry = Telemetry(sampler, health, min_interval=0.0, node_name="node-a", seed_metrics=True)
     yield telemetry
     telemetry.shutdown()
 
@@ -104,7 +105,7 @@ def big_node(gpus: int, pods: int) -> Scenario:
 
 def test_eight_gpus_and_four_hundred_pods_lose_nothing(tmp_path: Path, ratio_file: Path) -> None:
     node = SimulatedNode(big_node(8, 400), tmp_path / "proc")
-    telemetry = Telemetry(make_sampler(node, ratio_file), 1.0, "n", seed_metrics=False)
+    telemetry = Telemetry(make_sampler(node, ratio_file, health=Health()), Health(), 1.0, "n", seed_metrics=False)
     exposition = scrape(telemetry)
     for name in POD_FAMILIES:
         series = exposition.series(name)
@@ -122,7 +123,7 @@ def test_ended_pod_disappears_and_churn_never_overflows(
     monkeypatch.setattr(telemetry_module, "CARDINALITY_LIMIT", 40)
     base = big_node(1, 3)
     node = SimulatedNode(base, tmp_path / "proc")
-    telemetry = Telemetry(make_sampler(node, ratio_file), 0.0, "n", seed_metrics=False)
+    telemetry = Telemetry(make_sampler(node, ratio_file), Health(), 0.0, "n", seed_metrics=False)
     for step in range(150):
         pod = dataclasses.replace(base.pods[0], name=f"job-{step}", uid=f"{step:08x}-1111-4000-8000-000000000000")
         node.scenario = dataclasses.replace(base, pods=(base.pods[1], pod))

@@ -1,0 +1,261 @@
+"""The agent, built from a `Config`, started and stopped: the one place that wires it.
+
+Order of construction, each part handed what it needs and nothing wired
+afterwards:
+
+1. `Health`: every part that can fail reports to it;
+2. the ratio file, the endpoint's TLS and auth, the OTLP settings: a bad one
+   stops the agent before anything runs;
+3. the GPU backend (NVML, or the simulated node, only ever when asked) and
+   the proc root;
+4. the pod directory and the allocation: the Kubernetes API and the
+   kubelet's pod-resources API in a cluster, else the simulated node's or none;
+5. the sampler, the telemetry (meter provider, readers, instruments), the
+   HTTP server, bound but not serving.
+
+`start()` serves and starts the background threads; `stop()` ends them in
+reverse order. Simulation is only ever chosen explicitly (`simulate`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otel_vgpu.allocation import AllocationSource, UnknownAllocation
+from otel_vgpu.attribution import Attributor, ProcReader
+from otel_vgpu.auth import BasicAuth
+from otel_vgpu.config import EXIT_NO_GPU, EXIT_USAGE, Config
+from otel_vgpu.gpu import GpuBackend
+from otel_vgpu.health import Health
+from otel_vgpu.pods import PodDirectory, UnresolvedDirectory
+from otel_vgpu.ratio import RatioFileError, RatioSource
+from otel_vgpu.sampler import Sampler
+
+log = logging.getLogger("otel_vgpu")
+
+
+class StartupError(Exception):
+    """The agent cannot start. `status` is the exit status; the message is one line."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(slots=True)
+class _Sources:
+    backend: GpuBackend
+    proc_root: Path
+    directory: PodDirectory
+    allocation: AllocationSource
+    node_name: str
+
+
+class Agent:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.health = Health()
+        self._closers: list[Callable[[], None]] = []
+        try:
+            self.ratio = RatioSource(config.allocation_file)
+        except RatioFileError as error:
+            raise StartupError(str(error), EXIT_USAGE) from None
+        from otel_vgpu.otlp import settings_from  # noqa: PLC0415
+
+        try:
+            otlp = settings_from(config.otlp_endpoint, config.otlp_protocol, config.otlp_interval)
+            ssl_context, auth = _endpoint_security(config)
+        except ValueError as error:
+            raise StartupError(str(error), EXIT_USAGE) from None
+        self.otlp = otlp
+        sources = self._gpu_sources()
+        self.backend = sources.backend
+        self._closers.append(sources.backend.close)
+        self.node_name = sources.node_name
+        try:
+            self._attach_kubernetes(sources)
+            self.sampler = Sampler(
+                sources.backend,
+                attributor=Attributor(ProcReader(sources.proc_root)),
+                directory=sources.directory,
+                allocation=sources.allocation,
+                ratio=self.ratio,
+                health=self.health,
+                by_container=config.by_container,
+            )
+            # Imported here so that a bad flag or file fails before the SDK loads.
+            from otel_vgpu.server import Server, make_app  # noqa: PLC0415
+            from otel_vgpu.telemetry import Telemetry  # noqa: PLC0415
+
+            self.telemetry = Telemetry(
+                self.sampler, self.health, config.min_interval, self.node_name, config.seed_metrics, otlp=otlp
+            )
+            self._closers.append(self.telemetry.shutdown)
+            app = make_app(self.telemetry, self.sampler, max(config.min_interval, 1.0), auth)
+            try:
+                self.server = Server(config.address, config.port, app, ssl_context)
+            except OSError as error:
+                where = f"{config.address}:{config.port}"
+                raise StartupError(f"cannot listen on {where}: {error.strerror or error}", EXIT_USAGE) from None
+        except BaseException:
+            self.close()
+            raise
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.server.start()
+        self.telemetry.start()
+        if self.otlp is not None:
+            log.info(
+                "pushing OTLP (%s) every %g s to %s",
+                self.otlp.protocol,
+                self.otlp.interval_s,
+                self.otlp.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint",
+            )
+        log.info(
+            "serving %s://%s:%d/metrics (ratio %g from %s, node %s)",
+            "https" if self.server.tls else "http",
+            self.config.address,
+            self.server.port,
+            self.ratio.ratio,
+            self.config.allocation_file,
+            self.node_name,
+        )
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.close()
+
+    def close(self) -> None:
+        """Stop the background threads and release the sources, newest first."""
+        while self._closers:
+            self._closers.pop()()
+
+    # --- sources ----------------------------------------------------------------------
+
+    def _gpu_sources(self) -> _Sources:
+        config = self.config
+        if config.simulate is not None:
+            from otel_vgpu.scenario import ScenarioError, load_scenario  # noqa: PLC0415
+            from otel_vgpu.simulate import SimulatedNode  # noqa: PLC0415
+
+            try:
+                scenario = load_scenario(config.simulate)
+            except ScenarioError as error:
+                raise StartupError(str(error), EXIT_USAGE) from None
+            node = SimulatedNode(scenario)
+            log.warning(
+                "simulated GPU node (%s): %d GPUs, %d pods; proc tree in %s",
+                config.simulate,
+                len(scenario.gpus),
+                len(scenario.pods),
+                node.proc_root,
+            )
+            return _Sources(
+                backend=node,
+                proc_root=node.proc_root,
+                directory=node.directory(),
+                allocation=node,
+                node_name=config.node_name or scenario.node_name or socket.gethostname(),
+            )
+
+        from otel_vgpu.nvml import NvmlBackend, NvmlUnavailable  # noqa: PLC0415
+
+        try:
+            backend = NvmlBackend()
+        except NvmlUnavailable as error:
+            raise StartupError(str(error), EXIT_NO_GPU) from None
+        return _Sources(
+            backend=backend,
+            proc_root=config.proc_root,
+            directory=UnresolvedDirectory(),
+            allocation=UnknownAllocation(),
+            node_name=config.node_name or socket.gethostname(),
+        )
+
+    def _attach_kubernetes(self, sources: _Sources) -> None:
+        """Names from the Kubernetes API in a cluster (a service-account token
+        and KUBERNETES_SERVICE_HOST) or with a kubeconfig; shares from the
+        kubelet whenever the API is used (its answers name pods, which only
+        the API maps to UIDs)."""
+        config = self.config
+        in_cluster = (
+            bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (config.service_account_dir / "token").is_file()
+        )
+        if config.no_kubernetes or not (config.kubeconfig or in_cluster):
+            why = "--no-kubernetes" if config.no_kubernetes else "not in a cluster and no --kubeconfig"
+            if isinstance(sources.directory, UnresolvedDirectory):
+                log.warning("Kubernetes API off (%s): the pod label holds pod UIDs and namespace is empty", why)
+            return
+
+        from otel_vgpu.kube import KubePodDirectory, make_client  # noqa: PLC0415
+        from otel_vgpu.podresources import KubeletAllocation, PodResourcesClient  # noqa: PLC0415
+
+        def new_client() -> Any:
+            return make_client(config.kubeconfig, config.service_account_dir)
+
+        try:
+            new_client().close()  # a bad configuration fails here, at start
+        except Exception as error:  # lightkube raises several kinds for a bad config
+            where = config.kubeconfig or config.service_account_dir
+            raise StartupError(f"cannot use the Kubernetes configuration in {where}: {error}", EXIT_USAGE) from None
+        directory = KubePodDirectory(
+            new_client,
+            sources.node_name,
+            config.gpu_resources,
+            self.health,
+            watch_seconds=config.kube_watch_seconds,
+            backoff=(config.kube_backoff.first, config.kube_backoff.most),
+        )
+        directory.start()
+        self._closers.append(directory.stop)
+        if not directory.wait_synced(config.first_sync_wait_s):
+            log.warning("no answer from the Kubernetes API yet; pods show their UIDs until it answers")
+        sources.directory = directory
+
+        client = None if config.no_pod_resources else PodResourcesClient(config.pod_resources_socket)
+        if client is None:
+            log.info("pod-resources off (--no-pod-resources): shares come from the pods' GPU limits")
+        allocation = KubeletAllocation(
+            directory,
+            client,
+            config.gpu_resources,
+            self.health,
+            poll_seconds=max(0.1, config.pod_resources_interval),
+        )
+        allocation.start()
+        self._closers.append(allocation.stop)
+        sources.allocation = allocation
+
+
+def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth | None]:
+    """TLS and basic auth for the endpoint; ValueError with one line if unusable."""
+    from otel_vgpu.auth import AuthFileError, load_users  # noqa: PLC0415
+    from otel_vgpu.server import tls_context  # noqa: PLC0415
+
+    context = None
+    if (config.tls_cert_file is None) != (config.tls_key_file is None):
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    if config.tls_client_ca_file is not None and config.tls_cert_file is None:
+        raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+    if config.tls_cert_file is not None and config.tls_key_file is not None:
+        try:
+            context = tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+        except (OSError, ssl.SSLError) as error:
+            files = (config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+            raise ValueError(f"cannot use the TLS files {', '.join(str(f) for f in files if f)}: {error}") from None
+    auth = None
+    if config.basic_auth_file is not None:
+        try:
+            auth = BasicAuth(load_users(config.basic_auth_file))
+        except AuthFileError as error:
+            raise ValueError(str(error)) from None
+    return context, auth

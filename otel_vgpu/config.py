@@ -1,0 +1,361 @@
+"""The agent's configuration, and the one table of its flags.
+
+Every flag has an environment twin; a flag on the command line wins. The
+table below is the single source of `--help` (each entry's twin and default
+are written into its help by `help_text`) and of the README's flag table,
+which tests/test_config.py checks against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from otel_vgpu import __version__
+
+# Exit statuses: a bad flag, file or configuration; no GPU to read.
+EXIT_USAGE = 2
+EXIT_NO_GPU = 1
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_RESOURCES = ("nvidia.com/gpu",)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Seconds to wait after a failure: `first`, doubling up to `most`."""
+
+    first: float = 1.0
+    most: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    port: int = 8080
+    address: str = "0.0.0.0"
+    allocation_file: Path = Path("gpu_allocation.txt")
+    proc_root: Path = Path("/proc")
+    node_name: str = ""
+    """Empty: the simulated node's name, else the host name."""
+    simulate: str | None = None
+    """None: NVML; `builtin` or a scenario file: the simulated node."""
+    min_interval: float = 1.0
+    seed_metrics: bool = False
+    no_kubernetes: bool = False
+    kubeconfig: Path | None = None
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR
+    pod_resources_socket: Path = POD_RESOURCES_SOCKET
+    kube_watch_seconds: int = 300
+    pod_resources_interval: float = 5.0
+    no_pod_resources: bool = False
+    gpu_resources: tuple[str, ...] = DEFAULT_RESOURCES
+    by_container: bool = False
+    otlp_endpoint: str | None = None
+    otlp_protocol: str | None = None
+    otlp_interval: float | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    basic_auth_file: Path | None = None
+    log_level: str = "info"
+    # Timers that are no flag's business; tests shorten them.
+    kube_backoff: Backoff = field(default_factory=Backoff)
+    """Between lists of a failing Kubernetes API."""
+    first_sync_wait_s: float = 3.0
+    """How long start-up waits for the first list of pods, so the first scrape has names."""
+
+
+# --- the flag table ------------------------------------------------------------------
+
+
+def _number(kind: type[int] | type[float], what: str, low: float, high: float, low_open: bool = False) -> Any:
+    """A parser: a number of `kind` within [low, high] ((low, high] with low_open)."""
+    if kind is int:
+        valid = f"a whole number from {low:g} to {high:g}"
+    else:
+        valid = f"a number {'above' if low_open else 'from'} {low:g} {'and at most' if low_open else 'to'} {high:g}"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}") from None
+        if not (low < value if low_open else low <= value) or value > high:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}")
+        return value
+
+    return parse
+
+
+def _log_level(text: str) -> str:
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"invalid log level {text!r}: expected one of {', '.join(LOG_LEVELS)}")
+    return text.lower()
+
+
+def _path(text: str) -> Path | None:
+    return Path(text) if text.strip() else None
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One flag: its name, environment twin, parser and help."""
+
+    name: str
+    help: str
+    env: str | None = None
+    """The OTEL_VGPU_* twin; None where the standard OTEL_* variables serve instead."""
+    parse: Callable[[str], Any] | None = str
+    """None: a switch (true or false in the environment)."""
+    default: str | None = None
+    """As the environment would spell it; None: unset."""
+    metavar: str | None = None
+    shown_default: str | None = None
+    """The default as --help says it, where the raw one would mislead."""
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+    def help_text(self) -> str:
+        twin = f"{self.env}; " if self.env else ""
+        default = self.shown_default or self.default
+        shown = f"default {default}" if default else "off" if self.parse is None else "unset"
+        return f"{self.help} ({twin}{shown})"
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--port", "HTTP port", "OTEL_VGPU_PORT", _number(int, "port", 1, 65535), "8080"),
+    Flag("--address", "address to listen on (IPv6 accepted)", "OTEL_VGPU_ADDRESS", str, "0.0.0.0"),
+    Flag(
+        "--allocation-file",
+        "the vGPU ratio file, reread when it changes",
+        "OTEL_VGPU_ALLOCATION_FILE",
+        Path,
+        "gpu_allocation.txt",
+    ),
+    Flag(
+        "--proc-root",
+        "where to read /proc/<pid>/cgroup of GPU processes; the default is the host's when the agent shares "
+        "the host's PID namespace, as it must",
+        "OTEL_VGPU_PROC_ROOT",
+        Path,
+        "/proc",
+    ),
+    Flag(
+        "--node-name",
+        "this node's name, in k8s.node.name (else NODE_NAME, else the simulated node's name, else the host name)",
+        "OTEL_VGPU_NODE_NAME",
+        str,
+        "",
+        shown_default="$NODE_NAME",
+    ),
+    Flag(
+        "--simulate",
+        "run on a simulated GPU node: the built-in one, or the scenario in FILE (YAML or JSON; see "
+        "docs/scenario.md); in the environment, true or a file",
+        "OTEL_VGPU_SIMULATE",
+        str,
+        None,
+        metavar="FILE",
+    ),
+    Flag(
+        "--min-interval",
+        "oldest a sweep may be, in seconds, to serve a collection; collections closer together share one sweep",
+        "OTEL_VGPU_MIN_INTERVAL",
+        _number(float, "interval", 0, 3600),
+        "1",
+    ),
+    Flag(
+        "--seed-metrics",
+        "also expose the original exporter's pod_gpu_memory_used, pod_gpu_sm_util and pod_total_gpu_memory",
+        "OTEL_VGPU_SEED_METRICS",
+        None,
+    ),
+    Flag(
+        "--no-kubernetes",
+        "do not use the Kubernetes API: pod names stay unresolved",
+        "OTEL_VGPU_NO_KUBERNETES",
+        None,
+    ),
+    Flag("--kubeconfig", "use this kubeconfig instead of the pod's service account", "OTEL_VGPU_KUBECONFIG", _path),
+    Flag(
+        "--service-account-dir",
+        "the service account's token, ca.crt and namespace",
+        "OTEL_VGPU_SERVICE_ACCOUNT_DIR",
+        Path,
+        str(SERVICE_ACCOUNT_DIR),
+    ),
+    Flag(
+        "--pod-resources-socket",
+        "the kubelet's pod-resources gRPC socket",
+        "OTEL_VGPU_POD_RESOURCES_SOCKET",
+        Path,
+        str(POD_RESOURCES_SOCKET),
+    ),
+    Flag(
+        "--kube-watch-seconds",
+        "timeout of each Kubernetes watch; a watch silent for 1.2 times this plus 5 s is taken for hung and the "
+        "pods are listed again",
+        "OTEL_VGPU_KUBE_WATCH_SECONDS",
+        _number(int, "watch seconds", 1, 3600),
+        "300",
+    ),
+    Flag(
+        "--pod-resources-interval",
+        "seconds between calls to the kubelet's pod-resources API",
+        "OTEL_VGPU_POD_RESOURCES_INTERVAL",
+        _number(float, "interval", 0, 3600),
+        "5",
+    ),
+    Flag(
+        "--no-pod-resources",
+        "take vGPU shares from the pods' GPU limits, not the kubelet",
+        "OTEL_VGPU_NO_POD_RESOURCES",
+        None,
+    ),
+    Flag(
+        "--gpu-resource",
+        "an extended resource whose devices count as vGPU shares; repeatable (in the environment, comma-separated)",
+        "OTEL_VGPU_GPU_RESOURCES",
+        str,
+        ",".join(DEFAULT_RESOURCES),
+        metavar="NAME",
+    ),
+    Flag(
+        "--by-container",
+        "add a container label to the per-pod families",
+        "OTEL_VGPU_BY_CONTAINER",
+        None,
+    ),
+    Flag(
+        "--otlp-endpoint",
+        "push metrics over OTLP to this Collector base URL (e.g. http://collector:4317); also on when "
+        "OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set",
+        metavar="URL",
+    ),
+    Flag(
+        "--otlp-protocol",
+        "OTLP protocol, grpc or http/protobuf",
+        shown_default="OTEL_EXPORTER_OTLP_PROTOCOL, else grpc",
+    ),
+    Flag(
+        "--otlp-interval",
+        "seconds between pushes",
+        parse=_number(float, "interval", 0, 86400, low_open=True),
+        metavar="SECONDS",
+        shown_default="OTEL_METRIC_EXPORT_INTERVAL in ms, else 60",
+    ),
+    Flag("--tls-cert-file", "serve HTTPS with this certificate (PEM)", "OTEL_VGPU_TLS_CERT_FILE", _path),
+    Flag("--tls-key-file", "the certificate's private key (PEM)", "OTEL_VGPU_TLS_KEY_FILE", _path),
+    Flag(
+        "--tls-client-ca-file",
+        "require client certificates signed by this CA: mutual TLS",
+        "OTEL_VGPU_TLS_CLIENT_CA_FILE",
+        _path,
+    ),
+    Flag(
+        "--basic-auth-file",
+        "require basic auth on /metrics: a file of user:hash lines, bcrypt or sha256:<hex>",
+        "OTEL_VGPU_BASIC_AUTH_FILE",
+        _path,
+    ),
+    Flag("--log-level", f"one of {', '.join(LOG_LEVELS)}", "OTEL_VGPU_LOG_LEVEL", _log_level, "info"),
+)
+# argparse dests that differ from the Config field they fill.
+_FIELD_OF = {"gpu_resource": "gpu_resources"}
+_CHOICES = {"otlp_protocol": ("grpc", "http/protobuf")}
+
+
+class ConfigError(ValueError):
+    """A flag or environment value that cannot be used; the message is one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage block: it lands in a pod's log.
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="otel-vgpu",
+        description="Per-pod usage of shared NVIDIA GPUs, served as OpenTelemetry metrics on /metrics. "
+        "Every flag can also be set through the environment variable shown.",
+    )
+    for flag in FLAGS:
+        if flag.parse is None:
+            parser.add_argument(flag.name, action="store_true", default=None, help=flag.help_text())
+        elif flag.dest == "gpu_resource":
+            parser.add_argument(flag.name, action="append", metavar=flag.metavar, help=flag.help_text())
+        elif flag.dest == "simulate":
+            parser.add_argument(flag.name, nargs="?", const="builtin", metavar=flag.metavar, help=flag.help_text())
+        else:
+            parser.add_argument(
+                flag.name,
+                type=flag.parse,
+                choices=_CHOICES.get(flag.dest),
+                metavar=flag.metavar,
+                help=flag.help_text(),
+            )
+    parser.add_argument("--version", action="version", version=f"otel-vgpu {__version__}")
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Flags, else their environment twins, else the defaults. A bad flag
+    exits 2 (argparse); a bad environment value raises ConfigError."""
+    env = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+    values: dict[str, Any] = {}
+    for flag in FLAGS:
+        given = getattr(args, flag.dest)
+        if given is None:
+            given = _from_environment(flag, env)
+        if given is None:
+            continue
+        if flag.dest == "gpu_resource" and isinstance(given, str):
+            given = [name.strip() for name in given.split(",") if name.strip()]
+        values[_FIELD_OF.get(flag.dest, flag.dest)] = tuple(given) if isinstance(given, list) else given
+    if not values.get("node_name"):
+        values["node_name"] = env.get("NODE_NAME", "")
+    known = {f.name for f in fields(Config)}
+    return replace(Config(), **{k: v for k, v in values.items() if k in known})
+
+
+def _from_environment(flag: Flag, env: Mapping[str, str]) -> Any:
+    if flag.env is None:
+        return None
+    raw = env.get(flag.env)
+    if raw is None:
+        return None if flag.default is None else _parse_env(flag, flag.default)
+    return _parse_env(flag, raw)
+
+
+def _parse_env(flag: Flag, raw: str) -> Any:
+    if flag.parse is None:
+        text = raw.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ConfigError(f"{flag.env}={raw!r}: expected true or false")
+    if flag.dest == "simulate":
+        text = raw.strip()
+        if text.lower() in _FALSE:
+            return None
+        return "builtin" if text.lower() in _TRUE else text
+    if flag.dest == "gpu_resource":
+        return raw
+    try:
+        return flag.parse(raw)
+    except argparse.ArgumentTypeError as error:
+        raise ConfigError(f"{flag.env}: {error}") from None

@@ -1,0 +1,116 @@
+"""The agent's own health: failures by stage, sweep durations, and logs that
+say each kind of failure once.
+
+One `Health` is made before anything that can fail and is handed to each of
+them: the sampler, the Kubernetes directory, the pod-resources poller, the
+OTLP push. It counts every failure (the telemetry reads the counts), logs a
+failure the first time its kind is seen, and logs once when it recovers, so a
+node whose API server is down for an hour writes two lines, not 720.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterable
+from enum import Enum
+
+
+class Stage(str, Enum):
+    """Where a failure happened: the `stage` label of vgpu_agent_collection_errors_total."""
+
+    ALLOCATION_FILE = "allocation_file"
+    DEVICE_COUNT = "device_count"
+    DEVICE = "device"
+    PROCESSES = "processes"
+    PROCESS_UTILIZATION = "process_utilization"
+    ATTRIBUTION = "attribution"
+    SWEEP = "sweep"
+    KUBERNETES = "kubernetes"
+    POD_RESOURCES = "pod_resources"
+    EXPORT = "export"
+    """A failed OTLP export: counted in vgpu_agent_export_failures_total, not by stage."""
+
+
+# The stages a sweep reports on each time: a kind seen in the last sweep and
+# not in this one has recovered.
+SWEEP_STAGES = frozenset(
+    {
+        Stage.ALLOCATION_FILE,
+        Stage.DEVICE_COUNT,
+        Stage.DEVICE,
+        Stage.PROCESSES,
+        Stage.PROCESS_UTILIZATION,
+        Stage.ATTRIBUTION,
+        Stage.SWEEP,
+    }
+)
+COLLECTION_STAGES = tuple(stage for stage in Stage if stage is not Stage.EXPORT)
+
+
+# Sweep durations waiting for a collection to record them: a node nobody
+# scrapes still sweeps for its readiness probe, and must not hoard them.
+MAX_PENDING_DURATIONS = 10_000
+
+
+class Health:
+    """Failure counts by stage, pending sweep durations, and log-once bookkeeping. Thread-safe."""
+
+    def __init__(self, log: logging.Logger | None = None) -> None:
+        self._log = log or logging.getLogger("otel_vgpu")
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(Stage, 0)
+        self._failing: dict[Stage, set[str]] = {stage: set() for stage in Stage}
+        self._durations: deque[float] = deque(maxlen=MAX_PENDING_DURATIONS)
+
+    # --- failures -------------------------------------------------------------------
+
+    def failed(self, stage: Stage, kind: str, message: str, *, log: bool = True) -> bool:
+        """Count a failure, and log `message` if this kind of failure of `stage`
+        is new. True when it is new. `log=False` counts without logging, for a
+        caller that logs in its own way (a traceback)."""
+        with self._lock:
+            self._counts[stage] += 1
+            new = kind not in self._failing[stage]
+            self._failing[stage].add(kind)
+        if new and log:
+            self._log.warning("%s", message)
+        return new
+
+    def count(self, stage: Stage) -> None:
+        """Count a failure that is logged by its caller each time and ends at once."""
+        with self._lock:
+            self._counts[stage] += 1
+
+    def recovered(self, stage: Stage, message: str, still: Iterable[str] = ()) -> bool:
+        """Every kind of failure of `stage` but those `still` failing is over;
+        log `message` once if any was failing. True when one was."""
+        with self._lock:
+            ended = self._failing[stage] - set(still)
+            self._failing[stage] -= ended
+        if ended:
+            self._log.info("%s", message.replace("{kinds}", ", ".join(sorted(ended))))
+        return bool(ended)
+
+    def failing(self, stage: Stage, kind: str | None = None) -> bool:
+        """Whether `stage` (that `kind` of it) is failing now."""
+        with self._lock:
+            return bool(self._failing[stage]) if kind is None else kind in self._failing[stage]
+
+    def counts(self) -> dict[Stage, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    # --- sweeps ---------------------------------------------------------------------
+
+    def swept(self, seconds: float) -> None:
+        """A sweep took `seconds`; the telemetry records it at its next collection."""
+        with self._lock:
+            self._durations.append(seconds)
+
+    def take_durations(self) -> list[float]:
+        with self._lock:
+            durations = list(self._durations)
+            self._durations.clear()
+        return durations

@@ -1,0 +1,82 @@
+"""The flag table: flags, environment twins and defaults into a Config, and
+the README's flag table kept in step with it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from otel_vgpu.config import FLAGS, Config, ConfigError, build_parser, parse_config
+
+from .agent import ROOT
+
+
+def test_flag_wins_over_its_twin_which_wins_over_the_default() -> None:
+    assert parse_config([], {}).port == Config().port == 8080
+    assert parse_config([], {"OTEL_VGPU_PORT": "7070"}).port == 7070
+    assert parse_config(["--port", "9090"], {"OTEL_VGPU_PORT": "7070"}).port == 9090
+
+
+def test_switches_lists_paths_and_the_node_name_fallback() -> None:
+    config = parse_config(
+        ["--by-container"],
+        {
+            "OTEL_VGPU_SEED_METRICS": "yes",
+            "OTEL_VGPU_GPU_RESOURCES": "nvidia.com/gpu, nvidia.com/gpu.shared",
+            "OTEL_VGPU_KUBECONFIG": "/etc/kube/config",
+            "NODE_NAME": "gpu-7",
+        },
+    )
+    assert config.by_container and config.seed_metrics and not config.no_kubernetes
+    assert config.gpu_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+    assert config.kubeconfig == Path("/etc/kube/config")
+    assert config.node_name == "gpu-7"
+    assert parse_config(["--node-name", "a"], {"NODE_NAME": "b"}).node_name == "a"
+    assert parse_config(["--gpu-resource", "x", "--gpu-resource", "y"], {}).gpu_resources == ("x", "y")
+    assert parse_config([], {"OTEL_VGPU_SIMULATE": "true"}).simulate == "builtin"
+    assert parse_config([], {"OTEL_VGPU_SIMULATE": "false"}).simulate is None
+    assert parse_config(["--simulate"], {}).simulate == "builtin"
+
+
+@pytest.mark.parametrize(
+    ("environ", "fragment"),
+    [
+        ({"OTEL_VGPU_PORT": "http"}, "OTEL_VGPU_PORT: invalid port 'http': expected a whole number from 1 to 65535"),
+        ({"OTEL_VGPU_BY_CONTAINER": "maybe"}, "OTEL_VGPU_BY_CONTAINER='maybe': expected true or false"),
+        ({"OTEL_VGPU_MIN_INTERVAL": "-1"}, "expected a number from 0 to 3600"),
+    ],
+)
+def test_a_bad_environment_value_names_the_variable_and_what_is_valid(environ: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        parse_config([], environ)
+
+
+def test_a_number_past_its_ceiling_says_the_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["--otlp-interval", "100000"], {})
+    assert "expected a number above 0 and at most 86400" in capsys.readouterr().err
+
+
+def test_help_is_the_table() -> None:
+    text = build_parser().format_help()
+    for flag in FLAGS:
+        assert flag.name in text, flag.name
+        if flag.env:
+            assert flag.env in text, flag.env
+
+
+def readme_flag_rows() -> list[str]:
+    section = (ROOT / "README.md").read_text().split("## Flags", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| `--")]
+
+
+def test_readme_flag_table_matches_the_flags() -> None:
+    rows = readme_flag_rows()
+    documented = {name for row in rows for name in re.findall(r"`(--[a-z-]+)", row.split("|")[1])}
+    assert documented == {flag.name for flag in FLAGS}
+    for flag in FLAGS:
+        row = next(r for r in rows if f"`{flag.name}" in r.split("|")[1])
+        if flag.env:
+            assert f"`{flag.env}`" in row, (flag.name, row)
