@@ -48,7 +48,7 @@ def main() -> int:
 
     from otel_vgpu.allocation import UnknownAllocation  # noqa: PLC0415
     from otel_vgpu.attribution import Attributor, ProcReader  # noqa: PLC0415
-    from otel_vgpu.gpu import Device, GpuError, GpuProcess  # noqa: PLC0415
+    from otel_vgpu.gpu import Device, ErrorCode, GpuError, GpuProcess  # noqa: PLC0415
     from otel_vgpu.nvml import NvmlBackend  # noqa: PLC0415
     from otel_vgpu.pods import UnresolvedDirectory  # noqa: PLC0415
     from otel_vgpu.ratio import RatioSource  # noqa: PLC0415
@@ -166,12 +166,12 @@ def main() -> int:
 
             def device(self, index: int) -> Device:
                 if self.call == "device" and index == 1:
-                    raise GpuError("GPU_IS_LOST", "injected: GPU is lost")
+                    raise GpuError(ErrorCode.GPU_IS_LOST, "injected: GPU is lost")
                 return super().device(index)
 
             def processes(self, index: int) -> list[GpuProcess]:
                 if self.call == "processes" and index == 1:
-                    raise GpuError("UNKNOWN", "injected: unknown error")
+                    raise GpuError(ErrorCode.UNKNOWN, "injected: unknown error")
                 return super().processes(index)
 
         ratio_file = tmp / "ratio.txt"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 
@@ -39,11 +40,57 @@ class UtilizationSample:
     """SM utilization of the process over the sample period, 0-1."""
 
 
-class GpuError(Exception):
-    """A backend call failed. `code` is a short stable name (for logs and
-    de-duplication), e.g. `GPU_IS_LOST`."""
+class ErrorCode(str, Enum):
+    """NVML's return codes (`nvmlReturn_t` in nvml.h), by name, with their
+    numbers. The only error codes the agent knows: the NVML seam (nvml.py)
+    maps NVML's numbers to them, the simulated node and scenario files name
+    them, the sampler decides on them."""
 
-    def __init__(self, code: str, message: str) -> None:
+    UNINITIALIZED = "UNINITIALIZED"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_SUPPORTED = "NOT_SUPPORTED"
+    NO_PERMISSION = "NO_PERMISSION"
+    ALREADY_INITIALIZED = "ALREADY_INITIALIZED"
+    NOT_FOUND = "NOT_FOUND"
+    INSUFFICIENT_SIZE = "INSUFFICIENT_SIZE"
+    INSUFFICIENT_POWER = "INSUFFICIENT_POWER"
+    DRIVER_NOT_LOADED = "DRIVER_NOT_LOADED"
+    TIMEOUT = "TIMEOUT"
+    IRQ_ISSUE = "IRQ_ISSUE"
+    LIBRARY_NOT_FOUND = "LIBRARY_NOT_FOUND"
+    FUNCTION_NOT_FOUND = "FUNCTION_NOT_FOUND"
+    CORRUPTED_INFOROM = "CORRUPTED_INFOROM"
+    GPU_IS_LOST = "GPU_IS_LOST"
+    RESET_REQUIRED = "RESET_REQUIRED"
+    OPERATING_SYSTEM = "OPERATING_SYSTEM"
+    LIB_RM_VERSION_MISMATCH = "LIB_RM_VERSION_MISMATCH"
+    IN_USE = "IN_USE"
+    MEMORY = "MEMORY"
+    NO_DATA = "NO_DATA"
+    VGPU_ECC_NOT_SUPPORTED = "VGPU_ECC_NOT_SUPPORTED"
+    INSUFFICIENT_RESOURCES = "INSUFFICIENT_RESOURCES"
+    FREQ_NOT_SUPPORTED = "FREQ_NOT_SUPPORTED"
+    ARGUMENT_VERSION_MISMATCH = "ARGUMENT_VERSION_MISMATCH"
+    DEPRECATED = "DEPRECATED"
+    NOT_READY = "NOT_READY"
+    GPU_NOT_FOUND = "GPU_NOT_FOUND"
+    INVALID_STATE = "INVALID_STATE"
+    RESET_TYPE_NOT_SUPPORTED = "RESET_TYPE_NOT_SUPPORTED"
+    UNKNOWN = "UNKNOWN"
+    """Also what a number this table does not know (a newer driver's) becomes."""
+
+
+# NVML's numbers for them (nvml.h; tests/test_nvml.py checks them against nvidia-ml-py).
+NVML_RETURN_VALUES: dict[int, ErrorCode] = {
+    **{number: code for number, code in enumerate(list(ErrorCode)[:-1], start=1)},
+    999: ErrorCode.UNKNOWN,
+}
+
+
+class GpuError(Exception):
+    """A backend call failed with `code`; the message says what failed, for people."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from otel_vgpu.gpu import Device, GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.gpu import NVML_RETURN_VALUES, Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,9 @@ def _load_pynvml() -> ModuleType:
 
 
 # Errors after which the NVML session is gone and must be initialised again.
-SESSION_LOST = frozenset({"UNINITIALIZED", "DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH"})
+SESSION_LOST = frozenset({ErrorCode.UNINITIALIZED, ErrorCode.DRIVER_NOT_LOADED, ErrorCode.LIB_RM_VERSION_MISMATCH})
 # Errors that mean this machine cannot use NVML at all.
-NO_LIBRARY = frozenset({"LIBRARY_NOT_FOUND", "FUNCTION_NOT_FOUND"})
+NO_LIBRARY = frozenset({ErrorCode.LIBRARY_NOT_FOUND, ErrorCode.FUNCTION_NOT_FOUND})
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 60.0
 # A listing NVML sized, then found too small because processes started in
@@ -97,7 +97,7 @@ class NvmlBackend:
         if not self._ready:
             if self._clock() < self._next_attempt:
                 wait = self._next_attempt - self._clock()
-                raise GpuError("UNINITIALIZED", f"NVML is not initialised; next attempt in {wait:.0f} s")
+                raise GpuError(ErrorCode.UNINITIALIZED, f"NVML is not initialised; next attempt in {wait:.0f} s")
             self._initialise()
             log.info("NVML initialised")
         return int(self._call(self._nvml.nvmlDeviceGetCount))
@@ -118,22 +118,26 @@ class NvmlBackend:
 
     def _mig_uuids(self, handle: Any) -> tuple[str, ...]:
         """MIG devices of a GPU in MIG mode, so the kubelet's `MIG-<uuid>`
-        device IDs can be counted against their physical GPU."""
+        device IDs can be counted against their physical GPU. A GPU that
+        fails otherwise (lost, say) fails its device call."""
         nvml = self._nvml
         try:
-            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
-            if current != nvml.NVML_DEVICE_MIG_ENABLE:
+            current, _pending = self._call(nvml.nvmlDeviceGetMigMode, handle)
+        except GpuError as error:
+            if error.code is ErrorCode.NOT_SUPPORTED:  # a GPU without MIG
                 return ()
-            count = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
-        except nvml.NVMLError:  # NOT_SUPPORTED on GPUs without MIG
+            raise
+        if current != nvml.NVML_DEVICE_MIG_ENABLE:
             return ()
         uuids = []
-        for index in range(count):
+        for index in range(int(self._call(nvml.nvmlDeviceGetMaxMigDeviceCount, handle))):
             try:
-                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
-                uuids.append(_text(nvml.nvmlDeviceGetUUID(mig)))
-            except nvml.NVMLError:  # NOT_FOUND: an empty slot
-                continue
+                mig = self._call(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, index)
+            except GpuError as error:
+                if error.code is ErrorCode.NOT_FOUND:  # an empty slot
+                    continue
+                raise
+            uuids.append(_text(self._call(nvml.nvmlDeviceGetUUID, mig)))
         return tuple(uuids)
 
     def processes(self, index: int) -> list[GpuProcess]:
@@ -159,7 +163,7 @@ class NvmlBackend:
             samples = self._call(self._nvml.nvmlDeviceGetProcessUtilization, handle, since_us)
         except GpuError as error:
             # NOT_FOUND: no process had a sample since `since_us`, i.e. all idle.
-            if error.code == "NOT_FOUND":
+            if error.code is ErrorCode.NOT_FOUND:
                 return []
             raise
         return [
@@ -191,7 +195,7 @@ class NvmlBackend:
             try:
                 return self._call(function, handle)
             except GpuError as error:
-                if error.code != "INSUFFICIENT_SIZE" or attempt == LISTING_ATTEMPTS - 1:
+                if error.code is not ErrorCode.INSUFFICIENT_SIZE or attempt == LISTING_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -205,18 +209,9 @@ class NvmlBackend:
             raise GpuError(code, _describe(error)) from None
 
 
-def _code(error: Any) -> str:
-    # nvidia-ml-py makes a subclass per code, named NVMLError_GpuIsLost etc.;
-    # NVML's own string ("GPU is lost") is the stable, readable name.
-    name = type(error).__name__
-    if name.startswith("NVMLError_"):
-        snake: list[str] = []
-        for char in name.removeprefix("NVMLError_"):
-            if char.isupper() and snake:
-                snake.append("_")
-            snake.append(char.upper())
-        return "".join(snake)
-    return f"NVML_{getattr(error, 'value', 'ERROR')}"
+def _code(error: Any) -> ErrorCode:
+    # nvidia-ml-py's NVMLError carries NVML's return code as `value`.
+    return NVML_RETURN_VALUES.get(getattr(error, "value", 999), ErrorCode.UNKNOWN)
 
 
 def _describe(error: Any) -> str:

@@ -174,8 +174,9 @@ class OtlpPusher(MetricReader):
     def stop(self) -> None:
         """Stop the thread and export once more: the last figures before exit.
 
-        Bounded by FLUSH_TIMEOUT_S whatever the collector does: a push stuck
-        on an unreachable collector is left to its daemon thread.
+        Bounded by twice FLUSH_TIMEOUT_S whatever the collector does: the
+        push in flight gets one, the last export what is left of two; a push
+        stuck on an unreachable collector is left to its daemon thread.
         """
         self._stop.set()
         self._export_timeout_s = min(self._settings.timeout_s, FLUSH_TIMEOUT_S)

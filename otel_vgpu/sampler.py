@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from otel_vgpu.aggregate import GpuReading, Snapshot, aggregate
 from otel_vgpu.allocation import AllocationSource
 from otel_vgpu.attribution import Attributor
-from otel_vgpu.gpu import GpuBackend, GpuError
+from otel_vgpu.gpu import ErrorCode, GpuBackend, GpuError
 from otel_vgpu.health import SWEEP_STAGES, Health, Stage
 from otel_vgpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
 from otel_vgpu.pods import PodDirectory
@@ -129,7 +129,7 @@ class Sampler:
         try:
             count = self._backend.device_count()
         except GpuError as error:
-            errors.add(Stage.DEVICE_COUNT, error.code, str(error))
+            errors.add(Stage.DEVICE_COUNT, error.code.value, str(error))
             return Snapshot(taken_at=self._clock(), ok=False)
 
         readings: list[GpuReading] = []
@@ -164,12 +164,12 @@ class Sampler:
         try:
             device = self._backend.device(index)
         except GpuError as error:
-            errors.add(Stage.DEVICE, f"{index}:{error.code}", f"GPU {index}: {error}")
+            errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return None
         try:
             processes = self._backend.processes(index)
         except GpuError as error:
-            errors.add(Stage.PROCESSES, f"{index}:{error.code}", f"GPU {index}: {error}")
+            errors.add(Stage.PROCESSES, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=None, sm_by_pid=None)
         if device.uuid in self._no_process_utilization:
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
@@ -178,12 +178,12 @@ class Sampler:
         try:
             samples = self._backend.utilization_samples(index, since)
         except GpuError as error:
-            if error.code == "NOT_SUPPORTED":
+            if error.code is ErrorCode.NOT_SUPPORTED:
                 self._no_process_utilization.add(device.uuid)
                 log.warning(
                     "GPU %d (%s) cannot report per-process utilization; SM families omitted", index, device.uuid
                 )
-            errors.add(Stage.PROCESS_UTILIZATION, f"{index}:{error.code}", f"GPU {index}: {error}")
+            errors.add(Stage.PROCESS_UTILIZATION, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         self._windows.advance(device.uuid, now)
         return GpuReading(device=device, processes=processes, sm_by_pid=mean_sm_by_pid(samples, since))

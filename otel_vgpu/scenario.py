@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from otel_vgpu.gpu import ErrorCode
+
 BUILTIN = "builtin"
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 RUNTIMES = ("containerd", "crio", "docker")
@@ -116,7 +118,7 @@ class FaultSpec:
 
     call: str
     gpu: int | None = None
-    code: str | None = None
+    code: ErrorCode | None = None
     delay_s: float = 0.0
     from_s: float = 0.0
     to_s: float = math.inf
@@ -293,13 +295,17 @@ class _Reader:
             raise self.fail(f"{where}.call", _line(spec, "call"), f"{call!r}; valid: {', '.join(FAULT_CALLS)}")
         gpu = None if spec.get("gpu") is None else self.gpu_index(spec, where, gpu_count)
         code = spec.get("code")
+        if code is not None and code not in ErrorCode.__members__:
+            raise self.fail(
+                f"{where}.code", _line(spec, "code"), f"{code!r} is not an NVML error; valid: {', '.join(ErrorCode)}"
+            )
         delay = self.number(spec.get("delay_s", 0), f"{where}.delay_s", _line(spec, "delay_s"))
         if code is None and delay <= 0:
             raise self.fail(where, spec.line, "a fault needs a code (e.g. GPU_IS_LOST) or a delay_s above 0")
         return FaultSpec(
             call=call,
             gpu=gpu,
-            code=None if code is None else str(code),
+            code=None if code is None else ErrorCode[code],
             delay_s=delay,
             from_s=self.number(spec.get("from_s", 0), f"{where}.from_s", _line(spec, "from_s")),
             to_s=self.number(spec.get("to_s", math.inf), f"{where}.to_s", _line(spec, "to_s"))

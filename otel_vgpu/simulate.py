@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otel_vgpu.allocation import Allocation
-from otel_vgpu.gpu import Device, GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.gpu import Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
 from otel_vgpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods import PodMeta, StaticDirectory
 from otel_vgpu.scenario import CgroupSpec, PodSpec, Scenario
@@ -115,7 +115,7 @@ class SimulatedNode:
         self._written: dict[int, int] = {}  # pid -> start time on disk
         self._state_at: float | None = None
         self._processes: list[_Process] = []
-        self._failures: dict[tuple[str, int], str] = {}
+        self._failures: dict[tuple[str, int], ErrorCode] = {}
         self.refresh()
 
     # The scenario's time: seconds since the node started.
@@ -138,13 +138,13 @@ class SimulatedNode:
                 pods[pod.uid] = PodMeta(pod.namespace, pod.name, containers={container_id(pod, "main"): "main"})
         return StaticDirectory(pods)
 
-    def fail(self, call: str, index: int, code: str | None) -> None:
+    def fail(self, call: str, index: int, code: ErrorCode | str | None) -> None:
         """Make `call` ('device', 'processes', 'utilization_samples') fail on
         GPU `index` with `code`, or succeed again with None (for fault tests)."""
         if code is None:
             self._failures.pop((call, index), None)
         else:
-            self._failures[(call, index)] = code
+            self._failures[(call, index)] = ErrorCode(code)
 
     # --- AllocationSource ---------------------------------------------------
 
@@ -333,14 +333,14 @@ class SimulatedNode:
     def _maybe_fail(self, call: str, index: int | None) -> None:
         code = self._failures.get((call, index)) if index is not None else None
         if code is not None:
-            raise GpuError(code, f"simulated {code}")
+            raise GpuError(code, f"simulated {code.value}")
         t = self.now()
         for fault in self.scenario.faults:
             if fault.active(call, index, t):
                 if fault.delay_s > 0:
                     time.sleep(fault.delay_s)
                 if fault.code is not None:
-                    raise GpuError(fault.code, f"simulated {fault.code} (scenario fault)")
+                    raise GpuError(fault.code, f"simulated {fault.code.value} (scenario fault)")
 
 
 def _memory_backed_tmp() -> str | None:

@@ -184,6 +184,7 @@ class Telemetry:
         otlp: OtlpSettings | None = None,
     ) -> None:
         self._health = health
+        self._prune_works = True
         self.scope = CollectionScope(sampler, min_interval, before=self._record_durations)
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
@@ -380,6 +381,8 @@ class Telemetry:
         into SDK internals; tests/test_telemetry.py proves it on the pinned
         SDK, and any surprise disables it with one warning.
         """
+        if not self._prune_works:
+            return
         observed = self.scope.observed()
         try:
             storage = self.provider._measurement_consumer._reader_storages[reader]
@@ -400,4 +403,6 @@ class Telemetry:
                         }
         except (AttributeError, KeyError, TypeError) as error:  # pragma: no cover - SDK changed
             log.warning("cannot prune stale attribute sets on this SDK version (%s)", error)
-            self._prune = lambda reader: None  # type: ignore[method-assign]
+            # Every reader holds this bound method: a flag, not a patched
+            # attribute, stops them all from trying (and warning) again.
+            self._prune_works = False

@@ -12,7 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from otel_vgpu.gpu import GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.gpu import NVML_RETURN_VALUES, ErrorCode, GpuError, GpuProcess, UtilizationSample
 from otel_vgpu.nvml import NvmlBackend, NvmlUnavailable
 
 
@@ -107,6 +107,38 @@ def test_device_fields_and_units() -> None:
     assert (device.memory_total, device.memory_used, device.utilization) == (80, 30, 0.55)
     assert device.mig_uuids == ("GPU-mig0", "GPU-mig2")
     assert backend.device(0).mig_uuids == ()
+
+
+def test_error_codes_are_nvmls_own_numbers() -> None:
+    # The table in gpu.py against nvidia-ml-py's constants, name by name.
+    constants = {
+        value: name.removeprefix("NVML_ERROR_")
+        for name, value in vars(pynvml).items()
+        if name.startswith("NVML_ERROR_") and isinstance(value, int)
+    }
+    assert {number: code.name for number, code in NVML_RETURN_VALUES.items()} == constants
+
+
+def test_a_number_the_table_does_not_know_is_unknown_not_a_crash() -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    nvml.fail["processes"] = 4242  # a newer driver's code
+    with pytest.raises(GpuError) as caught:
+        backend.processes(0)
+    assert caught.value.code is ErrorCode.UNKNOWN
+
+
+def test_a_gpu_lost_while_asking_about_mig_fails_its_device_call() -> None:
+    # Not "no MIG": the device is gone, and the sampler must hear it.
+    nvml = FakeNvml()
+
+    def lost(handle: str) -> tuple[int, int]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    nvml.nvmlDeviceGetMigMode = lost  # type: ignore[method-assign]
+    with pytest.raises(GpuError) as caught:
+        NvmlBackend(nvml).device(0)
+    assert caught.value.code is ErrorCode.GPU_IS_LOST
 
 
 def test_compute_and_graphics_merge_and_unknown_memory_is_none() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from otel_vgpu.aggregate import Snapshot
-from otel_vgpu.gpu import Device, GpuError
+from otel_vgpu.gpu import Device, ErrorCode, GpuError
 from otel_vgpu.health import Health
 from otel_vgpu.scenario import Scenario
 from otel_vgpu.simulate import SimulatedNode
@@ -113,7 +113,7 @@ def test_failed_process_utilization_keeps_memory(node: SimulatedNode, ratio_file
 
 class NoGpus(SimulatedNode):
     def device_count(self) -> int:
-        raise GpuError("DRIVER_NOT_LOADED", "Driver Not Loaded")
+        raise GpuError(ErrorCode.DRIVER_NOT_LOADED, "Driver Not Loaded")
 
 
 def test_failed_sweep_serves_nothing_as_fresh(steady: Scenario, tmp_path: Path, ratio_file: Path) -> None:

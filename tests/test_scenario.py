@@ -81,6 +81,10 @@ def test_wave_moves_around_its_mean() -> None:
         ("gpus: [{}]\npods:\n  - {name: a}\n  - {name: a}\n", "pods[1]: default/a is also pods[0]"),
         ("gpus: [{}]\npods:\n  - name: a\n    period_s: 10\n", "period_s and active_s go together"),
         ("gpus: [{\n", "bad.yaml:2: not valid YAML or JSON"),
+        (
+            "gpus: [{}]\nfaults:\n  - {call: device, code: GPU_ON_FIRE}\n",
+            "bad.yaml:3: faults[0].code: 'GPU_ON_FIRE' is not an NVML error; valid: UNINITIALIZED, INVALID_ARGUMENT",
+        ),
         ("- 1\n", "bad.yaml:1: scenario: [1] is not a mapping"),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,3 +134,16 @@ def test_ended_pod_disappears_and_churn_never_overflows(
         assert pods == {(base.pods[1].name,), (pod.uid,)}, step
     telemetry.shutdown()
     node.close()
+
+
+def test_pruning_that_cannot_work_warns_once_for_every_reader(
+    telemetry: Telemetry, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A reader the SDK does not know stands in for an SDK whose internals moved.
+    stranger = object()
+    with caplog.at_level(logging.WARNING, logger="otel_vgpu"):
+        telemetry._prune(stranger)
+        telemetry._prune(stranger)
+        telemetry._prune(telemetry.reader)
+        scrape(telemetry)
+    assert sum("cannot prune" in r.getMessage() for r in caplog.records) == 1
