@@ -21,11 +21,12 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from otel_vgpu.attribution import Attributor, ProcReader
+from otel_vgpu.families import Family, Kind, of_kind
 from otel_vgpu.ratio import RatioSource
 from otel_vgpu.sampler import Sampler
 from otel_vgpu.scenario import load_scenario
 from otel_vgpu.simulate import SimulatedNode
-from otel_vgpu.telemetry import GPU_FAMILIES, POD_FAMILIES, Family, gpu_attributes, pod_attributes
+from otel_vgpu.telemetry import ROW_VALUES, gpu_attributes, pod_attributes
 
 
 def families(snapshot_rows: Iterable[object], specs: Iterable[Family], attributes: object) -> list[GaugeMetricFamily]:
@@ -35,8 +36,9 @@ def families(snapshot_rows: Iterable[object], specs: Iterable[Family], attribute
         unit = {"By": "bytes"}.get(spec.unit, "")
         name = spec.name.replace(".", "_")
         family = GaugeMetricFamily(name, spec.description, unit=unit)
+        value_of = ROW_VALUES[spec.name]
         for row in rows:
-            value = spec.value(row)
+            value = value_of(row)
             if value is not None:
                 labels = attributes(row)  # type: ignore[operator]
                 family.add_sample(family.name, labels, float(value))
@@ -63,8 +65,8 @@ def main() -> None:
         ratio=RatioSource(ratio_path),
     )
     snapshot = sampler.snapshot(0.0)
-    prepared = families(snapshot.pods, POD_FAMILIES, pod_attributes) + families(
-        snapshot.gpus, GPU_FAMILIES, gpu_attributes
+    prepared = families(snapshot.pods, of_kind(Kind.POD), pod_attributes) + families(
+        snapshot.gpus, of_kind(Kind.GPU), gpu_attributes
     )
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)

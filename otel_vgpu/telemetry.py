@@ -15,7 +15,6 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -34,6 +33,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from otel_vgpu import __version__
 from otel_vgpu.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.families import BY_NAME, Kind, of_kind
 from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
 from otel_vgpu.otlp import OtlpPusher, OtlpSettings, make_exporter
 from otel_vgpu.sampler import Sampler
@@ -49,62 +49,21 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 MIB = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Family:
-    name: str
-    unit: str
-    description: str
-    value: Callable[[Any], float | None]
-
-
-POD_FAMILIES = (
-    Family(
-        "vgpu.pod.memory.used",
-        "By",
-        "GPU memory used by the pod's processes on this GPU (sum of NVML usedGpuMemory).",
-        lambda r: r.memory_used,
-    ),
-    Family(
-        "vgpu.pod.memory.allocated",
-        "By",
-        "GPU memory the pod was given on this GPU: vGPU shares x total memory / ratio.",
-        lambda r: r.memory_allocated,
-    ),
-    Family(
-        "vgpu.pod.sm.utilization",
-        "1",
-        "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1.",
-        lambda r: r.sm_utilization,
-    ),
-    Family(
-        "vgpu.pod.vgpu.utilization",
-        "1",
-        "SM use relative to the pod's vGPU shares: sm x ratio / shares (1 = exactly its share).",
-        lambda r: r.vgpu_utilization,
-    ),
-    Family("vgpu.pod.processes", "{process}", "Number of the pod's processes on this GPU.", lambda r: r.processes),
-)
-GPU_FAMILIES = (
-    Family("vgpu.gpu.memory.total", "By", "Physical memory of the GPU.", lambda g: g.memory_total),
-    Family(
-        "vgpu.gpu.memory.used", "By", "Physical memory in use on the GPU (NVML device figure).", lambda g: g.memory_used
-    ),
-    Family(
-        "vgpu.gpu.sm.utilization",
-        "1",
-        "Device utilization over NVML's last sample period, 0-1.",
-        lambda g: g.utilization,
-    ),
-    Family(
-        "vgpu.gpu.vgpus", "{vgpu}", "vGPUs each physical GPU is presented as (the ratio in force).", lambda g: g.vgpus
-    ),
-    Family(
-        "vgpu.gpu.memory.unattributed",
-        "By",
-        "GPU memory of processes that belong to no pod.",
-        lambda g: g.unattributed_memory,
-    ),
-)
+# Each pod and GPU family's value in a snapshot row (families.py has the rest of the contract).
+ROW_VALUES: dict[str, Callable[[Any], float | None]] = {
+    "vgpu.pod.memory.used": lambda r: r.memory_used,
+    "vgpu.pod.memory.allocated": lambda r: r.memory_allocated,
+    "vgpu.pod.sm.utilization": lambda r: r.sm_utilization,
+    "vgpu.pod.vgpu.utilization": lambda r: r.vgpu_utilization,
+    "vgpu.pod.processes": lambda r: r.processes,
+    "vgpu.gpu.memory.total": lambda g: g.memory_total,
+    "vgpu.gpu.memory.used": lambda g: g.memory_used,
+    "vgpu.gpu.sm.utilization": lambda g: g.utilization,
+    "vgpu.gpu.vgpus": lambda g: g.vgpus,
+    "vgpu.gpu.memory.unattributed": lambda g: g.unattributed_memory,
+}
+# Each seed family's place in seed_rows' values.
+SEED_POSITIONS = {"pod_gpu_memory_used": 0, "pod_gpu_sm_util": 1, "pod_total_gpu_memory": 2}
 
 
 def pod_attributes(row: PodRow) -> dict[str, str]:
@@ -237,45 +196,42 @@ class Telemetry:
             ],
         )
         meter = self.provider.get_meter("otel_vgpu", __version__)
-        for family in POD_FAMILIES:
+        for family in (*of_kind(Kind.POD), *of_kind(Kind.GPU)):
             meter.create_observable_gauge(
-                family.name, [self._callback(family, "pod")], unit=family.unit, description=family.description
-            )
-        for family in GPU_FAMILIES:
-            meter.create_observable_gauge(
-                family.name, [self._callback(family, "gpu")], unit=family.unit, description=family.description
+                family.name,
+                [self._callback(family.name, family.kind)],
+                unit=family.unit,
+                description=family.description,
             )
         if seed_metrics:
-            for position, name, description in (
-                (0, "pod_gpu_memory_used", "GPU memory used by the pod in MiB (original exporter's family)."),
-                (1, "pod_gpu_sm_util", "Pod SM utilization in percent x ratio (original exporter's family)."),
-                (2, "pod_total_gpu_memory", "GPU memory allocated to the pod in MiB (original exporter's family)."),
-            ):
-                meter.create_observable_gauge(name, [self._seed_callback(name, position)], description=description)
+            for family in of_kind(Kind.SEED):
+                meter.create_observable_gauge(
+                    family.name, [self._seed_callback(family.name)], description=family.description
+                )
+        agent = BY_NAME
         self._duration = meter.create_histogram(
             "vgpu.agent.collection.duration",
-            unit="s",
-            description="Time one sweep of NVML, /proc and the sources took.",
+            unit=agent["vgpu.agent.collection.duration"].unit,
+            description=agent["vgpu.agent.collection.duration"].description,
         )
         meter.create_observable_gauge(
             "vgpu.agent.blind.gpus",
             [self._blind_callback],
-            unit="{gpu}",
-            description="GPUs in use whose processes NVML does not list to the agent, which is outside the "
-            "host's PID namespace (hostPID missing); 0 when the agent sees every process.",
+            unit=agent["vgpu.agent.blind.gpus"].unit,
+            description=agent["vgpu.agent.blind.gpus"].description,
         )
         meter.create_observable_counter(
             "vgpu.agent.collection.errors",
             [self._errors_callback],
-            unit="{error}",
-            description="Failures during sweeps, by stage.",
+            unit=agent["vgpu.agent.collection.errors"].unit,
+            description=agent["vgpu.agent.collection.errors"].description,
         )
         if self.pusher is not None:
             meter.create_observable_counter(
                 "vgpu.agent.export.failures",
                 [lambda options: [Observation(self._health.counts()[Stage.EXPORT])]],
-                unit="{export}",
-                description="OTLP exports that failed.",
+                unit=agent["vgpu.agent.export.failures"].unit,
+                description=agent["vgpu.agent.export.failures"].description,
             )
         self._render_lock = threading.Lock()
         self._labels_lock = threading.Lock()
@@ -319,17 +275,18 @@ class Telemetry:
 
     # --- callbacks -----------------------------------------------------------------
 
-    def _callback(self, family: Family, kind: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _callback(self, name: str, kind: Kind) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        value = ROW_VALUES[name]
+
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             snapshot = self.scope.snapshot()
             rows, attributes = self._labelled(snapshot, kind)
-            value = family.value
             observations = [
                 Observation(v, attrs)
                 for row, attrs in zip(rows, attributes, strict=True)
                 if (v := value(row)) is not None
             ]
-            self.scope.record(family.name, observations)
+            self.scope.record(name, observations)
             return observations
 
         return callback
@@ -337,7 +294,7 @@ class Telemetry:
     def _blind_callback(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(len(self.scope.snapshot().blind))]
 
-    def _labelled(self, snapshot: Snapshot, kind: str) -> tuple[tuple[Any, ...], list[dict[str, str]]]:
+    def _labelled(self, snapshot: Snapshot, kind: Kind) -> tuple[tuple[Any, ...], list[dict[str, str]]]:
         """A snapshot's rows with their attributes, built once per snapshot
         and shared by every family (five pod families read the same rows)."""
         with self._labels_lock:
@@ -349,7 +306,7 @@ class Telemetry:
                     [gpu_attributes(row) for row in snapshot.gpus],
                 )
                 self._labels = cached
-        if kind == "pod":
+        if kind is Kind.POD:
             return snapshot.pods, cached[1]
         return snapshot.gpus, cached[2]
 
@@ -360,7 +317,9 @@ class Telemetry:
                 self._seed = (snapshot, seed_rows(snapshot))
             return self._seed[1]
 
-    def _seed_callback(self, name: str, position: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _seed_callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        position = SEED_POSITIONS[name]
+
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             rows = self._seed_rows(self.scope.snapshot())
             observations = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from otel_vgpu import telemetry as telemetry_module
+from otel_vgpu.families import FAMILIES, Kind, of_kind
 from otel_vgpu.health import Health
 from otel_vgpu.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
 from otel_vgpu.simulate import SimulatedNode
@@ -19,20 +21,10 @@ from otel_vgpu.telemetry import Telemetry
 from .conftest import GIB, make_sampler
 from .promtext import Exposition, parse
 
-POD_FAMILIES = [
-    "vgpu_pod_memory_used_bytes",
-    "vgpu_pod_memory_allocated_bytes",
-    "vgpu_pod_sm_utilization",
-    "vgpu_pod_vgpu_utilization",
-    "vgpu_pod_processes",
-]
-GPU_FAMILIES = [
-    "vgpu_gpu_memory_total_bytes",
-    "vgpu_gpu_memory_used_bytes",
-    "vgpu_gpu_sm_utilization",
-    "vgpu_gpu_vgpus",
-    "vgpu_gpu_memory_unattributed_bytes",
-]
+POD_FAMILIES = [family.prometheus_name for family in of_kind(Kind.POD)]
+GPU_FAMILIES = [family.prometheus_name for family in of_kind(Kind.GPU)]
+# What the Python client adds beside the contract's families.
+CLIENT_FAMILIES = re.compile(r"^(process_|python_|target_info$)")
 
 
 def scrape(telemetry: Telemetry) -> Exposition:
@@ -50,22 +42,30 @@ def telemetry(node: SimulatedNode, ratio_file: Path) -> Iterator[Telemetry]:
 
 def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None:
     exposition = scrape(telemetry)
-    for name in POD_FAMILIES:
-        assert exposition.series(name), name
-        for labels in exposition.series(name):
-            assert {k for k, _ in labels} == {"namespace", "pod", "gpu_id", "gpu_uuid"}
-    for name in GPU_FAMILIES:
-        assert len(exposition.series(name)) == 2, name
-        for labels in exposition.series(name):
-            assert {k for k, _ in labels} == {"gpu_id", "gpu_uuid", "gpu_model"}
-    for family, text in exposition.help.items():
-        assert text, f"{family} has no description"
+    # Every family of the table, and nothing else, under the names the table gives.
+    published = {name for name in exposition.help if not CLIENT_FAMILIES.match(name)}
+    contract = {family.prometheus_name for family in FAMILIES if family.name != "vgpu.agent.export.failures"}
+    assert {name.removesuffix("_total") for name in published} == {n.removesuffix("_total") for n in contract}
+    for family in (*of_kind(Kind.POD), *of_kind(Kind.GPU), *of_kind(Kind.SEED)):
+        series = exposition.series(family.prometheus_name)
+        assert series, family.name
+        for labels in series:
+            assert {k for k, _ in labels} == set(family.labels), family.name
+    assert len(exposition.series(GPU_FAMILIES[0])) == 2
+    for name, text in exposition.help.items():
+        assert text, f"{name} has no description"
     assert exposition.types["vgpu_agent_collection_duration_seconds"] == "histogram"
     assert exposition.by("vgpu_agent_collection_errors_total", "stage")[("device",)] == 0
     assert "process_resident_memory_bytes" in exposition.values
     target = dict(next(iter(exposition.series("target_info"))))
     assert target["service_name"] == "otel-vgpu" and target["k8s_node_name"] == "node-a"
     assert target["service_version"] and target["host_name"]
+
+
+def test_readme_documents_every_family_of_the_table() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for family in FAMILIES:
+        assert re.search(rf"`{family.prometheus_name}[`{{]", readme), family.prometheus_name
 
 
 def test_one_sweep_per_scrape_even_with_min_interval_zero(telemetry: Telemetry) -> None:

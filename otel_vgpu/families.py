@@ -1,0 +1,180 @@
+"""The metric contract, in one table: every family the agent publishes.
+
+Each entry has its OpenTelemetry instrument name and UCUM unit, the kind of
+instrument, the labels of its series, and the Prometheus name a scrape shows
+(`prometheus_name`, the OpenTelemetry-to-Prometheus rules of
+opentelemetry-exporter-prometheus). The telemetry creates its instruments
+from this table; the tests and the README's metric tables are checked
+against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(str, Enum):
+    POD = "pod"
+    """Per (pod, GPU): one series per row of the snapshot's pods."""
+    GPU = "gpu"
+    """Per GPU."""
+    SEED = "seed"
+    """The original exporter's families, with --seed-metrics."""
+    AGENT = "agent"
+    """The agent itself."""
+
+
+class Instrument(str, Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    HISTOGRAM = "histogram"
+
+
+POD_LABELS = ("namespace", "pod", "gpu_id", "gpu_uuid")
+"""Plus `container` with --by-container."""
+GPU_LABELS = ("gpu_id", "gpu_uuid", "gpu_model")
+SEED_LABELS = ("pod", "gpu_id")
+
+# UCUM units and the suffix the Prometheus exporter gives them; a unit in
+# braces is an annotation and adds nothing.
+_UNIT_SUFFIXES = {"By": "bytes", "s": "seconds", "1": ""}
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str
+    """The OpenTelemetry instrument name (dotted), as pushed over OTLP."""
+    unit: str
+    kind: Kind
+    description: str
+    instrument: Instrument = Instrument.GAUGE
+    labels: tuple[str, ...] = ()
+
+    @property
+    def prometheus_name(self) -> str:
+        """The family's name in a scrape of /metrics."""
+        name = self.name.replace(".", "_")
+        suffix = "" if self.unit.startswith("{") else _UNIT_SUFFIXES.get(self.unit, self.unit)
+        if suffix and not name.endswith(f"_{suffix}"):
+            name = f"{name}_{suffix}"
+        return f"{name}_total" if self.instrument is Instrument.COUNTER else name
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "vgpu.pod.memory.used",
+        "By",
+        Kind.POD,
+        "GPU memory used by the pod's processes on this GPU (sum of NVML usedGpuMemory).",
+        labels=POD_LABELS,
+    ),
+    Family(
+        "vgpu.pod.memory.allocated",
+        "By",
+        Kind.POD,
+        "GPU memory the pod was given on this GPU: vGPU shares x total memory / ratio.",
+        labels=POD_LABELS,
+    ),
+    Family(
+        "vgpu.pod.sm.utilization",
+        "1",
+        Kind.POD,
+        "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1.",
+        labels=POD_LABELS,
+    ),
+    Family(
+        "vgpu.pod.vgpu.utilization",
+        "1",
+        Kind.POD,
+        "SM use relative to the pod's vGPU shares: sm x ratio / shares (1 = exactly its share).",
+        labels=POD_LABELS,
+    ),
+    Family(
+        "vgpu.pod.processes", "{process}", Kind.POD, "Number of the pod's processes on this GPU.", labels=POD_LABELS
+    ),
+    Family("vgpu.gpu.memory.total", "By", Kind.GPU, "Physical memory of the GPU.", labels=GPU_LABELS),
+    Family(
+        "vgpu.gpu.memory.used",
+        "By",
+        Kind.GPU,
+        "Physical memory in use on the GPU (NVML device figure).",
+        labels=GPU_LABELS,
+    ),
+    Family(
+        "vgpu.gpu.sm.utilization",
+        "1",
+        Kind.GPU,
+        "Device utilization over NVML's last sample period, 0-1.",
+        labels=GPU_LABELS,
+    ),
+    Family(
+        "vgpu.gpu.vgpus",
+        "{vgpu}",
+        Kind.GPU,
+        "vGPUs each physical GPU is presented as (the ratio in force).",
+        labels=GPU_LABELS,
+    ),
+    Family(
+        "vgpu.gpu.memory.unattributed",
+        "By",
+        Kind.GPU,
+        "GPU memory of processes that belong to no pod.",
+        labels=GPU_LABELS,
+    ),
+    Family(
+        "pod_gpu_memory_used",
+        "",
+        Kind.SEED,
+        "GPU memory used by the pod in MiB (original exporter's family).",
+        labels=SEED_LABELS,
+    ),
+    Family(
+        "pod_gpu_sm_util",
+        "",
+        Kind.SEED,
+        "Pod SM utilization in percent x ratio (original exporter's family).",
+        labels=SEED_LABELS,
+    ),
+    Family(
+        "pod_total_gpu_memory",
+        "",
+        Kind.SEED,
+        "GPU memory allocated to the pod in MiB (original exporter's family).",
+        labels=SEED_LABELS,
+    ),
+    Family(
+        "vgpu.agent.collection.duration",
+        "s",
+        Kind.AGENT,
+        "Time one sweep of NVML, /proc and the sources took.",
+        Instrument.HISTOGRAM,
+    ),
+    Family(
+        "vgpu.agent.collection.errors",
+        "{error}",
+        Kind.AGENT,
+        "Failures during sweeps, by stage.",
+        Instrument.COUNTER,
+        labels=("stage",),
+    ),
+    Family(
+        "vgpu.agent.export.failures",
+        "{export}",
+        Kind.AGENT,
+        "OTLP exports that failed (with the push on).",
+        Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.agent.blind.gpus",
+        "{gpu}",
+        Kind.AGENT,
+        "GPUs in use whose processes NVML does not list to the agent, which is outside the host's PID namespace "
+        "(hostPID missing); 0 when the agent sees every process.",
+    ),
+)
+BY_NAME = {family.name: family for family in FAMILIES}
+
+
+def of_kind(kind: Kind) -> tuple[Family, ...]:
+    return tuple(family for family in FAMILIES if family.kind is kind)
