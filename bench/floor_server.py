@@ -20,13 +20,13 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from otel_vgpu.attribution import Attributor, ProcReader
-from otel_vgpu.families import Family, Kind, of_kind
-from otel_vgpu.ratio import RatioSource
-from otel_vgpu.sampler import Sampler
-from otel_vgpu.scenario import load_scenario
-from otel_vgpu.simulate import SimulatedNode
-from otel_vgpu.telemetry import ROW_VALUES, gpu_attributes, pod_attributes
+from otel_vgpu.allocation.ratio import RatioSource
+from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.export.families import Family, Kind, of_kind
+from otel_vgpu.export.telemetry import ROW_VALUES, gpu_attributes, pod_attributes
+from otel_vgpu.pods.attribution import Attributor, ProcReader
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.scenario import load_scenario
 
 
 def families(snapshot_rows: Iterable[object], specs: Iterable[Family], attributes: object) -> list[GaugeMetricFamily]:

@@ -134,12 +134,12 @@ def main() -> int:
 
     import pynvml  # noqa: PLC0415
 
-    from otel_vgpu.allocation import UnknownAllocation  # noqa: PLC0415
-    from otel_vgpu.attribution import Attributor, ProcReader  # noqa: PLC0415
-    from otel_vgpu.nvml import NvmlBackend  # noqa: PLC0415
-    from otel_vgpu.pods import UnresolvedDirectory  # noqa: PLC0415
-    from otel_vgpu.ratio import RatioSource  # noqa: PLC0415
-    from otel_vgpu.sampler import Sampler  # noqa: PLC0415
+    from otel_vgpu.allocation.ratio import RatioSource  # noqa: PLC0415
+    from otel_vgpu.allocation.shares import UnknownAllocation  # noqa: PLC0415
+    from otel_vgpu.collect.sampler import Sampler  # noqa: PLC0415
+    from otel_vgpu.gpu.nvml import NvmlBackend  # noqa: PLC0415
+    from otel_vgpu.pods.attribution import Attributor, ProcReader  # noqa: PLC0415
+    from otel_vgpu.pods.directory import UnresolvedDirectory  # noqa: PLC0415
 
     pods = [
         Pod(

@@ -69,7 +69,7 @@ from bench.gpu_workloads import (
 from bench.pod_harness import Cluster as HarnessCluster
 from bench.pod_harness import Pod as HarnessPod
 from bench.pod_harness import PodHarness
-from otel_vgpu.ratio import parse_ratio
+from otel_vgpu.allocation.ratio import parse_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the kubelet serves pod-resources, and so where the manifest mounts it from.

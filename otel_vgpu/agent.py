@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_vgpu.allocation import AllocationSource, UnknownAllocation
-from otel_vgpu.attribution import Attributor, ProcReader
-from otel_vgpu.auth import BasicAuth
+from otel_vgpu.allocation.ratio import RatioFileError, RatioSource
+from otel_vgpu.allocation.shares import AllocationSource, UnknownAllocation
+from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.config import EXIT_NO_GPU, EXIT_USAGE, Config
-from otel_vgpu.gpu import GpuBackend
+from otel_vgpu.export.auth import BasicAuth
+from otel_vgpu.gpu.backend import GpuBackend
 from otel_vgpu.health import Health
-from otel_vgpu.pods import PodDirectory, UnresolvedDirectory
-from otel_vgpu.ratio import RatioFileError, RatioSource
-from otel_vgpu.sampler import Sampler
+from otel_vgpu.pods.attribution import Attributor, ProcReader
+from otel_vgpu.pods.directory import PodDirectory, UnresolvedDirectory
 
 log = logging.getLogger("otel_vgpu")
 
@@ -67,7 +67,7 @@ class Agent:
             self.ratio = RatioSource(config.allocation_file)
         except RatioFileError as error:
             raise StartupError(str(error), EXIT_USAGE) from None
-        from otel_vgpu.otlp import settings_from  # noqa: PLC0415
+        from otel_vgpu.export.otlp import settings_from  # noqa: PLC0415
 
         try:
             otlp = settings_from(config.otlp_endpoint, config.otlp_protocol, config.otlp_interval)
@@ -91,8 +91,8 @@ class Agent:
                 by_container=config.by_container,
             )
             # Imported here so that a bad flag or file fails before the SDK loads.
-            from otel_vgpu.server import Server, make_app  # noqa: PLC0415
-            from otel_vgpu.telemetry import Telemetry  # noqa: PLC0415
+            from otel_vgpu.export.server import Server, make_app  # noqa: PLC0415
+            from otel_vgpu.export.telemetry import Telemetry  # noqa: PLC0415
 
             self.telemetry = Telemetry(
                 self.sampler, self.health, config.min_interval, self.node_name, config.seed_metrics, otlp=otlp
@@ -144,8 +144,8 @@ class Agent:
     def _gpu_sources(self) -> _Sources:
         config = self.config
         if config.simulate is not None:
-            from otel_vgpu.scenario import ScenarioError, load_scenario  # noqa: PLC0415
-            from otel_vgpu.simulate import SimulatedNode  # noqa: PLC0415
+            from otel_vgpu.sim.node import SimulatedNode  # noqa: PLC0415
+            from otel_vgpu.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415
 
             try:
                 scenario = load_scenario(config.simulate)
@@ -167,7 +167,7 @@ class Agent:
                 node_name=config.node_name or scenario.node_name or socket.gethostname(),
             )
 
-        from otel_vgpu.nvml import NvmlBackend, NvmlUnavailable  # noqa: PLC0415
+        from otel_vgpu.gpu.nvml import NvmlBackend, NvmlUnavailable  # noqa: PLC0415
 
         try:
             backend = NvmlBackend()
@@ -196,8 +196,8 @@ class Agent:
                 log.warning("Kubernetes API off (%s): the pod label holds pod UIDs and namespace is empty", why)
             return
 
-        from otel_vgpu.kube import KubePodDirectory, make_client  # noqa: PLC0415
-        from otel_vgpu.podresources import KubeletAllocation, PodResourcesClient  # noqa: PLC0415
+        from otel_vgpu.kubernetes.api import KubePodDirectory, make_client  # noqa: PLC0415
+        from otel_vgpu.kubernetes.podresources import KubeletAllocation, PodResourcesClient  # noqa: PLC0415
 
         def new_client() -> Any:
             return make_client(config.kubeconfig, config.service_account_dir)
@@ -238,8 +238,8 @@ class Agent:
 
 def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth | None]:
     """TLS and basic auth for the endpoint; ValueError with one line if unusable."""
-    from otel_vgpu.auth import AuthFileError, load_users  # noqa: PLC0415
-    from otel_vgpu.server import tls_context  # noqa: PLC0415
+    from otel_vgpu.export.auth import AuthFileError, load_users  # noqa: PLC0415
+    from otel_vgpu.export.server import tls_context  # noqa: PLC0415
 
     context = None
     if (config.tls_cert_file is None) != (config.tls_key_file is None):

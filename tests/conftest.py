@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.attribution import Attributor, ProcReader
+from otel_vgpu.allocation.ratio import RatioSource
+from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.health import Health
-from otel_vgpu.ratio import RatioSource
-from otel_vgpu.sampler import Sampler
-from otel_vgpu.scenario import Scenario, parse_scenario
-from otel_vgpu.simulate import SimulatedNode
+from otel_vgpu.pods.attribution import Attributor, ProcReader
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.scenario import Scenario, parse_scenario
 
 GIB = 1024**3
 MIB = 1024**2

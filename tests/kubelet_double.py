@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from otel_vgpu.kubelet import podresources_pb2, podresources_pb2_grpc
+from otel_vgpu.kubernetes.kubelet import podresources_pb2, podresources_pb2_grpc
 
 
 class _Lister(podresources_pb2_grpc.PodResourcesListerServicer):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from otel_vgpu.aggregate import GpuReading, PodRow, aggregate
-from otel_vgpu.allocation import Allocation
-from otel_vgpu.cgroups import PodRef
-from otel_vgpu.gpu import Device, GpuProcess
-from otel_vgpu.pods import PodMeta
+from otel_vgpu.allocation.shares import Allocation
+from otel_vgpu.collect.aggregate import GpuReading, PodRow, aggregate
+from otel_vgpu.gpu.backend import Device, GpuProcess
+from otel_vgpu.pods.cgroups import PodRef
+from otel_vgpu.pods.directory import PodMeta
 
 GIB = 1024**3
 GPU0 = Device(0, "GPU-0", "H100", 80 * GIB, 40 * GIB, 0.7)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from otel_vgpu.allocation import DeviceAssignment, from_limits, from_pod_resources, gpu_of_device
-from otel_vgpu.gpu import Device
-from otel_vgpu.pods import PodMeta
+from otel_vgpu.allocation.shares import DeviceAssignment, from_limits, from_pod_resources, gpu_of_device
+from otel_vgpu.gpu.backend import Device
+from otel_vgpu.pods.directory import PodMeta
 
 U0 = "GPU-5f1c7a3e-2b9d-4e61-9c0a-7d3e8f21b604"
 U1 = "GPU-a83d02c4-6e17-4b5f-8d92-1c4f6b7e9a30"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.attribution import Attributor, ProcReader, parse_start_time
-from otel_vgpu.cgroups import PodRef
+from otel_vgpu.pods.attribution import Attributor, ProcReader, parse_start_time
+from otel_vgpu.pods.cgroups import PodRef
 
 UID_A = "11111111-2222-3333-4444-555555555555"
 UID_B = "66666666-7777-8888-9999-000000000000"

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from otel_vgpu.cgroups import PodRef, parse_cgroup
-from otel_vgpu.scenario import DRIVERS, QOS_CLASSES, RUNTIMES, CgroupSpec
-from otel_vgpu.simulate import cgroup_file
+from otel_vgpu.pods.cgroups import PodRef, parse_cgroup
+from otel_vgpu.sim.node import cgroup_file
+from otel_vgpu.sim.scenario import DRIVERS, QOS_CLASSES, RUNTIMES, CgroupSpec
 
 # A copy of shared/data/cgroup-samples.json: real /proc/<pid>/cgroup texts
 # and cgroup paths, each with the pod and container its source shows.

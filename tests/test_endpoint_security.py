@@ -11,7 +11,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from otel_vgpu.auth import AuthFileError, BasicAuth, parse_users
+from otel_vgpu.export.auth import AuthFileError, BasicAuth, parse_users
 
 from .agent import free_port, run_to_exit, running_agent
 from .certs import Certs, make_certs

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.scenario import parse_scenario
-from otel_vgpu.simulate import container_id
+from otel_vgpu.sim.node import container_id
+from otel_vgpu.sim.scenario import parse_scenario
 
 from .agent import Agent, clean_env, get, running_agent
 from .certs import make_certs

@@ -12,8 +12,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from otel_vgpu.gpu import NVML_RETURN_VALUES, ErrorCode, GpuError, GpuProcess, UtilizationSample
-from otel_vgpu.nvml import NvmlBackend, NvmlUnavailable
+from otel_vgpu.gpu.backend import NVML_RETURN_VALUES, ErrorCode, GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.gpu.nvml import NvmlBackend, NvmlUnavailable
 
 
 class FakeNvml:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.gpu import Device, GpuProcess
-from otel_vgpu.pidns import IDLE_MEMORY_BYTES, PROC_PID_INIT_INO, blind_gpus, in_host_pid_namespace
-from otel_vgpu.scenario import Scenario, parse_scenario
-from otel_vgpu.simulate import SimulatedNode
+from otel_vgpu.gpu.backend import Device, GpuProcess
+from otel_vgpu.gpu.pidns import IDLE_MEMORY_BYTES, PROC_PID_INIT_INO, blind_gpus, in_host_pid_namespace
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.scenario import Scenario, parse_scenario
 
 from .agent import clean_env, command, free_port, get
 from .conftest import GIB, STEADY, make_sampler

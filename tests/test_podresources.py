@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.gpu import Device
+from otel_vgpu.gpu.backend import Device
 from otel_vgpu.health import Health, Stage
-from otel_vgpu.podresources import KEEP_LAST_GOOD_CALLS, KubeletAllocation, PodResourcesClient
-from otel_vgpu.pods import PodMeta
+from otel_vgpu.kubernetes.podresources import KEEP_LAST_GOOD_CALLS, KubeletAllocation, PodResourcesClient
+from otel_vgpu.pods.directory import PodMeta
 
 from .kubelet_double import KubeletDouble
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.ratio import MAX_FILE_BYTES, RatioFileError, RatioSource, parse_ratio, read_ratio
+from otel_vgpu.allocation.ratio import MAX_FILE_BYTES, RatioFileError, RatioSource, parse_ratio, read_ratio
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.aggregate import Snapshot
-from otel_vgpu.gpu import Device, ErrorCode, GpuError
+from otel_vgpu.collect.aggregate import Snapshot
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError
 from otel_vgpu.health import Health
-from otel_vgpu.scenario import Scenario
-from otel_vgpu.simulate import SimulatedNode
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.scenario import Scenario
 
 from .conftest import make_sampler
 

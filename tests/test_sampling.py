@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from otel_vgpu.gpu import UtilizationSample
-from otel_vgpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_sm_by_pid, window_start
+from otel_vgpu.gpu.backend import UtilizationSample
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_sm_by_pid, window_start
 
 S = 1_000_000
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.scenario import BUILTIN, ScenarioError, Wave, load_scenario, parse_scenario
+from otel_vgpu.sim.scenario import BUILTIN, ScenarioError, Wave, load_scenario, parse_scenario
 
 from .conftest import GIB, MIB, STEADY
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from otel_vgpu import telemetry as telemetry_module
-from otel_vgpu.families import FAMILIES, Kind, of_kind
+from otel_vgpu.export import telemetry as telemetry_module
+from otel_vgpu.export.families import FAMILIES, Kind, of_kind
+from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
-from otel_vgpu.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
-from otel_vgpu.simulate import SimulatedNode
-from otel_vgpu.telemetry import Telemetry
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
 
 from .conftest import GIB, make_sampler
 from .promtext import Exposition, parse

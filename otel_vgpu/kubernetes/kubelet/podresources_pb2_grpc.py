@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from otel_vgpu.kubelet import podresources_pb2 as otel__vgpu_dot_kubelet_dot_podresources__pb2
+from otel_vgpu.kubernetes.kubelet import podresources_pb2 as otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in otel_vgpu/kubelet/podresources_pb2_grpc.py depends on'
+        + ' but the generated code in otel_vgpu/kubernetes/kubelet/podresources_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -38,8 +38,8 @@ class PodResourcesListerStub:
         """
         self.List = channel.unary_unary(
                 '/v1.PodResourcesLister/List',
-                request_serializer=otel__vgpu_dot_kubelet_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
-                response_deserializer=otel__vgpu_dot_kubelet_dot_podresources__pb2.ListPodResourcesResponse.FromString,
+                request_serializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -59,8 +59,8 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
-                    request_deserializer=otel__vgpu_dot_kubelet_dot_podresources__pb2.ListPodResourcesRequest.FromString,
-                    response_serializer=otel__vgpu_dot_kubelet_dot_podresources__pb2.ListPodResourcesResponse.SerializeToString,
+                    request_deserializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesRequest.FromString,
+                    response_serializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,8 +90,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/List',
-            otel__vgpu_dot_kubelet_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
-            otel__vgpu_dot_kubelet_dot_podresources__pb2.ListPodResourcesResponse.FromString,
+            otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
+            otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,10 +14,10 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client.exposition import choose_encoder
 
-from otel_vgpu.auth import BasicAuth
-from otel_vgpu.pidns import blind_message
-from otel_vgpu.sampler import Sampler
-from otel_vgpu.telemetry import Telemetry
+from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.export.auth import BasicAuth
+from otel_vgpu.export.telemetry import Telemetry
+from otel_vgpu.gpu.pidns import blind_message
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 # A connection that sends nothing for this long is closed, so idle or

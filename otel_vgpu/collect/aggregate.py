@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from otel_vgpu.allocation import Allocation
-from otel_vgpu.cgroups import PodRef
-from otel_vgpu.gpu import Device, GpuProcess
-from otel_vgpu.pidns import BlindGpu
-from otel_vgpu.pods import PodMeta
+from otel_vgpu.allocation.shares import Allocation
+from otel_vgpu.gpu.backend import Device, GpuProcess
+from otel_vgpu.gpu.pidns import BlindGpu
+from otel_vgpu.pods.cgroups import PodRef
+from otel_vgpu.pods.directory import PodMeta
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from otel_vgpu.config import DEFAULT_RESOURCES
-from otel_vgpu.gpu import Device
-from otel_vgpu.pods import PodMeta
+from otel_vgpu.gpu.backend import Device
+from otel_vgpu.pods.directory import PodMeta
 
 _GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/.*)?$")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from otel_vgpu.gpu import NVML_RETURN_VALUES, Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.gpu.backend import NVML_RETURN_VALUES, Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from otel_vgpu.gpu import UtilizationSample
+from otel_vgpu.gpu.backend import UtilizationSample
 
 MIN_WINDOW_US = 1_000_000
 

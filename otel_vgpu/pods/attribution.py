@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from otel_vgpu.cgroups import PodRef, parse_cgroup
+from otel_vgpu.pods.cgroups import PodRef, parse_cgroup
 
 # Real cgroup files are a few hundred bytes; a bigger one is not worth reading
 # whole (a v1 file lists at most a dozen hierarchies).

@@ -17,16 +17,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from otel_vgpu.allocation import (
+from otel_vgpu.allocation.shares import (
     Allocation,
     DeviceAssignment,
     from_limits,
     from_pod_resources,
 )
 from otel_vgpu.config import DEFAULT_RESOURCES
-from otel_vgpu.gpu import Device
+from otel_vgpu.gpu.backend import Device
 from otel_vgpu.health import Health, Stage
-from otel_vgpu.pods import PodMeta
+from otel_vgpu.pods.directory import PodMeta
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class PodResourcesClient:
     def __init__(self, socket_path: Path, timeout: float = CALL_TIMEOUT_S) -> None:
         import grpc  # noqa: PLC0415
 
-        from otel_vgpu.kubelet import podresources_pb2_grpc  # noqa: PLC0415
+        from otel_vgpu.kubernetes.kubelet import podresources_pb2_grpc  # noqa: PLC0415
 
         self._grpc = grpc
         self._timeout = timeout
@@ -55,7 +55,7 @@ class PodResourcesClient:
         self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
 
     def list(self) -> list[DeviceAssignment]:
-        from otel_vgpu.kubelet import podresources_pb2  # noqa: PLC0415
+        from otel_vgpu.kubernetes.kubelet import podresources_pb2  # noqa: PLC0415
 
         try:
             response = self._stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=self._timeout)

@@ -27,11 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_vgpu.allocation import Allocation
-from otel_vgpu.gpu import Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
-from otel_vgpu.pidns import in_host_pid_namespace
-from otel_vgpu.pods import PodMeta, StaticDirectory
-from otel_vgpu.scenario import CgroupSpec, PodSpec, Scenario
+from otel_vgpu.allocation.shares import Allocation
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.gpu.pidns import in_host_pid_namespace
+from otel_vgpu.pods.directory import PodMeta, StaticDirectory
+from otel_vgpu.sim.scenario import CgroupSpec, PodSpec, Scenario
 
 # Memory the driver holds on each device beyond what processes use.
 DRIVER_RESERVED_BYTES = 512 * 1024 * 1024

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from otel_vgpu.gpu import ErrorCode
+from otel_vgpu.gpu.backend import ErrorCode
 
 BUILTIN = "builtin"
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
@@ -164,7 +164,7 @@ class Scenario:
 def load_scenario(source: str) -> Scenario:
     """The built-in scenario (`builtin`) or the one in a file."""
     if source == BUILTIN:
-        text = resources.files("otel_vgpu").joinpath("scenarios/builtin.yaml").read_text()
+        text = resources.files("otel_vgpu.sim").joinpath("scenarios/builtin.yaml").read_text()
         return parse_scenario(text, "builtin scenario")
     path = Path(source)
     try:

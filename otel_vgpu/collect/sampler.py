@@ -15,15 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from otel_vgpu.aggregate import GpuReading, Snapshot, aggregate
-from otel_vgpu.allocation import AllocationSource
-from otel_vgpu.attribution import Attributor
-from otel_vgpu.gpu import ErrorCode, GpuBackend, GpuError
+from otel_vgpu.allocation.ratio import RatioSource
+from otel_vgpu.allocation.shares import AllocationSource
+from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
+from otel_vgpu.gpu.backend import ErrorCode, GpuBackend, GpuError
+from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
+from otel_vgpu.gpu.sampling import SamplingWindows, mean_sm_by_pid
 from otel_vgpu.health import SWEEP_STAGES, Health, Stage
-from otel_vgpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.pods import PodDirectory
-from otel_vgpu.ratio import RatioSource
-from otel_vgpu.sampling import SamplingWindows, mean_sm_by_pid
+from otel_vgpu.pods.attribution import Attributor
+from otel_vgpu.pods.directory import PodDirectory
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from otel_vgpu import __version__
-from otel_vgpu.aggregate import GpuRow, PodRow, Snapshot
-from otel_vgpu.families import BY_NAME, Kind, of_kind
+from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.export.families import BY_NAME, Kind, of_kind
+from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings, make_exporter
 from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
-from otel_vgpu.otlp import OtlpPusher, OtlpSettings, make_exporter
-from otel_vgpu.sampler import Sampler
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from otel_vgpu.gpu import Device, GpuProcess
+from otel_vgpu.gpu.backend import Device, GpuProcess
 
 PROC_PID_INIT_INO = 0xEFFFFFFC
 # An idle GPU with no process holds only the driver's reservations (measured

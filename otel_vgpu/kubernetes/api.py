@@ -21,7 +21,7 @@ from typing import Any
 
 from otel_vgpu.config import DEFAULT_RESOURCES
 from otel_vgpu.health import Health, Stage
-from otel_vgpu.pods import PodMeta
+from otel_vgpu.pods.directory import PodMeta
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Sweeps: one read of every source, aggregated per GPU and per (pod, GPU)."""

@@ -1,0 +1,1 @@
+"""The metric contract and its publication: OpenTelemetry instruments, /metrics, OTLP push."""

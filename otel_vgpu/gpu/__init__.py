@@ -1,0 +1,1 @@
+"""The GPU backend: its interface, NVML, per-process sampling windows, and the PID-namespace check."""

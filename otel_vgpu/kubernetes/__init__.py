@@ -1,0 +1,1 @@
+"""The Kubernetes sources: the API server (pod names) and the kubelet (pod-resources)."""

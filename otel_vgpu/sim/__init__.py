@@ -1,0 +1,1 @@
+"""The simulated GPU node: scenario files and the node that runs them."""

@@ -1,0 +1,80 @@
+"""The package's layout follows the flow: no module imports from a layer above its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .agent import ROOT
+
+PACKAGE = ROOT / "otel_vgpu"
+# Lower layers first. A module may import from lower layers and from its own
+# package; never from a layer above, nor from a sibling package of its layer.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("otel_vgpu", "otel_vgpu.config", "otel_vgpu.health"),
+    ("otel_vgpu.gpu", "otel_vgpu.pods"),
+    ("otel_vgpu.allocation",),
+    ("otel_vgpu.kubernetes", "otel_vgpu.sim"),
+    ("otel_vgpu.collect",),
+    ("otel_vgpu.export",),
+    ("otel_vgpu.agent",),
+    ("otel_vgpu.cli",),
+    ("otel_vgpu.__main__",),
+)
+
+
+def unit_of(module: str) -> str:
+    """The layer entry a module belongs to: its package, or itself at the top."""
+    parts = module.split(".")
+    candidates = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    every = {name for layer in LAYERS for name in layer}
+    return next(c for c in candidates if c in every)
+
+
+def rank(unit: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(ROOT).with_suffix("")
+        parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+        found[".".join(parts)] = path
+    return found
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("otel_vgpu"):
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names if alias.name.startswith("otel_vgpu")}
+    return names
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in modules():
+        assert rank(unit_of(module)) >= 0, module
+
+
+def test_no_module_imports_upward() -> None:
+    upward = []
+    for module, path in modules().items():
+        if "_pb2" in module:
+            continue  # generated
+        own = unit_of(module)
+        for imported in imports_of(path):
+            other = unit_of(imported)
+            if other != own and rank(other) >= rank(own) and other != "otel_vgpu":
+                upward.append(f"{module} imports {imported}")
+    assert upward == []
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from otel_vgpu.collect.sampler import Sampler\n")
+    assert imports_of(bad) == {"otel_vgpu.collect.sampler"}
+    assert rank(unit_of("otel_vgpu.collect.sampler")) > rank(unit_of("otel_vgpu.gpu.nvml"))
