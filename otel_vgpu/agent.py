@@ -214,6 +214,7 @@ class Agent:
             self.health,
             watch_seconds=config.kube_watch_seconds,
             backoff=(config.kube_backoff.first, config.kube_backoff.most),
+            watch_grace_s=config.kube_watch_grace_s,
         )
         directory.start()
         self._closers.append(directory.stop)

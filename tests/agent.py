@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import http.client
+import logging
 import os
 import shutil
 import signal
@@ -13,11 +16,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from otel_vgpu.config import Backoff, parse_config
 
 from .promtext import Exposition, parse
 
@@ -136,3 +141,88 @@ def running_agent(
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+# Timers for an agent run in process: what takes seconds on a node takes a
+# fraction of one here, so failure and recovery paths run in tenths of a second.
+SHORT_TIMERS = {"kube_backoff": Backoff(0.05, 0.4), "kube_watch_grace_s": 0.5, "first_sync_wait_s": 0.5}
+
+
+class _Log(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@dataclass
+class InProcessAgent:
+    """The agent built from flags in this process, with short timers: `stop()`
+    answers like a process's (exit status, log)."""
+
+    agent: Any
+    url: str
+    log: _Log
+
+    def scrape(self) -> Exposition:
+        status, body, _ = get(f"{self.url}/metrics")
+        assert status == 200
+        return parse(body.decode())
+
+    def logged(self) -> str:
+        return "\n".join(self.log.lines)
+
+    def stop(self) -> tuple[int, str]:
+        self.agent.stop()
+        return 0, self.logged()
+
+
+@contextmanager
+def agent_in_process(*args: str, env: dict[str, str], **overrides: Any) -> Iterator[InProcessAgent]:
+    """The agent of `args` and `env`, in this process, SHORT_TIMERS unless overridden.
+
+    The Kubernetes client reads KUBERNETES_SERVICE_* from the process's
+    environment, so those of `env` are set for the agent's life."""
+    from otel_vgpu.agent import Agent  # noqa: PLC0415
+
+    port = free_port()
+    config = parse_config(["--address", "127.0.0.1", "--port", str(port), *args], env)
+    config = dataclasses.replace(config, **{**SHORT_TIMERS, **overrides})
+    kube = {k: v for k, v in env.items() if k.startswith("KUBERNETES_SERVICE_")}
+    saved = {k: os.environ.get(k) for k in kube}
+    os.environ.update(kube)
+    handler = _Log()
+    logger = logging.getLogger("otel_vgpu")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    agent = None
+    try:
+        agent = Agent(config)
+        agent.start()
+        yield InProcessAgent(agent, f"http://127.0.0.1:{port}", handler)
+    finally:
+        if agent is not None:
+            with contextlib.suppress(Exception):
+                agent.stop()
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 15, what: str = "condition") -> Any:
+    """Poll `condition` until it returns something true; that value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
+        time.sleep(0.05)

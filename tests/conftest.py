@@ -97,3 +97,17 @@ def make_sampler(
         health=health,
         host_pid_namespace=host_pid_namespace,
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The image tests go last, so that the image builds while the rest run.
+    items.sort(key=lambda item: item.path.name == "test_image.py")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(
+        item.path.name == "test_image.py" and "image" in getattr(item, "fixturenames", ()) for item in session.items
+    ):
+        from .image_build import start_build  # noqa: PLC0415
+
+        start_build()

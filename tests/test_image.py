@@ -8,20 +8,15 @@ Python images have), imported into podman and passed as BASE_IMAGE.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from .agent import ROOT, free_port, get, tool
+from .image_build import ULIMITS, Podman, start_build
 from .promtext import parse
-
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-# The sandbox refuses the default rlimits runc asks for.
-ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 
 
 def test_hadolint_finds_nothing() -> None:
@@ -42,75 +37,13 @@ def test_dockerfile_shape() -> None:
         assert f"org.opencontainers.image.{label}=" in text
 
 
-class Podman:
-    def __init__(self, root: Path) -> None:
-        binary = shutil.which("podman")
-        assert binary, "podman is installed by scripts/test.sh"
-        self.base = [
-            binary,
-            "--root",
-            str(root / "storage"),
-            "--runroot",
-            str(root / "run"),
-            "--runtime",
-            "runc",
-            "--storage-driver",
-            "vfs",
-        ]
-
-    def __call__(self, *args: str, check: bool = True, timeout: float = 600, stdin: bytes | None = None) -> str:
-        result = subprocess.run([*self.base, *args], capture_output=True, input=stdin, timeout=timeout, check=False)
-        if check and result.returncode != 0:
-            raise AssertionError(f"podman {' '.join(args)} failed:\n{result.stdout.decode()}\n{result.stderr.decode()}")
-        return result.stdout.decode()
-
-    def logs(self, name: str) -> str:
-        result = subprocess.run([*self.base, "logs", name], capture_output=True, timeout=60, check=False)
-        return result.stdout.decode() + result.stderr.decode()
-
-
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Podman, str]]:
-    work = tmp_path_factory.mktemp("image")
-    debootstrap = shutil.which("debootstrap")
-    assert debootstrap, "debootstrap is installed by scripts/test.sh"
-    rootfs = work / "rootfs"
-    subprocess.run(
-        [
-            debootstrap,
-            "--variant=minbase",
-            "--include=python3,python3-venv",
-            "bookworm",
-            str(rootfs),
-            "http://deb.debian.org/debian",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=900,
-    )
-    podman = Podman(work)
-    tarball = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True).stdout
-    podman("import", "-", "localhost/otel-vgpu-test-base:latest", stdin=tarball)
-    shutil.rmtree(rootfs, ignore_errors=True)
-    podman(
-        "build",
-        "--network",
-        "host",
-        *ULIMITS,
-        "-v",
-        f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-        "--build-arg",
-        "BASE_IMAGE=localhost/otel-vgpu-test-base:latest",
-        "-t",
-        "localhost/otel-vgpu:test",
-        str(ROOT),
-    )
+def image() -> Iterator[tuple[Podman, str]]:
+    build = start_build()
     try:
-        yield podman, "localhost/otel-vgpu:test"
+        yield build.result()
     finally:
-        podman("rm", "--all", "--force", check=False)
-        podman("rmi", "--all", "--force", check=False)
-        shutil.rmtree(work, ignore_errors=True)
+        build.clean()
 
 
 def test_image_runs_the_simulated_node_and_serves_metrics(image: tuple[Podman, str]) -> None:

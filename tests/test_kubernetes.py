@@ -14,7 +14,7 @@ import pytest
 from otel_vgpu.sim.node import container_id
 from otel_vgpu.sim.scenario import parse_scenario
 
-from .agent import Agent, clean_env, get, running_agent
+from .agent import Agent, InProcessAgent, agent_in_process, clean_env, get, running_agent, wait_until
 from .certs import make_certs
 from .conftest import GIB, MIB
 from .kube_api_double import KubeApiDouble, pod_object
@@ -78,6 +78,10 @@ class Cluster:
 
     def agent(self, *extra: str, env: dict[str, str] | None = None) -> AbstractContextManager[Agent]:
         return running_agent(*self.args, *extra, env=env or self.env)
+
+    def in_process(self, *extra: str) -> AbstractContextManager[InProcessAgent]:
+        """The agent in this process with short backoffs: for failure and recovery paths."""
+        return agent_in_process(*self.args, *extra, env=self.env)
 
 
 def populate(api: KubeApiDouble, kubelet: KubeletDouble) -> None:
@@ -148,7 +152,7 @@ def cluster(tmp_path: Path, ratio_file: Path) -> Iterator[Cluster]:
     api.stop()
 
 
-def wait_for(agent: Agent, predicate: Callable[[Exposition], bool], timeout: float = 15) -> Exposition:
+def wait_for(agent: Agent | InProcessAgent, predicate: Callable[[Exposition], bool], timeout: float = 15) -> Exposition:
     deadline = time.monotonic() + timeout
     while True:
         exposition = agent.scrape()
@@ -255,10 +259,14 @@ def test_kubelet_down_falls_back_then_recovers(cluster: Cluster) -> None:
     assert err.count("pod-resources API failed") == 1
 
 
+def kubernetes_errors(exposition: Exposition) -> float:
+    return exposition.by("vgpu_agent_collection_errors_total", "stage")[("kubernetes",)]
+
+
 def test_api_down_at_start_then_recovers(cluster: Cluster) -> None:
     cluster.api.state.list_failures = [500]
     cluster.api.state.down = True
-    with cluster.agent() as agent:
+    with cluster.in_process() as agent:
         first = agent.scrape()
         assert ("", TRAINER) in pods_of(first), "UIDs stand in while the API is down"
         cluster.api.state.down = False
@@ -272,8 +280,11 @@ def test_api_down_at_start_then_recovers(cluster: Cluster) -> None:
 
 def test_refused_token_leaves_uids_and_says_what_is_needed(cluster: Cluster) -> None:
     (cluster.account / "token").write_text("wrong-token")
-    with cluster.agent() as agent:
-        time.sleep(1.5)
+    with cluster.in_process() as agent:
+        wait_until(lambda: "refused the agent" in agent.logged(), what="the refusal logged")
+        wait_until(
+            lambda: cluster.api.state.lists + cluster.api.state.watches == 0 and len(cluster.api.state.requests) >= 2
+        )
         exposition = agent.scrape()
         code, err = agent.stop()
     assert code == 0
@@ -302,11 +313,11 @@ def test_watch_410_and_broken_stream_relist(cluster: Cluster) -> None:
 
 
 def test_slow_api_does_not_hold_scrapes(cluster: Cluster) -> None:
-    cluster.api.state.list_delay = 4.0
-    with cluster.agent() as agent:
+    cluster.api.state.list_delay = 2.0
+    with cluster.in_process() as agent:
         started = time.monotonic()
         status, _, _ = get(f"{agent.url}/metrics")
-        assert status == 200 and time.monotonic() - started < 2
+        assert status == 200 and time.monotonic() - started < 1
         wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e), timeout=20)
         agent.stop()
 
@@ -314,8 +325,8 @@ def test_slow_api_does_not_hold_scrapes(cluster: Cluster) -> None:
 def test_tls_is_verified_against_the_service_account_ca(cluster: Cluster, tmp_path: Path) -> None:
     other = make_certs(tmp_path / "other-pki")
     (cluster.account / "ca.crt").write_bytes(other.ca.read_bytes())
-    with cluster.agent() as agent:
-        time.sleep(1.5)
+    with cluster.in_process() as agent:
+        wait_until(lambda: "certificate verify failed" in agent.logged().lower(), what="the TLS failure logged")
         exposition = agent.scrape()
         code, err = agent.stop()
     assert code == 0
@@ -336,14 +347,12 @@ def test_no_kubernetes_flag(cluster: Cluster) -> None:
 
 
 def test_api_going_down_mid_run_keeps_names_and_catches_up(cluster: Cluster) -> None:
-    with cluster.agent() as agent:
+    with cluster.in_process() as agent:
         wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
         cluster.api.state.down = True
         cluster.api.break_watches()
-        time.sleep(1.5)
-        during = agent.scrape()
+        during = wait_for(agent, lambda e: kubernetes_errors(e) >= 2)  # relists refused
         assert ("ml", "trainer-7f9c") in pods_of(during), "names known before the outage stay"
-        assert during.by("vgpu_agent_collection_errors_total", "stage")[("kubernetes",)] >= 1
         cluster.api.put(pod_object("web", "born-in-outage", "33333333-aaaa-4000-8000-000000000000", NODE))
         cluster.kubelet.assign("web", "born-in-outage", {"main": [f"{U0}::7"]})
         cluster.api.state.down = False
@@ -355,9 +364,9 @@ def test_api_going_down_mid_run_keeps_names_and_catches_up(cluster: Cluster) -> 
 def test_malformed_list_and_forbidden_are_retried(cluster: Cluster) -> None:
     cluster.api.state.garbage_lists = 1
     cluster.api.state.forbidden = True
-    with cluster.agent() as agent:
-        time.sleep(1.0)
-        assert ("", TRAINER) in pods_of(agent.scrape())
+    with cluster.in_process() as agent:
+        refused = wait_for(agent, lambda e: kubernetes_errors(e) >= 2)  # the garbage list, then a 403
+        assert ("", TRAINER) in pods_of(refused)
         cluster.api.state.forbidden = False
         wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e), timeout=20)
         code, err = agent.stop()
@@ -366,16 +375,13 @@ def test_malformed_list_and_forbidden_are_retried(cluster: Cluster) -> None:
 
 
 def test_a_hung_watch_is_abandoned_and_the_pods_listed_again(cluster: Cluster) -> None:
-    with cluster.agent("--kube-watch-seconds", "1") as agent:
+    with cluster.in_process("--kube-watch-seconds", "1") as agent:
         wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
-        lists = cluster.api.state.lists
+        lists, watches = cluster.api.state.lists, cluster.api.state.watches
         cluster.api.state.hang_watches = True
         cluster.api.break_watches()  # the running watch ends; every new one hangs
-        deadline = time.monotonic() + 10
-        while cluster.api.state.lists == lists:  # the relist after the broken watch
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        time.sleep(0.5)  # now in a watch that will never say anything
+        wait_until(lambda: cluster.api.state.lists > lists, what="the relist after the broken watch")
+        wait_until(lambda: cluster.api.state.watches > watches + 1, what="a watch that will never say anything")
         lists = cluster.api.state.lists
         cluster.api.put(pod_object("web", "after-hang", "44444444-aaaa-4000-8000-000000000000", NODE))
         cluster.kubelet.assign("web", "after-hang", {"main": [f"{U1}::6"]})

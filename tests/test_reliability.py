@@ -100,12 +100,12 @@ def test_slow_sweeps_do_not_pile_up_under_concurrent_scrapes(tmp_path: Path, rat
         started = time.monotonic()
         for thread in threads:
             thread.start()
-        time.sleep(5)
+        time.sleep(3)  # the length of the load, not a wait for anything
         stop.set()
         for thread in threads:
             thread.join()
         elapsed = time.monotonic() - started
-        time.sleep(1.5)
+        # This scrape waits for the sweep in flight, then makes one more.
         sweeps = next(iter(agent.scrape().series("vgpu_agent_collection_duration_seconds_count").values()))
         agent.stop()
     assert timeouts, "the scrapers did time out"
@@ -142,7 +142,11 @@ def test_sixty_four_concurrent_scrapers(tmp_path: Path, ratio_file: Path) -> Non
         started = time.monotonic()
         for thread in threads:
             thread.start()
-        time.sleep(30)
+        # Ten scrapes each, or 10 s, whichever comes first: what is asserted
+        # is that none is incomplete, not how many a machine manages.
+        deadline = started + 10
+        while len(latencies) < 640 and time.monotonic() < deadline:
+            time.sleep(0.1)
         stop.set()
         for thread in threads:
             thread.join()
@@ -152,7 +156,7 @@ def test_sixty_four_concurrent_scrapers(tmp_path: Path, ratio_file: Path) -> Non
     latencies.sort()
     median, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
     print(  # the load figures, for the record (pytest -s)
-        f"64 scrapers, {elapsed:.0f} s: {len(latencies)} scrapes, median {median * 1000:.0f} ms, "
+        f"64 scrapers, {elapsed:.1f} s: {len(latencies)} scrapes, median {median * 1000:.0f} ms, "
         f"p99 {p99 * 1000:.0f} ms, {sweeps:.0f} sweeps"
     )
     assert failures == []
@@ -203,7 +207,7 @@ def test_ratio_rewritten_during_scrapes_is_always_a_valid_ratio(ratio_file: Path
         writer.start()
         seen = set()
         try:
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 2
             while time.monotonic() < deadline:
                 exposition = agent.scrape()
                 seen |= {v for v in exposition.by("vgpu_gpu_vgpus", "gpu_id").values()}
@@ -243,7 +247,9 @@ def test_sigterm_during_a_sweep_exits_cleanly(tmp_path: Path, ratio_file: Path) 
 
 
 def test_soak_churning_pods_memory_bounded_no_leftovers() -> None:
-    soak = run_soak(pods=5000, live=100, lifetime_s=1.0, processes=20)
+    # 2,000 pods of half a second, 20 processes each: 40,000 processes and
+    # their PIDs reused, in 10 s (bench/soak.py runs 5,000 for the figures).
+    soak = run_soak(pods=2000, live=100, lifetime_s=0.5, processes=20)
     assert soak.returncode == 0
     # Every scrape reports exactly the pods alive at its sweep: none missing,
     # none outliving its pod. How many scrapes fit in the churn, and so how

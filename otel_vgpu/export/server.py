@@ -28,6 +28,10 @@ CONNECTION_TIMEOUT_S = 30
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's backlog of 5 makes the sixth client waiting to be
+    # accepted wait for SYN retries (a second or more each); the kernel caps
+    # this at net.core.somaxconn.
+    request_queue_size = 128
     ssl_context: ssl.SSLContext | None = None
 
     def finish_request(self, request: Any, client_address: Any) -> None:

@@ -88,6 +88,7 @@ class KubePodDirectory:
         health: Health | None = None,
         watch_seconds: int = WATCH_SECONDS,
         backoff: tuple[float, float] = (BACKOFF_START_S, BACKOFF_MAX_S),
+        watch_grace_s: float = 5.0,
     ) -> None:
         self._make_client = make_client
         self._client: Any = None
@@ -107,7 +108,7 @@ class KubePodDirectory:
         # taken for hung (a half-open connection the server never closes):
         # the agent lists again on a new connection. On a quiet node that is
         # one extra list every few minutes.
-        self._silence_limit = watch_seconds * 1.2 + 5
+        self._silence_limit = watch_seconds * 1.2 + watch_grace_s
         self._watchdog = threading.Thread(target=self._watch_the_watch, name="kubernetes-watchdog", daemon=True)
 
     # --- PodDirectory --------------------------------------------------------
