@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_workloads import Pod, start_pods, stop_pods
-from bench.procstat import cpu_seconds, rss_mib
+from testkit.procstat import cpu_seconds, rss_mib
 
 
 def timed(function: Any, runs: int) -> list[float]:

@@ -8,7 +8,7 @@ from the repository root:
     python3 bench/gpu_validate.py --pod base.yaml --drop-host-pid [--out blind.md]
 
 With `--pod` the agent runs as the rendered DaemonSet runs it
-(bench/pod_harness.py: its PID, mount and cgroup namespaces, uid and gid, no
+(testkit/pod_harness.py: its PID, mount and cgroup namespaces, uid and gid, no
 capabilities, read-only root, its volumes, its service account against an
 HTTPS API double, the kubelet double's socket in a root-owned 0750
 directory); without, as root in the host's namespaces, which proves nothing
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,10 +65,11 @@ from bench.gpu_workloads import (
     stop_agent,
     stop_pods,
 )
-from bench.pod_harness import Cluster as HarnessCluster
-from bench.pod_harness import Pod as HarnessPod
-from bench.pod_harness import PodHarness
 from otel_vgpu.allocation.ratio import parse_ratio
+from testkit.agent import wait_serving
+from testkit.pod_harness import Cluster as HarnessCluster
+from testkit.pod_harness import Pod as HarnessPod
+from testkit.pod_harness import PodHarness
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the kubelet serves pod-resources, and so where the manifest mounts it from.
@@ -107,19 +107,6 @@ def get(url: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
-
-
-def wait_serving(url: str, process: subprocess.Popen[str], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if get(f"{url}/healthz")[0] == 200:
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline or process.poll() is not None:
-            raise SystemExit(f"the agent did not start; its log:\n{log.read_text()}")
-        time.sleep(0.2)
 
 
 def nvml_truth() -> tuple[dict[int, int], int, str, str, str]:
@@ -182,9 +169,9 @@ def main() -> int:
             )
             ratio = parse_ratio(next(iter(harness.configmaps.values()))["gpu_allocation.txt"])
             url = f"http://127.0.0.1:{AGENT_PORT}"
-            wait_serving(url, harness.start(), harness.log)
+            wait_serving(url, harness.start(), harness.log.read_text, timeout=60)
             lines += [
-                f"Agent run by bench/pod_harness.py from {args.pod.name}"
+                f"Agent run by testkit/pod_harness.py from {args.pod.name}"
                 f"{' with hostPID removed' if args.drop_host_pid else ''}; what the kernel says of it:",
                 "",
                 "| | |",

@@ -14,14 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.procstat import free_port
+from testkit.agent import free_port, wait_serving
 
 __all__ = [
     "CGROUP_ROOT",
@@ -156,15 +155,15 @@ class Cluster:
     `socket_dir`: a root-owned 0750 directory, as the kubelet makes it)."""
 
     def __init__(self, directory: Path, node: str, pki: bool = False, socket_dir: Path | None = None) -> None:
-        from tests.kube_api_double import KubeApiDouble  # noqa: PLC0415
-        from tests.kubelet_double import KubeletDouble  # noqa: PLC0415
+        from testkit.kube_api_double import KubeApiDouble  # noqa: PLC0415
+        from testkit.kubelet_double import KubeletDouble  # noqa: PLC0415
 
         self.directory = directory
         self.node = node
         self.ca_crt = b""
         certs = None
         if pki:
-            from tests.certs import make_certs  # noqa: PLC0415
+            from testkit.certs import make_certs  # noqa: PLC0415
 
             certs = make_certs(directory / "pki")
             self.ca_crt = certs.ca.read_bytes()
@@ -187,7 +186,7 @@ class Cluster:
 
     def add(self, pod: Pod, devices: dict[str, list[str]]) -> None:
         """Publish the pod in the API and give its containers these device IDs."""
-        from tests.kube_api_double import pod_object  # noqa: PLC0415
+        from testkit.kube_api_double import pod_object  # noqa: PLC0415
 
         containers = {"main": pod.containers[0][0] if pod.containers else ""}
         self.api.put(pod_object(pod.namespace, pod.name, pod.uid, self.node, containers=containers))
@@ -227,15 +226,8 @@ def start_agent(cluster: Cluster, port: int, ratio: float, *extra: str) -> subpr
         ],
         cwd=Path(__file__).resolve().parents[1],
     )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            scrape(f"http://127.0.0.1:{port}/metrics")
-            return agent
-        except OSError:
-            if time.monotonic() > deadline or agent.poll() is not None:
-                raise SystemExit("the agent did not start") from None
-            time.sleep(0.2)
+    wait_serving(f"http://127.0.0.1:{port}", agent)
+    return agent
 
 
 @dataclass

@@ -27,7 +27,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.procstat import cpu_seconds, rss_mib
+from testkit.procstat import cpu_seconds, rss_mib
 
 LAYOUTS = [
     {"version": 2, "driver": "systemd", "runtime": "containerd"},

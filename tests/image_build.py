@@ -14,7 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .agent import ROOT
+from testkit.agent import ROOT
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # The sandbox refuses the default rlimits runc asks for.

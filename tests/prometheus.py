@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from .agent import free_port
+from testkit.agent import free_port
 
 
 @dataclass

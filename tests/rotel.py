@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from .agent import free_port
+from testkit.agent import free_port
 
 _ATTRIBUTE = re.compile(r"^\s+-> (?P<key>[^:]+): (?P<type>\w+)\((?P<value>.*)\)$")
 _FIELD = re.compile(r"^\s+-> (?P<key>\w+): (?P<value>.*)$")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import shutil
 import subprocess
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .agent import clean_env, free_port, get, run_to_exit, running_agent
+from testkit.agent import clean_env, free_port, get, run_to_exit, running_agent
+
 from .conftest import GIB, MIB, STEADY
 
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -232,6 +234,16 @@ def test_bad_scenario_exits_2_naming_the_line(tmp_path: Path, ratio_file: Path) 
     assert f"{path}:5: pods[0].processes[0].gpu: 5 is not a GPU index" in result.stderr
 
 
+def nvml_loads() -> bool:
+    """Whether this machine has an NVIDIA driver's NVML to load."""
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(nvml_loads(), reason="needs a machine without an NVIDIA driver: here NVML loads")
 def test_without_a_gpu_and_without_simulate_it_refuses(ratio_file: Path) -> None:
     result = run_to_exit(["--allocation-file", str(ratio_file), "--port", str(free_port())])
     assert result.returncode == 1

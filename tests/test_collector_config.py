@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .agent import ROOT
+from testkit.agent import ROOT
 
 CONFIGS = sorted((ROOT / "collector-config").glob("*/config.yaml"))
 # Component types of otelcol-contrib that these files may use.

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from otel_vgpu.config import FLAGS, Config, ConfigError, build_parser, parse_config
-
-from .agent import ROOT
+from testkit.agent import ROOT
 
 
 def test_flag_wins_over_its_twin_which_wins_over_the_default() -> None:

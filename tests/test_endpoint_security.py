@@ -12,9 +12,8 @@ import bcrypt
 import pytest
 
 from otel_vgpu.export.auth import AuthFileError, BasicAuth, parse_users
-
-from .agent import free_port, run_to_exit, running_agent
-from .certs import Certs, make_certs
+from testkit.agent import free_port, run_to_exit, running_agent
+from testkit.certs import Certs, make_certs
 
 
 def https_get(url: str, ca: Path, auth: tuple[str, str] | None = None, client: Certs | None = None) -> int:

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from .agent import ROOT, free_port, get, tool
+from testkit.agent import ROOT, free_port, get, tool
+from testkit.promtext import parse
+
 from .image_build import ULIMITS, Podman, start_build
-from .promtext import parse
 
 
 def test_hadolint_finds_nothing() -> None:

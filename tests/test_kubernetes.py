@@ -4,7 +4,7 @@ kubelet double (the real pod-resources gRPC), on the simulated GPU node."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,13 +13,13 @@ import pytest
 
 from otel_vgpu.sim.node import container_id
 from otel_vgpu.sim.scenario import parse_scenario
+from testkit.agent import Agent, InProcessAgent, agent_in_process, clean_env, get, running_agent, wait_for, wait_until
+from testkit.certs import make_certs
+from testkit.kube_api_double import KubeApiDouble, pod_object
+from testkit.kubelet_double import KubeletDouble
+from testkit.promtext import Exposition
 
-from .agent import Agent, InProcessAgent, agent_in_process, clean_env, get, running_agent, wait_until
-from .certs import make_certs
 from .conftest import GIB, MIB
-from .kube_api_double import KubeApiDouble, pod_object
-from .kubelet_double import KubeletDouble
-from .promtext import Exposition
 
 NODE = "node-a"
 U0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -150,19 +150,6 @@ def cluster(tmp_path: Path, ratio_file: Path) -> Iterator[Cluster]:
     yield Cluster(api, kubelet, env, args, account)
     kubelet.stop()
     api.stop()
-
-
-def wait_for(agent: Agent | InProcessAgent, predicate: Callable[[Exposition], bool], timeout: float = 15) -> Exposition:
-    deadline = time.monotonic() + timeout
-    while True:
-        exposition = agent.scrape()
-        if predicate(exposition):
-            return exposition
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                "condition not met; last scrape:\n" + repr(exposition.series("vgpu_pod_memory_used_bytes"))
-            )
-        time.sleep(0.1)
 
 
 def pods_of(exposition: Exposition) -> set[tuple[str, str]]:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .agent import ROOT, run_to_exit, running_agent, tool
+from testkit.agent import ROOT, run_to_exit, running_agent, tool
 
 KUSTOMIZE = ROOT / "kustomize"
 OVERLAYS = sorted(p.name for p in (KUSTOMIZE / "overlays").iterdir() if (p / "kustomization.yaml").exists())

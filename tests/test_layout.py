@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from .agent import ROOT
+from testkit.agent import ROOT
 
 PACKAGE = ROOT / "otel_vgpu"
 # Lower layers first. A module may import from lower layers and from its own
@@ -78,3 +78,23 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     bad.write_text("from otel_vgpu.collect.sampler import Sampler\n")
     assert imports_of(bad) == {"otel_vgpu.collect.sampler"}
     assert rank(unit_of("otel_vgpu.collect.sampler")) > rank(unit_of("otel_vgpu.gpu.nvml"))
+
+
+def top_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+    return names
+
+
+def test_tests_and_benchmarks_share_testkit_and_never_import_each_other() -> None:
+    crossing = []
+    for folder, forbidden in (("tests", {"bench"}), ("bench", {"tests"}), ("testkit", {"tests", "bench"})):
+        for path in (ROOT / folder).glob("*.py"):
+            if top_imports(path) & forbidden:
+                crossing.append(str(path.relative_to(ROOT)))
+    assert crossing == []

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .agent import clean_env, get, running_agent
+from testkit.agent import clean_env, get, running_agent
+
 from .conftest import GIB
 from .rotel import running_rotel
 

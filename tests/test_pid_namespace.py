@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,10 @@ from otel_vgpu.gpu.backend import Device, GpuProcess
 from otel_vgpu.gpu.pidns import IDLE_MEMORY_BYTES, PROC_PID_INIT_INO, blind_gpus, in_host_pid_namespace
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario, parse_scenario
+from testkit.agent import clean_env, command, free_port, get, wait_serving
+from testkit.promtext import parse
 
-from .agent import clean_env, command, free_port, get
 from .conftest import GIB, STEADY, make_sampler
-from .promtext import parse
 
 
 def device(index: int = 0, memory_used: int = 0, utilization: float = 0.0, mig: tuple[str, ...] = ()) -> Device:
@@ -111,16 +110,7 @@ def run_and_scrape(cmd: list[str]) -> tuple[int, bytes, bytes, str]:
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert process.poll() is None, process.communicate()[1]
-            try:
-                if get(f"{url}/healthz", timeout=1)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "agent did not start serving within 20 s"
-            time.sleep(0.05)
+        wait_serving(url, process, lambda: process.communicate()[1])
         ready, ready_body, _ = get(f"{url}/readyz")
         status, metrics, _ = get(f"{url}/metrics")
         assert status == 200

@@ -1,6 +1,6 @@
 """The shipped manifests, run as deployed, on the simulated node.
 
-bench/pod_harness.py gives the rendered DaemonSet's agent the isolation its
+testkit/pod_harness.py gives the rendered DaemonSet's agent the isolation its
 pod spec asks for (PID, mount and cgroup namespaces, user, no capabilities,
 read-only root, volumes, service account); the Kubernetes API double answers
 over HTTPS to the service account, and the kubelet double serves
@@ -16,21 +16,20 @@ import shutil
 import sys
 import sysconfig
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from bench.pod_harness import Cluster as HarnessCluster
-from bench.pod_harness import Pod, PodHarness
+from testkit.agent import free_port, get, wait_serving
+from testkit.certs import make_certs
+from testkit.kube_api_double import KubeApiDouble
+from testkit.kubelet_double import KubeletDouble
+from testkit.pod_harness import Cluster as HarnessCluster
+from testkit.pod_harness import Pod, PodHarness
+from testkit.promtext import Exposition, parse
 
-from .agent import free_port, get
-from .certs import make_certs
-from .kube_api_double import KubeApiDouble
-from .kubelet_double import KubeletDouble
-from .promtext import Exposition, parse
 from .test_kubernetes import NODE, SCENARIO, populate
 from .test_kustomize import rendered_text
 
@@ -108,16 +107,7 @@ def run_pod(
     url = f"http://127.0.0.1:{port}"
     process = harness.start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, f"the pod's agent exited: {harness.stop()}"
-            try:
-                if get(f"{url}/healthz", timeout=1)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"the pod's agent did not serve: {harness.stop()}"
-            time.sleep(0.1)
+        wait_serving(url, process, harness.stop)
         # The agent asks the kubelet once before it serves: the answer, or
         # its failure, is in the first scrape.
         evidence = harness.evidence()

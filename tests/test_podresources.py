@@ -12,8 +12,7 @@ from otel_vgpu.gpu.backend import Device
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.kubernetes.podresources import KEEP_LAST_GOOD_CALLS, KubeletAllocation, PodResourcesClient
 from otel_vgpu.pods.directory import PodMeta
-
-from .kubelet_double import KubeletDouble
+from testkit.kubelet_double import KubeletDouble
 
 GPU = Device(index=0, uuid="GPU-0000", model="H200", memory_total=100, memory_used=0, utilization=0.0)
 UID = "6b1f6c9e-3a3c-4d7b-9b5e-0c2f6a1d8e01"

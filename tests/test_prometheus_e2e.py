@@ -13,8 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from .agent import ROOT, running_agent
-from .certs import make_certs
+from testkit.agent import ROOT, running_agent
+from testkit.certs import make_certs
+
 from .conftest import GIB
 from .prometheus import running_prometheus
 

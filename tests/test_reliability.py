@@ -8,13 +8,11 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from bench.soak import alive_at_one_moment, run_soak
-
-from .agent import Agent, get, running_agent
-from .promtext import Exposition, parse
+from testkit.agent import get, running_agent, wait_for
+from testkit.promtext import Exposition, parse
+from testkit.soak import alive_at_one_moment, run_soak
 
 TWO_GPUS = """
 gpus: [{memory: 80GiB}, {memory: 80GiB}]
@@ -28,16 +26,6 @@ def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "scenario.yaml"
     path.write_text(text)
     return path
-
-
-def poll(agent: Agent, predicate: Callable[[Exposition], bool], timeout: float = 10) -> Exposition:
-    deadline = time.monotonic() + timeout
-    while True:
-        exposition = agent.scrape()
-        if predicate(exposition):
-            return exposition
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def gpus_of(exposition: Exposition) -> set[str]:
@@ -54,11 +42,11 @@ def test_gpu_lost_mid_run_leaves_the_other_reported_and_recovers(tmp_path: Path,
     )
     args = ["--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
     with running_agent(*args) as agent:
-        poll(agent, lambda e: gpus_of(e) == {"0", "1"})
-        lost = poll(agent, lambda e: gpus_of(e) == {"0"})
+        wait_for(agent, lambda e: gpus_of(e) == {"0", "1"})
+        lost = wait_for(agent, lambda e: gpus_of(e) == {"0"})
         assert {gpu for (gpu,) in lost.by("vgpu_pod_memory_used_bytes", "gpu_id")} == {"0"}, "no stale GPU 1 rows"
         assert errors(lost, "device") >= 1
-        back = poll(agent, lambda e: gpus_of(e) == {"0", "1"})
+        back = wait_for(agent, lambda e: gpus_of(e) == {"0", "1"})
         assert back.by("vgpu_pod_memory_used_bytes", "pod", "gpu_id")[("b", "1")] == 3 * 1024**3
         code, err = agent.stop()
     assert code == 0
@@ -71,12 +59,12 @@ def test_driver_away_mid_run_serves_no_stale_figures_and_recovers(tmp_path: Path
     )
     args = ["--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
     with running_agent(*args) as agent:
-        poll(agent, lambda e: gpus_of(e) == {"0", "1"})
-        away = poll(agent, lambda e: not gpus_of(e))
+        wait_for(agent, lambda e: gpus_of(e) == {"0", "1"})
+        away = wait_for(agent, lambda e: not gpus_of(e))
         assert not away.series("vgpu_pod_memory_used_bytes"), "the last good snapshot is not served as fresh"
         assert errors(away, "device_count") >= 1
         assert get(f"{agent.url}/readyz")[0] == 503 and get(f"{agent.url}/healthz")[0] == 200
-        poll(agent, lambda e: gpus_of(e) == {"0", "1"})
+        wait_for(agent, lambda e: gpus_of(e) == {"0", "1"})
         assert get(f"{agent.url}/readyz")[0] == 200
         code, _ = agent.stop()
     assert code == 0

@@ -17,9 +17,9 @@ from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
+from testkit.promtext import Exposition, parse
 
 from .conftest import GIB, make_sampler
-from .promtext import Exposition, parse
 
 POD_FAMILIES = [family.prometheus_name for family in of_kind(Kind.POD)]
 GPU_FAMILIES = [family.prometheus_name for family in of_kind(Kind.GPU)]

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_vgpu.config import Backoff, parse_config
-
-from .promtext import Exposition, parse
+from testkit.promtext import Exposition, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,20 +121,11 @@ def running_agent(
     )
     agent = Agent(process, f"http://127.0.0.1:{port}")
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            if process.poll() is not None:
-                raise AssertionError(
-                    f"agent exited with {process.returncode}: {process.stderr.read() if process.stderr else ''}"
-                )
-            try:
-                if _healthy(agent.url, https_ca, https_client):
-                    break
-            except (OSError, http.client.HTTPException):
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("agent did not start serving within 20 s")
-            time.sleep(0.05)
+        wait_serving(
+            lambda: _healthy(agent.url, https_ca, https_client),
+            process,
+            lambda: process.stderr.read() if process.stderr else "",
+        )
         yield agent
     finally:
         if process.poll() is None:
@@ -215,6 +205,42 @@ def agent_in_process(*args: str, env: dict[str, str], **overrides: Any) -> Itera
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def wait_serving(
+    healthy: Callable[[], bool] | str,
+    process: subprocess.Popen[Any],
+    log: Callable[[], str] = lambda: "",
+    timeout: float = 30,
+) -> None:
+    """Wait until the agent answers its health probe (a check, or a base URL
+    whose /healthz is asked); fail with its log if it exits or stays silent."""
+    check = healthy if callable(healthy) else (lambda: get(f"{healthy}/healthz", timeout=1)[0] == 200)
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"the agent exited with {process.returncode}: {log()}")
+        try:
+            if check():
+                return
+        except (OSError, http.client.HTTPException):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the agent did not serve within {timeout:g} s: {log()}")
+        time.sleep(0.05)
+
+
+def wait_for(agent: Agent | InProcessAgent, predicate: Callable[[Exposition], bool], timeout: float = 15) -> Exposition:
+    """Scrape until `predicate` holds for a scrape; that scrape."""
+    deadline = time.monotonic() + timeout
+    while True:
+        exposition = agent.scrape()
+        if predicate(exposition):
+            return exposition
+        assert time.monotonic() < deadline, "condition not met; last scrape: " + repr(
+            exposition.series("vgpu_pod_memory_used_bytes")
+        )
+        time.sleep(0.05)
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = 15, what: str = "condition") -> Any:

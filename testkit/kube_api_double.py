@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 if TYPE_CHECKING:
-    from .certs import Certs
+    from testkit.certs import Certs
 
 
 def pod_object(

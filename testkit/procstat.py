@@ -1,9 +1,8 @@
-"""What the benchmarks read about a process, and a free port to run one on."""
+"""What the benchmarks and the soak read about a running process."""
 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -20,9 +19,3 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
