@@ -31,7 +31,7 @@ from otel_vgpu.allocation.shares import Allocation
 from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods.directory import PodMeta, StaticDirectory
-from otel_vgpu.sim.scenario import CgroupSpec, PodSpec, Scenario
+from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, PodSpec, Scenario
 
 # Memory the driver holds on each device beyond what processes use.
 DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
@@ -115,7 +115,8 @@ class SimulatedNode:
         self._written: dict[int, int] = {}  # pid -> start time on disk
         self._state_at: float | None = None
         self._processes: list[_Process] = []
-        self._failures: dict[tuple[str, int], ErrorCode] = {}
+        # Faults switched on by tests: the same FaultSpec as the scenario's own.
+        self._faults: list[FaultSpec] = []
         self.refresh()
 
     # The scenario's time: seconds since the node started.
@@ -140,11 +141,11 @@ class SimulatedNode:
 
     def fail(self, call: str, index: int, code: ErrorCode | str | None) -> None:
         """Make `call` ('device', 'processes', 'utilization_samples') fail on
-        GPU `index` with `code`, or succeed again with None (for fault tests)."""
-        if code is None:
-            self._failures.pop((call, index), None)
-        else:
-            self._failures[(call, index)] = ErrorCode(code)
+        GPU `index` with `code` from now on, or succeed again with None: a
+        scenario fault switched on and off by a test."""
+        self._faults = [f for f in self._faults if (f.call, f.gpu) != (call, index)]
+        if code is not None:
+            self._faults.append(FaultSpec(call=call, gpu=index, code=ErrorCode(code)))
 
     # --- AllocationSource ---------------------------------------------------
 
@@ -331,11 +332,8 @@ class SimulatedNode:
             self._written[pid] = process.start_time
 
     def _maybe_fail(self, call: str, index: int | None) -> None:
-        code = self._failures.get((call, index)) if index is not None else None
-        if code is not None:
-            raise GpuError(code, f"simulated {code.value}")
         t = self.now()
-        for fault in self.scenario.faults:
+        for fault in (*self._faults, *self.scenario.faults):
             if fault.active(call, index, t):
                 if fault.delay_s > 0:
                     time.sleep(fault.delay_s)

@@ -432,21 +432,22 @@ class _Reader:
         return CgroupSpec(version=version, **values)
 
     def process(self, raw: Any, where: str, gpu_count: int) -> ProcessSpec:
-        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", "container"})
-        return ProcessSpec(
-            gpu=self.gpu_index(proc, where, gpu_count),
-            memory=self.wave(proc.get("memory", 0), f"{where}.memory", _line(proc, "memory"), size=True),
-            sm=self.wave(proc.get("sm", 0), f"{where}.sm", _line(proc, "sm"), size=False),
-            container=str(proc.get("container", "main")),
-        )
+        proc, gpu, memory, sm = self.gpu_process(raw, where, gpu_count, "container")
+        return ProcessSpec(gpu=gpu, memory=memory, sm=sm, container=str(proc.get("container", "main")))
 
     def host_process(self, raw: Any, where: str, gpu_count: int) -> HostProcessSpec:
-        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", "cgroup"})
-        return HostProcessSpec(
-            gpu=self.gpu_index(proc, where, gpu_count),
-            memory=self.wave(proc.get("memory", 0), f"{where}.memory", _line(proc, "memory"), size=True),
-            sm=self.wave(proc.get("sm", 0), f"{where}.sm", _line(proc, "sm"), size=False),
-            cgroup=str(proc.get("cgroup", "0::/system.slice/nvidia-persistenced.service")),
+        proc, gpu, memory, sm = self.gpu_process(raw, where, gpu_count, "cgroup")
+        cgroup = str(proc.get("cgroup", "0::/system.slice/nvidia-persistenced.service"))
+        return HostProcessSpec(gpu=gpu, memory=memory, sm=sm, cgroup=cgroup)
+
+    def gpu_process(self, raw: Any, where: str, gpu_count: int, extra: str) -> tuple[_LineDict, int, Wave, Wave]:
+        """What a pod's process and a host process have in common: GPU, memory, SM."""
+        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", extra})
+        return (
+            proc,
+            self.gpu_index(proc, where, gpu_count),
+            self.wave(proc.get("memory", 0), f"{where}.memory", _line(proc, "memory"), size=True),
+            self.wave(proc.get("sm", 0), f"{where}.sm", _line(proc, "sm"), size=False),
         )
 
     def gpu_index(self, proc: _LineDict, where: str, gpu_count: int) -> int:
