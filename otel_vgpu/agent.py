@@ -170,7 +170,7 @@ class Agent:
         from otel_vgpu.gpu.nvml import NvmlBackend, NvmlUnavailable  # noqa: PLC0415
 
         try:
-            backend = NvmlBackend()
+            backend = NvmlBackend(backoff=(config.nvml_backoff.first, config.nvml_backoff.most))
         except NvmlUnavailable as error:
             raise StartupError(str(error), EXIT_NO_GPU) from None
         return _Sources(

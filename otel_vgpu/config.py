@@ -69,6 +69,8 @@ class Config:
     # Timers that are no flag's business; tests shorten them.
     kube_backoff: Backoff = field(default_factory=Backoff)
     """Between lists of a failing Kubernetes API."""
+    nvml_backoff: Backoff = field(default_factory=Backoff)
+    """Between attempts to initialise NVML while the driver does not answer."""
     kube_watch_grace_s: float = 5.0
     """A watch silent for 1.2 x kube_watch_seconds plus this long is taken for hung."""
     first_sync_wait_s: float = 3.0

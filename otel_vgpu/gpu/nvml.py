@@ -53,12 +53,18 @@ class NvmlBackend:
     functions and error classes, since no GPU is available to them.
     """
 
-    def __init__(self, nvml: ModuleType | Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType | Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        backoff: tuple[float, float] = (BACKOFF_START_S, BACKOFF_MAX_S),
+    ) -> None:
         self._nvml = nvml if nvml is not None else _load_pynvml()
         self._clock = clock
         self._handles: dict[int, Any] = {}
         self._ready = False
-        self._backoff = BACKOFF_START_S
+        self._first_backoff, self._max_backoff = backoff
+        self._backoff = self._first_backoff
         self._next_attempt = 0.0
         try:
             self._initialise()
@@ -79,10 +85,10 @@ class NvmlBackend:
             self._nvml.nvmlInit()
         except self._nvml.NVMLError as error:
             self._next_attempt = self._clock() + self._backoff
-            self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
+            self._backoff = min(self._max_backoff, self._backoff * 2)
             raise GpuError(_code(error), _describe(error)) from None
         self._ready = True
-        self._backoff = BACKOFF_START_S
+        self._backoff = self._first_backoff
         self._handles.clear()
 
     def _session_lost(self) -> None:
@@ -91,7 +97,7 @@ class NvmlBackend:
         self._ready = False
         self._handles.clear()
         self._next_attempt = self._clock() + self._backoff
-        self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
+        self._backoff = min(self._max_backoff, self._backoff * 2)
 
     def device_count(self) -> int:
         if not self._ready:
