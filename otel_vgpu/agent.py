@@ -76,7 +76,6 @@ class Agent:
             raise StartupError(str(error), EXIT_USAGE) from None
         self.otlp = otlp
         sources = self._gpu_sources()
-        self.backend = sources.backend
         self._closers.append(sources.backend.close)
         self.node_name = sources.node_name
         try:
@@ -170,7 +169,7 @@ class Agent:
         from otel_vgpu.gpu.nvml import NvmlBackend, NvmlUnavailable  # noqa: PLC0415
 
         try:
-            backend = NvmlBackend(backoff=(config.nvml_backoff.first, config.nvml_backoff.most))
+            backend = NvmlBackend(backoff=config.nvml_backoff)
         except NvmlUnavailable as error:
             raise StartupError(str(error), EXIT_NO_GPU) from None
         return _Sources(
@@ -213,7 +212,7 @@ class Agent:
             config.gpu_resources,
             self.health,
             watch_seconds=config.kube_watch_seconds,
-            backoff=(config.kube_backoff.first, config.kube_backoff.most),
+            backoff=config.kube_backoff,
             watch_grace_s=config.kube_watch_grace_s,
         )
         directory.start()

@@ -37,6 +37,9 @@ class Backoff:
     most: float = 60.0
 
 
+DEFAULT_BACKOFF = Backoff()
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     port: int = 8080

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
 from otel_vgpu.gpu.backend import NVML_RETURN_VALUES, Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,6 @@ def _load_pynvml() -> ModuleType:
 SESSION_LOST = frozenset({ErrorCode.UNINITIALIZED, ErrorCode.DRIVER_NOT_LOADED, ErrorCode.LIB_RM_VERSION_MISMATCH})
 # Errors that mean this machine cannot use NVML at all.
 NO_LIBRARY = frozenset({ErrorCode.LIBRARY_NOT_FOUND, ErrorCode.FUNCTION_NOT_FOUND})
-BACKOFF_START_S = 1.0
-BACKOFF_MAX_S = 60.0
 # A listing NVML sized, then found too small because processes started in
 # between: asked again this many times.
 LISTING_ATTEMPTS = 3
@@ -57,13 +56,13 @@ class NvmlBackend:
         self,
         nvml: ModuleType | Any = None,
         clock: Callable[[], float] = time.monotonic,
-        backoff: tuple[float, float] = (BACKOFF_START_S, BACKOFF_MAX_S),
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self._nvml = nvml if nvml is not None else _load_pynvml()
         self._clock = clock
         self._handles: dict[int, Any] = {}
         self._ready = False
-        self._first_backoff, self._max_backoff = backoff
+        self._first_backoff, self._max_backoff = backoff.first, backoff.most
         self._backoff = self._first_backoff
         self._next_attempt = 0.0
         try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_vgpu.config import DEFAULT_RESOURCES
+from otel_vgpu.config import DEFAULT_BACKOFF, DEFAULT_RESOURCES, Backoff
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.pods.directory import PodMeta
 
@@ -29,8 +29,6 @@ CONFIG_HASH = "kubernetes.io/config.hash"
 # The API server closes a watch after this long; the client then lists again
 # only if the watch broke, otherwise it resumes from the last resourceVersion.
 WATCH_SECONDS = 300
-BACKOFF_START_S = 1.0
-BACKOFF_MAX_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +85,7 @@ class KubePodDirectory:
         resources: Iterable[str] = DEFAULT_RESOURCES,
         health: Health | None = None,
         watch_seconds: int = WATCH_SECONDS,
-        backoff: tuple[float, float] = (BACKOFF_START_S, BACKOFF_MAX_S),
+        backoff: Backoff = DEFAULT_BACKOFF,
         watch_grace_s: float = 5.0,
     ) -> None:
         self._make_client = make_client
@@ -175,7 +173,7 @@ class KubePodDirectory:
         return generation == self._generation and not self._stop.is_set()
 
     def _run(self, client: Any, generation: int) -> None:
-        first, most = self._backoff
+        first, most = self._backoff.first, self._backoff.most
         backoff = first
         while self._current(generation):
             try:
