@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from testkit.agent import ROOT, running_agent
+from testkit.agent import ROOT, running_agent, wait_until
 from testkit.certs import make_certs
 
 from .conftest import GIB
@@ -108,8 +108,9 @@ def test_prometheus_scrapes_the_agent_over_http_and_over_tls_with_auth(
                 )
                 assert float(result[0]["value"][1]) == 12 * GIB
                 assert result[0]["metric"]["gpu_uuid"] == "GPU-00000000-0000-0000-0000-000000000000"
-                up = prometheus.query(f'up{{job="{job}"}}')
-                assert up and up[0]["value"][1] == "1"
+                # up is per scrape: one late scrape on a loaded machine reads 0,
+                # so what is asserted is that the target is scraped successfully.
+                assert prometheus.wait_for(f'up{{job="{job}"}} == 1')
             idle = prometheus.query(
                 'vgpu_pod_memory_allocated_bytes{job="otel-vgpu"} > 0 and on (namespace, pod, gpu_id) '
                 'vgpu_pod_processes{job="otel-vgpu"} == 0'
@@ -120,8 +121,14 @@ def test_prometheus_scrapes_the_agent_over_http_and_over_tls_with_auth(
             target = prometheus.query('target_info{job="otel-vgpu"}')
             assert target[0]["metric"]["service_name"] == "otel-vgpu"
 
-            rules = prometheus.api("rules")
-            loaded = [rule for group in rules["groups"] for rule in group["rules"]]
+            def loaded_rules() -> list[dict[str, str]]:
+                return [rule for group in prometheus.api("rules")["groups"] for rule in group["rules"]]
+
+            # A rule's health is "unknown" until its first evaluation.
+            loaded = wait_until(
+                lambda: (rules := loaded_rules()) and all(r["health"] != "unknown" for r in rules) and rules,
+                what="every rule evaluated",
+            )
             assert sorted(rule["name"] for rule in loaded) == sorted(alert_names()), loaded
             assert all(rule["health"] == "ok" for rule in loaded), loaded
 
@@ -129,7 +136,7 @@ def test_prometheus_scrapes_the_agent_over_http_and_over_tls_with_auth(
                 # Prometheus rejects invalid PromQL with an error status.
                 prometheus.query(as_promql(query))
             # the dashboard's panels find data on a live agent
-            assert prometheus.query(as_promql(dashboard_queries()[0]))
+            assert prometheus.wait_for(as_promql(dashboard_queries()[0]))
         plain.stop()
         tls.stop()
 
