@@ -44,8 +44,6 @@ import os
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -66,7 +64,7 @@ from bench.gpu_workloads import (
     stop_pods,
 )
 from otel_vgpu.allocation.ratio import parse_ratio
-from testkit.agent import wait_serving
+from testkit.agent import get, wait_serving
 from testkit.pod_harness import Cluster as HarnessCluster
 from testkit.pod_harness import Pod as HarnessPod
 from testkit.pod_harness import PodHarness
@@ -99,14 +97,6 @@ def nvml_idle() -> str:
         f"idle GPU 0 before the workloads: {processes} processes, {utilization} % busy, "
         f"memory used (v1) {v1.used / GIB:.3f} GiB{reserved}"
     )
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 def nvml_truth() -> tuple[dict[int, int], int, str, str, str]:
@@ -186,7 +176,8 @@ def main() -> int:
             url = f"http://127.0.0.1:{port}"
         time.sleep(args.settle)
         metrics = scrape(f"{url}/metrics")
-        ready = get(f"{url}/readyz")
+        status, body, _ = get(f"{url}/readyz", timeout=30)
+        ready = (status, body.decode())
         used, *_ = nvml_truth()
         lines += [f"GPU: {model}, driver {driver}, {total / GIB:.1f} GiB; ratio {ratio:g}", "", idle, ""]
         if args.drop_host_pid:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -334,8 +334,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         values[_FIELD_OF.get(flag.dest, flag.dest)] = tuple(given) if isinstance(given, list) else given
     if not values.get("node_name"):
         values["node_name"] = env.get("NODE_NAME", "")
-    known = {f.name for f in fields(Config)}
-    return replace(Config(), **{k: v for k, v in values.items() if k in known})
+    return replace(Config(), **values)
 
 
 def _from_environment(flag: Flag, env: Mapping[str, str]) -> Any:

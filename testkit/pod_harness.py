@@ -46,6 +46,8 @@ from typing import Any
 
 import yaml
 
+from testkit.procstat import children
+
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTAINER_NAME = "otel-vgpu"
@@ -278,9 +280,9 @@ class PodHarness:
             return self.process.pid
         deadline = time.monotonic() + 10
         while True:
-            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
-            if children:
-                return int(children[0])
+            forked = children(self.process.pid)
+            if forked:
+                return forked[0]
             if time.monotonic() > deadline:
                 raise SystemExit(f"the pod did not start; its log:\n{self.log.read_text()}")
             time.sleep(0.05)

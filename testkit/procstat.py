@@ -19,3 +19,9 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def children(pid: int) -> list[int]:
+    """The PIDs of a process's children (the first process of a PID namespace
+    that `unshare --fork` made, say)."""
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

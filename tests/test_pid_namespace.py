@@ -22,6 +22,7 @@ from otel_vgpu.gpu.pidns import IDLE_MEMORY_BYTES, PROC_PID_INIT_INO, blind_gpus
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario, parse_scenario
 from testkit.agent import clean_env, command, free_port, get, wait_serving
+from testkit.procstat import children
 from testkit.promtext import parse
 
 from .conftest import GIB, STEADY, make_sampler
@@ -124,9 +125,8 @@ def stop(process: subprocess.Popen[str]) -> None:
     """SIGTERM to the agent, as the kubelet sends it to a container's first
     process. unshare ignores SIGTERM while it waits, so its child gets it."""
     if process.args[0] == UNSHARE:  # type: ignore[index]
-        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-        for child in children:
-            os.kill(int(child), signal.SIGTERM)
+        for child in children(process.pid):
+            os.kill(child, signal.SIGTERM)
     else:
         process.terminate()
 
