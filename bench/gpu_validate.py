@@ -157,7 +157,8 @@ def main() -> int:
                 python_path=(*os.environ.get("PYTHONPATH", "").split(":"), str(ROOT)),
                 drop_host_pid=args.drop_host_pid,
             )
-            ratio = parse_ratio(next(iter(harness.configmaps.values()))["gpu_allocation.txt"])
+            # `auto` without replica counts from the kubelet double is 1.
+            ratio = parse_ratio(next(iter(harness.configmaps.values()))["gpu_allocation.txt"]) or 1.0
             url = f"http://127.0.0.1:{AGENT_PORT}"
             wait_serving(url, harness.start(), harness.log.read_text, timeout=60)
             lines += [

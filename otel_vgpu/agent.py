@@ -120,11 +120,11 @@ class Agent:
                 self.otlp.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint",
             )
         log.info(
-            "serving %s://%s:%d/metrics (ratio %g from %s, node %s)",
+            "serving %s://%s:%d/metrics (ratio %s from %s, node %s)",
             "https" if self.server.tls else "http",
             self.config.address,
             self.server.port,
-            self.ratio.ratio,
+            self.ratio.describe(),
             self.config.allocation_file,
             self.node_name,
         )

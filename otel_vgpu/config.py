@@ -23,7 +23,15 @@ EXIT_NO_GPU = 1
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-DEFAULT_RESOURCES = ("nvidia.com/gpu",)
+# Resources whose devices count as GPUs: the device plugin's own, its
+# renamed replicas (renameByDefault) and its MIG resources (mixed strategy),
+# the rule dcgm-exporter applies (exact name, or the `nvidia.com/mig-` prefix).
+DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
+# DRA drivers whose devices are GPUs: the NVIDIA DRA driver.
+DRA_DRIVERS = ("gpu.nvidia.com",)
+# Resources that are quantities, not devices: HAMi's memory and cores. Summed
+# as shares they would turn `nvidia.com/gpumem: 4000` into 4000 GPUs.
+NOT_DEVICE_COUNTS = ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -231,7 +239,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--gpu-resource",
-        "an extended resource whose devices count as vGPU shares; repeatable (in the environment, comma-separated)",
+        "an extended resource whose devices count as vGPU shares, or a prefix ending in *; repeatable (in the "
+        "environment, comma-separated); replaces the default list",
         "OTEL_VGPU_GPU_RESOURCES",
         str,
         ",".join(DEFAULT_RESOURCES),
@@ -334,6 +343,13 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         values[_FIELD_OF.get(flag.dest, flag.dest)] = tuple(given) if isinstance(given, list) else given
     if not values.get("node_name"):
         values["node_name"] = env.get("NODE_NAME", "")
+    for name in values.get("gpu_resources", ()):
+        if name in NOT_DEVICE_COUNTS:
+            raise ConfigError(
+                f"--gpu-resource {name}: a quantity (HAMi's memory or cores), not a count of devices; "
+                "HAMi's allocation is read from its pod annotations, so name only device resources "
+                "(for example nvidia.com/gpu)"
+            )
     return replace(Config(), **values)
 
 

@@ -21,6 +21,8 @@ class Stage(str, Enum):
     """Where a failure happened: the `stage` label of vgpu_agent_collection_errors_total."""
 
     ALLOCATION_FILE = "allocation_file"
+    RATIO = "ratio"
+    """The ratio file's number disagrees with the kubelet, or `auto` has no count yet."""
     DEVICE_COUNT = "device_count"
     DEVICE = "device"
     PROCESSES = "processes"
@@ -29,6 +31,8 @@ class Stage(str, Enum):
     SWEEP = "sweep"
     KUBERNETES = "kubernetes"
     POD_RESOURCES = "pod_resources"
+    POD_ANNOTATIONS = "pod_annotations"
+    """A pod's allocator annotation (HAMi) that cannot be read."""
     EXPORT = "export"
     """A failed OTLP export: counted in vgpu_agent_export_failures_total, not by stage."""
 
@@ -38,6 +42,7 @@ class Stage(str, Enum):
 SWEEP_STAGES = frozenset(
     {
         Stage.ALLOCATION_FILE,
+        Stage.RATIO,
         Stage.DEVICE_COUNT,
         Stage.DEVICE,
         Stage.PROCESSES,

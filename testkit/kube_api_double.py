@@ -31,8 +31,12 @@ def pod_object(
     containers: dict[str, str] | None = None,
     gpu_limits: dict[str, int] | None = None,
     annotations: dict[str, str] | None = None,
+    phase: str = "Running",
+    init_containers: tuple[str, ...] = (),
+    resource: str = "nvidia.com/gpu",
 ) -> dict[str, Any]:
-    """A Pod as the API returns it. `containers` maps name to container ID."""
+    """A Pod as the API returns it. `containers` maps name to container ID;
+    `gpu_limits` gives containers a limit of `resource`."""
     containers = containers or {"main": ""}
     gpu_limits = gpu_limits or {}
     return {
@@ -41,17 +45,22 @@ def pod_object(
         "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations or {}},
         "spec": {
             "nodeName": node,
+            **(
+                {"initContainers": [{"name": n, "image": "registry.example/init:1"} for n in init_containers]}
+                if init_containers
+                else {}
+            ),
             "containers": [
                 {
                     "name": cname,
                     "image": "registry.example/app:1",
-                    "resources": {"limits": {"nvidia.com/gpu": str(gpu_limits[cname])}} if cname in gpu_limits else {},
+                    "resources": {"limits": {resource: str(gpu_limits[cname])}} if cname in gpu_limits else {},
                 }
                 for cname in containers
             ],
         },
         "status": {
-            "phase": "Running",
+            "phase": phase,
             "containerStatuses": [
                 {
                     "name": cname,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from otel_vgpu.allocation.shares import Allocation
-from otel_vgpu.collect.aggregate import GpuReading, PodRow, aggregate
+from collections.abc import Callable, Mapping, Sequence
+
+from otel_vgpu.allocation.ratio import Ratios
+from otel_vgpu.allocation.shares import Allocation, Grant
+from otel_vgpu.collect.aggregate import GpuReading, GpuRow, PodRow, aggregate
 from otel_vgpu.gpu.backend import Device, GpuProcess
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodMeta
@@ -12,6 +15,25 @@ GIB = 1024**3
 GPU0 = Device(0, "GPU-0", "H100", 80 * GIB, 40 * GIB, 0.7)
 GPU1 = Device(1, "GPU-1", "H100", 80 * GIB, 10 * GIB, 0.1)
 NAMES = {"uid-a": PodMeta("ml", "a"), "uid-b": PodMeta("web", "b")}
+
+
+def grants(
+    shares: Mapping[tuple[str, str, str], float], unplaced: Mapping[tuple[str, str], float] | None = None
+) -> Allocation:
+    """An allocation of plain shares."""
+    return Allocation(placed={k: Grant(shares=v) for k, v in shares.items()}, unplaced=unplaced or {})
+
+
+def run(
+    readings: Sequence[GpuReading],
+    pods: Mapping[int, PodRef | None],
+    lookup: Callable[[str], PodMeta | None],
+    allocation: Allocation,
+    ratio: float | Ratios,
+    by_container: bool = False,
+) -> tuple[tuple[GpuRow, ...], tuple[PodRow, ...]]:
+    ratios = ratio if isinstance(ratio, Ratios) else Ratios(ratio)
+    return aggregate(readings, pods, lookup, allocation, ratios, by_container)
 
 
 def by_key(rows: tuple[PodRow, ...]) -> dict[tuple[str, str, int], PodRow]:
@@ -28,7 +50,7 @@ def test_pods_on_two_gpus_with_unattributed_memory() -> None:
         GpuReading(GPU1, [GpuProcess(4, 3 * GIB)], {4: 0.2}),
     ]
     pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-a", "c2"), 3: PodRef("uid-b", None), 4: PodRef("uid-a", "c1")}
-    gpus, rows = aggregate(readings, pods, NAMES.get, Allocation(placed={("uid-a", "", "GPU-0"): 2}), ratio=4.0)
+    gpus, rows = run(readings, pods, NAMES.get, grants({("uid-a", "", "GPU-0"): 2}), 4.0)
 
     got = by_key(rows)
     a0 = got[("ml", "a", 0)]
@@ -52,18 +74,18 @@ def test_pods_on_two_gpus_with_unattributed_memory() -> None:
 
 
 def test_unresolved_pod_keeps_uid_and_empty_namespace() -> None:
-    _, rows = aggregate(
+    _, rows = run(
         [GpuReading(GPU0, [GpuProcess(1, GIB)], {})], {1: PodRef("uid-x", None)}, NAMES.get, Allocation(), 2.0
     )
     assert [(r.namespace, r.pod) for r in rows] == [("", "uid-x")]
 
 
 def test_idle_allocation_appears_with_zero_use() -> None:
-    _, rows = aggregate(
+    _, rows = run(
         [GpuReading(GPU0, [], {})],
         {},
         NAMES.get,
-        Allocation(placed={("uid-b", "", "GPU-0"): 1, ("uid-a", "", "GPU-9"): 1}),
+        grants({("uid-b", "", "GPU-0"): 1, ("uid-a", "", "GPU-9"): 1}),
         2.0,
     )
     assert [(r.pod, r.memory_used, r.memory_allocated, r.sm_utilization, r.processes) for r in rows] == [
@@ -72,12 +94,12 @@ def test_idle_allocation_appears_with_zero_use() -> None:
 
 
 def test_zero_shares_are_no_allocation() -> None:
-    _, rows = aggregate([GpuReading(GPU0, [], {})], {}, NAMES.get, Allocation(placed={("uid-b", "", "GPU-0"): 0}), 2.0)
+    _, rows = run([GpuReading(GPU0, [], {})], {}, NAMES.get, grants({("uid-b", "", "GPU-0"): 0}), 2.0)
     assert rows == ()
 
 
 def test_memory_unavailable_counts_process_but_no_bytes() -> None:
-    _, rows = aggregate(
+    _, rows = run(
         [GpuReading(GPU0, [GpuProcess(1, None), GpuProcess(2, GIB)], {})],
         {1: PodRef("uid-a", None), 2: PodRef("uid-a", None)},
         NAMES.get,
@@ -88,15 +110,13 @@ def test_memory_unavailable_counts_process_but_no_bytes() -> None:
 
 
 def test_failed_process_listing_reports_gpu_but_no_pods() -> None:
-    gpus, rows = aggregate(
-        [GpuReading(GPU0, None, None)], {}, NAMES.get, Allocation(placed={("uid-a", "", "GPU-0"): 1}), 2.0
-    )
+    gpus, rows = run([GpuReading(GPU0, None, None)], {}, NAMES.get, grants({("uid-a", "", "GPU-0"): 1}), 2.0)
     assert rows == ()
     assert gpus[0].unattributed_memory is None and gpus[0].memory_total == 80 * GIB
 
 
 def test_failed_utilization_leaves_sm_unknown_not_zero() -> None:
-    _, rows = aggregate(
+    _, rows = run(
         [GpuReading(GPU0, [GpuProcess(1, GIB)], None)], {1: PodRef("uid-a", None)}, NAMES.get, Allocation(), 2.0
     )
     assert (rows[0].memory_used, rows[0].sm_utilization, rows[0].vgpu_utilization) == (GIB, None, None)
@@ -105,7 +125,7 @@ def test_failed_utilization_leaves_sm_unknown_not_zero() -> None:
 def test_two_uids_with_one_name_share_a_series() -> None:
     # a StatefulSet pod and its terminating predecessor
     names = {"old": PodMeta("ml", "db-0"), "new": PodMeta("ml", "db-0")}
-    _, rows = aggregate(
+    _, rows = run(
         [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB)], {1: 0.2, 2: 0.3})],
         {1: PodRef("old", None), 2: PodRef("new", None)},
         names.get,
@@ -117,7 +137,7 @@ def test_two_uids_with_one_name_share_a_series() -> None:
 
 
 def test_sm_of_a_pod_is_capped_at_the_whole_gpu() -> None:
-    _, rows = aggregate(
+    _, rows = run(
         [GpuReading(GPU0, [GpuProcess(1, 0), GpuProcess(2, 0)], {1: 0.7, 2: 0.6})],
         {1: PodRef("uid-a", None), 2: PodRef("uid-a", None)},
         NAMES.get,
@@ -134,17 +154,15 @@ def test_unplaced_shares_spread_over_the_gpus_the_pod_runs_on() -> None:
     ]
     pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-a", "c1")}
     allocation = Allocation(unplaced={("uid-a", "trainer"): 2, ("uid-a", "sidecar"): 2, ("uid-b", "main"): 1})
-    _, rows = aggregate(readings, pods, NAMES.get, allocation, 2.0)
+    _, rows = run(readings, pods, NAMES.get, allocation, 2.0)
     # 4 GPUs in the limits, on 2 GPUs: 2 each; uid-b runs nowhere, so no row
     assert {(r.pod, r.gpu_index): r.shares for r in rows} == {("a", 0): 2.0, ("a", 1): 2.0}
     assert rows[0].memory_allocated == 2 * 80 * GIB / 2
 
 
 def test_placed_shares_win_over_unplaced() -> None:
-    allocation = Allocation(placed={("uid-a", "", "GPU-0"): 3}, unplaced={("uid-a", ""): 8})
-    _, rows = aggregate(
-        [GpuReading(GPU0, [GpuProcess(1, GIB)], {})], {1: PodRef("uid-a", None)}, NAMES.get, allocation, 2.0
-    )
+    allocation = grants({("uid-a", "", "GPU-0"): 3}, unplaced={("uid-a", ""): 8})
+    _, rows = run([GpuReading(GPU0, [GpuProcess(1, GIB)], {})], {1: PodRef("uid-a", None)}, NAMES.get, allocation, 2.0)
     assert rows[0].shares == 3
 
 
@@ -152,8 +170,8 @@ def test_rows_per_container_with_names_from_the_directory() -> None:
     names = {"uid-a": PodMeta("ml", "a", containers={"c1": "trainer", "c2": "sidecar"})}
     readings = [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB), GpuProcess(3, 4 * GIB)], {1: 0.5})]
     pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-a", "c2"), 3: PodRef("uid-a", "c9")}
-    allocation = Allocation(placed={("uid-a", "trainer", "GPU-0"): 2, ("uid-a", "idle", "GPU-0"): 1})
-    _, rows = aggregate(readings, pods, names.get, allocation, 4.0, by_container=True)
+    allocation = grants({("uid-a", "trainer", "GPU-0"): 2, ("uid-a", "idle", "GPU-0"): 1})
+    _, rows = run(readings, pods, names.get, allocation, 4.0, by_container=True)
     got = {r.container: (r.memory_used, r.shares, r.sm_utilization) for r in rows}
     assert got == {
         "trainer": (GIB, 2, 0.5),
@@ -161,5 +179,5 @@ def test_rows_per_container_with_names_from_the_directory() -> None:
         "c9": (4 * GIB, 1, 0.0),  # not in the directory: its ID
         "idle": (0, 1, 0.0),
     }
-    _, pod_rows = aggregate(readings, pods, names.get, allocation, 4.0)
+    _, pod_rows = run(readings, pods, names.get, allocation, 4.0)
     assert [(r.container, r.memory_used, r.shares) for r in pod_rows] == [(None, 7 * GIB, 3)]

@@ -376,3 +376,39 @@ def test_a_hung_watch_is_abandoned_and_the_pods_listed_again(cluster: Cluster) -
         assert cluster.api.state.lists > lists
         code, err = agent.stop()
     assert code == 0 and "no word from the Kubernetes API watch" in err
+
+
+def test_phases_annotations_claims_and_replica_counts_through_the_real_protocols(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    job, hami, bad = (
+        "b7d1c1aa-0000-4000-8000-000000000001",
+        "b7d1c1aa-0000-4000-8000-000000000002",
+        "b7d1c1aa-0000-4000-8000-000000000003",
+    )
+    # A finished Job the kubelet still lists (before 1.34), with a replica it also gave api-0.
+    cluster.api.put(pod_object("batch", "job-done", job, NODE, phase="Succeeded"))
+    cluster.kubelet.assign("batch", "job-done", {"main": [f"{U1}::1"]})
+    # HAMi: the annotation (init container first) decides; the kubelet's HAMi ID does not count.
+    annotation = {"hami.io/vgpu-devices-allocated": f";{U0},NVIDIA,4000,25:;"}
+    cluster.api.put(pod_object("ai", "hami-0", hami, NODE, annotations=annotation, init_containers=("setup",)))
+    cluster.kubelet.assign("ai", "hami-0", {"main": [f"{U0}-3"]})
+    cluster.api.put(pod_object("ai", "bad-0", bad, NODE, annotations={"hami.io/vgpu-devices-allocated": "garbage"}))
+    # DRA: the whole of GPU 1 (minor 1) through a claim, on top of idle-0's replica of GPU 0.
+    cluster.kubelet.claim("web", "idle-0", "main", "idle-gpu", "gpu.nvidia.com", NODE, "gpu-1")
+    cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{U0}::{n}" for n in range(4)]}
+    auto = tmp_path / "auto.txt"
+    auto.write_text("auto\n")
+    with cluster.in_process("--allocation-file", str(auto)) as agent:
+        exposition = wait_for(agent, lambda e: ("ai", "hami-0") in pods_of(e))
+        log = agent.logged()
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
+    assert allocated[("hami-0", "0")] == 4000 * MIB
+    assert ("hami-0", "1") not in allocated
+    assert allocated[("idle-0", "0")] == 80 * GIB / 4  # auto: 4 replicas of GPU 0
+    assert allocated[("idle-0", "1")] == 80 * GIB  # the claim's whole GPU
+    assert allocated[("api-0", "1")] == 80 * GIB  # GPU 1 has no replicas: ratio 1
+    assert "job-done" not in {pod for (pod, _) in allocated}
+    assert exposition.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): 4, ("1",): 1}
+    assert exposition.by("vgpu_agent_collection_errors_total", "stage")[("pod_annotations",)] >= 1
+    assert "pod ai/bad-0: annotation hami.io/vgpu-devices-allocated" in log

@@ -29,6 +29,7 @@ class FakeNvml:
             SimpleNamespace(pid=10, usedGpuMemory=1000),
             SimpleNamespace(pid=12, usedGpuMemory=5),
         ]
+        self.mps: list[Any] = []
         self.samples: list[Any] = [SimpleNamespace(pid=10, timeStamp=123, smUtil=42)]
         self.since: list[int] = []
         self.shutdown = False
@@ -61,7 +62,23 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
         self._check("memory")
+        if handle.startswith("mig"):
+            return SimpleNamespace(total=18, used=2, free=16)
         return SimpleNamespace(total=80, used=30, free=50)
+
+    def nvmlDeviceGetMinorNumber(self, handle: str) -> int:
+        return int(handle.removeprefix("handle")) + 5
+
+    def nvmlDeviceGetGpuInstanceId(self, mig: str) -> int:
+        return int(mig.removeprefix("mig")) + 7
+
+    def nvmlDeviceGetGpuInstanceById(self, parent: str, gpu_instance: int) -> str:
+        if gpu_instance != 7:  # NVML refuses an unprivileged caller some instances
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+        return f"gi{gpu_instance}"
+
+    def nvmlGpuInstanceGetInfo(self, instance: str) -> Any:
+        return SimpleNamespace(profileId=19, placement=SimpleNamespace(start=4, size=1))
 
     def nvmlDeviceGetUtilizationRates(self, handle: str) -> Any:
         return SimpleNamespace(gpu=55, memory=10)
@@ -70,7 +87,7 @@ class FakeNvml:
         return f"GPU-{handle}"
 
     def nvmlDeviceGetName(self, handle: str) -> bytes:
-        return b"NVIDIA H200"
+        return b"NVIDIA H200 MIG 1g.18gb" if handle.startswith("mig") else b"NVIDIA H200"
 
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
 
@@ -89,10 +106,18 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
         self._check("processes")
+        if handle.startswith("mig"):
+            return [SimpleNamespace(pid=100 + int(handle.removeprefix("mig")), usedGpuMemory=7)]
+        if handle == "handle1":  # MIG mode: the parent lists only to a privileged caller
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
         return self.compute
 
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: str) -> list[Any]:
+        self._check("mps")
+        return self.mps if handle == "handle0" else []
+
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: str) -> list[Any]:
-        return self.graphics
+        return [] if handle.startswith("mig") else self.graphics
 
     def nvmlDeviceGetProcessUtilization(self, handle: str, since: int) -> list[Any]:
         self.since.append(since)
@@ -102,11 +127,44 @@ class FakeNvml:
 
 def test_device_fields_and_units() -> None:
     backend = NvmlBackend(FakeNvml())
-    device = backend.device(1)
-    assert (device.index, device.uuid, device.model) == (1, "GPU-handle1", "NVIDIA H200")
+    device = backend.device(0)
+    assert (device.index, device.uuid, device.model, device.minor_number) == (0, "GPU-handle0", "NVIDIA H200", 5)
     assert (device.memory_total, device.memory_used, device.utilization) == (80, 30, 0.55)
-    assert device.mig_uuids == ("GPU-mig0", "GPU-mig2")
-    assert backend.device(0).mig_uuids == ()
+    assert device.migs == ()
+
+
+def test_a_gpu_in_mig_mode_has_its_mig_devices_and_no_utilization() -> None:
+    backend = NvmlBackend(FakeNvml())
+    device = backend.device(1)
+    assert device.utilization is None  # NVML has none for a GPU in MIG mode
+    assert [(m.uuid, m.profile, m.memory_total, m.memory_used) for m in device.migs] == [
+        ("GPU-mig0", "1g.18gb", 18, 2),
+        ("GPU-mig2", "1g.18gb", 18, 2),
+    ]
+    # Profile ID and placement where NVML gives the GPU instance; unknown where it refuses.
+    assert [(m.gpu_instance_id, m.profile_id, m.placement_start) for m in device.migs] == [
+        (7, 19, 4),
+        (9, None, None),
+    ]
+    # Listed per MIG device: the parent's handle would need privileges.
+    assert backend.processes(1) == [
+        GpuProcess(100, 7, mig_uuid="GPU-mig0"),
+        GpuProcess(102, 7, mig_uuid="GPU-mig2"),
+    ]
+
+
+def test_mps_clients_are_listed_once_and_an_old_driver_without_the_list_is_no_error() -> None:
+    nvml = FakeNvml()
+    nvml.mps = [SimpleNamespace(pid=10, usedGpuMemory=1000), SimpleNamespace(pid=13, usedGpuMemory=64)]
+    backend = NvmlBackend(nvml)
+    backend.device(0)
+    assert sorted(p.pid for p in backend.processes(0)) == [10, 11, 12, 13]
+    nvml.fail["mps"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert sorted(p.pid for p in backend.processes(0)) == [10, 11, 12]
+    del nvml.fail["mps"]
+    nvml.calls.clear()
+    backend.processes(0)
+    assert "mps" not in nvml.calls  # asked once, then left alone
 
 
 def test_error_codes_are_nvmls_own_numbers() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.gpu.backend import Device, GpuProcess
+from otel_vgpu.gpu.backend import Device, GpuProcess, MigDevice
 from otel_vgpu.gpu.pidns import IDLE_MEMORY_BYTES, PROC_PID_INIT_INO, blind_gpus, in_host_pid_namespace
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario, parse_scenario
@@ -29,7 +29,8 @@ from .conftest import GIB, STEADY, make_sampler
 
 
 def device(index: int = 0, memory_used: int = 0, utilization: float = 0.0, mig: tuple[str, ...] = ()) -> Device:
-    return Device(index, f"GPU-{index}", "H200", 141 * GIB, memory_used, utilization, mig_uuids=mig)
+    migs = tuple(MigDevice(uuid, "1g.18gb", 18 * GIB, 0) for uuid in mig)
+    return Device(index, f"GPU-{index}", "H200", 141 * GIB, memory_used, utilization, migs=migs)
 
 
 PROCESS = [GpuProcess(pid=10, used_memory=GIB)]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.allocation.shares import Grant
 from otel_vgpu.gpu.backend import Device
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.kubernetes.podresources import KEEP_LAST_GOOD_CALLS, KubeletAllocation, PodResourcesClient
@@ -24,9 +25,6 @@ class OnePod:
     def pods(self) -> Mapping[str, PodMeta]:
         return {UID: PodMeta("web", "idle-0", containers={}, gpu_limits={"main": 1})}
 
-    def uid_of(self) -> dict[tuple[str, str], str]:
-        return {("web", "idle-0"): UID}
-
 
 @pytest.fixture
 def kubelet(tmp_path: Path) -> Iterator[KubeletDouble]:
@@ -39,7 +37,7 @@ def kubelet(tmp_path: Path) -> Iterator[KubeletDouble]:
 def test_a_failing_kubelet_keeps_its_last_answer_for_a_few_calls(kubelet: KubeletDouble) -> None:
     health = Health()
     allocation = KubeletAllocation(OnePod(), PodResourcesClient(kubelet.socket_path), health=health, poll_seconds=3600)
-    placed_on_gpu = {(UID, "main", "GPU-0000"): 1.0}
+    placed_on_gpu = {(UID, "main", "GPU-0000"): Grant(1.0)}
     try:
         allocation._poll()
         assert allocation.allocation([GPU]).placed == placed_on_gpu
@@ -62,3 +60,39 @@ def test_a_failing_kubelet_keeps_its_last_answer_for_a_few_calls(kubelet: Kubele
         assert allocation.allocation([GPU]).placed == placed_on_gpu
     finally:
         allocation.stop()
+
+
+def test_dra_claims_and_replica_counts_come_through_the_real_protocol(kubelet: KubeletDouble) -> None:
+    gpu = Device(0, "GPU-0000", "H200", 100, 0, 0.0, minor_number=0)
+    kubelet.claim("web", "idle-0", "main", "gpu-claim", "gpu.nvidia.com", "node-1", "gpu-0")
+    kubelet.allocatable = {"nvidia.com/gpu": [f"GPU-0000::{n}" for n in range(4)], "example.com/nic": ["eth0"]}
+    client = PodResourcesClient(kubelet.socket_path)
+    try:
+        view = client.list()
+        allocation = KubeletAllocation(OnePod(), client, poll_seconds=3600)
+        allocation._poll()
+        got = allocation.allocation([gpu])
+    finally:
+        client.close()
+    assert [(c.claim, c.driver, c.pool, c.device) for c in view.claims] == [
+        ("web/gpu-claim", "gpu.nvidia.com", "node-1", "gpu-0")
+    ]
+    # The device-plugin replica and the whole GPU through the claim, one container's.
+    assert dict(got.placed) == {(UID, "main", "GPU-0000"): Grant(1.0).plus(Grant(1.0, 100, 1.0))}
+    assert got.replicas == {"GPU-0000": 4}
+
+
+def test_a_kubelet_without_get_allocatable_still_lists(kubelet: KubeletDouble) -> None:
+    kubelet.allocatable = None  # before 1.23: UNIMPLEMENTED
+    health = Health()
+    client = PodResourcesClient(kubelet.socket_path)
+    allocation = KubeletAllocation(OnePod(), client, health=health, poll_seconds=3600)
+    try:
+        allocation._poll()
+        allocation._poll()
+        got = allocation.allocation([GPU])
+    finally:
+        client.close()
+    assert dict(got.placed) == {(UID, "main", "GPU-0000"): Grant(1.0)}
+    assert got.replicas is None
+    assert health.counts().get(Stage.POD_RESOURCES, 0) == 0

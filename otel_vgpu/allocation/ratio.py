@@ -2,30 +2,36 @@
 
 The format is the original exporter's: one positive number, the count of
 vGPUs each physical GPU is presented as (`2` = two vGPUs per GPU). Comments
-(`#` to the end of the line) and blank lines are allowed. The file is reread
-when it changes, so a ConfigMap update takes effect without a restart; a bad
-change keeps the last good ratio.
+(`#` to the end of the line) and blank lines are allowed. The file may
+instead hold `auto`: then each GPU's ratio is the number of replicas the
+kubelet's device plugins advertise for it (GetAllocatableResources). The
+file is reread when it changes, so a ConfigMap update takes effect without
+a restart; a bad change keeps the last good ratio.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from otel_vgpu.gpu.backend import Device
 
 # A ratio file is one number; anything this large is not one, and reading it
 # whole would cost memory for nothing.
 MAX_FILE_BYTES = 64 * 1024
-_VALID = "expected one number >= 1, the vGPUs per physical GPU (for example 2)"
+AUTO = "auto"
+_VALID = "expected one number >= 1, the vGPUs per physical GPU (for example 2), or auto (the kubelet's replica counts)"
 
 
 class RatioFileError(ValueError):
     """A ratio file that cannot be used. The message is one line for the user."""
 
 
-def parse_ratio(text: str, source: str = "gpu_allocation.txt") -> float:
-    """The ratio in `text`; `source` names the file in error messages."""
+def parse_ratio(text: str, source: str = "gpu_allocation.txt") -> float | None:
+    """The ratio in `text`, None for `auto`; `source` names the file in error messages."""
     found: tuple[int, str] | None = None
     for number, raw_line in enumerate(text.splitlines(), start=1):
         value = raw_line.split("#", 1)[0].strip()
@@ -39,6 +45,8 @@ def parse_ratio(text: str, source: str = "gpu_allocation.txt") -> float:
     if found is None:
         raise RatioFileError(f"{source}: no value (the file is empty or only comments); {_VALID}")
     number, value = found
+    if value.lower() == AUTO:
+        return None
     try:
         ratio = float(value)
     except ValueError:
@@ -50,7 +58,7 @@ def parse_ratio(text: str, source: str = "gpu_allocation.txt") -> float:
     return ratio
 
 
-def read_ratio(path: Path) -> float:
+def read_ratio(path: Path) -> float | None:
     """Read and parse the ratio file; every failure is a RatioFileError."""
     try:
         with path.open("rb") as handle:
@@ -91,8 +99,21 @@ class RatioSource:
         self.path = path
         self._stamp = self._stat()
         self.ratio = read_ratio(path)
+        """The number in the file; None for `auto`."""
         self.error: RatioFileError | None = None
         """Why the file on disk is not in force, while it is bad."""
+        self._known: dict[str, int] = {}
+        """The last replica count the kubelet gave for each device."""
+
+    def describe(self) -> str:
+        return AUTO if self.ratio is None else f"{self.ratio:g}"
+
+    def ratios(self, gpus: Sequence[Device], replicas: Mapping[str, int] | None) -> Resolved:
+        """The ratio of each GPU and MIG device, from the file and the
+        kubelet's replica counts (None: the kubelet has not answered)."""
+        if replicas is not None:
+            self._known.update(replicas)
+        return resolve_ratios(self.ratio, gpus, replicas, self._known)
 
     def refresh(self) -> None:
         """Reload the file if it changed. A bad file leaves the last good
@@ -114,3 +135,72 @@ class RatioSource:
         except OSError:
             return None
         return _Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class Ratios:
+    """The ratio in force for each device: vGPUs it is presented as."""
+
+    default: float = 1.0
+    per_device: Mapping[str, float] = field(default_factory=dict)
+
+    def of(self, device_uuid: str) -> float:
+        return self.per_device.get(device_uuid, self.default)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    ratios: Ratios
+    problems: tuple[tuple[str, str], ...] = ()
+    """(kind, message): a number that disagrees with the kubelet, or a count not known."""
+
+
+def resolve_ratios(
+    ratio: float | None,
+    gpus: Sequence[Device],
+    replicas: Mapping[str, int] | None,
+    known: Mapping[str, int],
+) -> Resolved:
+    """Each device's ratio.
+
+    - A number: every whole GPU has it; one whose replica count from the
+      kubelet differs is a problem (the number stays in force).
+    - `auto`: each whole GPU's replica count from the kubelet. A GPU the
+      kubelet answered without (not shared through a device plugin: DRA,
+      MIG mode) has 1. While the kubelet has not answered, the last count
+      it gave, else 1, which is a problem.
+    - A MIG device has its replica count from the kubelet whatever the file
+      says (the number is per physical GPU), else the last known, else 1.
+    """
+    per: dict[str, float] = {}
+    problems: list[tuple[str, str]] = []
+    for gpu in gpus:
+        for mig in gpu.migs:
+            per[mig.uuid] = float((replicas or {}).get(mig.uuid) or known.get(mig.uuid, 1))
+        count = None if replicas is None else replicas.get(gpu.uuid)
+        if ratio is not None:
+            per[gpu.uuid] = ratio
+            if count is not None and count != ratio:
+                problems.append(
+                    (
+                        f"mismatch:{gpu.uuid}",
+                        f"gpu_allocation.txt says {ratio:g} vGPUs per GPU but the kubelet advertises {count} "
+                        f"replicas of GPU {gpu.index} ({gpu.uuid}); using {ratio:g} (write auto to follow the kubelet)",
+                    )
+                )
+        elif count is not None:
+            per[gpu.uuid] = float(count)
+        elif replicas is not None or gpu.mig_mode:
+            per[gpu.uuid] = 1.0
+        elif gpu.uuid in known:
+            per[gpu.uuid] = float(known[gpu.uuid])
+        else:
+            per[gpu.uuid] = 1.0
+            problems.append(
+                (
+                    f"unknown:{gpu.uuid}",
+                    f"ratio auto: the kubelet has not said how many replicas GPU {gpu.index} ({gpu.uuid}) has; "
+                    "using 1 until it does",
+                )
+            )
+    return Resolved(Ratios(ratio if ratio is not None else 1.0, per), tuple(problems))

@@ -1,34 +1,67 @@
-"""vGPU shares: how many of a GPU's vGPUs each pod (container) was given.
+"""What each container was given on each GPU or MIG device.
 
-The kubelet's pod-resources API names the devices each container holds; the
-NVIDIA device plugin names a time-sliced or MPS replica `GPU-<uuid>::<n>`, a
-whole GPU `GPU-<uuid>`, a MIG device `MIG-<uuid>`, and GKE names them
-`nvidia<index>/vgpu<n>`. Each device ID that names a GPU is one share of it.
-Without pod-resources, the GPU counts in the pods' resource limits are known
-but not which GPU they are on: those shares are "unplaced" and spread over
-the GPUs the pod runs processes on.
+Three sources, each read as its allocator writes it (docs/kubernetes.md has
+the table of setups and the upstream source of each rule):
+
+- the kubelet's pod-resources API: device-plugin IDs per container (one
+  share per ID: a time-slicing or MPS replica, a whole GPU, a MIG device)
+  and DRA claims (the devices of a claim shared by the containers that use
+  it);
+- allocator annotations on the pod (HAMi): memory and compute per GPU;
+- without the kubelet, the GPU counts in the pods' resource limits: the
+  count is known, not the GPU ("unplaced").
+
+Pods in a terminal phase hold nothing: kubelets before 1.34 still list them.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Protocol
 
-from otel_vgpu.config import DEFAULT_RESOURCES
+from otel_vgpu.allocation.devices import DeviceMap
+from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device
 from otel_vgpu.pods.directory import PodMeta
 
-_GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/.*)?$")
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one container was given on one device."""
+
+    shares: float = 0.0
+    """Replicas (device IDs) of the device; a fraction for a shared DRA claim."""
+    memory: int | None = None
+    """Bytes, where the allocator says (HAMi, DRA); None: shares x memory / ratio."""
+    compute: float | None = None
+    """Fraction of the device's SMs, where the allocator says; None: shares / ratio."""
+
+    def plus(self, other: Grant) -> Grant:
+        def add(a: float | None, b: float | None) -> float | None:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+
+        memory = add(self.memory, other.memory)
+        return Grant(
+            self.shares + other.shares,
+            None if memory is None else int(memory),
+            add(self.compute, other.compute),
+        )
+
+
+Key = tuple[str, str, str]
+"""(pod UID, container name, device UUID: a GPU's or a MIG device's)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
-    placed: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
-    """(pod UID, container name or "", GPU UUID) -> shares on that GPU."""
+    placed: Mapping[Key, Grant] = field(default_factory=dict)
     unplaced: Mapping[tuple[str, str], float] = field(default_factory=dict)
-    """(pod UID, container name or "") -> shares on GPUs not known."""
+    """(pod UID, container name) -> shares on GPUs not known."""
+    replicas: Mapping[str, int] | None = None
+    """Device UUID -> replicas the device plugins advertise (GetAllocatableResources);
+    None when the kubelet has not said."""
 
 
 class AllocationSource(Protocol):
@@ -56,56 +89,122 @@ class DeviceAssignment:
     device_ids: tuple[str, ...]
 
 
-def gpu_of_device(device_id: str, gpus: Sequence[Device], mig_parents: Mapping[str, str]) -> str | None:
-    """The UUID of the physical GPU a device plugin's device ID names, if any."""
-    base = device_id.split("::", 1)[0].strip()
-    if base.startswith("GPU-"):
-        return base if any(gpu.uuid == base for gpu in gpus) else None
-    if base.startswith("MIG-"):
-        return mig_parents.get(base)
-    match = _GKE.match(base)
-    index = int(match.group("index")) if match else (int(base) if base.isdigit() else None)
-    for gpu in gpus:
-        if gpu.index == index:
-            return gpu.uuid
-    return None
+@dataclass(frozen=True, slots=True)
+class ClaimAssignment:
+    """One DRA device of a claim a container uses, as the kubelet reports it."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str
+    """`<namespace>/<name>` of the ResourceClaim."""
+    driver: str
+    pool: str
+    device: str
 
 
-def from_pod_resources(
-    assignments: Iterable[DeviceAssignment],
-    uid_of: Mapping[tuple[str, str], str],
-    gpus: Sequence[Device],
-    mig_parents: Mapping[str, str] | None = None,
-    resources: Iterable[str] = DEFAULT_RESOURCES,
-) -> Allocation:
-    """Shares per (pod, container, GPU) from the kubelet's device assignments.
+@dataclass(frozen=True, slots=True)
+class KubeletView:
+    """One answer of the kubelet's pod-resources API."""
 
-    `uid_of` maps (namespace, name) to the pod's cgroup UID: pod-resources
-    names pods, cgroups carry UIDs. A pod the directory does not know yet is
-    left out until it does.
-    """
-    wanted = set(resources)
-    placed: dict[tuple[str, str, str], float] = {}
-    for assignment in assignments:
-        if assignment.resource not in wanted:
+    devices: tuple[DeviceAssignment, ...] = ()
+    claims: tuple[ClaimAssignment, ...] = ()
+    allocatable: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    """(resource, device IDs) the device plugins advertise; None where the
+    kubelet does not serve GetAllocatableResources."""
+
+
+def counted(resource: str, patterns: Iterable[str] = DEFAULT_RESOURCES) -> bool:
+    """Whether a resource's devices count as GPUs: an exact name, or a
+    pattern ending in `*` (`nvidia.com/mig-*`)."""
+    return any(fnmatchcase(resource, pattern) for pattern in patterns)
+
+
+def _add(placed: dict[Key, Grant], key: Key, grant: Grant) -> None:
+    previous = placed.get(key)
+    placed[key] = grant if previous is None else previous.plus(grant)
+
+
+def from_annotations(pods: Mapping[str, PodMeta], gpus: Sequence[Device], placed: dict[Key, Grant]) -> set[str]:
+    """Add the grants allocator annotations state (HAMi); the UIDs of the pods that have them."""
+    known = {gpu.uuid for gpu in gpus}
+    stated = set()
+    for uid, meta in pods.items():
+        if meta.terminal or not meta.stated:
             continue
-        uid = uid_of.get((assignment.namespace, assignment.pod))
-        if uid is None:
+        stated.add(uid)
+        for container, grants in meta.stated.items():
+            for grant in grants:
+                if grant.gpu_uuid in known:
+                    _add(placed, (uid, container, grant.gpu_uuid), Grant(1.0, grant.memory, grant.compute))
+    return stated
+
+
+def from_kubelet(
+    view: KubeletView,
+    pods: Mapping[str, PodMeta],
+    gpus: Sequence[Device],
+    resources: Iterable[str] = DEFAULT_RESOURCES,
+    dra_drivers: Iterable[str] = DRA_DRIVERS,
+) -> Allocation:
+    """Grants per (pod, container, device) from one kubelet answer.
+
+    Pod-resources names pods, cgroups carry UIDs: `pods` (the directory,
+    keyed by cgroup UID) maps one to the other. A pod the directory does not
+    know yet is left out until it does; a pod in a terminal phase is left
+    out for good. A pod with allocator annotations is counted from them
+    alone: HAMi decides its GPU there, not in the kubelet's IDs.
+    """
+    patterns = tuple(resources)
+    drivers = frozenset(dra_drivers)
+    devices = DeviceMap(gpus)
+    live = {(meta.namespace, meta.name): uid for uid, meta in pods.items() if not meta.terminal}
+    placed: dict[Key, Grant] = {}
+    stated = from_annotations(pods, gpus, placed)
+    for assignment in view.devices:
+        uid = live.get((assignment.namespace, assignment.pod))
+        if uid is None or uid in stated or not counted(assignment.resource, patterns):
             continue
         for device_id in assignment.device_ids:
-            gpu = gpu_of_device(device_id, gpus, mig_parents or {})
-            if gpu is not None:
-                key = (uid, assignment.container, gpu)
-                placed[key] = placed.get(key, 0.0) + 1.0
-    return Allocation(placed=placed)
+            target = devices.device(device_id)
+            if target is not None:
+                _add(placed, (uid, assignment.container, target.uuid), Grant(shares=1.0))
+
+    # A DRA device goes to one claim; the containers that use the claim share it evenly.
+    users: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
+    for claim in view.claims:
+        uid = live.get((claim.namespace, claim.pod))
+        if uid is not None and claim.driver in drivers:
+            users.setdefault((claim.driver, claim.pool, claim.device), set()).add((uid, claim.container))
+    for (_driver, _pool, name), sharing in users.items():
+        target = devices.dra(name)
+        if target is None:
+            continue
+        fraction = 1.0 / len(sharing)
+        for uid, container in sharing:
+            grant = Grant(fraction, int(target.memory_total * fraction), fraction)
+            _add(placed, (uid, container, target.uuid), grant)
+
+    replicas: dict[str, int] | None = None
+    if view.allocatable is not None:
+        replicas = {}
+        for resource, ids in view.allocatable:
+            if counted(resource, patterns):
+                for uuid, count in devices.replicas(ids).items():
+                    replicas[uuid] = replicas.get(uuid, 0) + count
+    return Allocation(placed=placed, replicas=replicas)
 
 
-def from_limits(pods: Mapping[str, PodMeta]) -> Allocation:
-    """Shares from the GPU counts in the pods' resource limits; GPUs unknown."""
+def from_limits(pods: Mapping[str, PodMeta], gpus: Sequence[Device] = ()) -> Allocation:
+    """Without the kubelet: annotation grants where a pod has them, else the
+    GPU counts in the pods' resource limits, GPUs unknown."""
+    placed: dict[Key, Grant] = {}
+    stated = from_annotations(pods, gpus, placed)
     unplaced = {
         (uid, container): count
         for uid, meta in pods.items()
+        if not meta.terminal and uid not in stated
         for container, count in meta.gpu_limits.items()
         if count > 0
     }
-    return Allocation(unplaced=unplaced)
+    return Allocation(placed=placed, unplaced=unplaced)

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from otel_vgpu.allocation.shares import Allocation
-from otel_vgpu.gpu.backend import Device, GpuProcess
+from otel_vgpu.allocation.ratio import Ratios
+from otel_vgpu.allocation.shares import Allocation, Grant
+from otel_vgpu.gpu.backend import Device, GpuProcess, MigDevice
 from otel_vgpu.gpu.pidns import BlindGpu
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodMeta
@@ -17,11 +18,14 @@ from otel_vgpu.pods.directory import PodMeta
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """What one GPU gave in a sweep. None marks a call that failed."""
+    """What one GPU gave in a sweep. None marks a call that failed or,
+    for `sm_by_pid`, a figure NVML cannot give per process (MIG, MPS)."""
 
     device: Device
     processes: Sequence[GpuProcess] | None
     sm_by_pid: Mapping[int, float] | None
+    mps_servers: int = 0
+    """MPS server processes on the GPU: its clients' SM samples go to them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +35,12 @@ class GpuRow:
     model: str
     memory_total: int
     memory_used: int
-    utilization: float
+    utilization: float | None
+    """None where NVML cannot tell (MIG mode)."""
     vgpus: float
     unattributed_memory: int | None
     """None when the GPU's processes could not be listed."""
+    mps_servers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +59,11 @@ class PodRow:
     sm_utilization: float | None
     """Share of the physical GPU's SMs, 0-1; None when NVML could not tell."""
     vgpu_utilization: float | None
-    """SM use relative to the pod's shares: 1 = exactly its share."""
+    """SM use relative to the compute the pod was given: 1 = exactly its share."""
     processes: int
+    mig_uuid: str | None = None
+    """The MIG device the row is about; None for a whole GPU."""
+    mig_profile: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +91,22 @@ class _Row:
     sm: float = 0.0
     processes: int = 0
     keys: set[tuple[str, str]] = field(default_factory=set)
-    """(pod UID, container label) behind this row: the keys of its shares."""
+    """(pod UID, container label) behind this row: the keys of its grants."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """What a pod can be given: a whole GPU, or a MIG device of one."""
+
+    uuid: str
+    memory_total: int
+    mig: MigDevice | None
+
+
+def _units(device: Device) -> tuple[_Unit, ...]:
+    if device.migs:
+        return tuple(_Unit(mig.uuid, mig.memory_total, mig) for mig in device.migs)
+    return (_Unit(device.uuid, device.memory_total, None),)
 
 
 def aggregate(
@@ -90,35 +114,42 @@ def aggregate(
     pods_by_pid: Mapping[int, PodRef | None],
     lookup: Callable[[str], PodMeta | None],
     allocation: Allocation,
-    ratio: float,
+    ratios: Ratios,
     by_container: bool = False,
 ) -> tuple[tuple[GpuRow, ...], tuple[PodRow, ...]]:
-    """Per-GPU and per-(pod, GPU) rows (per (pod, container, GPU) with `by_container`).
+    """Per-GPU rows, and per-(pod, device) rows (per (pod, container, device)
+    with `by_container`), where a device is a whole GPU or a MIG device.
 
     - A PID missing from `pods_by_pid`, or mapped to None, is unattributed.
-    - Shares on a GPU: those placed there; else the pod's unplaced shares
-      spread evenly over the GPUs it runs processes on; else one share.
-      A pod with shares and no process on a GPU is an idle allocation
+    - Grants on a device: those placed there; else the pod's unplaced shares
+      spread evenly over the devices it runs processes on; else one share.
+      A pod with a grant and no process on a device is an idle allocation
       (memory 0, SM 0).
+    - Allocated memory: what the allocator stated, else shares x the
+      device's memory / its ratio. Compute given: stated, else shares / ratio.
     - Pods that resolve to the same namespace and name (a StatefulSet pod and
       its terminating predecessor) share a series, so their figures add up.
     """
     labeller = _Labeller(lookup, by_container)
-    placed: dict[str, dict[tuple[str, str], float]] = {}
-    for (pod_uid, container, gpu_uuid), count in allocation.placed.items():
-        if count > 0:
+    placed: dict[str, dict[tuple[str, str], Grant]] = {}
+    for (pod_uid, container, device_uuid), grant in allocation.placed.items():
+        if grant.shares > 0 or grant.memory:
             key = (pod_uid, container if by_container else "")
-            per_gpu = placed.setdefault(gpu_uuid, {})
-            per_gpu[key] = per_gpu.get(key, 0.0) + count
+            per_device = placed.setdefault(device_uuid, {})
+            per_device[key] = grant if key not in per_device else per_device[key].plus(grant)
     unplaced: dict[tuple[str, str], float] = {}
     for (pod_uid, container), count in allocation.unplaced.items():
         key = (pod_uid, container if by_container else "")
         unplaced[key] = unplaced.get(key, 0.0) + count
-    # Unplaced shares are spread over the GPUs each pod runs processes on.
+    # Unplaced shares are spread over the devices each pod runs processes on.
     running_on: dict[tuple[str, str], int] = {}
     for reading in readings:
-        keys = {labeller.key(ref) for p in reading.processes or () if (ref := pods_by_pid.get(p.pid)) is not None}
-        for key in keys:
+        on = {
+            (labeller.key(ref), p.mig_uuid)
+            for p in reading.processes or ()
+            if (ref := pods_by_pid.get(p.pid)) is not None
+        }
+        for key, _ in on:
             running_on[key] = running_on.get(key, 0) + 1
 
     gpu_rows: list[GpuRow] = []
@@ -127,27 +158,35 @@ def aggregate(
         device = reading.device
         unattributed: int | None = None
         if reading.processes is not None:
-            rows, unattributed = _gpu_rows(
-                reading, reading.processes, pods_by_pid, labeller, placed.get(device.uuid, {})
-            )
-            for row in rows.values():
-                shares = _shares(row.keys, placed.get(device.uuid, {}), unplaced, running_on)
-                sm = None if reading.sm_by_pid is None else min(1.0, row.sm)
-                pod_rows.append(
-                    PodRow(
-                        namespace=row.namespace,
-                        pod=row.pod,
-                        container=row.container if by_container else None,
-                        gpu_index=device.index,
-                        gpu_uuid=device.uuid,
-                        shares=shares,
-                        memory_used=row.memory_used,
-                        memory_allocated=int(shares * device.memory_total / ratio),
-                        sm_utilization=sm,
-                        vgpu_utilization=None if sm is None else sm * ratio / shares,
-                        processes=row.processes,
+            unattributed = 0
+            for unit in _units(device):
+                mine = [p for p in reading.processes if (p.mig_uuid or device.uuid) == unit.uuid]
+                placed_here = placed.get(unit.uuid, {})
+                rows, lost = _unit_rows(reading, mine, pods_by_pid, labeller, placed_here)
+                unattributed += lost
+                ratio = ratios.of(unit.uuid)
+                for row in rows.values():
+                    grant = _grant(row.keys, placed_here, unplaced, running_on)
+                    sm = None if reading.sm_by_pid is None else min(1.0, row.sm)
+                    compute = grant.compute if grant.compute is not None else grant.shares / ratio
+                    memory = grant.memory if grant.memory is not None else grant.shares * unit.memory_total / ratio
+                    pod_rows.append(
+                        PodRow(
+                            namespace=row.namespace,
+                            pod=row.pod,
+                            container=row.container if by_container else None,
+                            gpu_index=device.index,
+                            gpu_uuid=device.uuid,
+                            shares=grant.shares,
+                            memory_used=row.memory_used,
+                            memory_allocated=int(memory),
+                            sm_utilization=sm,
+                            vgpu_utilization=None if sm is None or compute <= 0 else sm / compute,
+                            processes=row.processes,
+                            mig_uuid=None if unit.mig is None else unit.mig.uuid,
+                            mig_profile=None if unit.mig is None else unit.mig.profile,
+                        )
                     )
-                )
         gpu_rows.append(
             GpuRow(
                 index=device.index,
@@ -156,8 +195,9 @@ def aggregate(
                 memory_total=device.memory_total,
                 memory_used=device.memory_used,
                 utilization=device.utilization,
-                vgpus=ratio,
+                vgpus=ratios.of(device.uuid),
                 unattributed_memory=unattributed,
+                mps_servers=reading.mps_servers,
             )
         )
     return tuple(gpu_rows), tuple(pod_rows)
@@ -193,14 +233,14 @@ class _Labeller:
         return (meta.namespace, meta.name, key[1])
 
 
-def _gpu_rows(
+def _unit_rows(
     reading: GpuReading,
     processes: Sequence[GpuProcess],
     pods_by_pid: Mapping[int, PodRef | None],
     labeller: _Labeller,
-    placed_here: Mapping[tuple[str, str], float],
+    placed_here: Mapping[tuple[str, str], Grant],
 ) -> tuple[dict[tuple[str, str, str], _Row], int]:
-    """The rows of one GPU whose processes are known, and its unattributed memory."""
+    """The rows of one device whose processes are known, and its unattributed memory."""
     rows: dict[tuple[str, str, str], _Row] = {}
 
     def row_for(key: tuple[str, str]) -> _Row:
@@ -228,19 +268,19 @@ def _gpu_rows(
     return rows, unattributed
 
 
-def _shares(
+def _grant(
     keys: set[tuple[str, str]],
-    placed_here: Mapping[tuple[str, str], float],
+    placed_here: Mapping[tuple[str, str], Grant],
     unplaced: Mapping[tuple[str, str], float],
     running_on: Mapping[tuple[str, str], int],
-) -> float:
-    total = 0.0
+) -> Grant:
+    total = Grant()
     for key in keys:
         if key in placed_here:
-            total += placed_here[key]
+            total = total.plus(placed_here[key])
         elif key in unplaced:
-            total += unplaced[key] / max(1, running_on.get(key, 1))
+            total = total.plus(Grant(shares=unplaced[key] / max(1, running_on.get(key, 1))))
         else:
             # The pod runs here, so it was given at least one share.
-            total += 1.0
+            total = total.plus(Grant(shares=1.0))
     return total

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from otel_vgpu.allocation.ratio import RatioSource
@@ -36,6 +36,22 @@ class _Errors:
 
     def add(self, stage: Stage, kind: str, message: str) -> None:
         self.seen.setdefault((stage, kind), message)
+
+
+# The MPS server's command name: `nvidia-cuda-mps-server` cut to the
+# kernel's 15 characters (TASK_COMM_LEN), as /proc/<pid>/stat gives it.
+MPS_SERVER_COMMAND = "nvidia-cuda-mps-server"[:15]
+
+
+def with_mps(reading: GpuReading, commands: Mapping[int, str]) -> GpuReading:
+    """The reading with its MPS servers counted. NVML gives an MPS server
+    every SM sample of its clients and the clients none (measured on an
+    H200, driver 580): on such a GPU, per-process SM says nothing about
+    pods, so it is left out; the device figure still holds."""
+    servers = sum(1 for p in reading.processes or () if commands.get(p.pid) == MPS_SERVER_COMMAND)
+    if not servers:
+        return reading
+    return GpuReading(reading.device, reading.processes, None, mps_servers=servers)
 
 
 class Sampler:
@@ -124,7 +140,7 @@ class Sampler:
     def _collect(self, errors: _Errors) -> Snapshot:
         self._ratio.refresh()
         if self._ratio.error is not None:
-            message = f"{self._ratio.error} (keeping ratio {self._ratio.ratio:g})"
+            message = f"{self._ratio.error} (keeping ratio {self._ratio.describe()})"
             errors.add(Stage.ALLOCATION_FILE, str(self._ratio.error), message)
         try:
             count = self._backend.device_count()
@@ -149,13 +165,19 @@ class Sampler:
         attribution = self._attributor.attribute(pids)
         for message in attribution.errors:
             errors.add(Stage.ATTRIBUTION, "unreadable", message)
+        readings = [with_mps(reading, attribution.commands) for reading in readings]
 
+        devices = [reading.device for reading in readings]
+        allocation = self._allocation.allocation(devices)
+        resolved = self._ratio.ratios(devices, allocation.replicas)
+        for kind, message in resolved.problems:
+            errors.add(Stage.RATIO, kind, message)
         gpus, pods = aggregate(
             readings,
             attribution.pods,
             self._directory.lookup,
-            self._allocation.allocation([reading.device for reading in readings]),
-            self._ratio.ratio,
+            allocation,
+            resolved.ratios,
             self._by_container,
         )
         return Snapshot(taken_at=self._clock(), ok=True, gpus=gpus, pods=pods, blind=blind)
@@ -171,7 +193,8 @@ class Sampler:
         except GpuError as error:
             errors.add(Stage.PROCESSES, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=None, sm_by_pid=None)
-        if device.uuid in self._no_process_utilization:
+        if device.uuid in self._no_process_utilization or device.mig_mode:
+            # NVML has no per-process utilization under MIG: not an error.
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         now = self._backend.now_us()
         since = self._windows.start(device.uuid, now)

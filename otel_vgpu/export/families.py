@@ -32,7 +32,7 @@ class Instrument(str, Enum):
 
 
 POD_LABELS = ("namespace", "pod", "gpu_id", "gpu_uuid")
-"""Plus `container` with --by-container."""
+"""Plus `container` with --by-container, and `mig_uuid`, `mig_profile` on a MIG device."""
 GPU_LABELS = ("gpu_id", "gpu_uuid", "gpu_model")
 SEED_LABELS = ("pod", "gpu_id")
 
@@ -73,7 +73,8 @@ FAMILIES: tuple[Family, ...] = (
         "vgpu.pod.memory.allocated",
         "By",
         Kind.POD,
-        "GPU memory the pod was given on this GPU: vGPU shares x total memory / ratio.",
+        "GPU memory the pod was given on this GPU or MIG device: what its allocator states (HAMi, DRA), "
+        "else vGPU shares x the device's memory / ratio.",
         labels=POD_LABELS,
     ),
     Family(
@@ -87,7 +88,8 @@ FAMILIES: tuple[Family, ...] = (
         "vgpu.pod.vgpu.utilization",
         "1",
         Kind.POD,
-        "SM use relative to the pod's vGPU shares: sm x ratio / shares (1 = exactly its share).",
+        "SM use relative to the compute the pod was given: sm x ratio / shares, or sm / the allocator's "
+        "compute limit (1 = exactly its share).",
         labels=POD_LABELS,
     ),
     Family(
@@ -105,7 +107,7 @@ FAMILIES: tuple[Family, ...] = (
         "vgpu.gpu.sm.utilization",
         "1",
         Kind.GPU,
-        "Device utilization over NVML's last sample period, 0-1.",
+        "Device utilization over NVML's last sample period, 0-1 (absent in MIG mode).",
         labels=GPU_LABELS,
     ),
     Family(
@@ -120,6 +122,14 @@ FAMILIES: tuple[Family, ...] = (
         "By",
         Kind.GPU,
         "GPU memory of processes that belong to no pod.",
+        labels=GPU_LABELS,
+    ),
+    Family(
+        "vgpu.gpu.mps.servers",
+        "{server}",
+        Kind.GPU,
+        "MPS server processes on the GPU; above 0, NVML gives its clients' SM to the server, so the pod SM "
+        "families are left out for this GPU.",
         labels=GPU_LABELS,
     ),
     Family(

@@ -61,6 +61,7 @@ ROW_VALUES: dict[str, Callable[[Any], float | None]] = {
     "vgpu.gpu.sm.utilization": lambda g: g.utilization,
     "vgpu.gpu.vgpus": lambda g: g.vgpus,
     "vgpu.gpu.memory.unattributed": lambda g: g.unattributed_memory,
+    "vgpu.gpu.mps.servers": lambda g: g.mps_servers,
 }
 # Each seed family's place in seed_rows' values.
 SEED_POSITIONS = {"pod_gpu_memory_used": 0, "pod_gpu_sm_util": 1, "pod_total_gpu_memory": 2}
@@ -70,6 +71,9 @@ def pod_attributes(row: PodRow) -> dict[str, str]:
     attributes = {"namespace": row.namespace, "pod": row.pod, "gpu_id": str(row.gpu_index), "gpu_uuid": row.gpu_uuid}
     if row.container is not None:
         attributes["container"] = row.container
+    if row.mig_uuid is not None:
+        attributes["mig_uuid"] = row.mig_uuid
+        attributes["mig_profile"] = row.mig_profile or ""
     return attributes
 
 
@@ -77,18 +81,21 @@ def gpu_attributes(row: GpuRow) -> dict[str, str]:
     return {"gpu_id": str(row.index), "gpu_uuid": row.uuid, "gpu_model": row.model}
 
 
-def seed_rows(snapshot: Snapshot) -> dict[tuple[str, str], tuple[float, float, float]]:
+def seed_rows(snapshot: Snapshot) -> dict[tuple[str, str], tuple[float, float | None, float]]:
     """The original exporter's three values per (pod, gpu_id): memory used
-    (MiB), SM utilization (percent x ratio) and allocated memory (MiB). Its
-    labels had no namespace, so pods of one name in two namespaces add up."""
+    (MiB), SM utilization (percent x ratio; None where NVML cannot tell, as
+    under MIG or MPS) and allocated memory (MiB). Its labels had no
+    namespace, so pods of one name in two namespaces add up, and no MIG
+    device, so a pod's MIG devices of one GPU add up."""
     ratio = {gpu.index: gpu.vgpus for gpu in snapshot.gpus}
-    rows: dict[tuple[str, str], tuple[float, float, float]] = {}
+    rows: dict[tuple[str, str], tuple[float, float | None, float]] = {}
     for row in snapshot.pods:
         key = (row.pod, str(row.gpu_index))
         used, sm, total = rows.get(key, (0.0, 0.0, 0.0))
+        pod_sm = None if row.sm_utilization is None else row.sm_utilization * 100.0 * ratio.get(row.gpu_index, 1.0)
         rows[key] = (
             used + row.memory_used / MIB,
-            sm + (row.sm_utilization or 0.0) * 100.0 * ratio.get(row.gpu_index, 1.0),
+            None if sm is None or pod_sm is None else sm + pod_sm,
             total + row.memory_allocated / MIB,
         )
     return rows
@@ -236,7 +243,7 @@ class Telemetry:
         self._render_lock = threading.Lock()
         self._labels_lock = threading.Lock()
         self._labels: tuple[Snapshot, list[dict[str, str]], list[dict[str, str]]] | None = None
-        self._seed: tuple[Snapshot, dict[tuple[str, str], tuple[float, float, float]]] | None = None
+        self._seed: tuple[Snapshot, dict[tuple[str, str], tuple[float, float | None, float]]] | None = None
 
     def start(self) -> None:
         """Start pushing, where OTLP is on (scrapes need nothing started)."""
@@ -310,7 +317,7 @@ class Telemetry:
             return snapshot.pods, cached[1]
         return snapshot.gpus, cached[2]
 
-    def _seed_rows(self, snapshot: Snapshot) -> dict[tuple[str, str], tuple[float, float, float]]:
+    def _seed_rows(self, snapshot: Snapshot) -> dict[tuple[str, str], tuple[float, float | None, float]]:
         """seed_rows once per snapshot: the three seed families read the same rows."""
         with self._labels_lock:
             if self._seed is None or self._seed[0] is not snapshot:
@@ -323,7 +330,9 @@ class Telemetry:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             rows = self._seed_rows(self.scope.snapshot())
             observations = [
-                Observation(values[position], {"pod": pod, "gpu_id": gpu_id}) for (pod, gpu_id), values in rows.items()
+                Observation(value, {"pod": pod, "gpu_id": gpu_id})
+                for (pod, gpu_id), values in rows.items()
+                if (value := values[position]) is not None
             ]
             self.scope.record(name, observations)
             return observations

@@ -8,6 +8,24 @@ from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
+class MigDevice:
+    """A MIG device (GPU instance + compute instance) carved from a GPU."""
+
+    uuid: str
+    """`MIG-<uuid>`: what the device plugin and NVML name it by."""
+    profile: str
+    """Its profile as nvidia-smi spells it, e.g. `1g.18gb` (from the NVML name)."""
+    memory_total: int
+    memory_used: int
+    gpu_instance_id: int | None = None
+    """GKE names MIG devices `nvidia<minor>/gi<id>` by it."""
+    profile_id: int | None = None
+    """GPU instance profile ID and placement start: the NVIDIA DRA driver's
+    name for a MIG device holds both. None where NVML would not tell."""
+    placement_start: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     index: int
     """NVML index on the host (PCI bus order, not CUDA's order)."""
@@ -17,10 +35,17 @@ class Device:
     """Bytes."""
     memory_used: int
     """Bytes in use on the device, as NVML counts them (driver reservations included)."""
-    utilization: float
-    """Device SM utilization over NVML's last sample period, 0-1."""
-    mig_uuids: tuple[str, ...] = ()
-    """UUIDs of the MIG devices carved from this GPU (MIG mode only)."""
+    utilization: float | None
+    """Device SM utilization over NVML's last sample period, 0-1; None where
+    NVML cannot tell (a GPU in MIG mode)."""
+    minor_number: int | None = None
+    """The N of /dev/nvidiaN: GKE's device plugin and the NVIDIA DRA driver name GPUs by it."""
+    migs: tuple[MigDevice, ...] = ()
+    """The MIG devices carved from this GPU (MIG mode only)."""
+
+    @property
+    def mig_mode(self) -> bool:
+        return bool(self.migs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +53,9 @@ class GpuProcess:
     pid: int
     """The PID in the agent's PID namespace, where NVML translates it (the host's, with hostPID)."""
     used_memory: int | None
-    """Bytes, or None where NVML cannot tell (MIG, WDDM)."""
+    """Bytes, or None where NVML cannot tell (WDDM)."""
+    mig_uuid: str | None = None
+    """The MIG device the process runs on; None on a GPU not in MIG mode."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +130,8 @@ class GpuBackend(Protocol):
     def device(self, index: int) -> Device: ...
 
     def processes(self, index: int) -> list[GpuProcess]:
-        """Compute and graphics processes, each PID once."""
+        """Compute and graphics processes, each PID once; on a GPU in MIG
+        mode, listed per MIG device (`device` was called first)."""
         ...
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:

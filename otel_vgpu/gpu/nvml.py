@@ -18,7 +18,15 @@ from types import ModuleType
 from typing import Any
 
 from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
-from otel_vgpu.gpu.backend import NVML_RETURN_VALUES, Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.gpu.backend import (
+    NVML_RETURN_VALUES,
+    Device,
+    ErrorCode,
+    GpuError,
+    GpuProcess,
+    MigDevice,
+    UtilizationSample,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,17 @@ class NvmlBackend:
         self._nvml = nvml if nvml is not None else _load_pynvml()
         self._clock = clock
         self._handles: dict[int, Any] = {}
+        self._minors: dict[int, int | None] = {}
+        self._mig_handles: dict[int, list[tuple[Any, str | None]]] = {}
+        self._mig_static: dict[str, tuple[str, int | None, int | None, int | None]] = {}
+        # Compute, graphics and (where the library has it) MPS client processes.
+        self._listings = [
+            self._nvml.nvmlDeviceGetComputeRunningProcesses,
+            self._nvml.nvmlDeviceGetGraphicsRunningProcesses,
+        ]
+        mps = getattr(self._nvml, "nvmlDeviceGetMPSComputeRunningProcesses", None)
+        if mps is not None:
+            self._listings.append(mps)
         self._ready = False
         self._first_backoff, self._max_backoff = backoff.first, backoff.most
         self._backoff = self._first_backoff
@@ -88,15 +107,21 @@ class NvmlBackend:
             raise GpuError(_code(error), _describe(error)) from None
         self._ready = True
         self._backoff = self._first_backoff
-        self._handles.clear()
+        self._forget_handles()
 
     def _session_lost(self) -> None:
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
         self._ready = False
-        self._handles.clear()
+        self._forget_handles()
         self._next_attempt = self._clock() + self._backoff
         self._backoff = min(self._max_backoff, self._backoff * 2)
+
+    def _forget_handles(self) -> None:
+        self._handles.clear()
+        self._minors.clear()
+        self._mig_handles.clear()
+        self._mig_static.clear()
 
     def device_count(self) -> int:
         if not self._ready:
@@ -110,56 +135,114 @@ class NvmlBackend:
     def device(self, index: int) -> Device:
         handle = self._handle(index)
         memory = self._call(self._nvml.nvmlDeviceGetMemoryInfo, handle)
-        rates = self._call(self._nvml.nvmlDeviceGetUtilizationRates, handle)
+        uuid = _text(self._call(self._nvml.nvmlDeviceGetUUID, handle))
+        migs = self._migs(index, handle)
         return Device(
             index=index,
-            uuid=_text(self._call(self._nvml.nvmlDeviceGetUUID, handle)),
+            uuid=uuid,
             model=_text(self._call(self._nvml.nvmlDeviceGetName, handle)),
             memory_total=int(memory.total),
             memory_used=int(memory.used),
-            utilization=float(rates.gpu) / 100.0,
-            mig_uuids=self._mig_uuids(handle),
+            # NVML has no device utilization for a GPU in MIG mode.
+            utilization=None if migs else self._utilization(handle),
+            minor_number=self._minor_number(index, handle),
+            migs=migs,
         )
 
-    def _mig_uuids(self, handle: Any) -> tuple[str, ...]:
-        """MIG devices of a GPU in MIG mode, so the kubelet's `MIG-<uuid>`
-        device IDs can be counted against their physical GPU. A GPU that
-        fails otherwise (lost, say) fails its device call."""
+    def _utilization(self, handle: Any) -> float | None:
+        try:
+            rates = self._call(self._nvml.nvmlDeviceGetUtilizationRates, handle)
+        except GpuError as error:
+            if error.code is ErrorCode.NOT_SUPPORTED:
+                return None
+            raise
+        return float(rates.gpu) / 100.0
+
+    def _minor_number(self, index: int, handle: Any) -> int | None:
+        if index not in self._minors:
+            try:
+                self._minors[index] = int(self._call(self._nvml.nvmlDeviceGetMinorNumber, handle))
+            except GpuError as error:
+                if error.code is not ErrorCode.NOT_SUPPORTED:
+                    raise
+                self._minors[index] = None
+        return self._minors[index]
+
+    def _migs(self, index: int, handle: Any) -> tuple[MigDevice, ...]:
+        """The MIG devices of a GPU in MIG mode, () otherwise. Their handles
+        are kept for `processes`, which lists per MIG device: on the parent's
+        handle NVML lists processes only to a privileged caller."""
         nvml = self._nvml
+        self._mig_handles[index] = []
         try:
             current, _pending = self._call(nvml.nvmlDeviceGetMigMode, handle)
         except GpuError as error:
-            if error.code is ErrorCode.NOT_SUPPORTED:  # a GPU without MIG
+            if error.code in (ErrorCode.NOT_SUPPORTED, ErrorCode.FUNCTION_NOT_FOUND):  # a GPU without MIG
                 return ()
             raise
         if current != nvml.NVML_DEVICE_MIG_ENABLE:
             return ()
-        uuids = []
-        for index in range(int(self._call(nvml.nvmlDeviceGetMaxMigDeviceCount, handle))):
+        migs = []
+        for slot in range(int(self._call(nvml.nvmlDeviceGetMaxMigDeviceCount, handle))):
             try:
-                mig = self._call(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, index)
+                mig = self._call(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
             except GpuError as error:
                 if error.code is ErrorCode.NOT_FOUND:  # an empty slot
                     continue
                 raise
-            uuids.append(_text(self._call(nvml.nvmlDeviceGetUUID, mig)))
-        return tuple(uuids)
+            uuid = _text(self._call(nvml.nvmlDeviceGetUUID, mig))
+            memory = self._call(nvml.nvmlDeviceGetMemoryInfo, mig)
+            static = self._mig_static.get(uuid)
+            if static is None:
+                static = self._mig_static[uuid] = self._mig_identity(handle, mig)
+            profile, gpu_instance, profile_id, placement = static
+            migs.append(
+                MigDevice(
+                    uuid=uuid,
+                    profile=profile,
+                    memory_total=int(memory.total),
+                    memory_used=int(memory.used),
+                    gpu_instance_id=gpu_instance,
+                    profile_id=profile_id,
+                    placement_start=placement,
+                )
+            )
+            self._mig_handles[index].append((mig, uuid))
+        return tuple(migs)
+
+    def _mig_identity(self, parent: Any, mig: Any) -> tuple[str, int | None, int | None, int | None]:
+        """What names a MIG device and does not change while it exists:
+        profile, GPU instance ID, profile ID and placement start. The last
+        two need the GPU instance's handle, which NVML may refuse to an
+        unprivileged caller; they are then unknown, not an error."""
+        nvml = self._nvml
+        profile = mig_profile(_text(self._call(nvml.nvmlDeviceGetName, mig)))
+        try:
+            gpu_instance = int(self._call(nvml.nvmlDeviceGetGpuInstanceId, mig))
+        except GpuError:
+            return profile, None, None, None
+        try:
+            instance = self._call(nvml.nvmlDeviceGetGpuInstanceById, parent, gpu_instance)
+            info = self._call(nvml.nvmlGpuInstanceGetInfo, instance)
+        except GpuError:
+            return profile, gpu_instance, None, None
+        return profile, gpu_instance, int(info.profileId), int(info.placement.start)
 
     def processes(self, index: int) -> list[GpuProcess]:
         handle = self._handle(index)
+        migs = self._mig_handles.get(index) or [(handle, None)]
         merged: dict[int, GpuProcess] = {}
-        for listing in (
-            self._nvml.nvmlDeviceGetComputeRunningProcesses,
-            self._nvml.nvmlDeviceGetGraphicsRunningProcesses,
-        ):
-            for info in self._listing(listing, handle):
-                pid = int(info.pid)
-                used = None if info.usedGpuMemory is None else int(info.usedGpuMemory)
-                previous = merged.get(pid)
-                # A process on both lists (CUDA and graphics contexts) holds
-                # one allocation that NVML reports in each: count it once.
-                if previous is None or (previous.used_memory is None and used is not None):
-                    merged[pid] = GpuProcess(pid=pid, used_memory=used)
+        for device_handle, mig_uuid in migs:
+            for listing in list(self._listings):
+                for info in self._listing(listing, device_handle):
+                    pid = int(info.pid)
+                    used = None if info.usedGpuMemory is None else int(info.usedGpuMemory)
+                    previous = merged.get(pid)
+                    # A process on several lists (CUDA and graphics contexts,
+                    # MPS clients) holds one allocation that NVML reports in
+                    # each: count it once.
+                    if previous is None or (previous.used_memory is None and used is not None):
+                        merged[pid] = GpuProcess(pid=pid, used_memory=used, mig_uuid=mig_uuid)
         return list(merged.values())
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
@@ -200,6 +283,13 @@ class NvmlBackend:
             try:
                 return self._call(function, handle)
             except GpuError as error:
+                if function is not self._listings[0] and error.code in (
+                    ErrorCode.NOT_SUPPORTED,
+                    ErrorCode.FUNCTION_NOT_FOUND,
+                ):
+                    # A driver without the MPS listing: the other lists serve.
+                    self._listings.remove(function)
+                    return []
                 if error.code is not ErrorCode.INSUFFICIENT_SIZE or attempt == LISTING_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
@@ -212,6 +302,13 @@ class NvmlBackend:
             if code in SESSION_LOST:
                 self._session_lost()
             raise GpuError(code, _describe(error)) from None
+
+
+def mig_profile(name: str) -> str:
+    """`NVIDIA H100 80GB HBM3 MIG 1g.10gb` -> `1g.10gb`: NVML names a MIG
+    device after its parent, then `MIG`, then the profile."""
+    _, sep, profile = name.rpartition(" MIG ")
+    return profile.strip() if sep else name.strip()
 
 
 def _code(error: Any) -> ErrorCode:

@@ -66,17 +66,18 @@ def blind_gpus(
 
     A GPU counts when its process listing succeeded and was empty while the
     device is busy or holds more than an idle GPU does. GPUs in MIG mode are
-    left out: their processes are listed per MIG device, not on the parent.
+    left out: NVML gives them no device utilization, and each MIG device
+    holds its own reservation, so an idle one can hold more than 1 GiB.
     """
     if in_host_namespace is not False:
         return ()
     return tuple(
-        BlindGpu(device.index, device.uuid, device.memory_used, device.utilization)
+        BlindGpu(device.index, device.uuid, device.memory_used, device.utilization or 0.0)
         for device, processes in readings
         if processes is not None
         and not processes
-        and not device.mig_uuids
-        and (device.utilization > 0 or device.memory_used > IDLE_MEMORY_BYTES)
+        and not device.mig_mode
+        and ((device.utilization or 0.0) > 0 or device.memory_used > IDLE_MEMORY_BYTES)
     )
 
 

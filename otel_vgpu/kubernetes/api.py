@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
+from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
+from otel_vgpu.allocation.shares import counted
 from otel_vgpu.config import DEFAULT_BACKOFF, DEFAULT_RESOURCES, Backoff
 from otel_vgpu.health import Health, Stage
-from otel_vgpu.pods.directory import PodMeta
+from otel_vgpu.pods.directory import PodMeta, StatedGrant
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +40,15 @@ class _Entry:
     cgroup_uid: str
     """What the pod's cgroups carry: the UID, or a static pod's config hash."""
     meta: PodMeta
+    problem: str | None = None
+    """Why part of the pod could not be read (a malformed allocator annotation)."""
 
 
 def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES) -> _Entry:
     """A lightkube Pod (or anything shaped like one) to a directory entry."""
     metadata = pod.metadata
     annotations = metadata.annotations or {}
+    spec = pod.spec
     containers: dict[str, str] = {}
     status = pod.status
     for statuses in (
@@ -56,15 +62,34 @@ def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES) -> _Entry:
                 containers[container.containerID.split("://", 1)[-1]] = container.name
     limits: dict[str, float] = {}
     wanted = tuple(resources)
-    for container in (pod.spec.containers if pod.spec else None) or []:
+    regular = (spec.containers if spec else None) or []
+    for container in regular:
         declared = (container.resources.limits if container.resources else None) or {}
-        count = sum(_quantity(declared[name]) for name in wanted if name in declared)
+        count = sum(_quantity(value) for name, value in declared.items() if counted(name, wanted))
         if count:
             limits[container.name] = count
+    stated: dict[str, tuple[StatedGrant, ...]] = {}
+    problem = None
+    hami = annotations.get(HAMI_ANNOTATION)
+    if hami:
+        init = [c.name for c in (spec.initContainers if spec else None) or []]
+        where = f"pod {metadata.namespace}/{metadata.name}: annotation {HAMI_ANNOTATION}"
+        try:
+            stated = parse_hami(hami, init, [c.name for c in regular], where)
+        except HamiAnnotationError as error:
+            problem = str(error)
     return _Entry(
         uid=metadata.uid,
         cgroup_uid=annotations.get(CONFIG_HASH, metadata.uid),
-        meta=PodMeta(metadata.namespace or "", metadata.name, containers=containers, gpu_limits=limits),
+        meta=PodMeta(
+            metadata.namespace or "",
+            metadata.name,
+            containers=containers,
+            gpu_limits=limits,
+            phase=(status.phase if status else None) or "Pending",
+            stated=stated,
+        ),
+        problem=problem,
     )
 
 
@@ -118,11 +143,6 @@ class KubePodDirectory:
     def pods(self) -> Mapping[str, PodMeta]:
         with self._lock:
             return dict(self._by_cgroup)
-
-    def uid_of(self) -> dict[tuple[str, str], str]:
-        """(namespace, name) -> the UID the pod's cgroups carry."""
-        with self._lock:
-            return {(e.meta.namespace, e.meta.name): e.cgroup_uid for e in self._entries.values()}
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -196,7 +216,7 @@ class KubePodDirectory:
         listing = client.list(Pod, namespace="*", fields={"spec.nodeName": self._node})
         entries = {}
         for pod in listing:
-            entry = pod_entry(pod, self._resources)
+            entry = self._entry(pod)
             entries[entry.uid] = entry
         with self._lock:
             if generation != self._generation:
@@ -222,7 +242,7 @@ class KubePodDirectory:
             server_timeout=self._watch_seconds,
         )
         for kind, pod in events:
-            entry = pod_entry(pod, self._resources)
+            entry = self._entry(pod)
             with self._lock:
                 if generation != self._generation or self._stop.is_set():
                     return
@@ -232,6 +252,14 @@ class KubePodDirectory:
                 else:
                     self._entries[entry.uid] = entry
                 self._reindex()
+
+    def _entry(self, pod: Any) -> _Entry:
+        entry = pod_entry(pod, self._resources)
+        if entry.problem is not None:
+            # Counted and logged once per pod; the pod keeps its name and
+            # counts as one share where it runs.
+            self._health.failed(Stage.POD_ANNOTATIONS, entry.uid, f"{entry.problem}; its shares count as one")
+        return entry
 
     def _reindex(self) -> None:
         """Rebuild the cgroup-UID index; the caller holds the lock."""

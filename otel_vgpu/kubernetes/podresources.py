@@ -1,8 +1,10 @@
 """vGPU shares from the kubelet's pod-resources API, with pod limits as fallback.
 
 The kubelet serves `v1.PodResourcesLister` over gRPC on a Unix socket. A
-background thread calls `List` every few seconds; sweeps use the latest
-answer and never wait for the kubelet. One failed call (a kubelet restart, a
+background thread calls `List` (device-plugin devices and DRA claims per
+container) and `GetAllocatableResources` (every device the device plugins
+advertise: the replica counts behind `auto`) every few seconds; sweeps use
+the latest answer and never wait for the kubelet. One failed call (a kubelet restart, a
 slow answer) does not change the shares: the last good answer stays in force
 through `KEEP_LAST_GOOD_CALLS` failed calls in a row. Only then, and until
 the kubelet answers again, shares come from the GPU limits in the pod specs
@@ -15,15 +17,17 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from otel_vgpu.allocation.shares import (
     Allocation,
+    ClaimAssignment,
     DeviceAssignment,
+    KubeletView,
+    from_kubelet,
     from_limits,
-    from_pod_resources,
 )
-from otel_vgpu.config import DEFAULT_RESOURCES
+from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.pods.directory import PodMeta
@@ -53,37 +57,69 @@ class PodResourcesClient:
         self._timeout = timeout
         self._channel = grpc.insecure_channel(f"unix://{socket_path}")
         self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
+        self._allocatable = True
 
-    def list(self) -> list[DeviceAssignment]:
+    def list(self) -> KubeletView:
+        """Both calls. A kubelet without GetAllocatableResources (before
+        1.23, or with its gate off) answers UNIMPLEMENTED: the view then
+        has no replica counts, and that is not a failure."""
         from otel_vgpu.kubernetes.kubelet import podresources_pb2  # noqa: PLC0415
 
         try:
             response = self._stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=self._timeout)
         except self._grpc.RpcError as error:
             raise PodResourcesError(f"{error.code().name}: {error.details()}") from None
-        return [
-            DeviceAssignment(
-                namespace=pod.namespace,
-                pod=pod.name,
-                container=container.name,
-                resource=devices.resource_name,
-                device_ids=tuple(devices.device_ids),
-            )
-            for pod in response.pod_resources
-            for container in pod.containers
-            for devices in container.devices
-        ]
+        allocatable = None
+        if self._allocatable:
+            try:
+                answer = self._stub.GetAllocatableResources(
+                    podresources_pb2.AllocatableResourcesRequest(), timeout=self._timeout
+                )
+            except self._grpc.RpcError as error:
+                if error.code() is not self._grpc.StatusCode.UNIMPLEMENTED:
+                    raise PodResourcesError(f"GetAllocatableResources {error.code().name}: {error.details()}") from None
+                log.info("the kubelet has no GetAllocatableResources; replica counts (ratio auto) are unknown")
+                self._allocatable = False
+            else:
+                allocatable = tuple((d.resource_name, tuple(d.device_ids)) for d in answer.devices)
+        return view_of(response, allocatable)
 
     def close(self) -> None:
         self._channel.close()
+
+
+def view_of(response: Any, allocatable: tuple[tuple[str, tuple[str, ...]], ...] | None) -> KubeletView:
+    """A `ListPodResourcesResponse` as plain data."""
+    devices = []
+    claims = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for group in container.devices:
+                devices.append(
+                    DeviceAssignment(
+                        pod.namespace, pod.name, container.name, group.resource_name, tuple(group.device_ids)
+                    )
+                )
+            for dynamic in container.dynamic_resources:
+                for resource in dynamic.claim_resources:
+                    claims.append(
+                        ClaimAssignment(
+                            pod.namespace,
+                            pod.name,
+                            container.name,
+                            f"{dynamic.claim_namespace}/{dynamic.claim_name}",
+                            resource.driver_name,
+                            resource.pool_name,
+                            resource.device_name,
+                        )
+                    )
+    return KubeletView(tuple(devices), tuple(claims), allocatable)
 
 
 class NodePods(Protocol):
     """What the allocation needs of the pod directory (the Kubernetes API's view of this node)."""
 
     def pods(self) -> Mapping[str, PodMeta]: ...
-
-    def uid_of(self) -> dict[tuple[str, str], str]: ...
 
 
 class KubeletAllocation:
@@ -102,7 +138,7 @@ class KubeletAllocation:
         self._resources = tuple(resources)
         self._health = health or Health()
         self._poll_seconds = poll_seconds
-        self._latest: list[DeviceAssignment] | None = None
+        self._latest: KubeletView | None = None
         self._failed_calls = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
@@ -122,9 +158,8 @@ class KubeletAllocation:
     def allocation(self, gpus: Sequence[Device]) -> Allocation:
         latest = self._latest
         if latest is None:
-            return from_limits(self._directory.pods())
-        mig_parents = {mig: gpu.uuid for gpu in gpus for mig in gpu.mig_uuids}
-        return from_pod_resources(latest, self._directory.uid_of(), gpus, mig_parents, self._resources)
+            return from_limits(self._directory.pods(), gpus)
+        return from_kubelet(latest, self._directory.pods(), gpus, self._resources, DRA_DRIVERS)
 
     def _run(self) -> None:
         while not self._stop.wait(self._poll_seconds):

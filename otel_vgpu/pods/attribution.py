@@ -38,6 +38,12 @@ def parse_start_time(stat_text: str) -> int:
     return int(after_name[19])
 
 
+def parse_command(stat_text: str) -> str:
+    """Field 2 of `/proc/<pid>/stat`: the command name (the kernel's `comm`,
+    at most 15 characters), between the first `(` and the last `)`."""
+    return stat_text[stat_text.find("(") + 1 : stat_text.rfind(")")]
+
+
 class ProcReader:
     """Reads the two files attribution needs from a proc root."""
 
@@ -49,11 +55,18 @@ class ProcReader:
 
     def start_time(self, pid: int) -> int | None:
         """None if the process is gone."""
+        found = self.stat(pid)
+        return None if found is None else found[0]
+
+    def stat(self, pid: int) -> tuple[int, str] | None:
+        """(start time, command name), or None if the process is gone. Both
+        come from `stat`, which every process's PID namespace peer may read:
+        no capability is needed, unlike `exe` or `environ`."""
         text = self._read(pid, "stat", 4096)
         if text is None:
             return None
         try:
-            return parse_start_time(text)
+            return parse_start_time(text), parse_command(text)
         except (IndexError, ValueError):
             raise ProcUnreadable(f"{self.root}/{pid}/stat: unexpected format") from None
 
@@ -83,6 +96,15 @@ class Attribution:
     """PID to pod; None for a process in no pod or gone since NVML listed it."""
     errors: list[str] = field(default_factory=list)
     """Processes whose files exist but could not be read."""
+    commands: dict[int, str] = field(default_factory=dict)
+    """PID to command name (`comm`), for the processes that could be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    start: int
+    ref: PodRef | None
+    command: str
 
 
 class Attributor:
@@ -90,41 +112,43 @@ class Attributor:
 
     def __init__(self, reader: ProcReader) -> None:
         self._reader = reader
-        self._cache: dict[int, tuple[int, PodRef | None]] = {}
+        self._cache: dict[int, _Cached] = {}
 
     def attribute(self, pids: Iterable[int]) -> Attribution:
         result = Attribution()
-        cache: dict[int, tuple[int, PodRef | None]] = {}
+        cache: dict[int, _Cached] = {}
         for pid in pids:
             if pid in result.pods:
                 continue
             try:
-                ref = self._attribute_one(pid, cache)
+                found = self._attribute_one(pid, cache)
             except ProcUnreadable as error:
                 result.errors.append(str(error))
-                ref = None
-            result.pods[pid] = ref
+                found = None
+            result.pods[pid] = None if found is None else found.ref
+            if found is not None:
+                result.commands[pid] = found.command
         # Only PIDs seen in this pass survive: the cache can never outgrow the
         # node's current GPU processes.
         self._cache = cache
         return result
 
-    def _attribute_one(self, pid: int, cache: dict[int, tuple[int, PodRef | None]]) -> PodRef | None:
-        start = self._reader.start_time(pid)
-        if start is None:
+    def _attribute_one(self, pid: int, cache: dict[int, _Cached]) -> _Cached | None:
+        stat = self._reader.stat(pid)
+        if stat is None:
             return None
+        start, command = stat
         cached = self._cache.get(pid)
-        if cached is not None and cached[0] == start:
+        if cached is not None and cached.start == start:
             cache[pid] = cached
-            return cached[1]
+            return cached
         text = self._reader.cgroup(pid)
         # The PID may have been reused between the two reads; only a cgroup
         # read between two equal start times belongs to that process.
         if text is None or self._reader.start_time(pid) != start:
             return None
-        ref = parse_cgroup(text)
-        cache[pid] = (start, ref)
-        return ref
+        found = cache[pid] = _Cached(start, parse_cgroup(text), command)
+        return found
 
     @property
     def cached(self) -> int:

@@ -6,6 +6,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class StatedGrant:
+    """A GPU that an allocator wrote into a pod's annotations (HAMi), with
+    the memory and compute it gave the container there."""
+
+    gpu_uuid: str
+    memory: int
+    """Bytes."""
+    compute: float
+    """Fraction of the GPU's SMs, 0-1; 1 where the allocator set no limit."""
+
 
 @dataclass(frozen=True, slots=True)
 class PodMeta:
@@ -15,6 +29,15 @@ class PodMeta:
     """Container ID (without the runtime's `containerd://` scheme) to container name."""
     gpu_limits: Mapping[str, float] = field(default_factory=dict)
     """Container name to the GPUs its resource limits ask for (counted resources only)."""
+    phase: str = "Running"
+    """The pod's status.phase."""
+    stated: Mapping[str, tuple[StatedGrant, ...]] = field(default_factory=dict)
+    """Container name to the GPUs an allocator's annotations give it (HAMi)."""
+
+    @property
+    def terminal(self) -> bool:
+        """Succeeded or Failed: its containers have ended and hold no GPU."""
+        return self.phase in TERMINAL_PHASES
 
 
 class PodDirectory(Protocol):

@@ -27,14 +27,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_vgpu.allocation.shares import Allocation
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, UtilizationSample
+from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
+from otel_vgpu.allocation.hami import parse_hami
+from otel_vgpu.allocation.shares import Allocation, ClaimAssignment, DeviceAssignment, KubeletView, from_kubelet
+from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods.directory import PodMeta, StaticDirectory
-from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, PodSpec, Scenario
+from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, MigSpec, PodSpec, Scenario, pod_containers
 
 # Memory the driver holds on each device beyond what processes use.
 DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
+# What a MIG device's own driver reservation is taken to be.
+MIG_RESERVED_BYTES = 64 * 1024 * 1024
+MPS_SERVER = "nvidia-cuda-mps"
 # NVML keeps one utilization sample per process per sample period; a window
 # of any length returns a few of them.
 SAMPLES_PER_WINDOW = 4
@@ -86,6 +92,8 @@ class _Process:
     memory: int
     sm: Callable[[float], float]
     cgroup: str
+    mig: str | None = None
+    command: str = "python3"
 
 
 class SimulatedNode:
@@ -124,15 +132,7 @@ class SimulatedNode:
         return self._clock() - self._started
 
     def directory(self) -> StaticDirectory:
-        pods = {
-            pod.uid: PodMeta(
-                pod.namespace,
-                pod.name,
-                containers={container_id(pod, p.container): p.container for p in pod.processes},
-            )
-            for pod in self.scenario.pods
-            if pod.in_directory
-        }
+        pods = {pod.uid: pod_meta(pod) for pod in self.scenario.pods if pod.in_directory}
         if self.scenario.churn is not None:
             for index in range(self.scenario.churn.pods):
                 pod = self.churn_pod(index)
@@ -150,19 +150,77 @@ class SimulatedNode:
     # --- AllocationSource ---------------------------------------------------
 
     def allocation(self, gpus: Sequence[Device]) -> Allocation:
+        """What a kubelet with the NVIDIA device plugin (and DRA driver)
+        would answer for the scenario now, counted by the agent's own rules."""
         # The time of the sweep's process listing, so shares and processes
         # describe the same moment.
         t = self._state_at if self._state_at is not None else self.now()
-        placed: dict[tuple[str, str, str], float] = {}
+        return from_kubelet(self.kubelet_view(t), self._pods_at(t), gpus, DEFAULT_RESOURCES, DRA_DRIVERS)
+
+    def kubelet_view(self, t: float) -> KubeletView:
+        """pod-resources' List and GetAllocatableResources for the scenario at time `t`."""
+        plugin = self.scenario.device_plugin
+        devices: list[DeviceAssignment] = []
+        claims: list[ClaimAssignment] = []
+        node = self.scenario.node_name or "sim-node"
         for pod in self.scenario.pods:
-            if pod.active(t):
-                for index, count in pod.shares.items():
-                    placed[(pod.uid, "", self.scenario.gpus[index].uuid)] = float(count)
-        if self.scenario.churn is not None:
-            for index in self.churn_pods(t):
-                gpu = self.scenario.gpus[index % len(self.scenario.gpus)]
-                placed[(self.churn_pod(index).uid, "", gpu.uuid)] = 1.0
-        return Allocation(placed=placed)
+            if not pod.active(t):
+                continue
+            container = pod_containers(pod.processes)[0]
+            for index, count in pod.shares.items():
+                gpu = self.scenario.gpus[index]
+                # A scenario without replicas still gives each share its own replica ID.
+                replicas = max(gpu.replicas or 1, count)
+                resource, ids = _replica_ids(gpu.uuid, replicas, "nvidia.com/gpu", plugin.rename_by_default)
+                devices.append(DeviceAssignment(pod.namespace, pod.name, container, resource, ids[:count]))
+            for (index, position), count in pod.mig_shares.items():
+                mig = self.scenario.gpus[index].migs[position]
+                mig_resource = _mig_resource(mig, plugin.mig_strategy)
+                replicas = max(mig.replicas, count)
+                resource, ids = _replica_ids(mig.uuid, replicas, mig_resource, plugin.rename_by_default)
+                devices.append(DeviceAssignment(pod.namespace, pod.name, container, resource, ids[:count]))
+            for claim in pod.claims:
+                claims.append(
+                    ClaimAssignment(
+                        pod.namespace,
+                        pod.name,
+                        claim.container,
+                        f"{pod.namespace}/{claim.claim}",
+                        DRA_DRIVERS[0],
+                        node,
+                        claim.device,
+                    )
+                )
+        for index in self.churn_pods(t):
+            pod = self.churn_pod(index)
+            gpu = self.scenario.gpus[index % len(self.scenario.gpus)]
+            devices.append(DeviceAssignment(pod.namespace, pod.name, "main", "nvidia.com/gpu", (f"{gpu.uuid}::0",)))
+        return KubeletView(tuple(devices), tuple(claims), self._allocatable())
+
+    def _allocatable(self) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+        plugin = self.scenario.device_plugin
+        gpus = self.scenario.gpus
+        if all(gpu.replicas is None and not gpu.migs for gpu in gpus):
+            return None
+        found: dict[str, list[str]] = {}
+        for gpu in gpus:
+            advertised: list[tuple[str, tuple[str, ...]]] = []
+            if gpu.migs:
+                for mig in gpu.migs:
+                    resource = _mig_resource(mig, plugin.mig_strategy)
+                    advertised.append(_replica_ids(mig.uuid, mig.replicas, resource, plugin.rename_by_default))
+            elif gpu.replicas is not None:
+                advertised.append(_replica_ids(gpu.uuid, gpu.replicas, "nvidia.com/gpu", plugin.rename_by_default))
+            for resource, ids in advertised:
+                found.setdefault(resource, []).extend(ids)
+        return tuple((resource, tuple(ids)) for resource, ids in found.items())
+
+    def _pods_at(self, t: float) -> dict[str, PodMeta]:
+        pods = {pod.uid: pod_meta(pod) for pod in self.scenario.pods if pod.in_directory and pod.active(t)}
+        for index in self.churn_pods(t):
+            pod = self.churn_pod(index)
+            pods[pod.uid] = PodMeta(pod.namespace, pod.name)
+        return pods
 
     # --- GpuBackend -----------------------------------------------------------
 
@@ -176,31 +234,44 @@ class SimulatedNode:
         gpu = self.scenario.gpus[index]
         t = self.now()
         mine = [p for p in self._processes if p.gpu == index]
+        migs = tuple(_mig_device(mig, [p for p in mine if p.mig == mig.uuid]) for mig in gpu.migs)
         return Device(
             index=index,
             uuid=gpu.uuid,
             model=gpu.model,
             memory_total=gpu.memory_total,
             memory_used=min(gpu.memory_total, DRIVER_RESERVED_BYTES + sum(p.memory for p in mine)),
-            utilization=min(1.0, sum(p.sm(t) for p in mine)),
+            # NVML gives no device utilization in MIG mode.
+            utilization=None if migs else min(1.0, sum(p.sm(t) for p in mine)),
+            minor_number=gpu.minor,
+            migs=migs,
         )
 
     def processes(self, index: int) -> list[GpuProcess]:
         self._maybe_fail("processes", index)
-        return [GpuProcess(pid=p.pid, used_memory=p.memory) for p in self._visible() if p.gpu == index]
+        return [GpuProcess(p.pid, p.memory, p.mig) for p in self._visible() if p.gpu == index]
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         self._maybe_fail("utilization_samples", index)
         now_us = self.now_us()
         t = self.now()
         span = max(0, now_us - since_us)
+        if self.scenario.gpus[index].migs:
+            raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no per-process utilization in MIG mode")
+        mine = [p for p in self._visible() if p.gpu == index]
+        servers = [p for p in mine if p.command == MPS_SERVER]
         samples = []
-        for process in self._visible():
-            if process.gpu != index:
+        for k in range(SAMPLES_PER_WINDOW):
+            age_us = span * k // SAMPLES_PER_WINDOW
+            at = t - age_us / 1e6
+            if servers:
+                # Under MPS, NVML gives the server all its clients' SM and the clients none.
+                sm = min(1.0, sum(p.sm(at) for p in mine))
+                if sm > 0:
+                    samples.append(UtilizationSample(servers[0].pid, now_us - age_us, sm))
                 continue
-            for k in range(SAMPLES_PER_WINDOW):
-                age_us = span * k // SAMPLES_PER_WINDOW
-                sm = process.sm(t - age_us / 1e6)
+            for process in mine:
+                sm = process.sm(at)
                 # NVML lists only processes that used the SMs in the period.
                 if sm > 0:
                     samples.append(UtilizationSample(process.pid, now_us - age_us, sm))
@@ -232,9 +303,11 @@ class SimulatedNode:
         for pod in self.scenario.pods:
             for spec in pod.processes:
                 pid += 1
-                if not pod.active(t):
+                # A pod that has ended runs nothing, whatever the kubelet still lists.
+                if not pod.active(t) or pod.phase in ("Succeeded", "Failed"):
                     continue
                 cid = container_id(pod, spec.container)
+                gpu = self.scenario.gpus[spec.gpu]
                 processes.append(
                     _Process(
                         pid=pid,
@@ -245,6 +318,8 @@ class SimulatedNode:
                         memory=int(max(0.0, spec.memory.at(t))),
                         sm=_clamped(spec.sm.at),
                         cgroup=cgroup_file(pod.cgroup, pod.uid, cid),
+                        mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
+                        command=spec.command,
                     )
                 )
         processes.extend(self._churn_at(t))
@@ -258,6 +333,7 @@ class SimulatedNode:
                     memory=int(max(0.0, host.memory.at(t))),
                     sm=_clamped(host.sm.at),
                     cgroup=host.cgroup + "\n",
+                    command=host.command,
                 )
             )
         return processes
@@ -325,10 +401,10 @@ class SimulatedNode:
             os.makedirs(directory, exist_ok=True)
             with open(f"{directory}/cgroup", "w") as handle:
                 handle.write(process.cgroup)
-            # Field 22 is the start time; the command name holds a space and
-            # a parenthesis, as real ones can.
+            # Field 22 is the start time; the command name may hold spaces
+            # and parentheses, as real ones can.
             with open(f"{directory}/stat", "w") as handle:
-                handle.write(f"{pid} (python3 (gpu)) S 1 {_STAT_ZEROS} {process.start_time} {_STAT_TAIL}\n")
+                handle.write(f"{pid} ({process.command}) S 1 {_STAT_ZEROS} {process.start_time} {_STAT_TAIL}\n")
             self._written[pid] = process.start_time
 
     def _maybe_fail(self, call: str, index: int | None) -> None:
@@ -339,6 +415,43 @@ class SimulatedNode:
                     time.sleep(fault.delay_s)
                 if fault.code is not None:
                     raise GpuError(fault.code, f"simulated {fault.code.value} (scenario fault)")
+
+
+def pod_meta(pod: PodSpec) -> PodMeta:
+    """What the Kubernetes API would say of a simulated pod."""
+    containers = pod_containers(pod.processes)
+    hami = pod.annotations.get(HAMI_ANNOTATION)
+    return PodMeta(
+        pod.namespace,
+        pod.name,
+        containers={container_id(pod, name): name for name in containers},
+        phase=pod.phase,
+        # Checked when the scenario was loaded.
+        stated=parse_hami(hami, (), containers) if hami else {},
+    )
+
+
+def _replica_ids(uuid: str, replicas: int, resource: str, rename: bool) -> tuple[str, tuple[str, ...]]:
+    """The resource and IDs the device plugin advertises for one device (internal/rm/device_map.go)."""
+    if replicas <= 1:
+        return resource, (uuid,)
+    return (f"{resource}.shared" if rename else resource), tuple(f"{uuid}::{k}" for k in range(replicas))
+
+
+def _mig_resource(mig: MigSpec, strategy: str) -> str:
+    return "nvidia.com/gpu" if strategy == "single" else f"nvidia.com/mig-{mig.profile}"
+
+
+def _mig_device(mig: MigSpec, processes: list[_Process]) -> MigDevice:
+    return MigDevice(
+        uuid=mig.uuid,
+        profile=mig.profile,
+        memory_total=mig.memory_total,
+        memory_used=min(mig.memory_total, MIG_RESERVED_BYTES + sum(p.memory for p in processes)),
+        gpu_instance_id=mig.gpu_instance_id,
+        profile_id=mig.profile_id,
+        placement_start=mig.placement_start,
+    )
 
 
 def _memory_backed_tmp() -> str | None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
+from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.gpu.backend import ErrorCode
 
 BUILTIN = "builtin"
@@ -52,11 +54,29 @@ class Wave:
 
 
 @dataclass(frozen=True, slots=True)
+class MigSpec:
+    """A MIG device of a GPU (MIG mode)."""
+
+    uuid: str
+    profile: str
+    memory_total: int
+    gpu_instance_id: int
+    profile_id: int
+    placement_start: int
+    replicas: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSpec:
     index: int
     uuid: str
     model: str
     memory_total: int
+    minor: int = 0
+    """The device minor number (/dev/nvidia<minor>)."""
+    replicas: int | None = None
+    """Replicas the device plugin advertises for this GPU (GetAllocatableResources); None: it advertises none."""
+    migs: tuple[MigSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +95,19 @@ class ProcessSpec:
     sm: Wave
     """0-1."""
     container: str = "main"
+    mig: int | None = None
+    """The MIG device of the GPU it runs on, by position in the GPU's `mig` list."""
+    command: str = "python3"
+    """The command name /proc/<pid>/stat shows (nvidia-cuda-mps for an MPS server)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    """A DRA claim's device a pod's container uses (the NVIDIA DRA driver's name)."""
+
+    device: str
+    claim: str
+    container: str = "main"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +119,11 @@ class PodSpec:
     processes: tuple[ProcessSpec, ...]
     shares: dict[int, int] = field(default_factory=dict)
     """GPU index -> vGPU shares."""
+    mig_shares: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(GPU index, MIG device position) -> shares of that MIG device."""
+    phase: str = "Running"
+    annotations: dict[str, str] = field(default_factory=dict)
+    claims: tuple[ClaimSpec, ...] = ()
     static: bool = False
     in_directory: bool = True
     period_s: float | None = None
@@ -106,6 +144,7 @@ class HostProcessSpec:
     memory: Wave
     sm: Wave
     cgroup: str
+    command: str = "python3"
 
 
 FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples")
@@ -150,6 +189,20 @@ class DriverSpec:
     none. False: older drivers, which list every process by host PID."""
 
 
+MIG_STRATEGIES = ("single", "mixed")
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePluginSpec:
+    """How the simulated NVIDIA device plugin names its resources."""
+
+    rename_by_default: bool = False
+    """Shared replicas are advertised as `<resource>.shared`."""
+    mig_strategy: str = "single"
+    """single: MIG devices as nvidia.com/gpu; mixed: as nvidia.com/mig-<profile>."""
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     gpus: tuple[GpuSpec, ...]
@@ -159,6 +212,12 @@ class Scenario:
     faults: tuple[FaultSpec, ...] = ()
     churn: ChurnSpec | None = None
     driver: DriverSpec = DriverSpec()
+    device_plugin: DevicePluginSpec = DevicePluginSpec()
+
+
+def pod_containers(processes: tuple[ProcessSpec, ...]) -> tuple[str, ...]:
+    """A simulated pod's containers, in order: those its processes name, else `main`."""
+    return tuple(dict.fromkeys(p.container for p in processes)) or ("main",)
 
 
 def load_scenario(source: str) -> Scenario:
@@ -240,7 +299,10 @@ class _Reader:
 
     def scenario(self, document: Any) -> Scenario:
         top = self.mapping(
-            document, "scenario", 1, {"node", "gpus", "pods", "host_processes", "faults", "churn", "driver"}
+            document,
+            "scenario",
+            1,
+            {"node", "gpus", "pods", "host_processes", "faults", "churn", "driver", "device_plugin"},
         )
         gpus_raw = self.sequence(top.get("gpus"), "gpus", _line(top, "gpus"))
         if not gpus_raw:
@@ -250,7 +312,7 @@ class _Reader:
         if len(set(uuids)) != len(uuids):
             raise self.fail("gpus", _line(top, "gpus"), "two GPUs have the same uuid")
         pods = tuple(
-            self.pod(raw, f"pods[{i}]", len(gpus))
+            self.pod(raw, f"pods[{i}]", gpus)
             for i, raw in enumerate(self.sequence(top.get("pods"), "pods", _line(top, "pods")))
         )
         seen: dict[tuple[str, str], int] = {}
@@ -273,6 +335,11 @@ class _Reader:
         )
         churn = None if top.get("churn") is None else self.churn(top["churn"], "churn", _line(top, "churn"))
         driver = DriverSpec() if top.get("driver") is None else self.driver(top["driver"], _line(top, "driver"))
+        plugin = (
+            DevicePluginSpec()
+            if top.get("device_plugin") is None
+            else self.device_plugin(top["device_plugin"], _line(top, "device_plugin"))
+        )
         return Scenario(
             gpus=gpus,
             pods=pods,
@@ -281,7 +348,22 @@ class _Reader:
             faults=faults,
             churn=churn,
             driver=driver,
+            device_plugin=plugin,
         )
+
+    def device_plugin(self, raw: Any, line: int) -> DevicePluginSpec:
+        spec = self.mapping(raw, "device_plugin", line, {"rename_by_default", "mig_strategy"})
+        strategy = spec.get("mig_strategy", "single")
+        if strategy not in MIG_STRATEGIES:
+            raise self.fail(
+                "device_plugin.mig_strategy",
+                _line(spec, "mig_strategy"),
+                f"{strategy!r}; valid: {', '.join(MIG_STRATEGIES)}",
+            )
+        rename = self.boolean(
+            spec.get("rename_by_default", False), "device_plugin.rename_by_default", _line(spec, "rename_by_default")
+        )
+        return DevicePluginSpec(rename_by_default=rename, mig_strategy=strategy)
 
     def driver(self, raw: Any, line: int) -> DriverSpec:
         spec = self.mapping(raw, "driver", line, {"pid_namespace_filter"})
@@ -331,15 +413,58 @@ class _Reader:
 
     def gpu(self, raw: Any, index: int) -> GpuSpec:
         where = f"gpus[{index}]"
-        gpu = self.mapping(raw, where, 0, {"model", "memory", "uuid"})
+        gpu = self.mapping(raw, where, 0, {"model", "memory", "uuid", "minor", "replicas", "mig"})
         model = str(gpu.get("model", "NVIDIA H100 80GB HBM3"))
         memory = self.size(gpu.get("memory", "80GiB"), f"{where}.memory", _line(gpu, "memory"))
         if memory <= 0:
             raise self.fail(f"{where}.memory", _line(gpu, "memory"), "must be above 0")
         default_uuid = "GPU-" + str(uuidlib.UUID(hashlib.md5(f"gpu{index}".encode()).hexdigest()))
-        return GpuSpec(index=index, uuid=str(gpu.get("uuid", default_uuid)), model=model, memory_total=memory)
+        uuid = str(gpu.get("uuid", default_uuid))
+        minor = self.whole(gpu.get("minor", index), f"{where}.minor", _line(gpu, "minor"), 0)
+        replicas = None
+        if gpu.get("replicas") is not None:
+            replicas = self.whole(gpu["replicas"], f"{where}.replicas", _line(gpu, "replicas"), 1)
+        migs = tuple(
+            self.mig(m, f"{where}.mig[{k}]", uuid, k, memory)
+            for k, m in enumerate(self.sequence(gpu.get("mig"), f"{where}.mig", _line(gpu, "mig")))
+        )
+        return GpuSpec(index, uuid, model, memory, minor=minor, replicas=replicas, migs=migs)
 
-    def pod(self, raw: Any, where: str, gpu_count: int) -> PodSpec:
+    def mig(self, raw: Any, where: str, parent: str, position: int, parent_memory: int) -> MigSpec:
+        spec = self.mapping(
+            raw, where, 0, {"profile", "memory", "uuid", "gpu_instance", "profile_id", "placement", "replicas"}
+        )
+        profile = spec.get("profile")
+        if not isinstance(profile, str) or not re.fullmatch(r"\d+g\.\d+gb(\+\w+)?", profile):
+            raise self.fail(
+                f"{where}.profile",
+                _line(spec, "profile") or spec.line,
+                f"{profile!r} is not a MIG profile like 1g.18gb",
+            )
+        memory = self.size(spec.get("memory"), f"{where}.memory", _line(spec, "memory") or spec.line)
+        if not 0 < memory <= parent_memory:
+            raise self.fail(f"{where}.memory", _line(spec, "memory"), "must be above 0 and at most the GPU's memory")
+        default_uuid = "MIG-" + str(uuidlib.UUID(hashlib.md5(f"{parent}/{position}".encode()).hexdigest()))
+        return MigSpec(
+            uuid=str(spec.get("uuid", default_uuid)),
+            profile=profile,
+            memory_total=memory,
+            gpu_instance_id=self.whole(
+                spec.get("gpu_instance", position + 1), f"{where}.gpu_instance", _line(spec, "gpu_instance"), 0
+            ),
+            profile_id=self.whole(spec.get("profile_id", 19), f"{where}.profile_id", _line(spec, "profile_id"), 0),
+            placement_start=self.whole(
+                spec.get("placement", position), f"{where}.placement", _line(spec, "placement"), 0
+            ),
+            replicas=self.whole(spec.get("replicas", 1), f"{where}.replicas", _line(spec, "replicas"), 1),
+        )
+
+    def whole(self, raw: Any, where: str, line: int, low: int) -> int:
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw < low:
+            raise self.fail(where, line, f"{raw!r} is not a whole number >= {low}")
+        return raw
+
+    def pod(self, raw: Any, where: str, gpus: tuple[GpuSpec, ...]) -> PodSpec:
         allowed = {
             "namespace",
             "name",
@@ -351,6 +476,9 @@ class _Reader:
             "in_directory",
             "period_s",
             "active_s",
+            "phase",
+            "annotations",
+            "claims",
         }
         pod = self.mapping(raw, where, 0, allowed)
         name = pod.get("name")
@@ -368,10 +496,24 @@ class _Reader:
             valid = "32 hex digits (a static pod's config hash)" if static else "a dashed UUID"
             raise self.fail(f"{where}.uid", _line(pod, "uid"), f"{uid!r} is not {valid}")
         processes = tuple(
-            self.process(p, f"{where}.processes[{i}]", gpu_count)
+            self.process(p, f"{where}.processes[{i}]", gpus)
             for i, p in enumerate(self.sequence(pod.get("processes"), f"{where}.processes", _line(pod, "processes")))
         )
-        shares = self.shares(pod.get("shares"), f"{where}.shares", _line(pod, "shares"), gpu_count)
+        shares, mig_shares = self.shares(pod.get("shares"), f"{where}.shares", _line(pod, "shares"), gpus)
+        phase = pod.get("phase", "Running")
+        if phase not in PHASES:
+            raise self.fail(f"{where}.phase", _line(pod, "phase"), f"{phase!r}; valid: {', '.join(PHASES)}")
+        annotations = self.annotations(pod.get("annotations"), f"{where}.annotations", _line(pod, "annotations"))
+        hami = annotations.get(HAMI_ANNOTATION)
+        if hami is not None:
+            try:
+                parse_hami(hami, (), pod_containers(processes), f"{where}.annotations.{HAMI_ANNOTATION}")
+            except HamiAnnotationError as error:
+                raise ScenarioError(f"{self.source}:{_line(pod, 'annotations')}: {error}") from None
+        claims = tuple(
+            self.claim(c, f"{where}.claims[{i}]")
+            for i, c in enumerate(self.sequence(pod.get("claims"), f"{where}.claims", _line(pod, "claims")))
+        )
         period = self.number_or_none(pod.get("period_s"), f"{where}.period_s", _line(pod, "period_s"))
         active = self.number_or_none(pod.get("active_s"), f"{where}.active_s", _line(pod, "active_s"))
         if (period is None) != (active is None):
@@ -386,6 +528,10 @@ class _Reader:
             cgroup=self.cgroup(pod.get("cgroup"), f"{where}.cgroup", _line(pod, "cgroup")),
             processes=processes,
             shares=shares,
+            mig_shares=mig_shares,
+            phase=phase,
+            annotations=annotations,
+            claims=claims,
             in_directory=self.boolean(
                 pod.get("in_directory", True), f"{where}.in_directory", _line(pod, "in_directory")
             ),
@@ -393,24 +539,54 @@ class _Reader:
             active_s=active,
         )
 
-    def shares(self, raw: Any, where: str, line: int, gpu_count: int) -> dict[int, int]:
+    def shares(
+        self, raw: Any, where: str, line: int, gpus: tuple[GpuSpec, ...]
+    ) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
+        """`{<GPU index>: n}` for whole GPUs, `{"<GPU index>/<MIG position>": n}` for MIG devices."""
         if raw is None:
-            return {}
+            return {}, {}
         if not isinstance(raw, dict):
             raise self.fail(where, line, f"{raw!r} is not a mapping of GPU index to shares")
         shares: dict[int, int] = {}
+        mig_shares: dict[tuple[int, int], int] = {}
         for key, count in raw.items():
             at = f"{where}.{key}"
             key_line = _line(raw, key)
-            index = key if isinstance(key, int) and not isinstance(key, bool) else None
-            if index is None and isinstance(key, str) and key.isdigit():
-                index = int(key)
-            if index is None or not 0 <= index < gpu_count:
-                raise self.fail(at, key_line, f"{key!r} is not a GPU index; valid: 0 to {gpu_count - 1}")
+            text = str(key) if isinstance(key, (int, str)) and not isinstance(key, bool) else ""
+            match = re.fullmatch(r"(\d+)(?:/(\d+))?", text)
+            index = int(match.group(1)) if match else None
+            if index is None or not 0 <= index < len(gpus):
+                raise self.fail(
+                    at, key_line, f"{key!r} is not a GPU index (or <GPU>/<MIG device>); valid: 0 to {len(gpus) - 1}"
+                )
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise self.fail(at, key_line, f"{count!r} is not a whole number >= 0")
-            shares[index] = count
-        return shares
+            if match and match.group(2) is not None:
+                mig = int(match.group(2))
+                if mig >= len(gpus[index].migs):
+                    raise self.fail(at, key_line, f"GPU {index} has no MIG device {mig}")
+                mig_shares[(index, mig)] = count
+            else:
+                shares[index] = count
+        return shares, mig_shares
+
+    def annotations(self, raw: Any, where: str, line: int) -> dict[str, str]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+            raise self.fail(where, line, f"{raw!r} is not a mapping of annotation names to strings")
+        return dict(raw)
+
+    def claim(self, raw: Any, where: str) -> ClaimSpec:
+        spec = self.mapping(raw, where, 0, {"device", "claim", "container"})
+        device, claim = spec.get("device"), spec.get("claim")
+        if not isinstance(device, str) or not device:
+            raise self.fail(
+                f"{where}.device", _line(spec, "device") or spec.line, f"{device!r}: a DRA device name like gpu-0"
+            )
+        if not isinstance(claim, str) or not claim:
+            raise self.fail(f"{where}.claim", _line(spec, "claim") or spec.line, f"{claim!r}: a claim name")
+        return ClaimSpec(device=device, claim=claim, container=str(spec.get("container", "main")))
 
     def cgroup(self, raw: Any, where: str, line: int) -> CgroupSpec:
         if raw is None:
@@ -431,18 +607,34 @@ class _Reader:
             values[key] = value
         return CgroupSpec(version=version, **values)
 
-    def process(self, raw: Any, where: str, gpu_count: int) -> ProcessSpec:
-        proc, gpu, memory, sm = self.gpu_process(raw, where, gpu_count, "container")
-        return ProcessSpec(gpu=gpu, memory=memory, sm=sm, container=str(proc.get("container", "main")))
+    def process(self, raw: Any, where: str, gpus: tuple[GpuSpec, ...]) -> ProcessSpec:
+        proc, gpu, memory, sm = self.gpu_process(raw, where, len(gpus), "container", "mig", "command")
+        mig = proc.get("mig")
+        migs = len(gpus[gpu].migs)
+        if migs and mig is None:
+            raise self.fail(where, proc.line, f"GPU {gpu} is in MIG mode: say which MIG device (mig: 0 to {migs - 1})")
+        if mig is not None and (not isinstance(mig, int) or isinstance(mig, bool) or not 0 <= mig < migs):
+            valid = f"0 to {migs - 1}" if migs else f"none: GPU {gpu} is not in MIG mode"
+            raise self.fail(f"{where}.mig", _line(proc, "mig"), f"{mig!r} is not a MIG device; valid: {valid}")
+        return ProcessSpec(
+            gpu=gpu,
+            memory=memory,
+            sm=sm,
+            container=str(proc.get("container", "main")),
+            mig=mig,
+            command=str(proc.get("command", "python3"))[:15],
+        )
 
     def host_process(self, raw: Any, where: str, gpu_count: int) -> HostProcessSpec:
-        proc, gpu, memory, sm = self.gpu_process(raw, where, gpu_count, "cgroup")
+        proc, gpu, memory, sm = self.gpu_process(raw, where, gpu_count, "cgroup", "command")
         cgroup = str(proc.get("cgroup", "0::/system.slice/nvidia-persistenced.service"))
-        return HostProcessSpec(gpu=gpu, memory=memory, sm=sm, cgroup=cgroup)
+        return HostProcessSpec(
+            gpu=gpu, memory=memory, sm=sm, cgroup=cgroup, command=str(proc.get("command", "python3"))[:15]
+        )
 
-    def gpu_process(self, raw: Any, where: str, gpu_count: int, extra: str) -> tuple[_LineDict, int, Wave, Wave]:
+    def gpu_process(self, raw: Any, where: str, gpu_count: int, *extra: str) -> tuple[_LineDict, int, Wave, Wave]:
         """What a pod's process and a host process have in common: GPU, memory, SM."""
-        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", extra})
+        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", *extra})
         return (
             proc,
             self.gpu_index(proc, where, gpu_count),

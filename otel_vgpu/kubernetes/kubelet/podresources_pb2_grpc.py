@@ -41,6 +41,11 @@ class PodResourcesListerStub:
                 request_serializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
                 response_deserializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesResponse.FromString,
                 _registered_method=True)
+        self.GetAllocatableResources = channel.unary_unary(
+                '/v1.PodResourcesLister/GetAllocatableResources',
+                request_serializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.AllocatableResourcesRequest.SerializeToString,
+                response_deserializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.AllocatableResourcesResponse.FromString,
+                _registered_method=True)
 
 
 class PodResourcesListerServicer:
@@ -54,6 +59,12 @@ class PodResourcesListerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAllocatableResources(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PodResourcesListerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +72,11 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesRequest.FromString,
                     response_serializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesResponse.SerializeToString,
+            ),
+            'GetAllocatableResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAllocatableResources,
+                    request_deserializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.AllocatableResourcesRequest.FromString,
+                    response_serializer=otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.AllocatableResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -92,6 +108,33 @@ class PodResourcesLister:
             '/v1.PodResourcesLister/List',
             otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
             otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.ListPodResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAllocatableResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/v1.PodResourcesLister/GetAllocatableResources',
+            otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.AllocatableResourcesRequest.SerializeToString,
+            otel__vgpu_dot_kubernetes_dot_kubelet_dot_podresources__pb2.AllocatableResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

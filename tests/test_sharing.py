@@ -1,0 +1,130 @@
+"""Every way of sharing a GPU, end to end: the agent on a simulated node per
+setup (tests/data/sharing/), scraped. The simulated node answers as the
+kubelet and NVML do for that setup; the agent's own rules count it.
+
+Expected figures are worked out by hand from each scenario file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from testkit.agent import ROOT, agent_in_process, clean_env
+from testkit.promtext import Exposition
+
+from .conftest import GIB, MIB
+
+SCENARIOS = ROOT / "tests" / "data" / "sharing"
+
+
+@contextmanager
+def scraped(scenario: str, ratio: str, tmp_path: Path, *extra: str) -> Iterator[tuple[Exposition, str]]:
+    """One scrape of the agent on a sharing scenario, and its log."""
+    ratio_file = tmp_path / "gpu_allocation.txt"
+    ratio_file.write_text(ratio + "\n")
+    args = ["--simulate", str(SCENARIOS / scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
+    with agent_in_process(*args, "--no-kubernetes", *extra, env=clean_env()) as agent:
+        exposition = agent.scrape()
+        yield exposition, agent.logged()
+
+
+def test_mps_leaves_pod_sm_out_and_credits_nobody_with_the_clients_work(tmp_path: Path) -> None:
+    with scraped("mps.yaml", "auto", tmp_path) as (exposition, log):
+        pass
+    sm = exposition.by("vgpu_pod_sm_utilization", "pod", "gpu_id")
+    # No pod on the MPS GPU has an SM figure, the server's pod included; GPU 1 is unaffected.
+    assert sm == {("alone", "1"): pytest.approx(0.5)}
+    assert not [key for key in exposition.by("vgpu_pod_vgpu_utilization", "gpu_id") if key == ("0",)]
+    assert exposition.by("vgpu_gpu_sm_utilization", "gpu_id")[("0",)] == pytest.approx(0.75)
+    assert exposition.by("vgpu_gpu_mps_servers", "gpu_id") == {("0",): 1, ("1",): 0}
+    memory = exposition.by("vgpu_pod_memory_used_bytes", "pod", "gpu_id")
+    assert memory[("client-busy-a", "0")] == 10 * GIB
+    assert memory[("client-idle", "0")] == 2 * GIB
+    assert memory[("nvidia-device-plugin-mps-control-daemon-x7k2p", "0")] == 300 * MIB
+    # auto: 3 replicas of GPU 0 (the device plugin's MPS limit is memory / replicas), 1 of GPU 1.
+    assert exposition.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): 3, ("1",): 1}
+    assert exposition.by("vgpu_pod_memory_allocated_bytes", "pod")[("client-busy-a",)] == pytest.approx(
+        140 * GIB / 3, abs=1
+    )
+    assert exposition.by("vgpu_agent_collection_errors_total", "stage")[("ratio",)] == 0
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize("strategy", ["single", "mixed"])
+def test_mig_devices_are_their_own_allocation_with_no_sm(strategy: str, tmp_path: Path) -> None:
+    with scraped(f"mig-{strategy}.yaml", "auto", tmp_path) as (exposition, _):
+        pass
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id", "mig_profile", "mig_uuid")
+    mig = "MIG-0a1b2c3d-0000-4000-8000-0000000c000"
+    assert allocated == {
+        ("trainer", "0", "3g.40gb", f"{mig}1"): 40 * GIB,  # the MIG device's own memory
+        ("small-a", "0", "1g.10gb", f"{mig}2"): 5 * GIB,  # a MIG device time-sliced in 2
+        ("small-b", "0", "1g.10gb", f"{mig}2"): 5 * GIB,
+        ("idle-mig", "0", "1g.10gb", f"{mig}3"): 10 * GIB,  # idle allocation of a MIG device
+        ("whole", "1", "", ""): 80 * GIB,  # a whole GPU: no MIG labels
+    }
+    used = exposition.by("vgpu_pod_memory_used_bytes", "pod", "mig_uuid")
+    assert (used[("small-a", f"{mig}2")], used[("idle-mig", f"{mig}3")]) == (3 * GIB, 0)
+    # NVML has no per-process SM under MIG, nor device utilization for a GPU in MIG mode.
+    assert exposition.by("vgpu_pod_sm_utilization", "pod") == {("whole",): pytest.approx(0.3)}
+    assert set(exposition.by("vgpu_gpu_sm_utilization", "gpu_id")) == {("1",)}
+    assert exposition.by("vgpu_gpu_memory_total_bytes", "gpu_id")[("0",)] == 80 * GIB
+
+
+def test_hami_allocation_is_its_annotation(tmp_path: Path) -> None:
+    with scraped("hami.yaml", "auto", tmp_path) as (exposition, _):
+        pass
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod")
+    assert allocated == {("infer-small",): 12000 * MIB, ("infer-unlimited",): 8000 * MIB}
+    vgpu = exposition.by("vgpu_pod_vgpu_utilization", "pod")
+    assert vgpu[("infer-small",)] == pytest.approx(0.15 / 0.30)  # SM against its 30 % core limit
+    assert vgpu[("infer-unlimited",)] == pytest.approx(0.2)  # no limit: against the whole GPU
+
+
+def test_dra_claims_map_minor_numbers_and_share_a_claim(tmp_path: Path) -> None:
+    with scraped("dra.yaml", "auto", tmp_path) as (exposition, _):
+        pass
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
+    assert allocated == {
+        ("trainer", "0"): 80 * GIB,  # gpu-4 is minor 4, NVML index 0
+        ("shared-a", "1"): 40 * GIB,  # gpu-2, one claim used by two pods
+        ("shared-b", "1"): 40 * GIB,
+    }
+    assert exposition.by("vgpu_pod_vgpu_utilization", "pod")[("shared-a",)] == pytest.approx(0.2 / 0.5)
+
+
+def test_ended_pods_hold_no_share(tmp_path: Path) -> None:
+    with scraped("ended.yaml", "auto", tmp_path) as (exposition, _):
+        pass
+    for family in ("vgpu_pod_memory_allocated_bytes", "vgpu_pod_memory_used_bytes", "vgpu_pod_processes"):
+        assert {pod for (pod,) in exposition.by(family, "pod")} == {"job-running"}, family
+    # The replica the finished Job still holds in the kubelet's answer counts once, for the running pod.
+    assert exposition.by("vgpu_pod_memory_allocated_bytes", "pod")[("job-running",)] == 40 * GIB
+
+
+def test_renamed_replicas_count_and_auto_gives_each_gpu_its_ratio(tmp_path: Path) -> None:
+    with scraped("renamed.yaml", "auto", tmp_path) as (exposition, _):
+        pass
+    assert exposition.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): 4, ("1",): 2}
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod")
+    assert allocated == {("double",): 2 * 80 * GIB / 4, ("single",): 80 * GIB / 2}
+    assert exposition.by("vgpu_pod_vgpu_utilization", "pod")[("double",)] == pytest.approx(0.25 * 4 / 2)
+
+
+def test_a_number_that_disagrees_with_the_kubelet_is_logged_once_and_counted(tmp_path: Path) -> None:
+    ratio_file = tmp_path / "gpu_allocation.txt"
+    ratio_file.write_text("2\n")
+    args = ["--simulate", str(SCENARIOS / "renamed.yaml"), "--allocation-file", str(ratio_file)]
+    with agent_in_process(*args, "--min-interval", "0", "--no-kubernetes", env=clean_env()) as agent:
+        agent.scrape()
+        exposition = agent.scrape()
+        log = agent.logged()
+    # The number stays in force; GPU 0 (4 replicas) disagrees, GPU 1 (2) agrees.
+    assert exposition.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): 2, ("1",): 2}
+    assert exposition.by("vgpu_agent_collection_errors_total", "stage")[("ratio",)] >= 2
+    mismatch = [line for line in log.splitlines() if "the kubelet advertises 4 replicas of GPU 0" in line]
+    assert len(mismatch) == 1, log
