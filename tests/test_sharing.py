@@ -23,12 +23,13 @@ SCENARIOS = ROOT / "tests" / "data" / "sharing"
 
 @contextmanager
 def scraped(scenario: str, ratio: str, tmp_path: Path, *extra: str) -> Iterator[tuple[Exposition, str]]:
-    """One scrape of the agent on a sharing scenario, and its log."""
+    """The second scrape of the agent on a sharing scenario, and its log."""
     ratio_file = tmp_path / "gpu_allocation.txt"
     ratio_file.write_text(ratio + "\n")
     args = ["--simulate", str(SCENARIOS / scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
     with agent_in_process(*args, "--no-kubernetes", *extra, env=clean_env()) as agent:
-        exposition = agent.scrape()
+        agent.scrape()
+        exposition = agent.scrape()  # the second: what holds once the agent runs
         yield exposition, agent.logged()
 
 
@@ -52,6 +53,8 @@ def test_mps_leaves_pod_sm_out_and_credits_nobody_with_the_clients_work(tmp_path
     )
     assert exposition.by("vgpu_agent_collection_errors_total", "stage")[("ratio",)] == 0
     assert "Traceback" not in log
+    said = [line for line in log.splitlines() if "runs an MPS server" in line]
+    assert len(said) == 1 and "GPU 0" in said[0], log
 
 
 @pytest.mark.parametrize("strategy", ["single", "mixed"])
@@ -128,3 +131,15 @@ def test_a_number_that_disagrees_with_the_kubelet_is_logged_once_and_counted(tmp
     assert exposition.by("vgpu_agent_collection_errors_total", "stage")[("ratio",)] >= 2
     mismatch = [line for line in log.splitlines() if "the kubelet advertises 4 replicas of GPU 0" in line]
     assert len(mismatch) == 1, log
+
+
+def test_gke_names_are_minor_numbers_and_gpu_instances(tmp_path: Path) -> None:
+    with scraped("gke.yaml", "auto", tmp_path) as (exposition, _):
+        pass
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id", "mig_uuid")
+    assert allocated == {
+        ("shared-0", "0", ""): 8 * GIB,  # nvidia1/vgpu0: minor 1 is NVML index 0, 3 replicas
+        ("whole-1", "1", ""): 24 * GIB,  # nvidia0: minor 0 is index 1
+        ("mig-b", "2", "MIG-9a8b7c6d-0000-4000-8000-0000000c0a02"): 20 * GIB,  # nvidia2/gi1
+    }
+    assert exposition.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): 3, ("1",): 1, ("2",): 1}

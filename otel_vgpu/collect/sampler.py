@@ -82,6 +82,7 @@ class Sampler:
         # GPUs whose NVML cannot tell per-process utilization (vGPU guests,
         # some older boards): asked once, then left alone, not an error each sweep.
         self._no_process_utilization: set[str] = set()
+        self._announced: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._generation = 0
         self._latest: Snapshot | None = None
@@ -166,6 +167,7 @@ class Sampler:
         for message in attribution.errors:
             errors.add(Stage.ATTRIBUTION, "unreadable", message)
         readings = [with_mps(reading, attribution.commands) for reading in readings]
+        self._announce(readings)
 
         devices = [reading.device for reading in readings]
         allocation = self._allocation.allocation(devices)
@@ -210,6 +212,22 @@ class Sampler:
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         self._windows.advance(device.uuid, now)
         return GpuReading(device=device, processes=processes, sm_by_pid=mean_sm_by_pid(samples, since))
+
+    def _announce(self, readings: list[GpuReading]) -> None:
+        """Say once per GPU why its pods have no SM figures (MIG mode, an MPS server)."""
+        for reading in readings:
+            device = reading.device
+            why = None
+            if device.mig_mode:
+                why = "is in MIG mode: NVML has no per-process SM there"
+            elif reading.mps_servers:
+                why = (
+                    f"runs an MPS server (command {MPS_SERVER_COMMAND!r} in /proc/<pid>/stat): NVML gives its "
+                    "clients' SM samples to the server"
+                )
+            if why is not None and (device.uuid, why) not in self._announced:
+                self._announced.add((device.uuid, why))
+                log.info("GPU %d (%s) %s; the pod SM families are left out for it", device.index, device.uuid, why)
 
     def _report_blind(self, snapshot: Snapshot) -> None:
         """One error line when the agent goes blind (or other GPUs join), one when it sees again."""

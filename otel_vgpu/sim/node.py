@@ -34,7 +34,7 @@ from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods.directory import PodMeta, StaticDirectory
-from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, MigSpec, PodSpec, Scenario, pod_containers
+from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers
 
 # Memory the driver holds on each device beyond what processes use.
 DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
@@ -159,7 +159,6 @@ class SimulatedNode:
 
     def kubelet_view(self, t: float) -> KubeletView:
         """pod-resources' List and GetAllocatableResources for the scenario at time `t`."""
-        plugin = self.scenario.device_plugin
         devices: list[DeviceAssignment] = []
         claims: list[ClaimAssignment] = []
         node = self.scenario.node_name or "sim-node"
@@ -170,14 +169,12 @@ class SimulatedNode:
             for index, count in pod.shares.items():
                 gpu = self.scenario.gpus[index]
                 # A scenario without replicas still gives each share its own replica ID.
-                replicas = max(gpu.replicas or 1, count)
-                resource, ids = _replica_ids(gpu.uuid, replicas, "nvidia.com/gpu", plugin.rename_by_default)
+                resource, ids = self._advertised(gpu, None, max(gpu.replicas or 1, count))
                 devices.append(DeviceAssignment(pod.namespace, pod.name, container, resource, ids[:count]))
             for (index, position), count in pod.mig_shares.items():
-                mig = self.scenario.gpus[index].migs[position]
-                mig_resource = _mig_resource(mig, plugin.mig_strategy)
-                replicas = max(mig.replicas, count)
-                resource, ids = _replica_ids(mig.uuid, replicas, mig_resource, plugin.rename_by_default)
+                gpu = self.scenario.gpus[index]
+                mig = gpu.migs[position]
+                resource, ids = self._advertised(gpu, mig, max(mig.replicas, count))
                 devices.append(DeviceAssignment(pod.namespace, pod.name, container, resource, ids[:count]))
             for claim in pod.claims:
                 claims.append(
@@ -198,7 +195,6 @@ class SimulatedNode:
         return KubeletView(tuple(devices), tuple(claims), self._allocatable())
 
     def _allocatable(self) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
-        plugin = self.scenario.device_plugin
         gpus = self.scenario.gpus
         if all(gpu.replicas is None and not gpu.migs for gpu in gpus):
             return None
@@ -206,14 +202,26 @@ class SimulatedNode:
         for gpu in gpus:
             advertised: list[tuple[str, tuple[str, ...]]] = []
             if gpu.migs:
-                for mig in gpu.migs:
-                    resource = _mig_resource(mig, plugin.mig_strategy)
-                    advertised.append(_replica_ids(mig.uuid, mig.replicas, resource, plugin.rename_by_default))
+                advertised += [self._advertised(gpu, mig, mig.replicas) for mig in gpu.migs]
             elif gpu.replicas is not None:
-                advertised.append(_replica_ids(gpu.uuid, gpu.replicas, "nvidia.com/gpu", plugin.rename_by_default))
+                advertised.append(self._advertised(gpu, None, gpu.replicas))
             for resource, ids in advertised:
                 found.setdefault(resource, []).extend(ids)
         return tuple((resource, tuple(ids)) for resource, ids in found.items())
+
+    def _advertised(self, gpu: GpuSpec, mig: MigSpec | None, replicas: int) -> tuple[str, tuple[str, ...]]:
+        """The resource and device IDs the scenario's device plugin advertises
+        for a GPU or one of its MIG devices: NVIDIA's (internal/rm/device_map.go,
+        devices.go) or GKE's (pkg/gpu/nvidia/manager.go, mig/mig.go)."""
+        plugin = self.scenario.device_plugin
+        if plugin.kind == "gke":
+            base = f"nvidia{gpu.minor}" if mig is None else f"nvidia{gpu.minor}/gi{mig.gpu_instance_id}"
+            ids = (base,) if replicas <= 1 else tuple(f"{base}/vgpu{k}" for k in range(replicas))
+            return "nvidia.com/gpu", ids
+        if mig is None:
+            return _replica_ids(gpu.uuid, replicas, "nvidia.com/gpu", plugin.rename_by_default)
+        resource = _mig_resource(mig, plugin.mig_strategy)
+        return _replica_ids(mig.uuid, replicas, resource, plugin.rename_by_default)
 
     def _pods_at(self, t: float) -> dict[str, PodMeta]:
         pods = {pod.uid: pod_meta(pod) for pod in self.scenario.pods if pod.in_directory and pod.active(t)}

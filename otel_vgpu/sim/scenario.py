@@ -190,6 +190,7 @@ class DriverSpec:
 
 
 MIG_STRATEGIES = ("single", "mixed")
+DEVICE_PLUGINS = ("nvidia", "gke")
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 
 
@@ -197,6 +198,8 @@ PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 class DevicePluginSpec:
     """How the simulated NVIDIA device plugin names its resources."""
 
+    kind: str = "nvidia"
+    """nvidia: NVIDIA's device plugin (`GPU-<uuid>::<n>`); gke: GKE's (`nvidia<minor>/vgpu<n>`)."""
     rename_by_default: bool = False
     """Shared replicas are advertised as `<resource>.shared`."""
     mig_strategy: str = "single"
@@ -352,7 +355,10 @@ class _Reader:
         )
 
     def device_plugin(self, raw: Any, line: int) -> DevicePluginSpec:
-        spec = self.mapping(raw, "device_plugin", line, {"rename_by_default", "mig_strategy"})
+        spec = self.mapping(raw, "device_plugin", line, {"kind", "rename_by_default", "mig_strategy"})
+        kind = spec.get("kind", "nvidia")
+        if kind not in DEVICE_PLUGINS:
+            raise self.fail("device_plugin.kind", _line(spec, "kind"), f"{kind!r}; valid: {', '.join(DEVICE_PLUGINS)}")
         strategy = spec.get("mig_strategy", "single")
         if strategy not in MIG_STRATEGIES:
             raise self.fail(
@@ -363,7 +369,7 @@ class _Reader:
         rename = self.boolean(
             spec.get("rename_by_default", False), "device_plugin.rename_by_default", _line(spec, "rename_by_default")
         )
-        return DevicePluginSpec(rename_by_default=rename, mig_strategy=strategy)
+        return DevicePluginSpec(kind=kind, rename_by_default=rename, mig_strategy=strategy)
 
     def driver(self, raw: Any, line: int) -> DriverSpec:
         spec = self.mapping(raw, "driver", line, {"pid_namespace_filter"})
