@@ -86,6 +86,26 @@ def test_wave_moves_around_its_mean() -> None:
             "bad.yaml:3: faults[0].code: 'GPU_ON_FIRE' is not an NVML error; valid: UNINITIALIZED, INVALID_ARGUMENT",
         ),
         ("- 1\n", "bad.yaml:1: scenario: [1] is not a mapping"),
+        (
+            "gpus:\n  - mig: [{profile: 1g.10gb, memory: 10GiB}]\npods:\n  - name: a\n    processes: [{gpu: 0}]\n",
+            "bad.yaml:5: pods[0].processes[0]: GPU 0 is in MIG mode: say which MIG device (mig: 0 to 0)",
+        ),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    processes: [{gpu: 0, mig: 0}]\n",
+            "pods[0].processes[0].mig: 0 is not a MIG device; valid: none: GPU 0 is not in MIG mode",
+        ),
+        (
+            "gpus:\n  - mig:\n      - {profile: big, memory: 1GiB}\n",
+            "bad.yaml:3: gpus[0].mig[0].profile: 'big' is not a MIG profile like 1g.18gb",
+        ),
+        ("gpus: [{}]\npods:\n  - name: a\n    shares: {0/2: 1}\n", "pods[0].shares.0/2: GPU 0 has no MIG device 2"),
+        ("gpus: [{}]\ndevice_plugin: {kind: amd}\n", "bad.yaml:2: device_plugin.kind: 'amd'; valid: nvidia, gke"),
+        ("gpus: [{}]\npods:\n  - name: a\n    phase: Done\n", "bad.yaml:4: pods[0].phase: 'Done'; valid: Pending"),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    annotations: {hami.io/vgpu-devices-allocated: 'GPU-1,NVIDIA,x,0:;'}\n",
+            "bad.yaml:4: pods[0].annotations.hami.io/vgpu-devices-allocated: memory 'x' or cores '0'",
+        ),
+        ("gpus: [{}]\npods:\n  - name: a\n    claims: [{claim: c}]\n", "pods[0].claims[0].device: None: a DRA device"),
     ],
 )
 def test_errors_name_file_line_field_and_what_is_valid(text: str, expected: str) -> None:
