@@ -217,7 +217,7 @@ def pod_checks(
         lines.append(
             f"| {pod.namespace}/{pod.name} | {where} | {pod_value('vgpu_pod_processes', pod)} | "
             f"{(pod_value('vgpu_pod_memory_used_bytes', pod) or 0) / GIB:.3f} GiB | {truth / GIB:.3f} GiB | "
-            f"{pod_value('vgpu_pod_sm_utilization', pod)} | {pod_value('vgpu_pod_vgpu_utilization', pod)} | "
+            f"{pod_value('vgpu_pod_sm_utilization_ratio', pod)} | {pod_value('vgpu_pod_vgpu_utilization_ratio', pod)} | "
             f"{pod.shares} | {(pod_value('vgpu_pod_memory_allocated_bytes', pod) or 0) / GIB:.1f} GiB |"
         )
     lines += ["", "| check | what |", "|---|---|"]
@@ -227,7 +227,7 @@ def pod_checks(
         memory = pod_value("vgpu_pod_memory_used_bytes", pod)
         check(memory == truth, f"{label}: memory {memory} == NVML sum {truth} (name from the API double)")
         check(pod_value("vgpu_pod_processes", pod) == len(pod.processes), f"{label}: {len(pod.processes)} processes")
-        sm = pod_value("vgpu_pod_sm_utilization", pod)
+        sm = pod_value("vgpu_pod_sm_utilization_ratio", pod)
         if pod.busy:
             check(sm is not None and sm > 0.5, f"{label}: busy SM {sm} > 0.5")
         else:

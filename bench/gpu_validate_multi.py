@@ -120,7 +120,7 @@ def main() -> int:
                 lines.append(
                     f"| {pod.namespace}/{pod.name} | {gpu_id} | {gpu_uuid} | "
                     f"{rows('vgpu_pod_processes', pod).get(gpu_id, ('', None))[1]} | {value / GIB:.3f} GiB | "
-                    f"{truth / GIB:.3f} GiB | {rows('vgpu_pod_sm_utilization', pod).get(gpu_id, ('', None))[1]} | "
+                    f"{truth / GIB:.3f} GiB | {rows('vgpu_pod_sm_utilization_ratio', pod).get(gpu_id, ('', None))[1]} | "
                     f"{rows('vgpu_pod_memory_allocated_bytes', pod).get(gpu_id, ('', 0))[1] / GIB:.1f} GiB |"
                 )
         lines += ["", "| check | what |", "|---|---|"]
@@ -139,7 +139,7 @@ def main() -> int:
         lines.append(f"| info | CUDA_VISIBLE_DEVICES=1 landed on NVML index {cuda_one} |")
 
         # one row per GPU for the spread pod, each with its own figures
-        sm = rows("vgpu_pod_sm_utilization", spread)
+        sm = rows("vgpu_pod_sm_utilization_ratio", spread)
         allocated = rows("vgpu_pod_memory_allocated_bytes", spread)
         check(set(sm) == {"0", "1"}, f"spread-0 has a row on each GPU: {sorted(sm)}")
         if set(sm) == {"0", "1"}:
@@ -153,7 +153,7 @@ def main() -> int:
                 f"spread-0: allocation per GPU from its device IDs (1 share on GPU 0, 2 on GPU 1): "
                 f"{allocated['0'][1]:.0f}, {allocated['1'][1]:.0f}",
             )
-        device_sm = {labels["gpu_id"]: value for labels, value in metrics.get("vgpu_gpu_sm_utilization", [])}
+        device_sm = {labels["gpu_id"]: value for labels, value in metrics.get("vgpu_gpu_sm_utilization_ratio", [])}
         check(
             device_sm.get("1", 0) > 0.5 and device_sm.get("0", 1) < 0.05, f"busy GPU 1 next to idle GPU 0: {device_sm}"
         )

@@ -246,8 +246,8 @@ def kubelet_part(manifest: Path, workdir: Path, report: Report, settle: float) -
                 f"| {pod.namespace}/{pod.name} | {setups[pod.name]} | "
                 f"{one(metrics, 'vgpu_pod_memory_used_bytes', **labels)} | "
                 f"{sum(used.get(p.pid, 0) for p in pod.processes)} | "
-                f"{one(metrics, 'vgpu_pod_sm_utilization', **labels)} | "
-                f"{one(metrics, 'vgpu_pod_vgpu_utilization', **labels)} | "
+                f"{one(metrics, 'vgpu_pod_sm_utilization_ratio', **labels)} | "
+                f"{one(metrics, 'vgpu_pod_vgpu_utilization_ratio', **labels)} | "
                 f"{'-' if allocated is None else f'{allocated / GIB:.3f} GiB'} |"
             )
         lines += ["", "| check | what |", "|---|---|"]
@@ -272,13 +272,13 @@ def kubelet_part(manifest: Path, workdir: Path, report: Report, settle: float) -
         ended = [labels for labels in ended if labels.get("pod") == finished.name]
         check(not ended, f"job-done (Succeeded) has no series ({len(ended)})")
         # Two busy pods time-slice the GPU: each gets a good part, together nearly all of it.
-        sm = one(metrics, "vgpu_pod_sm_utilization", namespace="ml", pod="trainer-0")
-        hami_sm = one(metrics, "vgpu_pod_sm_utilization", namespace="ai", pod="hami-0")
+        sm = one(metrics, "vgpu_pod_sm_utilization_ratio", namespace="ml", pod="trainer-0")
+        hami_sm = one(metrics, "vgpu_pod_sm_utilization_ratio", namespace="ai", pod="hami-0")
         check(
             sm is not None and hami_sm is not None and min(sm, hami_sm) > 0.2 and sm + hami_sm > 0.9,
             f"busy trainer-0 SM {sm} and hami-0 SM {hami_sm}: each > 0.2, together > 0.9",
         )
-        hami_vgpu = one(metrics, "vgpu_pod_vgpu_utilization", namespace="ai", pod="hami-0")
+        hami_vgpu = one(metrics, "vgpu_pod_vgpu_utilization_ratio", namespace="ai", pod="hami-0")
         check(
             hami_sm is not None and hami_vgpu is not None and abs(hami_vgpu - hami_sm / 0.25) < 1e-9,
             f"hami-0: vGPU utilization {hami_vgpu} == SM {hami_sm} / 0.25 (its core limit)",
@@ -361,7 +361,7 @@ def mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -> No
             allocated = one(metrics, "vgpu_pod_memory_allocated_bytes", **labels)
             lines.append(
                 f"| {pod.namespace}/{pod.name} | {one(metrics, 'vgpu_pod_memory_used_bytes', **labels)} | "
-                f"{one(metrics, 'vgpu_pod_sm_utilization', **labels)} | "
+                f"{one(metrics, 'vgpu_pod_sm_utilization_ratio', **labels)} | "
                 f"{'-' if allocated is None else f'{allocated / GIB:.3f} GiB'} |"
             )
         lines += ["", "| check | what |", "|---|---|"]
@@ -374,11 +374,11 @@ def mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -> No
         )
         mps = values(metrics, "vgpu_gpu_mps_servers", gpu_id="0")
         check(mps == [1], f"vgpu_gpu_mps_servers {mps} == [1]")
-        pod_sm = values(metrics, "vgpu_pod_sm_utilization", gpu_id="0")
+        pod_sm = values(metrics, "vgpu_pod_sm_utilization_ratio", gpu_id="0")
         check(pod_sm == [], f"no pod SM series on the MPS GPU ({pod_sm}): not 0, left out")
-        vgpu = values(metrics, "vgpu_pod_vgpu_utilization", gpu_id="0")
+        vgpu = values(metrics, "vgpu_pod_vgpu_utilization_ratio", gpu_id="0")
         check(vgpu == [], f"no pod vGPU utilization series on the MPS GPU ({vgpu})")
-        gpu_sm = values(metrics, "vgpu_gpu_sm_utilization", gpu_id="0")
+        gpu_sm = values(metrics, "vgpu_gpu_sm_utilization_ratio", gpu_id="0")
         check(bool(gpu_sm) and gpu_sm[0] > 0.5, f"the GPU's SM {gpu_sm} > 0.5 is reported")
         everything = {pid: max(found.get(pid, 0) for found in lists.values()) for pid in listed}
         for pod in clients:

@@ -90,12 +90,16 @@ class Agent:
                 by_container=config.by_container,
             )
             # Imported here so that a bad flag or file fails before the SDK loads.
+            from otel_vgpu.export.sdk_internals import SdkMismatch  # noqa: PLC0415
             from otel_vgpu.export.server import Server, make_app  # noqa: PLC0415
             from otel_vgpu.export.telemetry import Telemetry  # noqa: PLC0415
 
-            self.telemetry = Telemetry(
-                self.sampler, self.health, config.min_interval, self.node_name, config.seed_metrics, otlp=otlp
-            )
+            try:
+                self.telemetry = Telemetry(
+                    self.sampler, self.health, config.min_interval, self.node_name, config.seed_metrics, otlp=otlp
+                )
+            except SdkMismatch as error:
+                raise StartupError(str(error), EXIT_USAGE) from None
             self._closers.append(self.telemetry.shutdown)
             app = make_app(self.telemetry, self.sampler, max(config.min_interval, 1.0), auth)
             try:

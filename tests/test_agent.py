@@ -46,11 +46,11 @@ def test_scrape_matches_the_scenario(scenario_file: Path, ratio_file: Path) -> N
     assert allocated[("trainer", "1")] == 40 * GIB
     assert allocated[("api", "1")] == 40 * GIB  # no allocation known: one share
     assert allocated[("idle", "0")] == 40 * GIB
-    sm = exposition.by("vgpu_pod_sm_utilization", "pod", "gpu_id")
+    sm = exposition.by("vgpu_pod_sm_utilization_ratio", "pod", "gpu_id")
     assert sm[("trainer", "0")] == pytest.approx(0.6)
     assert sm[("trainer", "1")] == pytest.approx(0.25)
     assert sm[("api", "1")] == 0 and sm[("idle", "0")] == 0
-    vgpu = exposition.by("vgpu_pod_vgpu_utilization", "pod", "gpu_id")
+    vgpu = exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod", "gpu_id")
     assert vgpu[("trainer", "0")] == pytest.approx(0.6 * 2 / 2)
     assert vgpu[("trainer", "1")] == pytest.approx(0.25 * 2 / 1)
     assert vgpu[("probe", "0")] == pytest.approx(0.02 * 2)
@@ -144,7 +144,7 @@ def test_ended_pod_disappears_at_the_next_collection(tmp_path: Path, ratio_file:
             assert "steady" in pods
             seen.add("blink" in pods)
             # no zero-filled leftovers: an absent pod is absent from every family
-            for family in ("vgpu_pod_memory_used_bytes", "vgpu_pod_processes", "vgpu_pod_sm_utilization"):
+            for family in ("vgpu_pod_memory_used_bytes", "vgpu_pod_processes", "vgpu_pod_sm_utilization_ratio"):
                 assert ("blink" in {p for (p,) in exposition.by(family, "pod")}) == ("blink" in pods)
             time.sleep(0.1)
         agent.stop()

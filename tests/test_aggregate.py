@@ -122,9 +122,9 @@ def test_failed_utilization_leaves_sm_unknown_not_zero() -> None:
     assert (rows[0].memory_used, rows[0].sm_utilization, rows[0].vgpu_utilization) == (GIB, None, None)
 
 
-def test_two_uids_with_one_name_share_a_series() -> None:
+def test_two_uids_with_one_name_are_two_series_told_apart_by_pod_uid() -> None:
     # a StatefulSet pod and its terminating predecessor
-    names = {"old": PodMeta("ml", "db-0"), "new": PodMeta("ml", "db-0")}
+    names = {"old": PodMeta("ml", "db-0", uid="old"), "new": PodMeta("ml", "db-0", uid="new")}
     _, rows = run(
         [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB)], {1: 0.2, 2: 0.3})],
         {1: PodRef("old", None), 2: PodRef("new", None)},
@@ -132,8 +132,15 @@ def test_two_uids_with_one_name_share_a_series() -> None:
         Allocation(),
         2.0,
     )
-    assert len(rows) == 1
-    assert (rows[0].memory_used, rows[0].processes, rows[0].shares) == (3 * GIB, 2, 2)
+    assert {(r.pod, r.pod_uid, r.memory_used) for r in rows} == {("db-0", "old", GIB), ("db-0", "new", 2 * GIB)}
+
+
+def test_a_static_pod_is_labelled_with_its_mirror_pods_uid() -> None:
+    names = {"0123abcd" * 4: PodMeta("kube-system", "probe-node-1", uid="7d1c1aa0-0000-4000-8000-000000000001")}
+    _, rows = run(
+        [GpuReading(GPU0, [GpuProcess(1, GIB)], {})], {1: PodRef("0123abcd" * 4, None)}, names.get, Allocation(), 2.0
+    )
+    assert [(r.pod, r.pod_uid) for r in rows] == [("probe-node-1", "7d1c1aa0-0000-4000-8000-000000000001")]
 
 
 def test_sm_of_a_pod_is_capped_at_the_whole_gpu() -> None:

@@ -180,10 +180,15 @@ def test_names_shares_idle_allocation_and_static_pod(cluster: Cluster) -> None:
         ("gpu-probe-node-a", "0"): 40 * GIB,  # no devices: one share where it runs
         (ORPHAN, "1"): 40 * GIB,
     }
-    vgpu = exposition.by("vgpu_pod_vgpu_utilization", "pod", "gpu_id")
+    vgpu = exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod", "gpu_id")
     assert vgpu[("trainer-7f9c", "0")] == pytest.approx(0.6 * 2 / 2)
     assert exposition.by("vgpu_pod_processes", "pod", "gpu_id")[("idle-0", "0")] == 0
     assert "elsewhere" not in {pod for (_, pod) in pods_of(exposition)}
+    # pod_uid joins with kube_pod_info{uid}: the API's UID, a static pod's mirror's, else the cgroup's.
+    uids = {pod: uid for (pod, uid) in exposition.by("vgpu_pod_memory_used_bytes", "pod", "pod_uid")}
+    assert uids["trainer-7f9c"] == TRAINER
+    assert uids["gpu-probe-node-a"] == "f3b5c0de-0000-4000-8000-000000000001"
+    assert uids[ORPHAN] == ORPHAN
     assert all("fieldSelector=spec.nodeName%3Dnode-a" in r for r in cluster.api.state.requests)
 
 
@@ -193,7 +198,7 @@ def test_ended_pod_disappears_and_new_pod_appears(cluster: Cluster) -> None:
         cluster.api.delete(IDLE)
         cluster.kubelet.remove("web", "idle-0")
         gone = wait_for(agent, lambda e: ("web", "idle-0") not in pods_of(e))
-        for family in ("vgpu_pod_memory_used_bytes", "vgpu_pod_processes", "vgpu_pod_sm_utilization"):
+        for family in ("vgpu_pod_memory_used_bytes", "vgpu_pod_processes", "vgpu_pod_sm_utilization_ratio"):
             assert "idle-0" not in {pod for (pod,) in gone.by(family, "pod")}
         cluster.api.put(pod_object("web", "idle-1", IDLE, NODE))
         cluster.kubelet.assign("web", "idle-1", {"main": [f"{U1}::3"]})

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from testkit.agent import clean_env, get, running_agent, wait_for
+from testkit.otlp_names import prometheus_label, prometheus_name
 
 from .conftest import GIB
 from .rotel import running_rotel
@@ -55,7 +56,7 @@ def test_push_arrives_with_names_units_attributes_and_resource(
     units = {name: metric.unit for name, metric in batch.metrics.items()}
     assert units["vgpu.pod.memory.used"] == "By"
     assert units["vgpu.pod.memory.allocated"] == "By"
-    assert units["vgpu.pod.sm.utilization"] == "1"
+    assert units["vgpu.pod.sm.utilization"] == "1"  # vgpu_pod_sm_utilization_ratio, scraped or pushed
     assert units["vgpu.pod.vgpu.utilization"] == "1"
     assert units["vgpu.pod.processes"] == "{process}"
     assert units["vgpu.gpu.memory.total"] == "By"
@@ -179,3 +180,52 @@ def test_exporter_is_imported_only_when_used(ratio_file: Path) -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, env=clean_env(), timeout=20, check=False
     )
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_pushed_names_in_prometheus_are_the_scraped_names(
+    tmp_path: Path, scenario_file: Path, ratio_file: Path
+) -> None:
+    """What a push becomes once Prometheus ingests it (its OTLP translation:
+    testkit/otlp_names.py) is, family for family and label for label, what a
+    scrape serves: one dashboard and one set of alerts for both paths."""
+    with running_rotel(tmp_path) as rotel:
+        args = base_args(scenario_file, ratio_file, "--otlp-endpoint", rotel.grpc_url, "--otlp-interval", "0.5")
+        with running_agent(*args, "--by-container", env=clean_env()) as agent:
+            batch = rotel.wait_for_batches(2)[-1]
+            exposition = agent.scrape()
+            code, err = agent.stop()
+    assert code == 0, err
+    pushed = {
+        prometheus_name(m.name, m.unit, m.data_type) + ("_count" if m.data_type == "Histogram" else ""): m
+        for m in batch.metrics.values()
+    }
+    scraped = {
+        name
+        for name in exposition.values
+        if name.startswith("vgpu_") and not name.endswith(("_bucket", "_sum", "_created"))
+    }
+    assert set(pushed) == scraped
+    assert {
+        "vgpu_pod_sm_utilization_ratio",
+        "vgpu_pod_vgpu_utilization_ratio",
+        "vgpu_gpu_sm_utilization_ratio",
+    } <= scraped
+    for name, metric in pushed.items():
+        if metric.data_type == "Histogram":
+            continue
+        # rotel prints no attribute block for a point without attributes.
+        pushed_labels = {frozenset(prometheus_label(k) for k in p.attributes) for p in metric.points} or {frozenset()}
+        scraped_labels = {frozenset(label for label, _ in key) for key in exposition.series(name)}
+        assert pushed_labels == scraped_labels, name
+
+
+def test_the_translation_follows_prometheus() -> None:
+    # Cases from prometheus/otlptranslator's own tests of the suffixing strategy.
+    assert prometheus_name("system.filesystem.usage", "By", "Gauge") == "system_filesystem_usage_bytes"
+    assert prometheus_name("http.server.request.duration", "s", "Histogram") == "http_server_request_duration_seconds"
+    assert prometheus_name("system.cpu.utilization", "1", "Gauge") == "system_cpu_utilization_ratio"
+    assert prometheus_name("foo.ratio", "1", "Gauge") == "foo_ratio"
+    assert prometheus_name("requests", "{request}", "Sum") == "requests_total"
+    assert prometheus_name("network.io", "By/s", "Gauge") == "network_io_bytes_per_second"
+    assert prometheus_name("cpu.usage", "1", "Sum") == "cpu_usage_total"
+    assert prometheus_label("k8s.node.name") == "k8s_node_name"

@@ -36,11 +36,11 @@ def scraped(scenario: str, ratio: str, tmp_path: Path, *extra: str) -> Iterator[
 def test_mps_leaves_pod_sm_out_and_credits_nobody_with_the_clients_work(tmp_path: Path) -> None:
     with scraped("mps.yaml", "auto", tmp_path) as (exposition, log):
         pass
-    sm = exposition.by("vgpu_pod_sm_utilization", "pod", "gpu_id")
+    sm = exposition.by("vgpu_pod_sm_utilization_ratio", "pod", "gpu_id")
     # No pod on the MPS GPU has an SM figure, the server's pod included; GPU 1 is unaffected.
     assert sm == {("alone", "1"): pytest.approx(0.5)}
-    assert not [key for key in exposition.by("vgpu_pod_vgpu_utilization", "gpu_id") if key == ("0",)]
-    assert exposition.by("vgpu_gpu_sm_utilization", "gpu_id")[("0",)] == pytest.approx(0.75)
+    assert not [key for key in exposition.by("vgpu_pod_vgpu_utilization_ratio", "gpu_id") if key == ("0",)]
+    assert exposition.by("vgpu_gpu_sm_utilization_ratio", "gpu_id")[("0",)] == pytest.approx(0.75)
     assert exposition.by("vgpu_gpu_mps_servers", "gpu_id") == {("0",): 1, ("1",): 0}
     memory = exposition.by("vgpu_pod_memory_used_bytes", "pod", "gpu_id")
     assert memory[("client-busy-a", "0")] == 10 * GIB
@@ -73,8 +73,8 @@ def test_mig_devices_are_their_own_allocation_with_no_sm(strategy: str, tmp_path
     used = exposition.by("vgpu_pod_memory_used_bytes", "pod", "mig_uuid")
     assert (used[("small-a", f"{mig}2")], used[("idle-mig", f"{mig}3")]) == (3 * GIB, 0)
     # NVML has no per-process SM under MIG, nor device utilization for a GPU in MIG mode.
-    assert exposition.by("vgpu_pod_sm_utilization", "pod") == {("whole",): pytest.approx(0.3)}
-    assert set(exposition.by("vgpu_gpu_sm_utilization", "gpu_id")) == {("1",)}
+    assert exposition.by("vgpu_pod_sm_utilization_ratio", "pod") == {("whole",): pytest.approx(0.3)}
+    assert set(exposition.by("vgpu_gpu_sm_utilization_ratio", "gpu_id")) == {("1",)}
     assert exposition.by("vgpu_gpu_memory_total_bytes", "gpu_id")[("0",)] == 80 * GIB
 
 
@@ -83,7 +83,7 @@ def test_hami_allocation_is_its_annotation(tmp_path: Path) -> None:
         pass
     allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod")
     assert allocated == {("infer-small",): 12000 * MIB, ("infer-unlimited",): 8000 * MIB}
-    vgpu = exposition.by("vgpu_pod_vgpu_utilization", "pod")
+    vgpu = exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod")
     assert vgpu[("infer-small",)] == pytest.approx(0.15 / 0.30)  # SM against its 30 % core limit
     assert vgpu[("infer-unlimited",)] == pytest.approx(0.2)  # no limit: against the whole GPU
 
@@ -97,7 +97,7 @@ def test_dra_claims_map_minor_numbers_and_share_a_claim(tmp_path: Path) -> None:
         ("shared-a", "1"): 40 * GIB,  # gpu-2, one claim used by two pods
         ("shared-b", "1"): 40 * GIB,
     }
-    assert exposition.by("vgpu_pod_vgpu_utilization", "pod")[("shared-a",)] == pytest.approx(0.2 / 0.5)
+    assert exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod")[("shared-a",)] == pytest.approx(0.2 / 0.5)
 
 
 def test_ended_pods_hold_no_share(tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_renamed_replicas_count_and_auto_gives_each_gpu_its_ratio(tmp_path: Path
     assert exposition.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): 4, ("1",): 2}
     allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod")
     assert allocated == {("double",): 2 * 80 * GIB / 4, ("single",): 80 * GIB / 2}
-    assert exposition.by("vgpu_pod_vgpu_utilization", "pod")[("double",)] == pytest.approx(0.25 * 4 / 2)
+    assert exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod")[("double",)] == pytest.approx(0.25 * 4 / 2)
 
 
 def test_a_number_that_disagrees_with_the_kubelet_is_logged_once_and_counted(tmp_path: Path) -> None:

@@ -49,6 +49,8 @@ class PodRow:
     """Empty when the pod's name is not known."""
     pod: str
     """The pod's name, or its UID when the name is not known."""
+    pod_uid: str
+    """The pod's UID in the API (a static pod's mirror's), else the one its cgroups carry."""
     container: str | None
     """The container's name (else its ID) with --by-container; None otherwise."""
     gpu_index: int
@@ -86,6 +88,7 @@ class Snapshot:
 class _Row:
     namespace: str
     pod: str
+    pod_uid: str
     container: str
     memory_used: int = 0
     sm: float = 0.0
@@ -127,8 +130,8 @@ def aggregate(
       (memory 0, SM 0).
     - Allocated memory: what the allocator stated, else shares x the
       device's memory / its ratio. Compute given: stated, else shares / ratio.
-    - Pods that resolve to the same namespace and name (a StatefulSet pod and
-      its terminating predecessor) share a series, so their figures add up.
+    - Rows are per pod UID: a StatefulSet pod and its terminating predecessor
+      share a name and are told apart by `pod_uid`.
     """
     labeller = _Labeller(lookup, by_container)
     placed: dict[str, dict[tuple[str, str], Grant]] = {}
@@ -174,6 +177,7 @@ def aggregate(
                         PodRow(
                             namespace=row.namespace,
                             pod=row.pod,
+                            pod_uid=row.pod_uid,
                             container=row.container if by_container else None,
                             gpu_index=device.index,
                             gpu_uuid=device.uuid,
@@ -226,11 +230,13 @@ class _Labeller:
         name = meta.containers.get(cid) if meta is not None else None
         return (ref.pod_uid, name or cid)
 
-    def row(self, key: tuple[str, str]) -> tuple[str, str, str]:
+    def row(self, key: tuple[str, str]) -> tuple[str, str, str, str]:
+        """(namespace, pod, pod UID, container label): the pod's API UID where
+        the directory knows it (a static pod's mirror), else its cgroup's."""
         meta = self.meta(key[0])
         if meta is None:
-            return ("", key[0], key[1])
-        return (meta.namespace, meta.name, key[1])
+            return ("", key[0], key[0], key[1])
+        return (meta.namespace, meta.name, meta.uid or key[0], key[1])
 
 
 def _unit_rows(
@@ -239,9 +245,9 @@ def _unit_rows(
     pods_by_pid: Mapping[int, PodRef | None],
     labeller: _Labeller,
     placed_here: Mapping[tuple[str, str], Grant],
-) -> tuple[dict[tuple[str, str, str], _Row], int]:
+) -> tuple[dict[tuple[str, str, str, str], _Row], int]:
     """The rows of one device whose processes are known, and its unattributed memory."""
-    rows: dict[tuple[str, str, str], _Row] = {}
+    rows: dict[tuple[str, str, str, str], _Row] = {}
 
     def row_for(key: tuple[str, str]) -> _Row:
         label = labeller.row(key)

@@ -31,14 +31,16 @@ class Instrument(str, Enum):
     HISTOGRAM = "histogram"
 
 
-POD_LABELS = ("namespace", "pod", "gpu_id", "gpu_uuid")
+POD_LABELS = ("namespace", "pod", "pod_uid", "gpu_id", "gpu_uuid")
 """Plus `container` with --by-container, and `mig_uuid`, `mig_profile` on a MIG device."""
 GPU_LABELS = ("gpu_id", "gpu_uuid", "gpu_model")
 SEED_LABELS = ("pod", "gpu_id")
 
-# UCUM units and the suffix the Prometheus exporter gives them; a unit in
-# braces is an annotation and adds nothing.
-_UNIT_SUFFIXES = {"By": "bytes", "s": "seconds", "1": ""}
+# UCUM units and the suffix they give a Prometheus name, on a scrape and
+# through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
+# specification's rule, which sdk_internals.py applies to the exporter); a
+# unit in braces is an annotation and adds nothing.
+_UNIT_SUFFIXES = {"By": "bytes", "s": "seconds", "1": "ratio"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.families import BY_NAME, Kind, of_kind
 from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings, make_exporter
+from otel_vgpu.export.sdk_internals import SdkMismatch, check_versions, storage_matches, use_ratio_suffix
 from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,13 @@ SEED_POSITIONS = {"pod_gpu_memory_used": 0, "pod_gpu_sm_util": 1, "pod_total_gpu
 
 
 def pod_attributes(row: PodRow) -> dict[str, str]:
-    attributes = {"namespace": row.namespace, "pod": row.pod, "gpu_id": str(row.gpu_index), "gpu_uuid": row.gpu_uuid}
+    attributes = {
+        "namespace": row.namespace,
+        "pod": row.pod,
+        "pod_uid": row.pod_uid,
+        "gpu_id": str(row.gpu_index),
+        "gpu_uuid": row.gpu_uuid,
+    }
     if row.container is not None:
         attributes["container"] = row.container
     if row.mig_uuid is not None:
@@ -149,6 +156,9 @@ class Telemetry:
         seed_metrics: bool,
         otlp: OtlpSettings | None = None,
     ) -> None:
+        # Before anything is built on them: the private parts this relies on.
+        check_versions()
+        use_ratio_suffix()
         self._health = health
         self._prune_works = True
         self.scope = CollectionScope(sampler, min_interval, before=self._record_durations)
@@ -346,15 +356,15 @@ class Telemetry:
         reported (it reports only the observed ones, so no stale series
         appear), which on a node where pods come and go grows without bound
         and eventually pushes new pods into the overflow series. This reaches
-        into SDK internals; tests/test_telemetry.py proves it on the pinned
-        SDK, and any surprise disables it with one warning.
+        into SDK internals (sdk_internals.py; the versions are checked at
+        start); tests/test_telemetry.py proves it on the pinned SDK, and any
+        surprise disables it with one warning.
         """
         if not self._prune_works:
             return
         observed = self.scope.observed()
         try:
-            storage = self.provider._measurement_consumer._reader_storages[reader]
-            matches = storage._instrument_view_instrument_matches
+            matches = storage_matches(self.provider, reader)
             for instrument, views in matches.items():
                 if not isinstance(instrument, ObservableGauge) or instrument.name not in observed:
                     continue
@@ -369,7 +379,7 @@ class Telemetry:
                             for key, aggregation in view._attributes_aggregation.items()
                             if frozenset((aggregation._attributes or {}).items()) in keep
                         }
-        except (AttributeError, KeyError, TypeError) as error:  # pragma: no cover - SDK changed
+        except (AttributeError, KeyError, TypeError, SdkMismatch) as error:  # pragma: no cover - SDK changed
             log.warning("cannot prune stale attribute sets on this SDK version (%s)", error)
             # Every reader holds this bound method: a flag, not a patched
             # attribute, stops them all from trying (and warning) again.

@@ -88,6 +88,7 @@ def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES) -> _Entry:
             gpu_limits=limits,
             phase=(status.phase if status else None) or "Pending",
             stated=stated,
+            uid=metadata.uid,
         ),
         problem=problem,
     )

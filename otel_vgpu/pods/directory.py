@@ -33,6 +33,8 @@ class PodMeta:
     """The pod's status.phase."""
     stated: Mapping[str, tuple[StatedGrant, ...]] = field(default_factory=dict)
     """Container name to the GPUs an allocator's annotations give it (HAMi)."""
+    uid: str = ""
+    """The pod's UID in the API (for a static pod, its mirror pod's); empty when not known."""
 
     @property
     def terminal(self) -> bool:

@@ -434,6 +434,7 @@ def pod_meta(pod: PodSpec) -> PodMeta:
         pod.name,
         containers={container_id(pod, name): name for name in containers},
         phase=pod.phase,
+        uid=pod.uid,
         # Checked when the scenario was loaded.
         stated=parse_hami(hami, (), containers) if hami else {},
     )
