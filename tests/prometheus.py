@@ -95,3 +95,72 @@ def running_prometheus(
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+# What the Prometheus Operator generates for a PodMonitor endpoint
+# (prometheus-operator pkg/prometheus/promcfg.go, generatePodMonitorConfig):
+# the job kept in a temporary label, the selector and port kept, namespace,
+# container and pod from the pod, job and endpoint, then the endpoint's own
+# relabelings.
+def podmonitor_scrape_config(
+    podmonitor: dict[str, Any], targets: dict[str, str], with_own: bool = True
+) -> dict[str, Any]:
+    """A scrape config as the operator renders the PodMonitor's first
+    endpoint, for agents' pods at `targets` (address -> node; the pods'
+    discovery labels set by hand, as kubernetes_sd would)."""
+    meta = podmonitor["metadata"]
+    spec = podmonitor["spec"]
+    endpoint = spec["podMetricsEndpoints"][0]
+    relabel: list[dict[str, Any]] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+    discovered = {
+        "__meta_kubernetes_namespace": "otel-vgpu",
+        "__meta_kubernetes_pod_container_name": "otel-vgpu",
+        "__meta_kubernetes_pod_container_port_name": endpoint["port"],
+    }
+    for key, value in spec["selector"]["matchLabels"].items():
+        name = "".join(c if c.isalnum() else "_" for c in key)
+        discovered[f"__meta_kubernetes_pod_label_{name}"] = value
+        discovered[f"__meta_kubernetes_pod_labelpresent_{name}"] = "true"
+        relabel.append(
+            {
+                "action": "keep",
+                "source_labels": [f"__meta_kubernetes_pod_label_{name}", f"__meta_kubernetes_pod_labelpresent_{name}"],
+                "regex": f"({value});true",
+            }
+        )
+    relabel += [
+        {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": endpoint["port"]},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"target_label": "job", "replacement": f"{meta.get('namespace', 'otel-vgpu')}/{meta['name']}"},
+        {"target_label": "endpoint", "replacement": endpoint["port"]},
+    ]
+    if not with_own:
+        # A control: its series told apart from the real job's.
+        relabel.append({"target_label": "job", "replacement": "without-its-relabelings"})
+    if with_own:
+        for rule in endpoint.get("relabelings", []):
+            relabel.append(
+                {
+                    {"sourceLabels": "source_labels", "targetLabel": "target_label"}.get(key, key): value
+                    for key, value in rule.items()
+                }
+            )
+    return {
+        "job_name": f"podMonitor/otel-vgpu/{meta['name']}/0{'' if with_own else '-without-its-relabelings'}",
+        "honor_labels": bool(endpoint.get("honorLabels")),
+        "metrics_path": endpoint.get("path", "/metrics"),
+        "static_configs": [
+            {
+                "targets": [address],
+                "labels": {
+                    **discovered,
+                    "__meta_kubernetes_pod_name": f"otel-vgpu-{node}",
+                    "__meta_kubernetes_pod_node_name": node,
+                },
+            }
+            for address, node in targets.items()
+        ],
+        "relabel_configs": relabel,
+    }

@@ -28,7 +28,7 @@ NON_ROOT = {"non-root"}  # gives up the root-only pod-resources socket
 # (nvidia-default-runtime), or GKE's driver is mounted (gke).
 NO_RUNTIME_CLASS = {"nvidia-default-runtime", "gke"}
 GPU_NODE_LABELS = {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"}
-CRD_KINDS = {"PodMonitor", "SecurityContextConstraints"}
+CRD_KINDS = {"PodMonitor", "PrometheusRule", "SecurityContextConstraints"}
 KUBERNETES_VERSION = "1.37.0"
 
 
@@ -252,6 +252,24 @@ def test_prometheus_operator_podmonitor_honors_labels() -> None:
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     assert endpoint["honorLabels"] is True and endpoint["port"] == "metrics"
     assert monitor["metadata"]["namespace"] == one(docs, "DaemonSet")["metadata"]["namespace"]
+    # The agent's own namespace, pod and container would fill in tenants' series (see the e2e test).
+    drops = [r for r in endpoint["relabelings"] if r.get("action") == "labeldrop"]
+    assert drops and all(re.fullmatch(drops[0]["regex"], label) for label in ("namespace", "pod", "container"))
+
+
+def test_prometheus_operator_ships_the_tested_rules() -> None:
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "gen-prometheusrule.py")
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    shipped = (ROOT / "kustomize" / "overlays" / "prometheus-operator" / "prometheusrule.yaml").read_text()
+    assert shipped == generator.prometheus_rule(), "run scripts/gen-prometheusrule.py"
+    rule = one(render("prometheus-operator"), "PrometheusRule", "otel-vgpu")
+    tested = yaml.safe_load((ROOT / "deploy" / "prometheus" / "otel-vgpu-rules.yaml").read_text())["groups"]
+    assert rule["spec"]["groups"] == tested
+    assert rule["metadata"]["namespace"] == "otel-vgpu"
 
 
 def test_otlp_overlay_pushes_to_its_collector() -> None:

@@ -17,11 +17,12 @@ from testkit.agent import ROOT, running_agent, wait_until
 from testkit.certs import make_certs
 
 from .conftest import GIB
-from .prometheus import running_prometheus
+from .prometheus import podmonitor_scrape_config, running_prometheus
 
 RULES = ROOT / "deploy" / "prometheus" / "otel-vgpu-rules.yaml"
 RULE_TESTS = ROOT / "tests" / "rules" / "otel-vgpu-rules.test.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "otel-vgpu-dashboard.json"
+PODMONITOR = ROOT / "kustomize" / "overlays" / "prometheus-operator" / "podmonitor.yaml"
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -166,3 +167,47 @@ def test_dashboard_names_only_families_the_agent_serves() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     titles = {panel["title"] for panel in dashboard["panels"]}
     assert {"Idle allocations", "Unattributed GPU memory", "SM use against the pod's share"} <= titles
+
+
+def test_the_operators_scrape_leaves_tenants_labels_their_own(
+    tmp_path: Path, scenario_file: Path, ratio_file: Path
+) -> None:
+    """The prometheus-operator overlay's PodMonitor, rendered as the operator
+    renders it, scraped by the real Prometheus: no series gets the agent's
+    own container, pod or namespace; a control job without the overlay's
+    relabelings shows the defect it prevents."""
+    podmonitor = yaml.safe_load(PODMONITOR.read_text())
+    common = ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file)]
+    with running_agent(*common) as plain, running_agent(*common, "--by-container") as per_container:
+        nodes = {plain.url.removeprefix("http://"): "node-a", per_container.url.removeprefix("http://"): "node-b"}
+        scrape_configs = [
+            podmonitor_scrape_config(podmonitor, nodes),
+            podmonitor_scrape_config(podmonitor, nodes, with_own=False),
+        ]
+        with running_prometheus(tmp_path, scrape_configs, []) as prometheus:
+            fixed = 'job="otel-vgpu/otel-vgpu"'
+            prometheus.wait_for(f'vgpu_pod_memory_used_bytes{{{fixed},node="node-a",pod="trainer"}}')
+            prometheus.wait_for(f'vgpu_pod_memory_used_bytes{{{fixed},node="node-b",pod="trainer"}}')
+            # Tenants keep their own pod and namespace, and have no container label without --by-container.
+            tenants = prometheus.query(f'vgpu_pod_memory_used_bytes{{{fixed},node="node-a"}}')
+            assert {(r["metric"].get("namespace"), r["metric"]["pod"]) for r in tenants} >= {("ml", "trainer")}
+            assert [r["metric"] for r in tenants if "container" in r["metric"]] == []
+            # A pod the API does not know keeps an empty namespace, not the agent's.
+            assert [r["metric"] for r in tenants if r["metric"].get("namespace") == "otel-vgpu"] == []
+            # With --by-container, the containers are the tenants' own.
+            containers = {
+                r["metric"].get("container") for r in prometheus.query(f'vgpu_pod_processes{{{fixed},node="node-b"}}')
+            }
+            assert "otel-vgpu" not in containers and "main" in containers
+            # GPU and agent series carry no pod: they are the node's, told apart by node and instance.
+            for family in ("vgpu_gpu_memory_total_bytes", "vgpu_agent_blind_gpus"):
+                series = prometheus.query(f"{family}{{{fixed}}}")
+                assert series and all("pod" not in r["metric"] and r["metric"]["node"] for r in series), family
+            # The control: the operator's labels alone put the agent's container on every tenant.
+            plain_address = plain.url.removeprefix("http://")
+            bare = prometheus.wait_for(
+                f'vgpu_pod_memory_used_bytes{{job="without-its-relabelings",instance="{plain_address}"}}'
+            )
+            assert {r["metric"].get("container") for r in bare} == {"otel-vgpu"}
+        plain.stop()
+        per_container.stop()
