@@ -34,6 +34,7 @@ capabilities, namespaces, root mount).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -150,7 +151,7 @@ class PodHarness:
         }
         for item in self.container.get("env", []):
             if "value" in item:
-                env[item["name"]] = str(item["value"])
+                env[item["name"]] = expand(str(item["value"]), env)
             else:
                 path = item["valueFrom"]["fieldRef"]["fieldPath"]
                 if path not in fields:
@@ -337,6 +338,18 @@ class PodHarness:
                 self.process.kill()
                 self.process.wait()
         return self.log.read_text() if self.log.exists() else ""
+
+
+def expand(value: str, defined: dict[str, str]) -> str:
+    """`$(NAME)` replaced by an earlier variable's value and `$$` by `$`, as
+    the kubelet expands a container's env; an unknown `$(NAME)` stays as written."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return defined.get(match.group(1), match.group(0))
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", replace, value)
 
 
 def _namespaces(kind: str, pid: int) -> str:

@@ -1,5 +1,6 @@
-"""collector-config/: every file parses, and every pipeline names only components
-its file defines and the contrib Collector has."""
+"""collector-config/: every file parses, every pipeline names only components
+its file defines and the contrib Collector has under their current names, and
+the gateway's pipelines do what its README says."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ import yaml
 from testkit.agent import ROOT
 
 CONFIGS = sorted((ROOT / "collector-config").glob("*/config.yaml"))
-# Component types of otelcol-contrib that these files may use.
+# Component types of otelcol-contrib v0.165 that these files may use.
 KNOWN = {
     "receivers": {"otlp", "prometheus"},
-    "processors": {"memory_limiter", "batch", "transform"},
-    "exporters": {"prometheusremotewrite", "otlp", "otlphttp", "debug"},
+    "processors": {"memory_limiter", "batch", "transform", "groupbyattrs", "k8sattributes"},
+    "exporters": {"prometheusremotewrite", "otlp_grpc", "otlp_http", "debug"},
     "extensions": {"health_check"},
 }
+# Deprecated names (collector-config/README.md says where each was read).
+DEPRECATED = {"exporters": {"otlp": "otlp_grpc", "otlphttp": "otlp_http"}}
+DEPRECATED_FIELDS = {"add_metric_suffixes": "translation_strategy"}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -28,8 +32,8 @@ def load(path: Path) -> dict[str, Any]:
     return document
 
 
-def test_the_three_configurations_exist_with_readmes() -> None:
-    assert {path.parent.name for path in CONFIGS} == {"gateway", "scrape", "transform"}
+def test_the_configurations_exist_with_readmes() -> None:
+    assert {path.parent.name for path in CONFIGS} == {"gateway", "scrape"}
     for path in CONFIGS:
         assert (path.parent / "README.md").read_text().strip()
 
@@ -63,10 +67,59 @@ def test_environment_placeholders_use_the_collector_syntax(path: Path) -> None:
     assert not re.search(r"(?<!\$)\$[A-Z_]+\b", text)
 
 
-def test_gateway_exports_to_remote_write_and_otlp() -> None:
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.parent.name for p in CONFIGS])
+def test_no_deprecated_component_or_field(path: Path) -> None:
+    config = load(path)
+    for kind, names in DEPRECATED.items():
+        for component in config.get(kind) or {}:
+            old = component.split("/", 1)[0]
+            assert old not in names, f"{path}: {kind[:-1]} {old} is deprecated; use {names[old]}"
+    for field, instead in DEPRECATED_FIELDS.items():
+        assert field not in path.read_text(), f"{path}: {field} is deprecated; use {instead}"
+
+
+def statements(config: dict[str, Any], processor: str) -> list[str]:
+    return [s for block in config["processors"][processor]["metric_statements"] for s in block["statements"]]
+
+
+def test_gateway_gives_prometheus_the_scrapes_names_and_node() -> None:
     gateway = load(ROOT / "collector-config" / "gateway" / "config.yaml")
-    assert set(gateway["service"]["pipelines"]["metrics"]["exporters"]) == {"prometheusremotewrite", "otlp"}
     assert set(gateway["receivers"]["otlp"]["protocols"]) == {"grpc", "http"}
+    pipeline = gateway["service"]["pipelines"]["metrics/prometheus"]
+    assert pipeline["exporters"] == ["prometheusremotewrite"]
+    assert "transform/node" in pipeline["processors"]
+    # The translation tests/test_otlp.py checks the scrape's names against.
+    assert gateway["exporters"]["prometheusremotewrite"]["translation_strategy"] == "UnderscoreEscapingWithSuffixes"
+    (node,) = statements(gateway, "transform/node")
+    assert node.startswith('set(attributes["node"], resource.attributes["k8s.node.name"])')
+
+
+def test_gateway_gives_otlp_back_ends_the_semantic_conventions() -> None:
+    gateway = load(ROOT / "collector-config" / "gateway" / "config.yaml")
+    pipeline = gateway["service"]["pipelines"]["metrics/otlp"]
+    assert pipeline["exporters"] == ["otlp_grpc"]
+    processors = pipeline["processors"]
+    # Attributes copied, then moved onto a resource per pod, then enriched by UID.
+    assert (
+        processors.index("transform/semconv") < processors.index("groupbyattrs/pod") < processors.index("k8sattributes")
+    )
+    text = " ".join(statements(gateway, "transform/semconv"))
+    for target, source in (("k8s.pod.uid", "pod_uid"), ("k8s.pod.name", "pod"), ("k8s.namespace.name", "namespace")):
+        assert f'set(attributes["{target}"], attributes["{source}"])' in text
+    assert set(gateway["processors"]["groupbyattrs/pod"]["keys"]) == {
+        "k8s.pod.uid",
+        "k8s.pod.name",
+        "k8s.namespace.name",
+    }
+    association = gateway["processors"]["k8sattributes"]["pod_association"][0]["sources"][0]
+    assert association == {"from": "resource_attribute", "name": "k8s.pod.uid"}
+    for old, new in (
+        ("vgpu.gpu.memory.total", "hw.gpu.memory.limit"),
+        ("vgpu.gpu.memory.used", "hw.gpu.memory.usage"),
+        ("vgpu.gpu.sm.utilization", "hw.gpu.utilization"),
+    ):
+        assert f'set(name, "{new}") where name == "{old}"' in text
+    assert 'set(attributes["hw.id"], attributes["gpu_uuid"])' in text
 
 
 def test_scrape_keeps_the_agents_labels_and_discovers_pods() -> None:
@@ -74,15 +127,3 @@ def test_scrape_keeps_the_agents_labels_and_discovers_pods() -> None:
     job = scrape["receivers"]["prometheus"]["config"]["scrape_configs"][0]
     assert job["honor_labels"] is True
     assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
-
-
-def test_transform_copies_namespace_and_pod_into_semantic_conventions() -> None:
-    transform = load(ROOT / "collector-config" / "transform" / "config.yaml")
-    statements = " ".join(
-        s
-        for block in transform["processors"]["transform/k8s-semconv"]["metric_statements"]
-        for s in block["statements"]
-    )
-    assert 'set(attributes["k8s.namespace.name"], attributes["namespace"])' in statements
-    assert 'set(attributes["k8s.pod.name"], attributes["pod"])' in statements
-    assert "transform/k8s-semconv" in transform["service"]["pipelines"]["metrics/otlp"]["processors"]

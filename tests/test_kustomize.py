@@ -231,6 +231,10 @@ def test_rbac_is_get_list_watch_on_pods(target: str) -> None:
                 }
             ]
         ]
+    elif target == "otlp":
+        # The gateway's k8sattributes, for its own service account, reads only.
+        assert [r["metadata"]["name"] for r in other_roles] == ["otel-vgpu-collector"]
+        assert all(set(rule["verbs"]) == {"get", "list", "watch"} for rule in other_roles[0]["rules"])
     else:
         assert other_roles == []
 

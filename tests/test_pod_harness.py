@@ -54,6 +54,7 @@ class PodRun:
     metrics: Exposition
     log: str
     evidence: dict[str, str]
+    pod: Pod
 
     def pods(self) -> set[tuple[str, str]]:
         return {(ns, pod) for ns, pod in self.metrics.by("vgpu_pod_memory_allocated_bytes", "namespace", "pod")}
@@ -93,10 +94,11 @@ def run_pod(
     scenario = workdir / "node.yaml"
     scenario.write_text(SCENARIO)
     port = free_port()
+    pod = Pod(node=NODE)
     harness = PodHarness(
         manifest,
         workdir / "pod",
-        Pod(node=NODE),
+        pod,
         HarnessCluster("127.0.0.1", api.port, api.state.token, ca.read_bytes()),
         python=interpreter()[0],
         python_path=interpreter()[1],
@@ -115,7 +117,7 @@ def run_pod(
         _, metrics, _ = get(f"{url}/metrics")
     finally:
         log = harness.stop()
-    return PodRun((status, body.decode()), parse(metrics.decode()), log, evidence)
+    return PodRun((status, body.decode()), parse(metrics.decode()), log, evidence, pod)
 
 
 def no_capabilities(evidence: dict[str, str]) -> bool:
@@ -140,6 +142,13 @@ def test_base_as_deployed_sees_every_pod_with_the_kubelets_shares(
     assert run.metrics.by("vgpu_pod_memory_used_bytes", "pod", "gpu_id")[("idle-0", "0")] == 0  # idle allocation
     errors = run.metrics.by("vgpu_agent_collection_errors_total", "stage")
     assert errors[("pod_resources",)] == 0 and errors[("attribution",)] == 0, run.log
+    # The agent's identity from the downward API, as the OTLP path needs it.
+    (identity,) = run.metrics.series("target_info")
+    labels = dict(identity)
+    pod = run.pod
+    assert labels["service_instance_id"] == labels["k8s_pod_uid"] == pod.uid
+    assert labels["k8s_pod_name"] == pod.name
+    assert labels["k8s_node_name"] == labels["host_name"] == NODE
 
 
 def test_base_without_host_pid_is_blind_and_says_so(

@@ -179,12 +179,16 @@ class Telemetry:
             cardinality_limits=limits,
         )
         # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over the defaults.
+        # A node agent's host is its node (in a pod, the host name is the
+        # pod's); the node also tells one agent's series from another's on
+        # the OTLP path where nothing else does (the manifests set the pod's UID).
         resource = Resource.create(
             {
                 "service.name": "otel-vgpu",
                 "service.version": __version__,
+                "service.instance.id": node_name or socket.gethostname(),
                 "k8s.node.name": node_name,
-                "host.name": socket.gethostname(),
+                "host.name": node_name or socket.gethostname(),
             }
         ).merge(OTELResourceDetector().detect())
         readers: list[MetricReader] = [self.reader]
