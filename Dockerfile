@@ -13,7 +13,7 @@ ARG BASE_IMAGE=python:3.12-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md constraints.txt ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY otel_vgpu ./otel_vgpu
 # Every dependency ships wheels, so this stage needs no compiler either; the
 # versions are pinned by constraints.txt, as in CI.
@@ -24,12 +24,19 @@ RUN python3 -m venv /opt/otel-vgpu \
 
 FROM ${BASE_IMAGE}
 ARG VERSION=0.1.0
+# The commit built (docker build --build-arg REVISION=$(git rev-parse HEAD)).
+ARG REVISION=unknown
 LABEL org.opencontainers.image.title="otel-vgpu" \
-      org.opencontainers.image.description="Per-pod usage of shared NVIDIA GPUs (time-slicing, MPS, fractional) as OpenTelemetry metrics for Prometheus and OTLP" \
+      org.opencontainers.image.description="Per-pod usage of shared NVIDIA GPUs (time-slicing, MPS, MIG, HAMi, DRA) as OpenTelemetry metrics for Prometheus and OTLP" \
       org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="otel-vgpu" \
+      org.opencontainers.image.url="https://github.com/otel-vgpu/otel-vgpu" \
+      org.opencontainers.image.documentation="https://github.com/otel-vgpu/otel-vgpu#readme" \
       org.opencontainers.image.source="https://github.com/otel-vgpu/otel-vgpu"
 COPY --from=build /opt/otel-vgpu /opt/otel-vgpu
+COPY LICENSE /usr/share/doc/otel-vgpu/LICENSE
 COPY gpu_allocation.txt /etc/otel-vgpu/gpu_allocation.txt
 ENV PATH=/opt/otel-vgpu/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -34,7 +34,17 @@ def test_dockerfile_shape() -> None:
     assert "ARG BASE_IMAGE=python:" in text
     assert 'ENTRYPOINT ["otel-vgpu"]' in text and "EXPOSE 8080" in text
     assert "USER 65532:65532" in text
-    for label in ("title", "description", "version", "licenses", "source"):
+    for label in (
+        "title",
+        "description",
+        "version",
+        "revision",
+        "licenses",
+        "vendor",
+        "url",
+        "documentation",
+        "source",
+    ):
         assert f"org.opencontainers.image.{label}=" in text
 
 

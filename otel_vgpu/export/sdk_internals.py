@@ -36,8 +36,9 @@ class SdkMismatch(RuntimeError):
     """The installed OpenTelemetry packages are not the ones the agent was built against."""
 
 
-def check_versions(version_of: Any = metadata.version) -> None:
+def check_versions(version_of: Any = None) -> None:
     """Raise SdkMismatch unless every distribution is at its supported minor version."""
+    version_of = version_of or metadata.version
     wrong = []
     for name, prefix in SUPPORTED.items():
         try:
