@@ -76,10 +76,12 @@ def dashboard_queries() -> list[str]:
 
 def as_promql(query: str) -> str:
     """Grafana's variables, as Grafana would substitute them."""
-    match = re.fullmatch(r"label_values\((?P<metric>\w+), *(?P<label>\w+)\)", query)
+    for variable in ("$cluster", "$node", "$namespace", "$pod"):
+        query = query.replace(variable, ".*")
+    match = re.fullmatch(r"label_values\((?P<metric>\w+(\{[^}]*\})?), *(?P<label>\w+)\)", query)
     if match:
         return f"count by ({match['label']}) ({match['metric']})"
-    return query.replace("$__rate_interval", "1m").replace("$instance", ".*").replace("$namespace", ".*")
+    return query.replace("$__rate_interval", "1m")
 
 
 def test_prometheus_scrapes_the_agent_over_http_and_over_tls_with_auth(
@@ -171,6 +173,20 @@ def test_dashboard_names_only_families_the_agent_serves() -> None:
     assert {"Idle allocations", "Unattributed GPU memory", "SM use against the pod's share"} <= titles
 
 
+def test_the_dashboard_follows_the_fleet() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = [v["name"] for v in dashboard["templating"]["list"]]
+    assert variables == ["datasource", "cluster", "node", "namespace", "pod"]
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            # Legends name nodes and pods, never a pod IP:port.
+            assert "{{instance}}" not in target.get("legendFormat", ""), panel["title"]
+            if "vgpu_pod_" in target["expr"]:
+                assert 'pod=~"$pod"' in target["expr"] and 'node=~"$node"' in target["expr"], panel["title"]
+    top = next(p for p in dashboard["panels"] if p["title"].startswith("Top 20 pods"))
+    assert {t["refId"] for t in top["targets"]} == {"used", "allocated", "of_allocation"}
+
+
 def test_the_operators_scrape_leaves_tenants_labels_their_own(
     tmp_path: Path, scenario_file: Path, ratio_file: Path
 ) -> None:
@@ -205,6 +221,10 @@ def test_the_operators_scrape_leaves_tenants_labels_their_own(
             for family in ("vgpu_gpu_memory_total_bytes", "vgpu_agent_blind_gpus"):
                 series = prometheus.query(f"{family}{{{fixed}}}")
                 assert series and all("pod" not in r["metric"] and r["metric"]["node"] for r in series), family
+            # The dashboard's per-node panels and its top-pods table find the nodes.
+            top = next(p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"].startswith("Top 20"))
+            rows = prometheus.wait_for(as_promql(top["targets"][0]["expr"]))
+            assert {r["metric"].get("node") for r in rows if r["metric"].get("node")} >= {"node-a"}
             # The control: the operator's labels alone put the agent's container on every tenant.
             plain_address = plain.url.removeprefix("http://")
             bare = prometheus.wait_for(
