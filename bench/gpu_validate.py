@@ -217,7 +217,8 @@ def pod_checks(
         lines.append(
             f"| {pod.namespace}/{pod.name} | {where} | {pod_value('vgpu_pod_processes', pod)} | "
             f"{(pod_value('vgpu_pod_memory_used_bytes', pod) or 0) / GIB:.3f} GiB | {truth / GIB:.3f} GiB | "
-            f"{pod_value('vgpu_pod_sm_utilization_ratio', pod)} | {pod_value('vgpu_pod_vgpu_utilization_ratio', pod)} | "
+            f"{pod_value('vgpu_pod_sm_utilization_ratio', pod)} | "
+            f"{pod_value('vgpu_pod_vgpu_utilization_ratio', pod)} | "
             f"{pod.shares} | {(pod_value('vgpu_pod_memory_allocated_bytes', pod) or 0) / GIB:.1f} GiB |"
         )
     lines += ["", "| check | what |", "|---|---|"]

@@ -120,7 +120,8 @@ def main() -> int:
                 lines.append(
                     f"| {pod.namespace}/{pod.name} | {gpu_id} | {gpu_uuid} | "
                     f"{rows('vgpu_pod_processes', pod).get(gpu_id, ('', None))[1]} | {value / GIB:.3f} GiB | "
-                    f"{truth / GIB:.3f} GiB | {rows('vgpu_pod_sm_utilization_ratio', pod).get(gpu_id, ('', None))[1]} | "
+                    f"{truth / GIB:.3f} GiB | "
+                    f"{rows('vgpu_pod_sm_utilization_ratio', pod).get(gpu_id, ('', None))[1]} | "
                     f"{rows('vgpu_pod_memory_allocated_bytes', pod).get(gpu_id, ('', 0))[1] / GIB:.1f} GiB |"
                 )
         lines += ["", "| check | what |", "|---|---|"]

@@ -52,7 +52,9 @@ def test_push_arrives_with_names_units_attributes_and_resource(
     assert batch.resource["service.name"] == "gpu-monitor"
     assert batch.resource["k8s.cluster.name"] == "gpu-east"
     assert batch.resource["k8s.node.name"] == "node-7"
-    assert batch.resource["service.version"] and batch.resource["host.name"]
+    assert batch.resource["service.version"]
+    # Each node's agent is its own instance on the OTLP path; its host is the node.
+    assert batch.resource["service.instance.id"] == batch.resource["host.name"] == "node-7"
     units = {name: metric.unit for name, metric in batch.metrics.items()}
     assert units["vgpu.pod.memory.used"] == "By"
     assert units["vgpu.pod.memory.allocated"] == "By"
