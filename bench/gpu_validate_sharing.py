@@ -271,12 +271,14 @@ def kubelet_part(manifest: Path, workdir: Path, report: Report, settle: float) -
         ended = [labels for family, series in metrics.items() if family.startswith("vgpu_pod_") for labels, _ in series]
         ended = [labels for labels in ended if labels.get("pod") == finished.name]
         check(not ended, f"job-done (Succeeded) has no series ({len(ended)})")
-        # Two busy pods time-slice the GPU: each gets a good part, together nearly all of it.
+        # Two busy pods time-slice the GPU. The split between them is the
+        # driver's (measured 0.6/0.4 and 0.2/0.8 on successive runs), so what
+        # is checked is that each is seen busy and together they fill the GPU.
         sm = one(metrics, "vgpu_pod_sm_utilization_ratio", namespace="ml", pod="trainer-0")
         hami_sm = one(metrics, "vgpu_pod_sm_utilization_ratio", namespace="ai", pod="hami-0")
         check(
-            sm is not None and hami_sm is not None and min(sm, hami_sm) > 0.2 and sm + hami_sm > 0.9,
-            f"busy trainer-0 SM {sm} and hami-0 SM {hami_sm}: each > 0.2, together > 0.9",
+            sm is not None and hami_sm is not None and min(sm, hami_sm) > 0.05 and sm + hami_sm > 0.9,
+            f"busy trainer-0 SM {sm} and hami-0 SM {hami_sm}: each > 0.05, together > 0.9",
         )
         hami_vgpu = one(metrics, "vgpu_pod_vgpu_utilization_ratio", namespace="ai", pod="hami-0")
         check(
