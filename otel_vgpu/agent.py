@@ -91,7 +91,7 @@ class Agent:
             )
             # Imported here so that a bad flag or file fails before the SDK loads.
             from otel_vgpu.export.sdk_internals import SdkMismatch  # noqa: PLC0415
-            from otel_vgpu.export.server import Server, make_app  # noqa: PLC0415
+            from otel_vgpu.export.server import Endpoint, Server  # noqa: PLC0415
             from otel_vgpu.export.telemetry import Telemetry  # noqa: PLC0415
 
             try:
@@ -101,9 +101,16 @@ class Agent:
             except SdkMismatch as error:
                 raise StartupError(str(error), EXIT_USAGE) from None
             self._closers.append(self.telemetry.shutdown)
-            app = make_app(self.telemetry, self.sampler, max(config.min_interval, 1.0), auth)
+            endpoint = Endpoint(
+                self.telemetry,
+                self.sampler,
+                max(config.min_interval, 1.0),
+                auth,
+                client_certificates=config.tls_client_ca_file is not None,
+            )
+            self._closers.append(endpoint.close)
             try:
-                self.server = Server(config.address, config.port, app, ssl_context)
+                self.server = Server(config.address, config.port, endpoint, ssl_context)
             except OSError as error:
                 where = f"{config.address}:{config.port}"
                 raise StartupError(f"cannot listen on {where}: {error.strerror or error}", EXIT_USAGE) from None

@@ -11,12 +11,14 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from otel_vgpu.export.auth import AuthFileError, BasicAuth, parse_users
+from otel_vgpu.export.auth import Attempt, AuthFileError, BasicAuth, Verdict, parse_users
 from testkit.agent import free_port, run_to_exit, running_agent
 from testkit.certs import Certs, make_certs
 
 
-def https_get(url: str, ca: Path, auth: tuple[str, str] | None = None, client: Certs | None = None) -> int:
+def https_get(
+    url: str, ca: Path, auth: tuple[str, str] | None = None, client: Certs | None = None, path: str = "/metrics"
+) -> int:
     context = ssl.create_default_context(cafile=str(ca))
     if client is not None:
         context.load_cert_chain(client.client_cert, client.client_key)
@@ -26,7 +28,7 @@ def https_get(url: str, ca: Path, auth: tuple[str, str] | None = None, client: C
     if auth is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
     try:
-        connection.request("GET", "/metrics", headers=headers)
+        connection.request("GET", path, headers=headers)
         return connection.getresponse().status
     finally:
         connection.close()
@@ -78,8 +80,11 @@ def test_mutual_tls(certs: Certs, tmp_path: Path, ratio_file: Path) -> None:
     stranger = make_certs(tmp_path / "stranger")
     with running_agent(*args, https_ca=certs.ca, https_client=certs) as agent:
         assert https_get(agent.url, certs.ca, client=certs) == 200
-        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-            https_get(agent.url, certs.ca)
+        # Without a certificate: /metrics is refused, the kubelet's probes (which send none) pass.
+        assert https_get(agent.url, certs.ca) == 403
+        assert https_get(agent.url, certs.ca, path="/healthz") == 200
+        assert https_get(agent.url, certs.ca, path="/readyz") == 200
+        # A certificate the CA did not sign fails the handshake.
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
             https_get(agent.url, certs.ca, client=stranger)
         agent.stop()
@@ -116,7 +121,7 @@ def test_bad_credentials_file_stops_the_agent(tmp_path: Path, ratio_file: Path) 
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"otel-vgpu: error: {users}:1: the hash of 'alice' is neither bcrypt nor sha256; "
-        "expected user:hash, the hash bcrypt ($2b$...) or sha256:<64 hex digits>"
+        "expected user:hash, the hash bcrypt ($2b$<cost 04-31>$...) or sha256:<64 hex digits>"
     ]
 
 
@@ -137,10 +142,17 @@ def test_tls_flags_must_come_together(certs: Certs, ratio_file: Path) -> None:
     assert result.returncode == 2 and "cannot use the TLS files" in result.stderr
 
 
+def check(auth: BasicAuth, header: str | None, peer: str = "10.0.0.1") -> Verdict:
+    verdict = auth.decide(header, peer)
+    return auth.verify(verdict) if isinstance(verdict, Attempt) else verdict
+
+
 def test_malformed_authorization_headers_are_refused() -> None:
     auth = BasicAuth({"u": f"sha256:{hashlib.sha256(b'p').hexdigest()}"})
-    good = "Basic " + base64.b64encode(b"u:p").decode()
-    assert auth.check(good)
+    token = base64.b64encode(b"u:p").decode()
+    # RFC 7617: the scheme is case-insensitive.
+    for scheme in ("Basic", "basic", "BASIC"):
+        assert check(auth, f"{scheme} {token}") is Verdict.ALLOW, scheme
     for header in (
         None,
         "",
@@ -149,4 +161,4 @@ def test_malformed_authorization_headers_are_refused() -> None:
         "Basic " + base64.b64encode(b"no-colon").decode(),
         "Basic " + base64.b64encode(b"\xff\xfe").decode(),
     ):
-        assert not auth.check(header), header
+        assert check(auth, header, peer=f"malformed-{header!r}") is Verdict.DENY, header

@@ -89,7 +89,13 @@ class Sampler:
         self._last_success: float | None = None
         self._host_pid_namespace = in_host_pid_namespace() if host_pid_namespace is None else host_pid_namespace
         self._blind_uuids: frozenset[str] = frozenset()
+        self._sweep_started: float | None = None
         self.sweeps = 0
+
+    def stuck_for(self) -> float:
+        """How long the sweep in progress has run; 0 when none is."""
+        started = self._sweep_started
+        return 0.0 if started is None else max(0.0, self._clock() - started)
 
     @property
     def last_success(self) -> float | None:
@@ -113,7 +119,13 @@ class Sampler:
             return snapshot
 
     def _sweep(self) -> Snapshot:
-        started = self._clock()
+        started = self._sweep_started = self._clock()
+        try:
+            return self._sweep_from(started)
+        finally:
+            self._sweep_started = None
+
+    def _sweep_from(self, started: float) -> Snapshot:
         errors = _Errors()
         self.sweeps += 1
         try:

@@ -1,11 +1,21 @@
 """Basic authentication for /metrics, from a file of users and password hashes.
 
 One `user:hash` per line; `#` comments and blank lines are allowed. A hash is
-bcrypt (`$2a$`, `$2b$`, `$2y$`, as `htpasswd -B` and Prometheus' web config
-write them) or `sha256:<64 hex>` (the SHA-256 of the password). bcrypt is
-slow on purpose; a successful check is remembered (by a SHA-256 of the
-credentials), so a scraper presenting the same credentials every 15 s costs
-one bcrypt check, not one per scrape.
+bcrypt (`$2a$`, `$2b$`, `$2y$` with a cost of 4 to 31, as `htpasswd -B` and
+Prometheus' web config write them) or `sha256:<64 hex>` (the SHA-256 of the
+password). Every hash is checked whole when the file is loaded.
+
+A check costs what bcrypt costs, on purpose, so it is made cheap to repeat
+and never an oracle:
+
+- a credential that passed is remembered (by a SHA-256 of it), so a scraper
+  presenting it every 15 s costs one bcrypt check, not one per scrape;
+- a credential that failed is remembered too, so repeating it costs nothing;
+- an unknown user costs a bcrypt check of the same cost as the known ones,
+  so timing does not tell which users exist;
+- a peer that keeps failing is refused for a while (429), doubling up to a
+  minute, before any bcrypt check;
+- a password bcrypt cannot take (over 72 bytes) is wrong, never an error.
 """
 
 from __future__ import annotations
@@ -14,13 +24,30 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import re
 import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
-_BCRYPT = re.compile(r"^\$2[aby]\$\d{2}\$[./A-Za-z0-9]{53}$")
+log = logging.getLogger(__name__)
+
+_BCRYPT = re.compile(r"^\$2[aby]\$(?P<cost>\d{2})\$[./A-Za-z0-9]{53}$")
 _SHA256 = re.compile(r"^sha256:(?P<hex>[0-9a-fA-F]{64})$")
-_VALID = "expected user:hash, the hash bcrypt ($2b$...) or sha256:<64 hex digits>"
+_VALID = "expected user:hash, the hash bcrypt ($2b$<cost 04-31>$...) or sha256:<64 hex digits>"
+BCRYPT_MAX_PASSWORD_BYTES = 72
+# A bcrypt check slower than this at start is worth a warning: each failed
+# login costs that much CPU until the peer is throttled.
+SLOW_CHECK_S = 0.1
+# Remembered credentials (passed and failed) and peers with failures: bounded.
+CACHE_ENTRIES = 4096
+FAILURES_BEFORE_THROTTLE = 5
+THROTTLE_FIRST_S = 1.0
+THROTTLE_MOST_S = 60.0
 
 
 class AuthFileError(ValueError):
@@ -36,8 +63,12 @@ def parse_users(text: str, source: str) -> dict[str, str]:
         user, sep, hashed = line.partition(":")
         if not sep or not user or not hashed:
             raise AuthFileError(f"{source}:{number}: no user:hash pair; {_VALID}")
-        if not (_BCRYPT.match(hashed) or _SHA256.match(hashed)):
+        bcrypt_hash = _BCRYPT.match(hashed)
+        if not (bcrypt_hash or _SHA256.match(hashed)):
             raise AuthFileError(f"{source}:{number}: the hash of {user!r} is neither bcrypt nor sha256; {_VALID}")
+        if bcrypt_hash and not 4 <= int(bcrypt_hash.group("cost")) <= 31:
+            cost = bcrypt_hash.group("cost")
+            raise AuthFileError(f"{source}:{number}: the bcrypt cost of {user!r} is {cost}, bcrypt takes 04 to 31")
         if user in users:
             raise AuthFileError(f"{source}:{number}: user {user!r} appears twice")
         users[user] = hashed
@@ -53,43 +84,152 @@ def load_users(path: Path) -> dict[str, str]:
         raise AuthFileError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as error:
         raise AuthFileError(f"{path}: cannot be read ({error})") from None
-    return parse_users(text, str(path))
+    users = parse_users(text, str(path))
+    for user, hashed in users.items():
+        # The hash must be one bcrypt can use: checked once, now, not on every request.
+        try:
+            started = time.monotonic()
+            _verify("", hashed)
+        except ValueError as error:
+            raise AuthFileError(f"{path}: the hash of {user!r} cannot be used ({error}); {_VALID}") from None
+        took = time.monotonic() - started
+        if took > SLOW_CHECK_S:
+            log.warning(
+                "%s: checking %r's password takes %.0f ms of CPU; each failed login costs that until its peer "
+                "is throttled (a lower bcrypt cost makes it cheaper)",
+                path,
+                user,
+                took * 1000,
+            )
+    return users
+
+
+class Verdict(str, Enum):
+    ALLOW = "allow"
+    DENY = "deny"
+    THROTTLED = "throttled"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A credential that needs a slow check (`BasicAuth.verify`)."""
+
+    key: bytes
+    password: str
+    hashed: str
+    known: bool
+    peer: str
 
 
 class BasicAuth:
-    def __init__(self, users: dict[str, str]) -> None:
+    def __init__(self, users: dict[str, str], clock: Callable[[], float] = time.monotonic) -> None:
         self._users = users
-        self._verified: set[bytes] = set()
+        self._clock = clock
         self._lock = threading.Lock()
+        self._passed: OrderedDict[bytes, None] = OrderedDict()
+        self._failed: OrderedDict[bytes, None] = OrderedDict()
+        self._peers: OrderedDict[str, tuple[int, float]] = OrderedDict()  # failures, refused until
+        self._decoy = self._make_decoy(users)
 
-    def check(self, header: str | None) -> bool:
-        """Whether an Authorization header carries a known user's password."""
-        if not header or not header.startswith("Basic "):
-            return False
-        try:
-            decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        user, sep, password = decoded.partition(":")
+    @staticmethod
+    def _make_decoy(users: dict[str, str]) -> str:
+        """A hash as costly as the costliest user's, for unknown users."""
+        costs = [int(m.group("cost")) for h in users.values() if (m := _BCRYPT.match(h))]
+        if not costs:
+            return "sha256:" + "0" * 64
+        import bcrypt  # noqa: PLC0415 - only with bcrypt users
+
+        return str(bcrypt.hashpw(b"otel-vgpu decoy", bcrypt.gensalt(rounds=max(costs))).decode())
+
+    def decide(self, header: str | None, peer: str) -> Verdict | Attempt:
+        """The verdict where it is cheap to reach, else the attempt to verify."""
+        credential = _credential(header)
+        if credential is None:
+            return Verdict.DENY
+        user, password = credential
         hashed = self._users.get(user)
-        if not sep or hashed is None:
-            return False
         key = hashlib.sha256(f"{user}\0{password}\0{hashed}".encode()).digest()
         with self._lock:
-            if key in self._verified:
-                return True
-        if not _verify(password, hashed):
-            return False
+            if key in self._passed:
+                self._passed.move_to_end(key)
+                return Verdict.ALLOW
+            if key in self._failed:
+                self._note_failure(peer)
+                return Verdict.DENY
+            _, until = self._peers.get(peer, (0, 0.0))
+            if self._clock() < until:
+                return Verdict.THROTTLED
+        return Attempt(key, password, hashed or self._decoy, hashed is not None, peer)
+
+    def verify(self, attempt: Attempt) -> Verdict:
+        """The slow part: bcrypt (or SHA-256), then remembered either way."""
+        try:
+            ok = attempt.known and _verify(attempt.password, attempt.hashed)
+            if not attempt.known:
+                _verify(attempt.password, attempt.hashed)  # the same cost as a known user's
+        except ValueError as error:  # a hash checked at load cannot fail; a password can be unusable
+            log.debug("password check refused: %s", error)
+            ok = False
         with self._lock:
-            self._verified.add(key)
-        return True
+            if ok:
+                _remember(self._passed, attempt.key)
+                self._peers.pop(attempt.peer, None)
+                return Verdict.ALLOW
+            _remember(self._failed, attempt.key)
+            self._note_failure(attempt.peer)
+        return Verdict.DENY
+
+    def retry_after(self, peer: str) -> int:
+        with self._lock:
+            _, until = self._peers.get(peer, (0, 0.0))
+        return max(1, int(until - self._clock() + 0.999))
+
+    def _note_failure(self, peer: str) -> None:
+        """One more failure for `peer`; the caller holds the lock."""
+        failures, until = self._peers.pop(peer, (0, 0.0))
+        failures += 1
+        if failures >= FAILURES_BEFORE_THROTTLE:
+            wait = min(THROTTLE_MOST_S, THROTTLE_FIRST_S * 2 ** (failures - FAILURES_BEFORE_THROTTLE))
+            until = self._clock() + wait
+        self._peers[peer] = (failures, until)
+        while len(self._peers) > CACHE_ENTRIES:
+            self._peers.popitem(last=False)
+
+
+def _credential(header: str | None) -> tuple[str, str] | None:
+    """(user, password) of a Basic Authorization header; the scheme is case-insensitive (RFC 7617)."""
+    if not header:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else None
+
+
+def _remember(cache: OrderedDict[bytes, None], key: bytes) -> None:
+    cache[key] = None
+    cache.move_to_end(key)
+    while len(cache) > CACHE_ENTRIES:
+        cache.popitem(last=False)
 
 
 def _verify(password: str, hashed: str) -> bool:
+    """Whether `password` matches; ValueError for a hash bcrypt cannot use."""
     sha = _SHA256.match(hashed)
     if sha is not None:
         digest = hashlib.sha256(password.encode()).hexdigest()
         return hmac.compare_digest(digest, sha.group("hex").lower())
     import bcrypt  # noqa: PLC0415 - only with bcrypt users
 
-    return bool(bcrypt.checkpw(password.encode(), hashed.encode()))
+    encoded = password.encode()
+    if len(encoded) > BCRYPT_MAX_PASSWORD_BYTES:
+        # bcrypt reads 72 bytes at most (the library refuses more): no such
+        # password can be the one the hash was made from.
+        bcrypt.checkpw(b"", hashed.encode())  # the same cost as any other check
+        return False
+    return bool(bcrypt.checkpw(encoded, hashed.encode()))

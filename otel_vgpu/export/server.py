@@ -1,149 +1,485 @@
-"""The HTTP endpoint: /metrics for Prometheus, /healthz and /readyz for probes."""
+"""The HTTP endpoint: /metrics for Prometheus, /healthz and /readyz for probes.
+
+Every client is held to bounds, whoever it is and whatever it sends
+(`Limits`; the README and docs/reliability.md state them):
+
+- one event loop reads every connection (asyncio; h11 parses HTTP/1.1), so a
+  connection costs a socket and a few kilobytes, never a thread; responses
+  are rendered by a fixed pool of worker threads, and bcrypt checks by one
+  thread of their own, so a flood of wrong passwords cannot take the workers;
+- a request head is at most `head_bytes`, received within `head_deadline_s`
+  of its first byte (a client trickling a header line every few seconds is
+  cut), and a connection that sends nothing is closed after `idle_s`;
+- at most `connections` connections are open; past that, the one that has
+  waited longest for a request head (idle or trickling) is shed for the new
+  one, and if every connection is busy with a response the new one gets 503;
+- only GET and HEAD (405 otherwise); HEAD gets the headers and no body;
+  gzip as `Accept-Encoding` asks, q-values and case included;
+- with mutual TLS, a client certificate is asked for and checked in the
+  handshake, and required on /metrics only: the kubelet's probes send none.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gzip
+import logging
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import h11
 from prometheus_client.exposition import choose_encoder
 
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.export.auth import BasicAuth
+from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.pidns import blind_message
 
-StartResponse = Callable[[str, list[tuple[str, str]]], Any]
-# A connection that sends nothing for this long is closed, so idle or
-# half-open clients cannot hold a thread for ever.
-CONNECTION_TIMEOUT_S = 30
+log = logging.getLogger(__name__)
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # socketserver's backlog of 5 makes the sixth client waiting to be
-    # accepted wait for SYN retries (a second or more each); the kernel caps
-    # this at net.core.somaxconn.
-    request_queue_size = 128
-    ssl_context: ssl.SSLContext | None = None
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        # The TLS handshake runs here, in the connection's own thread, so a
-        # client that connects and says nothing cannot stall the others.
-        if self.ssl_context is not None:
-            request.settimeout(CONNECTION_TIMEOUT_S)
-            try:
-                request = self.ssl_context.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError):
-                return  # plain HTTP, a bad client certificate, a dropped handshake
-        super().finish_request(request, client_address)
+@dataclass(frozen=True, slots=True)
+class Limits:
+    connections: int = 64
+    """Open connections at most (TLS handshakes in progress aside, each bounded by handshake_s)."""
+    head_bytes: int = 16 * 1024
+    """A request line and headers, together."""
+    head_deadline_s: float = 10.0
+    """From a request's first byte to the end of its head."""
+    idle_s: float = 30.0
+    """A connection that sends nothing for this long is closed."""
+    handshake_s: float = 10.0
+    write_s: float = 30.0
+    """To hand a response to a slow reader."""
+    workers: int = 4
+    """Threads rendering responses (sweeps are shared, so more would only queue on them)."""
+    stuck_after_s: float = 120.0
+    """/healthz fails once a sweep has run this long: liveness restarts an agent stuck in a read."""
 
 
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6
+DEFAULT_LIMITS = Limits()
 
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = CONNECTION_TIMEOUT_S
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    """Lower-case names; a repeated header's values joined with ", "."""
+    peer: str
+    client_certificate: bool
 
-    def log_message(self, format: str, *args: Any) -> None:
-        # A scrape every few seconds is not news.
-        pass
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
 
 
-def make_app(
-    telemetry: Telemetry, sampler: Sampler, ready_max_age: float, auth: BasicAuth | None = None
-) -> Callable[..., Iterable[bytes]]:
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            # Probes stay open (they reveal nothing); the figures need credentials.
-            if auth is not None and not auth.check(environ.get("HTTP_AUTHORIZATION")):
-                headers = [
-                    ("Content-Type", "text/plain; charset=utf-8"),
-                    ("WWW-Authenticate", 'Basic realm="otel-vgpu"'),
-                ]
-                return _respond(start_response, "401 Unauthorized", b"unauthorized\n", headers)
-            encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-            body = telemetry.render(encoder)
-            headers = [("Content-Type", content_type)]
-            if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
-                body = gzip.compress(body, compresslevel=1)
-                headers.append(("Content-Encoding", "gzip"))
-            return _respond(start_response, "200 OK", body, headers)
+def text(status: int, body: str, *headers: tuple[str, str]) -> Response:
+    return Response(status, body.encode(), headers=headers)
+
+
+class Endpoint:
+    """What each path answers. Cheap answers come from the event loop; a
+    render, a sweep or a password check runs on its executor."""
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        sampler: Sampler,
+        ready_max_age: float,
+        auth: BasicAuth | None = None,
+        client_certificates: bool = False,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self._telemetry = telemetry
+        self._sampler = sampler
+        self._ready_max_age = ready_max_age
+        self._auth = auth
+        self._client_certificates = client_certificates
+        self._limits = limits
+        self.workers = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="http-worker")
+        self._auth_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-auth")
+
+    def close(self) -> None:
+        self.workers.shutdown(wait=False, cancel_futures=True)
+        self._auth_worker.shutdown(wait=False, cancel_futures=True)
+
+    async def handle(self, request: Request) -> Response:
+        loop = asyncio.get_running_loop()
+        if request.method not in ("GET", "HEAD"):
+            return text(405, "method not allowed; use GET\n", ("Allow", "GET, HEAD"))
+        path = request.path
         if path == "/healthz":
-            return _respond(start_response, "200 OK", b"ok\n")
+            stuck = self._sampler.stuck_for()
+            if stuck > self._limits.stuck_after_s:
+                return text(503, f"a sweep has been running for {stuck:.0f} s\n")
+            return text(200, "ok\n")
         if path == "/readyz":
-            # The probe itself may sweep: a node nobody scrapes yet must still
-            # become ready, or it would never be discovered and scraped.
-            snapshot = sampler.snapshot(ready_max_age)
-            if snapshot.ok and not snapshot.blind:
-                return _respond(start_response, "200 OK", f"ready: {len(snapshot.gpus)} GPUs\n".encode())
-            if snapshot.blind:
-                # Serving would publish a node with no pods on it: the pod is
-                # not ready until it shares the host's PID namespace.
-                reasons = blind_message(snapshot.blind)
-            else:
-                reasons = "; ".join(message for _, message in snapshot.errors) or "no successful sweep"
-            return _respond(start_response, "503 Service Unavailable", f"not ready: {reasons}\n".encode())
+            return await loop.run_in_executor(self.workers, self._ready)
+        if path == "/metrics":
+            refused = await self._refuse(request)
+            if refused is not None:
+                return refused
+            return await loop.run_in_executor(self.workers, self._metrics, request)
         if path == "/":
-            body = b"otel-vgpu: /metrics (Prometheus), /healthz, /readyz\n"
-            return _respond(start_response, "200 OK", body)
-        return _respond(start_response, "404 Not Found", b"not found; try /metrics\n")
+            return text(200, "otel-vgpu: /metrics (Prometheus), /healthz, /readyz\n")
+        return text(404, "not found; try /metrics\n")
 
-    return app
+    async def _refuse(self, request: Request) -> Response | None:
+        """Why /metrics is not for this client, or None."""
+        if self._client_certificates and not request.client_certificate:
+            return text(403, "a client certificate signed by the configured CA is required\n")
+        if self._auth is None:
+            return None
+        verdict = self._auth.decide(request.headers.get("authorization"), request.peer)
+        if isinstance(verdict, Attempt):
+            loop = asyncio.get_running_loop()
+            verdict = await loop.run_in_executor(self._auth_worker, self._auth.verify, verdict)
+        if verdict is Verdict.ALLOW:
+            return None
+        if verdict is Verdict.THROTTLED:
+            wait = str(self._auth.retry_after(request.peer))
+            return text(429, "too many failed logins; try again later\n", ("Retry-After", wait))
+        return text(401, "unauthorized\n", ("WWW-Authenticate", 'Basic realm="otel-vgpu"'))
+
+    def _metrics(self, request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        body = self._telemetry.render(encoder)
+        if accepts_gzip(request.headers.get("accept-encoding", "")):
+            return Response(200, gzip.compress(body, compresslevel=1), content_type, (("Content-Encoding", "gzip"),))
+        return Response(200, body, content_type)
+
+    def _ready(self) -> Response:
+        # The probe itself may sweep: a node nobody scrapes yet must still
+        # become ready, or it would never be discovered and scraped.
+        snapshot = self._sampler.snapshot(self._ready_max_age)
+        if snapshot.ok and not snapshot.blind:
+            return text(200, f"ready: {len(snapshot.gpus)} GPUs\n")
+        if snapshot.blind:
+            # Serving would publish a node with no pods on it: the pod is
+            # not ready until it shares the host's PID namespace.
+            reasons = blind_message(snapshot.blind)
+        else:
+            reasons = "; ".join(message for _, message in snapshot.errors) or "no successful sweep"
+        return text(503, f"not ready: {reasons}\n")
 
 
-def _respond(
-    start_response: StartResponse, status: str, body: bytes, headers: list[tuple[str, str]] | None = None
-) -> list[bytes]:
-    headers = headers or [("Content-Type", "text/plain; charset=utf-8")]
-    start_response(status, [*headers, ("Content-Length", str(len(body)))])
-    return [body]
+def accepts_gzip(header: str) -> bool:
+    """Whether an Accept-Encoding value accepts gzip (RFC 9110: names are
+    case-insensitive; q=0 means "not acceptable"; `*` stands for any other)."""
+    weights: dict[str, float] = {}
+    for item in header.split(","):
+        name, *params = (part.strip() for part in item.split(";"))
+        if not name:
+            continue
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        weights[name.lower()] = q
+    weight = weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0)))
+    return weight > 0
 
 
 def tls_context(cert_file: Path, key_file: Path, client_ca_file: Path | None) -> ssl.SSLContext:
-    """A server context; with a client CA, clients must present a certificate it signed."""
+    """A server context. With a client CA, a client certificate is asked for
+    and, if sent, must be signed by it; /metrics then requires one."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert_file, key_file)
     if client_ca_file is not None:
         context.load_verify_locations(client_ca_file)
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_OPTIONAL
     return context
 
 
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(slots=True, eq=False)
+class _Connection:
+    writer: asyncio.StreamWriter
+    waiting_since: float
+    waiting: bool = True
+    """Idle, or receiving a request head: what the cap sheds first."""
+
+
+@dataclass(slots=True)
+class Counters:
+    shed: int = 0
+    refused: int = 0
+    timed_out: int = 0
+    connections: set[_Connection] = field(default_factory=set)
+
+
 class Server:
-    """The endpoint, serving from a background thread."""
+    """The endpoint, serving from an event loop on a background thread."""
 
     def __init__(
         self,
         address: str,
         port: int,
-        app: Callable[..., Iterable[bytes]],
+        endpoint: Endpoint,
         ssl_context: ssl.SSLContext | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
-        server_class: type[_ThreadingServer] = _ThreadingServer6 if ":" in address else _ThreadingServer
-        # OSError (port in use, address not available) reaches the caller.
-        self._server = make_server(address, port, app, server_class=server_class, handler_class=_QuietHandler)
-        self._server.ssl_context = ssl_context
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        # Bound now, so a port in use fails the start (OSError reaches the caller).
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._socket.bind((address, port))
+            self._socket.listen(128)
+        except OSError:
+            self._socket.close()
+            raise
+        self._endpoint = endpoint
+        self._ssl = ssl_context
+        self._client_certificates = ssl_context is not None and ssl_context.verify_mode != ssl.CERT_NONE
         self.tls = ssl_context is not None
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+        self.limits = limits
+        self.counters = Counters()
+        self._loop = asyncio.new_event_loop()
+        self._loop.set_exception_handler(_quiet_exceptions)
+        self._started = threading.Event()
+        self._server: asyncio.AbstractServer | None = None
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._socket.getsockname()[1])
 
     def start(self) -> None:
         self._thread.start()
+        self._started.wait(10)
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        self._endpoint.close()
+        self._socket.close()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(
+                self._serve,
+                sock=self._socket,
+                ssl=self._ssl,
+                ssl_handshake_timeout=self.limits.handshake_s if self._ssl else None,
+                limit=self.limits.head_bytes,
+            )
+        )
+        self._started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._server.close()
+            for connection in list(self.counters.connections):
+                connection.writer.transport.abort()
+            with contextlib.suppress(Exception):
+                self._loop.run_until_complete(asyncio.sleep(0))
+            self._loop.close()
+
+    # --- one connection --------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections = self.counters.connections
+        if len(connections) >= self.limits.connections:
+            waiting = [c for c in connections if c.waiting]
+            if not waiting:
+                self.counters.refused += 1
+                await self._send_and_close(writer, text(503, "too many connections; try again\n"))
+                return
+            oldest = min(waiting, key=lambda c: c.waiting_since)
+            connections.discard(oldest)
+            oldest.writer.transport.abort()
+            self.counters.shed += 1
+        connection = _Connection(writer, time.monotonic())
+        connections.add(connection)
+        peer = writer.get_extra_info("peername")
+        tls_object = writer.get_extra_info("ssl_object")
+        certificate = bool(tls_object.getpeercert()) if tls_object is not None else False
+        protocol = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.head_bytes)
+        try:
+            while True:
+                connection.waiting, connection.waiting_since = True, time.monotonic()
+                event = await self._next_request(reader, protocol)
+                if event is None:
+                    return
+                connection.waiting = False
+                request = _request(event, peer[0] if peer else "", certificate)
+                # A GET or HEAD has no body: its end is already in h11's buffer.
+                # Anything else (a body, another method) is answered, then closed.
+                ended = request.method in ("GET", "HEAD") and isinstance(protocol.next_event(), h11.EndOfMessage)
+                response = await self._answer(reader, protocol, request)
+                if response is None:
+                    return  # the client left before its answer was ready
+                if not ended:
+                    await self._send_and_close(writer, response, protocol)
+                    return
+                if not await self._send(writer, protocol, response, head=request.method == "HEAD"):
+                    return
+                if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
+                    return  # HTTP/1.0 or Connection: close
+                protocol.start_next_cycle()
+        except _HttpError as error:
+            await self._send_and_close(writer, text(error.status, f"{error}\n"), protocol)
+        except (h11.ProtocolError, ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            connections.discard(connection)
+            writer.close()
+
+    async def _answer(
+        self, reader: asyncio.StreamReader, protocol: h11.Connection, request: Request
+    ) -> Response | None:
+        """The endpoint's response, or None if the client closes first: its
+        render, still queued for a worker, is then dropped, so scrapers that
+        time out cannot leave a backlog of work nobody will read."""
+        work = asyncio.ensure_future(self._endpoint.handle(request))
+        watch = asyncio.ensure_future(reader.read(self.limits.head_bytes))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch.done():
+                data = b"" if watch.exception() is not None else watch.result()
+                if not data and not work.done():
+                    work.cancel()
+                    return None
+                protocol.receive_data(data)  # a pipelined request, answered next (or the close)
+            return await work
+        finally:
+            if not watch.done():
+                watch.cancel()
+
+    async def _next_request(self, reader: asyncio.StreamReader, protocol: h11.Connection) -> h11.Request | None:
+        """The next request's head, within the limits; None when the client closed."""
+        deadline: float | None = None
+        while True:
+            try:
+                event = protocol.next_event()
+            except h11.RemoteProtocolError as error:
+                status = error.error_status_hint
+                if status == 431 and b"\r\n" not in bytes(protocol.trailing_data[0])[: self.limits.head_bytes]:
+                    status = 414  # the request line alone is over the bound
+                raise _HttpError(status, str(error)) from None
+            if isinstance(event, h11.Request):
+                if event.http_version not in (b"1.0", b"1.1"):
+                    raise _HttpError(505, f"HTTP/{event.http_version.decode()} is not served; use HTTP/1.1")
+                return event
+            if isinstance(event, h11.ConnectionClosed):
+                return None
+            if event is not h11.NEED_DATA:
+                continue  # the end of the previous message
+            now = time.monotonic()
+            timeout = self.limits.idle_s if deadline is None else deadline - now
+            if timeout <= 0:
+                self.counters.timed_out += 1
+                raise _HttpError(408, "the request head took too long")
+            try:
+                data = await asyncio.wait_for(reader.read(8192), timeout)
+            except asyncio.TimeoutError:
+                if deadline is None:
+                    return None  # idle: close quietly
+                self.counters.timed_out += 1
+                raise _HttpError(408, "the request head took too long") from None
+            if deadline is None and data:
+                deadline = time.monotonic() + self.limits.head_deadline_s
+            protocol.receive_data(data)
+
+    async def _send(
+        self, writer: asyncio.StreamWriter, protocol: h11.Connection, response: Response, head: bool = False
+    ) -> bool:
+        headers = [
+            ("Content-Type", response.content_type),
+            ("Content-Length", str(len(response.body))),
+            *response.headers,
+        ]
+        data = protocol.send(h11.Response(status_code=response.status, headers=headers))
+        if response.body and not head:
+            data += protocol.send(h11.Data(data=response.body))
+        data += protocol.send(h11.EndOfMessage())
+        writer.write(data)
+        try:
+            await asyncio.wait_for(writer.drain(), self.limits.write_s)
+        except (asyncio.TimeoutError, ConnectionError, OSError):
+            return False
+        return True
+
+    async def _send_and_close(
+        self, writer: asyncio.StreamWriter, response: Response, protocol: h11.Connection | None = None
+    ) -> None:
+        closing = Response(
+            response.status, response.body, response.content_type, (*response.headers, ("Connection", "close"))
+        )
+        try:
+            if protocol is not None and protocol.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                await self._send(writer, protocol, closing)
+            else:
+                fresh = h11.Connection(h11.SERVER)
+                fresh.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                fresh.next_event()
+                await self._send(writer, fresh, closing)
+        except (h11.ProtocolError, ConnectionError, OSError):
+            pass
+        writer.close()
+
+
+def _request(event: h11.Request, peer: str, certificate: bool) -> Request:
+    headers: dict[str, str] = {}
+    for name, value in event.headers:
+        key = name.decode("latin-1").lower()
+        decoded = value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {decoded}" if key in headers else decoded
+    target = event.target.decode("latin-1")
+    path = target.split("?", 1)[0]
+    if path.startswith(("http://", "https://")):  # absolute form
+        path = "/" + path.split("/", 3)[3] if path.count("/") >= 3 else "/"
+    return Request(event.method.decode("latin-1").upper(), _normalise(path), headers, peer, certificate)
+
+
+def _normalise(path: str) -> str:
+    """`/metrics/`, `//metrics`, `/./metrics` and `/a/../metrics` are `/metrics`."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts:
+                parts.pop()
+            continue
+        parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def _quiet_exceptions(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A client that drops or botches a connection (a TLS handshake to
+    nowhere, a reset) is not the agent's error: debug, not a traceback."""
+    error = context.get("exception")
+    if isinstance(error, (ConnectionError, OSError, ssl.SSLError, asyncio.TimeoutError)):
+        log.debug("connection: %s", context.get("message"))
+        return
+    loop.default_exception_handler(context)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
