@@ -11,6 +11,7 @@ from typing import Any
 
 from otel_vgpu.agent import Agent, StartupError
 from otel_vgpu.config import EXIT_USAGE, ConfigError, parse_config
+from otel_vgpu.export.memory import return_freed_memory
 
 log = logging.getLogger("otel_vgpu")
 
@@ -28,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a list after each outage. Their failures reach the agent's own log.
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    return_freed_memory()
     try:
         agent = Agent(config)
     except StartupError as error:

@@ -27,7 +27,7 @@ def _name(common_name: str) -> x509.Name:
 
 
 def make_certs(directory: Path, common_name: str = "127.0.0.1") -> Certs:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (
         x509.CertificateBuilder()

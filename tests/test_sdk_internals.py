@@ -4,10 +4,10 @@ pinned in pyproject.toml, checked at start, and a loud refusal on any other vers
 from __future__ import annotations
 
 import re
+import tomllib
 from importlib import metadata
 
 import pytest
-import tomllib
 
 from otel_vgpu.agent import Agent, StartupError
 from otel_vgpu.config import EXIT_USAGE, parse_config

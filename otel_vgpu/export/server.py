@@ -23,27 +23,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import gzip
 import logging
 import socket
 import ssl
+import struct
+import termios
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 import h11
 from prometheus_client.exposition import choose_encoder
 
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict
+from otel_vgpu.export.memory import trim
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.pidns import blind_message
 
 log = logging.getLogger(__name__)
+
+# The heap is trimmed at most this often, once this many connections have closed since the last trim.
+TRIM_EVERY_S = 5.0
+TRIM_AFTER_CLOSED = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,12 @@ class Limits:
     """To hand a response to a slow reader."""
     workers: int = 4
     """Threads rendering responses (sweeps are shared, so more would only queue on them)."""
+    shed_after_s: float = 1.0
+    """Only a connection that has waited this long with nothing unread may be shed: a client
+    sends its request (or ClientHello) right after connecting, so a young quiet one is not idle."""
+    backlog: int = 64
+    """Connections the kernel queues for accepting, and that the loop accepts at a time: with
+    `connections`, the bound on open sockets (a shed one closes on the loop's next turn)."""
     stuck_after_s: float = 120.0
     """/healthz fails once a sweep has run this long: liveness restarts an agent stuck in a read."""
 
@@ -215,16 +229,40 @@ class _HttpError(Exception):
         self.status = status
 
 
+class _Reader(asyncio.StreamReader):
+    """A stream reader that counts the bytes it holds unread."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.unread = 0
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        if isinstance(data, bytes | bytearray | memoryview):
+            self.unread += len(data)
+        super().feed_data(data)
+
+    async def read(self, n: int = -1) -> bytes:
+        data = await super().read(n)
+        self.unread = max(0, self.unread - len(data))
+        return data
+
+
 @dataclass(slots=True, eq=False)
 class _Connection:
     writer: asyncio.StreamWriter
+    reader: asyncio.StreamReader
     waiting_since: float
     waiting: bool = True
     """Idle, or receiving a request head: what the cap sheds first."""
 
+    def quiet(self) -> bool:
+        """Nothing it sent waits to be read, in the reader or in the kernel."""
+        return getattr(self.reader, "unread", 0) == 0 and _unread_bytes(self.writer) == 0
+
 
 @dataclass(slots=True)
 class Counters:
+    closed: int = 0
     shed: int = 0
     refused: int = 0
     timed_out: int = 0
@@ -248,7 +286,7 @@ class Server:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._socket.bind((address, port))
-            self._socket.listen(128)
+            self._socket.listen(limits.backlog)
         except OSError:
             self._socket.close()
             raise
@@ -258,6 +296,7 @@ class Server:
         self.tls = ssl_context is not None
         self.limits = limits
         self.counters = Counters()
+        self._closed_at_trim = 0
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(_quiet_exceptions)
         self._started = threading.Event()
@@ -281,16 +320,23 @@ class Server:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(
-            asyncio.start_server(
-                self._serve,
-                sock=self._socket,
-                ssl=self._ssl,
-                ssl_handshake_timeout=self.limits.handshake_s if self._ssl else None,
-                limit=self.limits.head_bytes,
+        loop = self._loop
+
+        def protocol() -> asyncio.StreamReaderProtocol:
+            # What asyncio.start_server builds, with a reader that notes when bytes arrive.
+            return asyncio.StreamReaderProtocol(
+                _Reader(limit=self.limits.head_bytes, loop=loop), self._serve, loop=loop
             )
+
+        # TLS is started by each connection's handler (StreamWriter.start_tls),
+        # not by the listener: a handshake in progress is then a connection
+        # like any other, under the cap and shed first when idle, and the
+        # memory of handshakes (a 256 KiB buffer each) is bounded by it.
+        self._server = loop.run_until_complete(
+            loop.create_server(protocol, sock=self._socket, backlog=self.limits.backlog)
         )
         self._started.set()
+        loop.call_later(TRIM_EVERY_S, self._trim_after_bursts)
         try:
             self._loop.run_forever()
         finally:
@@ -301,27 +347,54 @@ class Server:
                 self._loop.run_until_complete(asyncio.sleep(0))
             self._loop.close()
 
+    def _trim_after_bursts(self) -> None:
+        """Once the connections of a burst have closed, give their memory back."""
+        closed = self.counters.closed
+        if closed - self._closed_at_trim >= TRIM_AFTER_CLOSED and len(self.counters.connections) < 8:
+            self._closed_at_trim = closed
+            trim()
+        self._loop.call_later(TRIM_EVERY_S, self._trim_after_bursts)
+
     # --- one connection --------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections = self.counters.connections
         if len(connections) >= self.limits.connections:
-            waiting = [c for c in connections if c.waiting]
-            if not waiting:
+            # Shed the connection that has waited longest with nothing to
+            # read: idle, or trickling a head whose bytes are all consumed.
+            # One whose request has arrived (in the kernel or the reader) is
+            # not idle, and a young one is spared: a burst of connections can
+            # delay a client's first bytes. With no such connection, the new
+            # one is refused.
+            now = time.monotonic()
+            idle = [
+                c for c in connections if c.waiting and now - c.waiting_since >= self.limits.shed_after_s and c.quiet()
+            ]
+            if not idle:
                 self.counters.refused += 1
                 await self._send_and_close(writer, text(503, "too many connections; try again\n"))
                 return
-            oldest = min(waiting, key=lambda c: c.waiting_since)
-            connections.discard(oldest)
-            oldest.writer.transport.abort()
+            victim = min(idle, key=lambda c: c.waiting_since)
+            connections.discard(victim)
+            victim.writer.transport.abort()
             self.counters.shed += 1
-        connection = _Connection(writer, time.monotonic())
+        connection = _Connection(writer, reader, time.monotonic())
         connections.add(connection)
         peer = writer.get_extra_info("peername")
-        tls_object = writer.get_extra_info("ssl_object")
-        certificate = bool(tls_object.getpeercert()) if tls_object is not None else False
         protocol = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.head_bytes)
         try:
+            certificate = False
+            if self._ssl is not None:
+                try:
+                    await writer.start_tls(self._ssl, ssl_handshake_timeout=self.limits.handshake_s)
+                except AttributeError:
+                    # asyncio (3.11, 3.12) when the connection was shed or
+                    # dropped mid-handshake: start_tls gets no TLS transport back.
+                    return
+                if writer.transport is None:  # the client left as the handshake ended
+                    return
+                tls_object = writer.get_extra_info("ssl_object")
+                certificate = bool(tls_object.getpeercert()) if tls_object is not None else False
             while True:
                 connection.waiting, connection.waiting_since = True, time.monotonic()
                 event = await self._next_request(reader, protocol)
@@ -345,11 +418,12 @@ class Server:
                 protocol.start_next_cycle()
         except _HttpError as error:
             await self._send_and_close(writer, text(error.status, f"{error}\n"), protocol)
-        except (h11.ProtocolError, ConnectionError, OSError, asyncio.IncompleteReadError):
-            pass
+        except (TimeoutError, h11.ProtocolError, ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass  # a dropped connection, a failed or slow TLS handshake
         finally:
             connections.discard(connection)
-            writer.close()
+            self.counters.closed += 1
+            _close(writer)
 
     async def _answer(
         self, reader: asyncio.StreamReader, protocol: h11.Connection, request: Request
@@ -375,6 +449,7 @@ class Server:
     async def _next_request(self, reader: asyncio.StreamReader, protocol: h11.Connection) -> h11.Request | None:
         """The next request's head, within the limits; None when the client closed."""
         deadline: float | None = None
+        received = len(protocol.trailing_data[0])  # pipelined bytes already in h11's buffer
         while True:
             try:
                 event = protocol.next_event()
@@ -398,13 +473,19 @@ class Server:
                 raise _HttpError(408, "the request head took too long")
             try:
                 data = await asyncio.wait_for(reader.read(8192), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if deadline is None:
                     return None  # idle: close quietly
                 self.counters.timed_out += 1
                 raise _HttpError(408, "the request head took too long") from None
             if deadline is None and data:
                 deadline = time.monotonic() + self.limits.head_deadline_s
+            received += len(data)
+            if received > self.limits.head_bytes:
+                # h11 bounds what it buffers unparsed; this bounds the head whole.
+                line_end = (bytes(protocol.trailing_data[0]) + data).find(b"\r\n")
+                long_line = line_end < 0 or line_end > self.limits.head_bytes // 2
+                raise _HttpError(414 if long_line else 431, "the request head is over the bound")
             protocol.receive_data(data)
 
     async def _send(
@@ -422,7 +503,7 @@ class Server:
         writer.write(data)
         try:
             await asyncio.wait_for(writer.drain(), self.limits.write_s)
-        except (asyncio.TimeoutError, ConnectionError, OSError):
+        except (TimeoutError, ConnectionError, OSError):
             return False
         return True
 
@@ -442,7 +523,39 @@ class Server:
                 await self._send(writer, fresh, closing)
         except (h11.ProtocolError, ConnectionError, OSError):
             pass
+        _close(writer)
+
+
+def _close(writer: asyncio.StreamWriter) -> None:
+    """Close, whatever state a failed TLS handshake left the writer in."""
+    transport = writer.transport
+    if transport is None:
+        # asyncio (3.11) leaves a writer whose start_tls failed without a
+        # transport; its __del__ would then raise. The socket is closed already.
+        writer._transport = _CLOSED
+        return
+    if transport.is_closing():
+        transport.abort()
+    else:
         writer.close()
+
+
+class _ClosedTransport(asyncio.Transport):
+    def is_closing(self) -> bool:
+        return True
+
+
+_CLOSED = _ClosedTransport()
+
+
+def _unread_bytes(writer: asyncio.StreamWriter) -> int:
+    """Bytes the kernel holds for this connection that the loop has not read yet."""
+    sock = writer.get_extra_info("socket")
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, AttributeError, ValueError):
+        return 0
+    return int(struct.unpack("i", raw)[0])
 
 
 def _request(event: h11.Request, peer: str, certificate: bool) -> Request:

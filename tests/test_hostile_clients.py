@@ -1,0 +1,548 @@
+"""Hostile and broken clients against the endpoint, on loopback.
+
+Each attack runs while a legitimate scraper scrapes once a second, and for
+each the test asserts that every legitimate scrape completes within 1 s, that
+resident memory stays under a bound and comes back near its baseline, and
+that the agent's threads and file descriptors stay under the caps of
+`otel_vgpu.export.server.Limits` and come back to baseline. Every loop is
+bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from otel_vgpu.export.server import DEFAULT_LIMITS
+from testkit.agent import ROOT, clean_env, command, free_port, wait_serving, wait_until
+from testkit.certs import make_certs
+from testkit.procstat import rss_mib
+
+# Growth of resident memory an attack may cause, and how near its baseline it must come back.
+RSS_BOUND_MIB = 60
+RSS_SETTLED_MIB = 25
+# Threads the agent may add under attack: none per connection; the fixed pools fill lazily.
+THREAD_SLACK = DEFAULT_LIMITS.workers + 4
+# Open connections, those accepted in one turn of the loop before the cap sheds them, and a few of the agent's own.
+FD_SLACK = DEFAULT_LIMITS.connections + DEFAULT_LIMITS.backlog + 16
+
+
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@dataclass
+class Scraper:
+    """A legitimate client: one scrape a second, each timed."""
+
+    url: str
+    context: ssl.SSLContext | None = None
+    auth: str | None = None
+    durations: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def scrape_once(self) -> None:
+        import http.client  # noqa: PLC0415
+
+        host, port = self.url.split("//", 1)[1].split(":")
+        started = time.monotonic()
+        connection: http.client.HTTPConnection
+        if self.context is not None:
+            connection = http.client.HTTPSConnection(host, int(port), context=self.context, timeout=5)
+        else:
+            connection = http.client.HTTPConnection(host, int(port), timeout=5)
+        try:
+            connection.request("GET", "/metrics", headers={"Authorization": self.auth} if self.auth else {})
+            response = connection.getresponse()
+            body = response.read()
+            if response.status != 200 or b"vgpu_pod_memory_used_bytes" not in body:
+                self.failures.append(f"status {response.status}")
+        except OSError as error:
+            self.failures.append(repr(error))
+        finally:
+            connection.close()
+        self.durations.append(time.monotonic() - started)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.scrape_once()
+            self._stop.wait(1.0)
+
+    @contextmanager
+    def running(self) -> Iterator[Scraper]:
+        thread = threading.Thread(target=self.run, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(timeout=10)
+
+
+@dataclass
+class Agent:
+    process: subprocess.Popen[str]
+    url: str
+    port: int
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@contextmanager
+def agent(tmp_path: Path, *extra: str, prefix: tuple[str, ...] = ()) -> Iterator[Agent]:
+    ratio = tmp_path / "gpu_allocation.txt"
+    ratio.write_text("2\n")
+    ratio.chmod(0o644)
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            *prefix,
+            *command(
+                "--simulate", "--allocation-file", str(ratio), "--address", "127.0.0.1", "--port", str(port), *extra
+            ),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+        cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        yield Agent(process, url, port)
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
+@dataclass
+class Baseline:
+    rss: float
+    threads: int
+    fds: int
+
+
+def settle(pid: int) -> Baseline:
+    """The agent's figures once it has served a few scrapes (its pools made, its caches warm)."""
+    return Baseline(rss_mib(pid), threads(pid), fds(pid))
+
+
+def attack_while_scraped(
+    target: Agent,
+    scraper: Scraper,
+    attack: Callable[[], None],
+    baseline: Baseline,
+    established: threading.Event | None = None,
+) -> tuple[float, int, int]:
+    """Run `attack` with the scraper going (from when the attack says it is
+    `established`, for attacks that hold a position); the peak RSS, threads and fds seen."""
+    peak = [baseline.rss, baseline.threads, baseline.fds]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], rss_mib(target.pid))
+                peak[1] = max(peak[1], threads(target.pid))
+                peak[2] = max(peak[2], fds(target.pid))
+            except OSError:
+                return
+            done.wait(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    if established is None:
+        with scraper.running():
+            attack()
+    else:
+        attacker = threading.Thread(target=attack, daemon=True)
+        attacker.start()
+        assert established.wait(60), "the attack did not get going"
+        with scraper.running():
+            attacker.join(timeout=120)
+    done.set()
+    watcher.join(timeout=5)
+    return peak[0], int(peak[1]), int(peak[2])
+
+
+def assert_held(target: Agent, scraper: Scraper, baseline: Baseline, peak: tuple[float, int, int]) -> None:
+    assert scraper.failures == [], scraper.failures
+    assert scraper.durations and max(scraper.durations) < 1.0, scraper.durations
+    rss, peak_threads, peak_fds = peak
+    assert rss < baseline.rss + RSS_BOUND_MIB, (rss, baseline)
+    assert peak_threads <= baseline.threads + THREAD_SLACK, (peak_threads, baseline)
+    assert peak_fds <= baseline.fds + FD_SLACK, (peak_fds, baseline)
+    # Afterwards: back near the baseline (connections closed, buffers freed).
+    wait_until(lambda: fds(target.pid) <= baseline.fds + 2, what="file descriptors back to baseline", timeout=15)
+    wait_until(lambda: threads(target.pid) <= baseline.threads + THREAD_SLACK, what="threads back", timeout=15)
+    wait_until(
+        lambda: rss_mib(target.pid) < baseline.rss + RSS_SETTLED_MIB,
+        what=f"memory back near {baseline.rss:.0f} MiB (peak {rss:.0f} MiB)",
+        timeout=15,
+    )
+
+
+def warm(scraper: Scraper, target: Agent) -> Baseline:
+    """Scrapes until five in a row succeed (HTTP or HTTPS), then the baseline."""
+    deadline = time.monotonic() + 30
+    while True:
+        scraper.failures.clear()
+        for _ in range(5):
+            scraper.scrape_once()
+        if not scraper.failures:
+            break
+        assert target.process.poll() is None and time.monotonic() < deadline, scraper.failures
+        time.sleep(0.2)
+    scraper.durations.clear()
+    return settle(target.pid)
+
+
+def test_oversized_headers_are_refused_before_they_cost_memory(tmp_path: Path) -> None:
+    with agent(tmp_path) as target:
+        scraper = Scraper(target.url)
+        baseline = warm(scraper, target)
+        statuses: list[bytes] = []
+
+        def burst() -> None:
+            # 16 at once, each trying 99 headers of 65,000 bytes (6.4 MB) twice over.
+            def one() -> None:
+                for _ in range(2):
+                    with socket.create_connection(("127.0.0.1", target.port), timeout=10) as sock:
+                        try:
+                            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                            for i in range(99):
+                                sock.sendall(f"X-Big-{i}: ".encode() + b"a" * 65_000 + b"\r\n")
+                        except OSError:
+                            pass  # refused mid-send: what should happen
+                        try:
+                            statuses.append(sock.recv(64).split(b" ")[1])
+                        except (OSError, IndexError):
+                            statuses.append(b"closed")
+
+            workers = [threading.Thread(target=one) for _ in range(16)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join(timeout=30)
+
+        peak = attack_while_scraped(target, scraper, burst, baseline)
+        assert_held(target, scraper, baseline, peak)
+        assert statuses and set(statuses) <= {b"431", b"closed"}, statuses
+
+
+def test_trickling_connections_are_cut_and_never_take_a_thread(tmp_path: Path) -> None:
+    with agent(tmp_path) as target:
+        scraper = Scraper(target.url)
+        baseline = warm(scraper, target)
+        cut: list[float] = []
+
+        def trickle() -> None:
+            socks = [socket.create_connection(("127.0.0.1", target.port), timeout=30) for _ in range(70)]
+            opened = time.monotonic()
+            for sock in socks:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            alive = list(socks)
+            # A header line every second to each, for at most 15 s.
+            while alive and time.monotonic() - opened < 15:
+                for sock in list(alive):
+                    try:
+                        sock.sendall(b"X-Slow: 1\r\n")
+                    except OSError:
+                        alive.remove(sock)
+                        cut.append(time.monotonic() - opened)
+                time.sleep(1.0)
+            for sock in socks:
+                sock.close()
+
+        peak = attack_while_scraped(target, scraper, trickle, baseline)
+        assert_held(target, scraper, baseline, peak)
+        # Every trickler was cut: by the head deadline, or shed for a newer connection.
+        assert len(cut) == 70, cut
+        assert max(cut) < DEFAULT_LIMITS.head_deadline_s + 3, max(cut)
+
+
+def test_a_thousand_idle_connections_leave_room_for_scrapes(tmp_path: Path) -> None:
+    with agent(tmp_path) as target:
+        scraper = Scraper(target.url)
+        baseline = warm(scraper, target)
+
+        held = threading.Event()
+
+        def idle() -> None:
+            socks = []
+            try:
+                for _ in range(1000):
+                    socks.append(socket.create_connection(("127.0.0.1", target.port), timeout=10))
+                time.sleep(DEFAULT_LIMITS.shed_after_s + 1)  # the held ones become the oldest idle
+                held.set()
+                time.sleep(4)  # the length of the siege, while the scraper scrapes
+            finally:
+                for sock in socks:
+                    sock.close()
+
+        peak = attack_while_scraped(target, scraper, idle, baseline, held)
+        assert_held(target, scraper, baseline, peak)
+
+
+def test_a_wrong_password_flood_costs_little_and_never_slows_scrapes(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    users.write_text("prometheus:" + bcrypt.hashpw(b"scrape-secret", bcrypt.gensalt(rounds=10)).decode() + "\n")
+    with agent(tmp_path, "--basic-auth-file", str(users)) as target:
+        good = "Basic " + base64.b64encode(b"prometheus:scrape-secret").decode()
+        scraper = Scraper(target.url, auth=good)
+        baseline = warm(scraper, target)
+        answers: list[int] = []
+        stop = time.monotonic() + 6
+
+        def flood() -> None:
+            import http.client  # noqa: PLC0415
+
+            def attacker(n: int) -> None:
+                i = 0
+                while time.monotonic() < stop:
+                    i += 1
+                    user = "prometheus" if i % 2 else f"nobody-{n}"
+                    wrong = "Basic " + base64.b64encode(f"{user}:guess-{n}-{i}".encode()).decode()
+                    connection = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
+                    try:
+                        connection.request("GET", "/metrics", headers={"Authorization": wrong})
+                        answers.append(connection.getresponse().status)
+                    except OSError:
+                        pass
+                    finally:
+                        connection.close()
+
+            workers = [threading.Thread(target=attacker, args=(n,)) for n in range(8)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join(timeout=30)
+
+        peak = attack_while_scraped(target, scraper, flood, baseline)
+        assert_held(target, scraper, baseline, peak)
+        assert 200 not in answers and {401, 429} <= set(answers), set(answers)
+        # The peer is throttled: most attempts never reach bcrypt.
+        assert answers.count(429) > answers.count(401), (answers.count(429), answers.count(401))
+
+
+def test_incomplete_tls_handshakes_are_cut(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "pki")
+    with agent(tmp_path, "--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key)) as target:
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        scraper = Scraper(target.url.replace("http://", "https://"), context=context)
+        baseline = warm(scraper, target)
+
+        held = threading.Event()
+
+        def handshakes() -> None:
+            socks = []
+            try:
+                for i in range(300):
+                    sock = socket.create_connection(("127.0.0.1", target.port), timeout=10)
+                    socks.append(sock)
+                    if i % 2:
+                        with contextlib.suppress(OSError):  # refused past the cap: closed under it
+                            sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
+                time.sleep(DEFAULT_LIMITS.shed_after_s + 1)
+                held.set()
+                time.sleep(4)
+            finally:
+                for sock in socks:
+                    sock.close()
+
+        peak = attack_while_scraped(target, scraper, handshakes, baseline, held)
+        assert_held(target, scraper, baseline, peak)
+
+
+def pids_cgroup(limit: int) -> Path:
+    """A pids cgroup (v2, or v1's pids hierarchy) holding at most `limit` tasks: a pod's pids limit."""
+    v2 = Path("/sys/fs/cgroup")
+    if (
+        "pids" in (v2 / "cgroup.controllers").read_text(errors="replace").split()
+        if (v2 / "cgroup.controllers").exists()
+        else False
+    ):
+        root = v2
+        with contextlib.suppress(OSError):
+            (root / "cgroup.subtree_control").write_text("+pids")
+    else:
+        root = v2 / "pids"
+    assert (root / "cgroup.procs").exists(), "a pids cgroup controller is needed (cgroup v1 or v2)"
+    group = root / f"otel-vgpu-test-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    (group / "pids.max").write_text(f"{limit}\n")
+    return group
+
+
+def test_under_a_pids_limit_connections_cannot_exhaust_it(tmp_path: Path) -> None:
+    """The agent in a pids cgroup that holds just what it needs, as a pod's
+    pids limit would: 70 connections held open would need 70 threads from a
+    thread-per-connection server, and every scrape would fail."""
+    group = pids_cgroup(24)
+    prefix = ("sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh")
+    try:
+        with agent(tmp_path, prefix=prefix) as target:
+            scraper = Scraper(target.url)
+            baseline = warm(scraper, target)
+            assert str(group.name) in Path(f"/proc/{target.pid}/cgroup").read_text()
+            held = threading.Event()
+
+            def hold() -> None:
+                socks = [socket.create_connection(("127.0.0.1", target.port), timeout=10) for _ in range(70)]
+                try:
+                    for sock in socks:
+                        with contextlib.suppress(OSError):
+                            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+                    time.sleep(DEFAULT_LIMITS.shed_after_s + 1)  # held: the oldest waiting are shed first
+                    held.set()
+                    time.sleep(4)
+                finally:
+                    for sock in socks:
+                        sock.close()
+
+            peak = attack_while_scraped(target, scraper, hold, baseline, held)
+            assert_held(target, scraper, baseline, peak)
+            assert int((group / "pids.current").read_text()) <= 24
+            target.process.terminate()
+            _, err = target.process.communicate(timeout=10)
+        assert "can't start new thread" not in err and "Traceback" not in err, err
+    finally:
+        wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), what="the cgroup empty", timeout=10)
+        group.rmdir()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", b"405"),
+        (b"DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"405"),
+        (b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n", b"405"),
+        (b"GET /metrics HTTP/2.0\r\nHost: x\r\n\r\n", b"505"),
+        (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", b"414"),
+        (b"NONSENSE\r\n\r\n", b"400"),
+    ],
+)
+def test_http_semantics(tmp_path: Path, request_bytes: bytes, status: bytes) -> None:
+    with agent(tmp_path) as target:
+        wait_serving(target.url, target.process)
+        with socket.create_connection(("127.0.0.1", target.port), timeout=10) as sock:
+            sock.sendall(request_bytes)
+            answer = sock.recv(4096)
+        assert answer.split(b" ", 2)[1] == status, answer[:200]
+        if status == b"405":
+            assert b"allow: GET, HEAD" in answer.lower().replace(b"allow: get, head", b"allow: GET, HEAD")
+
+
+def test_head_gets_headers_and_no_body_and_gzip_follows_q_values(tmp_path: Path) -> None:
+    import http.client  # noqa: PLC0415
+
+    with agent(tmp_path) as target:
+        wait_serving(target.url, target.process)
+
+        def ask(method: str, encoding: str | None) -> tuple[int, dict[str, str], bytes]:
+            connection = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
+            try:
+                headers = {"Accept-Encoding": encoding} if encoding is not None else {}
+                connection.request(method, "/metrics", headers=headers)
+                response = connection.getresponse()
+                return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+            finally:
+                connection.close()
+
+        status, headers, body = ask("HEAD", None)
+        assert status == 200 and body == b"" and int(headers["content-length"]) > 1000
+        for encoding, gzipped in (
+            ("gzip", True),
+            ("GZIP", True),
+            ("gzip;q=0", False),
+            ("*", True),
+            ("identity", False),
+        ):
+            _, headers, body = ask("GET", encoding)
+            assert (headers.get("content-encoding") == "gzip") is gzipped, encoding
+            assert (body[:2] == b"\x1f\x8b") is gzipped, encoding
+
+
+def test_an_over_long_password_is_a_wrong_one_and_never_an_error(tmp_path: Path) -> None:
+    import http.client  # noqa: PLC0415
+
+    users = tmp_path / "users"
+    users.write_text("alice:" + bcrypt.hashpw(b"short", bcrypt.gensalt(rounds=4)).decode() + "\n")
+    with agent(tmp_path, "--basic-auth-file", str(users)) as target:
+        wait_serving(target.url, target.process)
+        for password in ("p" * 100, "short" + "x" * 80):
+            connection = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
+            try:
+                token = base64.b64encode(f"alice:{password}".encode()).decode()
+                connection.request("GET", "/metrics", headers={"Authorization": f"Basic {token}"})
+                assert connection.getresponse().status == 401
+            finally:
+                connection.close()
+        target.process.terminate()
+        _, err = target.process.communicate(timeout=10)
+    assert "Traceback" not in err
+
+
+def test_an_impossible_bcrypt_cost_stops_the_agent_naming_the_user(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    salt_and_hash = "./A" * 17 + "./"
+    users.write_text(f"# users\nbob:$2b$99${salt_and_hash}\n")
+    assert len(salt_and_hash) == 53
+    result = subprocess.run(
+        command("--simulate", "--basic-auth-file", str(users), "--port", str(free_port())),
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"otel-vgpu: error: {users}:2: the bcrypt cost of 'bob' is 99, bcrypt takes 04 to 31"
+    ]
+
+
+def test_unknown_and_known_users_cost_the_same(tmp_path: Path) -> None:
+    from otel_vgpu.export.auth import Attempt, BasicAuth  # noqa: PLC0415
+
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=8)).decode()
+    auth = BasicAuth({"alice": hashed})
+
+    def timed(user: str, n: int) -> float:
+        started = time.monotonic()
+        for i in range(n):
+            attempt = auth.decide("Basic " + base64.b64encode(f"{user}:wrong{i}".encode()).decode(), f"peer-{user}-{i}")
+            assert isinstance(attempt, Attempt)
+            auth.verify(attempt)
+        return time.monotonic() - started
+
+    known, unknown = timed("alice", 6), timed("mallory", 6)
+    # Both run a bcrypt check of the same cost: within a factor of two, not 100x apart.
+    assert 0.5 < unknown / known < 2.0, (known, unknown)
+    assert hashlib.sha256(b"x").digest()  # the cache keys are SHA-256: the module needs no other
