@@ -42,8 +42,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         stop.set()
 
+    def on_other(signum: int, frame: Any) -> None:
+        # Their default would kill the agent and leave the simulated node's
+        # proc tree behind; nothing needs them: files are reread when they change.
+        log.info("received %s: ignored (the ratio file is reread when it changes)", signal.Signals(signum).name)
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    for other in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(other, on_other)
     agent.start()
     stop.wait()
     agent.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import gzip
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testkit.agent import clean_env, free_port, get, run_to_exit, running_agent
+from testkit.agent import clean_env, free_port, get, run_to_exit, running_agent, wait_until
 
 from .conftest import GIB, MIB, STEADY
 
@@ -181,9 +182,9 @@ def test_builtin_scenario_and_environment_twins(ratio_file: Path) -> None:
         ("", "no value"),
         ("abc\n", ":1: 'abc' is not a number"),
         ("# ratio\n0\n", ":2: '0' is below 1"),
-        ("-3", ":1: '-3' is below 1"),
-        ("NaN", ":1: 'NaN' is not a finite number"),
-        ("inf", ":1: 'inf' is not a finite number"),
+        ("-3", ":1: '-3' is not a number"),
+        ("NaN", ":1: 'NaN' is not a number"),
+        ("inf", ":1: 'inf' is not a number"),
         ("0.5", ":1: '0.5' is below 1"),
     ],
 )
@@ -217,13 +218,40 @@ def test_port_in_use_exits_2_with_one_line(scenario_file: Path, ratio_file: Path
         ([], {"OTEL_VGPU_PORT": "http"}, "invalid port 'http'"),
         ([], {"OTEL_VGPU_SEED_METRICS": "maybe"}, "OTEL_VGPU_SEED_METRICS='maybe'"),
         (["--no-such-flag"], {}, "unrecognized arguments"),
+        # OTLP settings, each checked whole at start (no spinning or dead push thread later).
+        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "nan"}, "milliseconds from 1 to"),
+        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "inf"}, "milliseconds from 1 to"),
+        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "1e20"}, "milliseconds from 1 to"),
+        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_TIMEOUT": "nan"}, "OTEL_METRIC_EXPORT_TIMEOUT"),
+        (["--otlp-endpoint", "http://[::1"], {}, "--otlp-endpoint='http://[::1': not a URL"),
+        (["--otlp-endpoint", "collector:4317"], {}, "expected an http:// or https:// URL"),
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {"OTEL_EXPORTER_OTLP_COMPRESSION": "garbage"},
+            "OTEL_EXPORTER_OTLP_COMPRESSION='garbage': expected one of gzip, deflate, none",
+        ),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], env: dict[str, str], fragment: str) -> None:
+    before = set(Path("/dev/shm").glob("otel-vgpu-proc-*"))
     result = run_to_exit(["--simulate", *args], env=clean_env(**env))
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert fragment in result.stderr
+    assert set(Path("/dev/shm").glob("otel-vgpu-proc-*")) <= before, "the simulated proc tree is left behind"
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGUSR2"])
+def test_other_signals_neither_kill_the_agent_nor_leave_anything_behind(
+    name: str, scenario_file: Path, ratio_file: Path
+) -> None:
+    with running_agent("--simulate", str(scenario_file), "--allocation-file", str(ratio_file)) as agent:
+        agent.process.send_signal(getattr(signal, name))
+        # Still serving, after the signal was handled.
+        assert wait_until(lambda: agent.scrape().series("vgpu_pod_memory_used_bytes"), what="a scrape after it")
+        assert agent.process.poll() is None
+        code, err = agent.stop()
+    assert code == 0 and f"received {name}: ignored" in err
 
 
 def test_bad_scenario_exits_2_naming_the_line(tmp_path: Path, ratio_file: Path) -> None:

@@ -162,3 +162,28 @@ def test_malformed_authorization_headers_are_refused() -> None:
         "Basic " + base64.b64encode(b"\xff\xfe").decode(),
     ):
         assert check(auth, header, peer=f"malformed-{header!r}") is Verdict.DENY, header
+
+
+def test_the_tls_overlays_probes_pass_with_mutual_tls_on(certs: Certs, ratio_file: Path) -> None:
+    """The probes as the `tls` overlay renders them (HTTPS, the kubelet sends
+    no client certificate and checks none) against an agent that also
+    requires client certificates on /metrics."""
+    from .test_kustomize import daemonset  # noqa: PLC0415
+
+    container = daemonset("tls")["spec"]["template"]["spec"]["containers"][0]
+    probes = [container["livenessProbe"]["httpGet"], container["readinessProbe"]["httpGet"]]
+    assert {probe["scheme"] for probe in probes} == {"HTTPS"}
+    args = tls_args(ratio_file, certs, "--tls-client-ca-file", str(certs.ca))
+    with running_agent(*args, https_ca=certs.ca, https_client=certs) as agent:
+        host, port = agent.url.removeprefix("http://").split(":")
+        kubelet = ssl.create_default_context()
+        kubelet.check_hostname = False
+        kubelet.verify_mode = ssl.CERT_NONE  # the kubelet does not verify a probe's certificate
+        for probe in probes:
+            connection = http.client.HTTPSConnection(host, int(port), context=kubelet, timeout=10)
+            try:
+                connection.request("GET", probe["path"])
+                assert connection.getresponse().status == 200, probe
+            finally:
+                connection.close()
+        agent.stop()

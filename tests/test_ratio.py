@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -33,10 +34,10 @@ def test_valid(text: str, ratio: float) -> None:
         ("# only a comment\n\n", None, "no value"),
         ("two\n", 1, "'two' is not a number"),
         ("# c\n0\n", 2, "'0' is below 1"),
-        ("-2", 1, "'-2' is below 1"),
+        ("-2", 1, "'-2' is not a number"),
         ("0.5", 1, "'0.5' is below 1"),
-        ("nan", 1, "'nan' is not a finite number"),
-        ("inf", 1, "'inf' is not a finite number"),
+        ("nan", 1, "'nan' is not a number"),
+        ("inf", 1, "'inf' is not a number"),
         ("2\n3\n", 2, "second value '3'"),
         ("2 3", 1, "'2 3' is not a number"),
     ],
@@ -48,7 +49,7 @@ def test_invalid_names_file_line_value_and_what_is_valid(text: str, line: int | 
     prefix = "cfg/gpu_allocation.txt" + (f":{line}:" if line else ":")
     assert message.startswith(prefix)
     assert fragment in message
-    assert "expected one number >= 1" in message
+    assert "expected one number from 1 to 1024" in message
     assert "\n" not in message
 
 
@@ -120,3 +121,28 @@ def test_configmap_symlink_swap_is_seen(tmp_path: Path) -> None:
     os.rename(tmp_path / "..data_tmp", tmp_path / "..data")
     source.refresh()
     assert source.ratio == 4.0
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["\uff13", "\u0663", "1_000", "+2", "1e308", "2e0", "nan", "inf", "0x10", "2.", ".5", "1025", "2 4"],
+)
+def test_only_plain_decimal_ratios_from_1_to_1024(value: str) -> None:
+    with pytest.raises(RatioFileError) as caught:
+        parse_ratio(f"{value}\n", "gpu_allocation.txt")
+    assert caught.value.args[0].startswith("gpu_allocation.txt:1:")
+    assert "from 1 to 1024 in ASCII digits" in str(caught.value)
+
+
+def test_the_largest_ratio_is_accepted() -> None:
+    assert parse_ratio("1024\n") == 1024.0
+    assert parse_ratio("1.5\n") == 1.5
+
+
+def test_a_fifo_in_place_of_the_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "gpu_allocation.txt"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    with pytest.raises(RatioFileError, match="not a regular file"):
+        read_ratio(fifo)
+    assert time.monotonic() - started < 5  # no writer ever comes: a blocking open would never return

@@ -106,6 +106,30 @@ def test_wave_moves_around_its_mean() -> None:
             "bad.yaml:4: pods[0].annotations.hami.io/vgpu-devices-allocated: memory 'x' or cores '0'",
         ),
         ("gpus: [{}]\npods:\n  - name: a\n    claims: [{claim: c}]\n", "pods[0].claims[0].device: None: a DRA device"),
+        # Inputs that once crashed or hung the loader.
+        (
+            "gpus:\n  - memory: " + "9" * 300 + "GiB\n",
+            "bad.yaml:2: gpus[0].memory: '99999999999999999999...(303 characters)' is too large",
+        ),
+        (
+            "gpus:\n  - memory: " + "9" * 400 + "\n",
+            "gpus[0].memory: '99999999999999999999...(400 characters)' is too large",
+        ),
+        ("[" * 100_000, "bad.yaml: nested too deep to be a scenario"),
+        (
+            "a: &a [x, x]\nb: &b [*a, *a]\n",
+            "bad.yaml:2: not valid YAML or JSON (aliases (*name) are not allowed in a scenario)",
+        ),
+        ("gpus: [{}]\ngpus: [{}]\n", "bad.yaml:2: not valid YAML or JSON ('gpus' appears twice (first on line 1))"),
+        (
+            "gpus: [{}]\npods:\n  - {name: a, uid: 2c9f8a79-5391-454b-88cb-86190881cb96}\n"
+            "  - {name: b, uid: 2c9f8a79-5391-454b-88cb-86190881cb96}\n",
+            "pods[1].uid: '2c9f8a79-5391-454b-88cb-86190881cb96' is also pods[0]'s",
+        ),
+        (
+            "gpus: [{}]\nfaults:\n  - {call: device, delay_s: 1.0e+300}\n",
+            "faults[0].delay_s: 1e+300 must be from 0 to 60 s",
+        ),
     ],
 )
 def test_errors_name_file_line_field_and_what_is_valid(text: str, expected: str) -> None:

@@ -11,8 +11,9 @@ a restart; a bad change keeps the last good ratio.
 
 from __future__ import annotations
 
-import math
 import os
+import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,12 @@ from otel_vgpu.gpu.backend import Device
 # whole would cost memory for nothing.
 MAX_FILE_BYTES = 64 * 1024
 AUTO = "auto"
-_VALID = "expected one number >= 1, the vGPUs per physical GPU (for example 2), or auto (the kubelet's replica counts)"
+MAX_RATIO = 1024
+_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
+_VALID = (
+    f"expected one number from 1 to {MAX_RATIO} in ASCII digits, the vGPUs per physical GPU (for example 2), "
+    "or auto (the kubelet's replica counts)"
+)
 
 
 class RatioFileError(ValueError):
@@ -47,22 +53,34 @@ def parse_ratio(text: str, source: str = "gpu_allocation.txt") -> float | None:
     number, value = found
     if value.lower() == AUTO:
         return None
-    try:
-        ratio = float(value)
-    except ValueError:
-        raise RatioFileError(f"{source}:{number}: {value!r} is not a number; {_VALID}") from None
-    if math.isnan(ratio) or math.isinf(ratio):
-        raise RatioFileError(f"{source}:{number}: {value!r} is not a finite number; {_VALID}")
+    # Only plain ASCII decimals: float() would also take full-width or Arabic-Indic
+    # digits, "1_000", "+2", "1e308" and "nan".
+    if not _NUMBER.fullmatch(value):
+        raise RatioFileError(f"{source}:{number}: {value!r} is not a number; {_VALID}")
+    ratio = float(value)
     if ratio < 1:
         raise RatioFileError(f"{source}:{number}: {value!r} is below 1; {_VALID}")
+    if ratio > MAX_RATIO:
+        raise RatioFileError(f"{source}:{number}: {value!r} is above {MAX_RATIO}; {_VALID}")
     return ratio
 
 
 def read_ratio(path: Path) -> float | None:
     """Read and parse the ratio file; every failure is a RatioFileError."""
     try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
+        # Non-blocking, and a regular file only: a FIFO or device in its
+        # place would otherwise block the sweep that reads it, for good.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            mode = os.fstat(descriptor).st_mode
+            if stat.S_ISDIR(mode):
+                raise RatioFileError(f"{path}: is a directory, not a file; {_VALID}")
+            if not stat.S_ISREG(mode):
+                raise RatioFileError(f"{path}: not a regular file (a FIFO or a device, say); {_VALID}")
+            with os.fdopen(descriptor, "rb", closefd=False) as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)
+        finally:
+            os.close(descriptor)
     except FileNotFoundError:
         raise RatioFileError(f"{path}: no such file; {_VALID}") from None
     except IsADirectoryError:

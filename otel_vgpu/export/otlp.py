@@ -14,9 +14,11 @@ outage.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +61,33 @@ def settings_from(endpoint: str | None, protocol: str | None, interval_s: float 
     if interval_s is None:
         interval_s = _env_millis("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_INTERVAL_S)
     timeout_s = min(_env_millis("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_TIMEOUT_S), interval_s)
+    for name in ("--otlp-endpoint", *ENDPOINT_VARIABLES):
+        url = endpoint if name == "--otlp-endpoint" else os.environ.get(name)
+        if url:
+            _check_url(name, url)
+    for name in COMPRESSION_VARIABLES:
+        value = os.environ.get(name, "").strip().lower()
+        if value and value not in COMPRESSIONS:
+            raise ValueError(f"{name}={value!r}: expected one of {', '.join(COMPRESSIONS)}")
     return OtlpSettings(endpoint=endpoint, protocol=chosen, interval_s=interval_s, timeout_s=timeout_s)
+
+
+# The SDK's own names for what it reads (opentelemetry-exporter-otlp: gzip,
+# deflate for HTTP, or none).
+COMPRESSION_VARIABLES = ("OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION")
+COMPRESSIONS = ("gzip", "deflate", "none")
+# An interval or timeout is a number of milliseconds from 1 ms to a day.
+MAX_MILLIS = 86_400_000
+
+
+def _check_url(name: str, url: str) -> None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as error:
+        raise ValueError(f"{name}={url!r}: not a URL ({error}); expected e.g. http://collector:4317") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{name}={url!r}: expected an http:// or https:// URL with a host, e.g. http://collector:4317")
 
 
 def _env_millis(name: str, default_s: float) -> float:
@@ -67,12 +95,12 @@ def _env_millis(name: str, default_s: float) -> float:
     if not raw:
         return default_s
     try:
-        value = float(raw) / 1000.0
+        millis = float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r}: expected milliseconds, e.g. 60000") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r}: expected milliseconds above 0")
-    return value
+    if not math.isfinite(millis) or not 1 <= millis <= MAX_MILLIS:
+        raise ValueError(f"{name}={raw!r}: expected milliseconds from 1 to {MAX_MILLIS} (a day)")
+    return millis / 1000.0
 
 
 def make_exporter(settings: OtlpSettings) -> MetricExporter:

@@ -70,8 +70,8 @@ class Limits:
     workers: int = 4
     """Threads rendering responses (sweeps are shared, so more would only queue on them)."""
     shed_after_s: float = 1.0
-    """Only a connection that has waited this long with nothing unread may be shed: a client
-    sends its request (or ClientHello) right after connecting, so a young quiet one is not idle."""
+    """Quiet connections that have waited this long are shed before younger ones: a client
+    sends its request (or ClientHello) right after connecting."""
     backlog: int = 64
     """Connections the kernel queues for accepting, and that the loop accepts at a time: with
     `connections`, the bound on open sockets (a shed one closes on the loop's next turn)."""
@@ -360,16 +360,14 @@ class Server:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections = self.counters.connections
         if len(connections) >= self.limits.connections:
-            # Shed the connection that has waited longest with nothing to
-            # read: idle, or trickling a head whose bytes are all consumed.
-            # One whose request has arrived (in the kernel or the reader) is
-            # not idle, and a young one is spared: a burst of connections can
-            # delay a client's first bytes. With no such connection, the new
-            # one is refused.
+            # Shed a connection that is waiting with nothing to read: idle,
+            # or trickling a head whose bytes are all consumed. One whose
+            # request has arrived (in the kernel or the reader) is not idle.
+            # Those that have waited `shed_after_s` go first, oldest first;
+            # with no quiet connection at all, the new one is refused.
             now = time.monotonic()
-            idle = [
-                c for c in connections if c.waiting and now - c.waiting_since >= self.limits.shed_after_s and c.quiet()
-            ]
+            quiet = [c for c in connections if c.waiting and c.quiet()]
+            idle = [c for c in quiet if now - c.waiting_since >= self.limits.shed_after_s] or quiet
             if not idle:
                 self.counters.refused += 1
                 await self._send_and_close(writer, text(503, "too many connections; try again\n"))

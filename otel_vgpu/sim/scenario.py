@@ -24,6 +24,10 @@ from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.gpu.backend import ErrorCode
 
 BUILTIN = "builtin"
+MAX_SCENARIO_BYTES = 1024 * 1024
+# Sizes above a pebibyte and delays above a minute are mistakes, not scenarios.
+MAX_SIZE_BYTES = 2**50
+MAX_DELAY_S = 60.0
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 RUNTIMES = ("containerd", "crio", "docker")
 DRIVERS = ("systemd", "cgroupfs")
@@ -230,6 +234,8 @@ def load_scenario(source: str) -> Scenario:
         return parse_scenario(text, "builtin scenario")
     path = Path(source)
     try:
+        if path.stat().st_size > MAX_SCENARIO_BYTES:
+            raise ScenarioError(f"{path}: larger than {MAX_SCENARIO_BYTES} bytes; a scenario is a few kilobytes")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ScenarioError(f"{path}: no such scenario file") from None
@@ -241,6 +247,8 @@ def load_scenario(source: str) -> Scenario:
 def parse_scenario(text: str, source: str) -> Scenario:
     try:
         document = yaml.load(text, Loader=_LineLoader)
+    except RecursionError:
+        raise ScenarioError(f"{source}: nested too deep to be a scenario") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -257,7 +265,22 @@ class _LineDict(dict[Any, Any]):
 
 
 class _LineLoader(yaml.SafeLoader):
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        # A scenario needs no anchors: refusing aliases rules out the
+        # "billion laughs", a few hundred bytes that expand without end.
+        if self.check_event(yaml.events.AliasEvent):
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a scenario", mark)
+        return super().compose_node(parent, index)
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key, _ in node.value:
+            if key.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key.value!r} appears twice (first on line {seen[key.value]})", key.start_mark
+                )
+            seen[key.value] = key.start_mark.line + 1
         mapping = _LineDict(super().construct_mapping(node, deep=True))
         mapping.line = node.start_mark.line + 1
         mapping.key_lines = {str(key.value): key.start_mark.line + 1 for key, _ in node.value}
@@ -325,6 +348,11 @@ class _Reader:
                     f"pods[{i}]", 0, f"{pod.namespace}/{pod.name} is also pods[{seen[(pod.namespace, pod.name)]}]"
                 )
             seen[(pod.namespace, pod.name)] = i
+        uids: dict[str, int] = {}
+        for i, pod in enumerate(pods):
+            if pod.uid in uids:
+                raise self.fail(f"pods[{i}].uid", 0, f"{pod.uid!r} is also pods[{uids[pod.uid]}]'s")
+            uids[pod.uid] = i
         hosts = tuple(
             self.host_process(raw, f"host_processes[{i}]", len(gpus))
             for i, raw in enumerate(
@@ -388,6 +416,8 @@ class _Reader:
                 f"{where}.code", _line(spec, "code"), f"{code!r} is not an NVML error; valid: {', '.join(ErrorCode)}"
             )
         delay = self.number(spec.get("delay_s", 0), f"{where}.delay_s", _line(spec, "delay_s"))
+        if not 0 <= delay <= MAX_DELAY_S:
+            raise self.fail(f"{where}.delay_s", _line(spec, "delay_s"), f"{delay} must be from 0 to {MAX_DELAY_S:g} s")
         if code is None and delay <= 0:
             raise self.fail(where, spec.line, "a fault needs a code (e.g. GPU_IS_LOST) or a delay_s above 0")
         return FaultSpec(
@@ -681,16 +711,18 @@ class _Reader:
         return Wave(mean=value(raw, where))
 
     def size(self, raw: Any, where: str, line: int) -> int:
+        valid = "valid: bytes, or a number with B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB), up to 1 PiB"
         if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-            return raw
-        match = _SIZE.match(raw) if isinstance(raw, str) else None
-        if match is None:
-            raise self.fail(
-                where,
-                line,
-                f"{raw!r} is not a size; valid: bytes, or a number with B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)",
-            )
-        return int(float(match.group("number")) * _UNITS[match.group("unit") or ""])
+            value = float(raw) if raw <= MAX_SIZE_BYTES else math.inf
+        else:
+            match = _SIZE.match(raw) if isinstance(raw, str) else None
+            if match is None:
+                raise self.fail(where, line, f"{raw!r} is not a size; {valid}")
+            value = float(match.group("number")) * _UNITS[match.group("unit") or ""]
+        if not value <= MAX_SIZE_BYTES:  # inf and nan too
+            shown = raw if len(str(raw)) < 40 else f"{str(raw)[:20]}...({len(str(raw))} characters)"
+            raise self.fail(where, line, f"{shown!r} is too large; {valid}")
+        return int(value)
 
     def number(self, raw: Any, where: str, line: int) -> float:
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
