@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from otel_vgpu.sim.scenario import BUILTIN, ScenarioError, Wave, load_scenario, parse_scenario
 
@@ -117,8 +118,10 @@ def test_wave_moves_around_its_mean() -> None:
         ),
         ("[" * 100_000, "bad.yaml: nested too deep to be a scenario"),
         (
-            "a: &a [x, x]\nb: &b [*a, *a]\n",
-            "bad.yaml:2: not valid YAML or JSON (aliases (*name) are not allowed in a scenario)",
+            # A billion laughs: 521 bytes that would expand to 10^9 values.
+            "a: &a [x,x,x,x,x,x,x,x,x,x]\n"
+            + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8)),
+            "bad.yaml: expands to over 1000000 values through its aliases",
         ),
         ("gpus: [{}]\ngpus: [{}]\n", "bad.yaml:2: not valid YAML or JSON ('gpus' appears twice (first on line 1))"),
         (
@@ -142,3 +145,10 @@ def test_errors_name_file_line_field_and_what_is_valid(text: str, expected: str)
 def test_missing_file() -> None:
     with pytest.raises(ScenarioError, match=r"no-such\.yaml: no such scenario file"):
         load_scenario("no-such.yaml")
+
+
+def test_aliases_that_yaml_dump_writes_for_shared_objects_are_fine() -> None:
+    layout = {"version": 2, "driver": "systemd"}
+    text = yaml.safe_dump({"gpus": [{}], "pods": [{"name": f"p{i}", "cgroup": layout} for i in range(3)]})
+    assert "&id" in text and "*id" in text  # anchors and aliases, as yaml.dump writes them
+    assert [pod.cgroup.driver for pod in parse_scenario(text, "dumped.yaml").pods] == ["systemd"] * 3

@@ -25,6 +25,7 @@ from otel_vgpu.gpu.backend import ErrorCode
 
 BUILTIN = "builtin"
 MAX_SCENARIO_BYTES = 1024 * 1024
+MAX_SCENARIO_NODES = 1_000_000
 # Sizes above a pebibyte and delays above a minute are mistakes, not scenarios.
 MAX_SIZE_BYTES = 2**50
 MAX_DELAY_S = 60.0
@@ -245,8 +246,15 @@ def load_scenario(source: str) -> Scenario:
 
 
 def parse_scenario(text: str, source: str) -> Scenario:
+    loader = _LineLoader(text)
     try:
-        document = yaml.load(text, Loader=_LineLoader)
+        node = loader.get_single_node()
+        # Anchors and aliases are fine (yaml.dump writes them for shared
+        # objects), but not a "billion laughs": a few hundred bytes whose
+        # aliases expand to more than any scenario holds.
+        if node is not None and _expanded_size(node, {}) > MAX_SCENARIO_NODES:
+            raise ScenarioError(f"{source}: expands to over {MAX_SCENARIO_NODES} values through its aliases")
+        document = loader.construct_document(node) if node is not None else None
     except RecursionError:
         raise ScenarioError(f"{source}: nested too deep to be a scenario") from None
     except yaml.YAMLError as error:
@@ -254,7 +262,29 @@ def parse_scenario(text: str, source: str) -> Scenario:
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or str(error)
         raise ScenarioError(f"{source}{where}: not valid YAML or JSON ({problem})") from None
+    finally:
+        loader.dispose()
     return _Reader(source).scenario(document)
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """How many values a node stands for once its aliases are expanded (capped just past the bound)."""
+    seen = memo.get(id(node))
+    if seen is not None:
+        return seen
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        for child in node.value:
+            size += _expanded_size(child, memo)
+            if size > MAX_SCENARIO_NODES:
+                break
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            size += _expanded_size(key, memo) + _expanded_size(value, memo)
+            if size > MAX_SCENARIO_NODES:
+                break
+    memo[id(node)] = size = min(size, MAX_SCENARIO_NODES + 1)
+    return size
 
 
 class _LineDict(dict[Any, Any]):
@@ -265,14 +295,6 @@ class _LineDict(dict[Any, Any]):
 
 
 class _LineLoader(yaml.SafeLoader):
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        # A scenario needs no anchors: refusing aliases rules out the
-        # "billion laughs", a few hundred bytes that expand without end.
-        if self.check_event(yaml.events.AliasEvent):
-            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a scenario", mark)
-        return super().compose_node(parent, index)
-
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key, _ in node.value:
