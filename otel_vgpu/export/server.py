@@ -364,10 +364,14 @@ class Server:
             # or trickling a head whose bytes are all consumed. One whose
             # request has arrived (in the kernel or the reader) is not idle.
             # Those that have waited `shed_after_s` go first, oldest first;
-            # with no quiet connection at all, the new one is refused.
+            # with none to shed, the new one is refused.
             now = time.monotonic()
-            quiet = [c for c in connections if c.waiting and c.quiet()]
-            idle = [c for c in quiet if now - c.waiting_since >= self.limits.shed_after_s] or quiet
+            waiting = [c for c in connections if c.waiting]
+            old = [c for c in waiting if now - c.waiting_since >= self.limits.shed_after_s]
+            quiet = [c for c in waiting if c.quiet()]
+            # Then, if none is quiet, one that has been receiving its head for
+            # over `shed_after_s`: a client sends a head at once, a trickler does not.
+            idle = [c for c in quiet if c in old] or quiet or old
             if not idle:
                 self.counters.refused += 1
                 await self._send_and_close(writer, text(503, "too many connections; try again\n"))
