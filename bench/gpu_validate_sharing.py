@@ -52,6 +52,7 @@ from bench.gpu_workloads import (
     Report,
     Samples,
     cgroup_dir,
+    place,
     scrape,
     start_workload,
     stop_pods,
@@ -149,16 +150,6 @@ def publish(cluster: Cluster, pod: Pod, phase: str = "Running", annotations: dic
     cluster.api.put(
         pod_object(pod.namespace, pod.name, pod.uid, NODE, containers=containers, phase=phase, annotations=annotations)
     )
-
-
-def place(pod: Pod, process: subprocess.Popen[Any]) -> None:
-    """Move a process into a new container cgroup of `pod`."""
-    container_id = uuid.uuid4().hex + uuid.uuid4().hex
-    directory = cgroup_dir(pod, container_id)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "cgroup.procs").write_text(str(process.pid))
-    pod.processes.append(process)
-    pod.containers.append((container_id, directory))
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from testkit.agent import free_port, wait_serving
 
@@ -30,6 +31,7 @@ __all__ = [
     "Report",
     "Samples",
     "free_port",
+    "place",
     "scrape",
     "start_agent",
     "start_pods",
@@ -106,13 +108,17 @@ def start_pods(pods: list[Pod]) -> None:
     for pod in pods:
         for index, (mode, gib) in enumerate(pod.workloads):
             visible = pod.visible[index] if index < len(pod.visible) else None
-            process = start_workload(mode, gib, {"CUDA_VISIBLE_DEVICES": visible} if visible else None)
-            container_id = uuid.uuid4().hex + uuid.uuid4().hex
-            directory = cgroup_dir(pod, container_id)
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / "cgroup.procs").write_text(str(process.pid))
-            pod.processes.append(process)
-            pod.containers.append((container_id, directory))
+            place(pod, start_workload(mode, gib, {"CUDA_VISIBLE_DEVICES": visible} if visible else None))
+
+
+def place(pod: Pod, process: subprocess.Popen[Any]) -> None:
+    """Move a process into a new container cgroup of `pod`."""
+    container_id = uuid.uuid4().hex + uuid.uuid4().hex
+    directory = cgroup_dir(pod, container_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cgroup.procs").write_text(str(process.pid))
+    pod.processes.append(process)
+    pod.containers.append((container_id, directory))
 
 
 def stop_pods(pods: list[Pod], others: list[subprocess.Popen[str]] = ()) -> None:  # type: ignore[assignment]
