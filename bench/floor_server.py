@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from otel_vgpu.allocation.ratio import RatioSource
+from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.families import Family, Kind, of_kind
 from otel_vgpu.export.telemetry import ROW_VALUES, gpu_attributes, pod_attributes
@@ -54,6 +55,17 @@ class Precomputed(Collector):
         return self._prepared
 
 
+def floor_registry(snapshot: Snapshot) -> CollectorRegistry:
+    """The process metrics and the snapshot's families, made once, rendered on every collect."""
+    prepared = families(snapshot.pods, of_kind(Kind.POD), pod_attributes) + families(
+        snapshot.gpus, of_kind(Kind.GPU), gpu_attributes
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    registry.register(Precomputed(prepared))
+    return registry
+
+
 def main() -> None:
     scenario_path, ratio_path, port = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     node = SimulatedNode(load_scenario(scenario_path), Path(tempfile.mkdtemp()))
@@ -64,14 +76,7 @@ def main() -> None:
         allocation=node,
         ratio=RatioSource(ratio_path),
     )
-    snapshot = sampler.snapshot(0.0)
-    prepared = families(snapshot.pods, of_kind(Kind.POD), pod_attributes) + families(
-        snapshot.gpus, of_kind(Kind.GPU), gpu_attributes
-    )
-    registry = CollectorRegistry(auto_describe=False)
-    ProcessCollector(registry=registry)
-    registry.register(Precomputed(prepared))
-    start_http_server(port, addr="127.0.0.1", registry=registry)
+    start_http_server(port, addr="127.0.0.1", registry=floor_registry(sampler.snapshot(0.0)))
     threading.Event().wait()
 
 

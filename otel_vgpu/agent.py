@@ -101,7 +101,7 @@ class Agent:
             except SdkMismatch as error:
                 raise StartupError(str(error), EXIT_USAGE) from None
             self._closers.append(self.telemetry.shutdown)
-            endpoint = Endpoint(
+            self.endpoint = endpoint = Endpoint(
                 self.telemetry,
                 self.sampler,
                 max(config.min_interval, 1.0),

@@ -11,7 +11,7 @@ from typing import Any
 
 from otel_vgpu.agent import Agent, StartupError
 from otel_vgpu.config import EXIT_USAGE, ConfigError, parse_config
-from otel_vgpu.export.memory import return_freed_memory
+from otel_vgpu.export.memory import quiet_collector, return_freed_memory
 
 log = logging.getLogger("otel_vgpu")
 
@@ -52,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for other in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(other, on_other)
     agent.start()
+    quiet_collector()
     stop.wait()
     agent.stop()
     return 0

@@ -86,7 +86,11 @@ def node(steady: Scenario, tmp_path: Path) -> Iterator[SimulatedNode]:
 
 
 def make_sampler(
-    node: SimulatedNode, ratio_file: Path, host_pid_namespace: bool | None = None, health: Health | None = None
+    node: SimulatedNode,
+    ratio_file: Path,
+    host_pid_namespace: bool | None = None,
+    health: Health | None = None,
+    by_container: bool = False,
 ) -> Sampler:
     return Sampler(
         node,
@@ -96,6 +100,7 @@ def make_sampler(
         ratio=RatioSource(ratio_file),
         health=health,
         host_pid_namespace=host_pid_namespace,
+        by_container=by_container,
     )
 
 

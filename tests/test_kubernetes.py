@@ -18,6 +18,7 @@ from testkit.certs import make_certs
 from testkit.kube_api_double import KubeApiDouble, pod_object
 from testkit.kubelet_double import KubeletDouble
 from testkit.promtext import Exposition
+from testkit.sim_cluster import service_account
 
 from .conftest import GIB, MIB
 
@@ -119,11 +120,7 @@ def populate(api: KubeApiDouble, kubelet: KubeletDouble) -> None:
 @pytest.fixture
 def cluster(tmp_path: Path, ratio_file: Path) -> Iterator[Cluster]:
     certs = make_certs(tmp_path / "pki")
-    account = tmp_path / "serviceaccount"
-    account.mkdir()
-    (account / "token").write_text("test-token")
-    (account / "namespace").write_text("otel-vgpu")
-    (account / "ca.crt").write_bytes(certs.ca.read_bytes())
+    account = service_account(tmp_path, certs)
     api = KubeApiDouble(certs, NODE).start()
     socket_path = tmp_path / "kubelet.sock"
     kubelet = KubeletDouble(socket_path).start()

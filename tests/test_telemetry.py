@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
 
 from otel_vgpu.export import telemetry as telemetry_module
+from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.families import FAMILIES, Kind, of_kind
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
@@ -28,7 +28,7 @@ CLIENT_FAMILIES = re.compile(r"^(process_|python_|target_info$)")
 
 
 def scrape(telemetry: Telemetry) -> Exposition:
-    return parse(telemetry.render(generate_latest).decode())
+    return parse(telemetry.render(TEXT).decode())
 
 
 @pytest.fixture

@@ -97,6 +97,13 @@ class Sampler:
         started = self._sweep_started
         return 0.0 if started is None else max(0.0, self._clock() - started)
 
+    def fresh(self, max_age: float) -> Snapshot | None:
+        """The latest snapshot if it is no older than `max_age` seconds; never sweeps or waits."""
+        latest = self._latest
+        if latest is not None and self._clock() - latest.taken_at <= max_age:
+            return latest
+        return None
+
     @property
     def last_success(self) -> float | None:
         """Monotonic time of the last sweep that could enumerate the GPUs."""

@@ -39,16 +39,19 @@ from pathlib import Path
 from typing import Any, SupportsIndex
 
 import h11
-from prometheus_client.exposition import choose_encoder
 
+from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict
+from otel_vgpu.export.exposition import Format, negotiate
 from otel_vgpu.export.memory import trim
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.pidns import blind_message
 
 log = logging.getLogger(__name__)
 
+# Rendered bodies kept for the current snapshot: one per format and encoding asked for.
+MAX_KEPT_BODIES = 4
 # The heap is trimmed at most this often, once this many connections have closed since the last trim.
 TRIM_EVERY_S = 5.0
 TRIM_AFTER_CLOSED = 32
@@ -125,6 +128,10 @@ class Endpoint:
         self._limits = limits
         self.workers = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="http-worker")
         self._auth_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-auth")
+        self._flights: dict[tuple[Format, bool, bool], _Flight] = {}
+        self._bodies: dict[tuple[Format, bool], tuple[Snapshot, Response]] = {}
+        self.renders = 0
+        """Bodies rendered (each shared by every scrape of its snapshot)."""
 
     def close(self) -> None:
         self.workers.shutdown(wait=False, cancel_futures=True)
@@ -146,7 +153,15 @@ class Endpoint:
             refused = await self._refuse(request)
             if refused is not None:
                 return refused
-            return await loop.run_in_executor(self.workers, self._metrics, request)
+            fmt = negotiate(request.headers.get("accept", ""))
+            compress = accepts_gzip(request.headers.get("accept-encoding", ""))
+            if no_cache(request.headers):
+                return await self._shared(fmt, compress, fresh=True)
+            # Scrapes within --min-interval of each other share the sweep, and the body too.
+            cached = self._bodies.get((fmt, compress))
+            if cached is not None and cached[0] is self._sampler.fresh(self._telemetry.min_interval):
+                return cached[1]
+            return await self._shared(fmt, compress)
         if path == "/":
             return text(200, "otel-vgpu: /metrics (Prometheus), /healthz, /readyz\n")
         return text(404, "not found; try /metrics\n")
@@ -168,12 +183,54 @@ class Endpoint:
             return text(429, "too many failed logins; try again later\n", ("Retry-After", wait))
         return text(401, "unauthorized\n", ("WWW-Authenticate", 'Basic realm="otel-vgpu"'))
 
-    def _metrics(self, request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        body = self._telemetry.render(encoder)
-        if accepts_gzip(request.headers.get("accept-encoding", "")):
-            return Response(200, gzip.compress(body, compresslevel=1), content_type, (("Content-Encoding", "gzip"),))
-        return Response(200, body, content_type)
+    async def _shared(self, fmt: Format, compress: bool, fresh: bool = False) -> Response:
+        """A /metrics response rendered for this scrape or one that arrived
+        while it was rendered, for the same format and encoding: N scrapers at
+        once cost one sweep and one render, and a joining scrape holds no
+        worker. The body is kept for the scrapes that follow until a new sweep
+        is due. `fresh` (Cache-Control: no-cache) skips the kept body and
+        joins only renders that skip it too."""
+        key = (fmt, compress, fresh)
+        flight = self._flights.get(key)
+        if flight is None or flight.future.cancelled():
+            loop = asyncio.get_running_loop()
+            flight = _Flight(loop.run_in_executor(self.workers, self._metrics, fmt, compress))
+            self._flights[key] = flight
+            flight.future.add_done_callback(lambda _: self._land(key, flight))
+        flight.waiters += 1
+        try:
+            return (await asyncio.shield(flight.future))[1]
+        except asyncio.CancelledError:
+            # The client left. A render nobody waits for any more is dropped
+            # while still queued for a worker.
+            if flight.waiters == 1 and not flight.future.done():
+                flight.future.cancel()
+            raise
+        finally:
+            flight.waiters -= 1
+
+    def _land(self, key: tuple[Format, bool, bool], flight: _Flight) -> None:
+        """On the loop, as a render ends: keep its body for its snapshot's scrapes."""
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if flight.future.cancelled() or flight.future.exception() is not None:
+            return
+        snapshot, response = flight.future.result()
+        # Only bodies of this snapshot stay, and a few formats at most (a
+        # client may name any version in Accept).
+        bodies = {k: v for k, v in self._bodies.items() if v[0] is snapshot}
+        while len(bodies) >= MAX_KEPT_BODIES:
+            del bodies[next(iter(bodies))]
+        bodies[(key[0], key[1])] = (snapshot, response)
+        self._bodies = bodies
+
+    def _metrics(self, fmt: Format, compress: bool) -> tuple[Snapshot, Response]:
+        self.renders += 1
+        snapshot, body = self._telemetry.render_snapshot(fmt)
+        if compress:
+            headers = (("Content-Encoding", "gzip"),)
+            return snapshot, Response(200, gzip.compress(body, compresslevel=1), fmt.content_type, headers)
+        return snapshot, Response(200, body, fmt.content_type)
 
     def _ready(self) -> Response:
         # The probe itself may sweep: a node nobody scrapes yet must still
@@ -188,6 +245,19 @@ class Endpoint:
         else:
             reasons = "; ".join(message for _, message in snapshot.errors) or "no successful sweep"
         return text(503, f"not ready: {reasons}\n")
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    future: asyncio.Future[tuple[Snapshot, Response]]
+    waiters: int = 0
+
+
+def no_cache(headers: Mapping[str, str]) -> bool:
+    """Whether the request asks for a fresh render (RFC 9111: Cache-Control no-cache, or
+    Pragma: no-cache from HTTP/1.0 clients)."""
+    directives = {d.strip().split("=", 1)[0].lower() for d in headers.get("cache-control", "").split(",")}
+    return "no-cache" in directives or "no-cache" in headers.get("pragma", "").lower()
 
 
 def accepts_gzip(header: str) -> bool:

@@ -17,26 +17,36 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import (
     AlwaysOffExemplarFilter,
     Counter,
     Histogram,
     MeterProvider,
+    ObservableCounter,
     ObservableGauge,
 )
 from opentelemetry.sdk.metrics.export import CardinalityLimits, MetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import exposition as prometheus_text
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from otel_vgpu import __version__
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.export.exposition import Format, Renderer
 from otel_vgpu.export.families import BY_NAME, Kind, of_kind
 from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings, make_exporter
-from otel_vgpu.export.sdk_internals import SdkMismatch, check_versions, storage_matches, use_ratio_suffix
+from otel_vgpu.export.reader import ScrapeReader, no_exemplars
+from otel_vgpu.export.sdk_internals import (
+    SdkMismatch,
+    check_versions,
+    fast_attribute_paths,
+    storage_matches,
+    use_ratio_suffix,
+)
 from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
 
 log = logging.getLogger(__name__)
@@ -114,13 +124,13 @@ class CollectionScope:
     def __init__(self, sampler: Sampler, max_age: float, before: Callable[[], None] = lambda: None) -> None:
         """`before` runs at the start of each collection, after its sweep."""
         self._sampler = sampler
-        self._max_age = max_age
+        self.max_age = max_age
         self._before = before
         self._local = threading.local()
 
     @contextmanager
     def collection(self) -> Iterator[None]:
-        self._local.snapshot = self._sampler.snapshot(self._max_age)
+        self._local.snapshot = self._sampler.snapshot(self.max_age)
         self._before()
         self._local.observed = {}
         try:
@@ -132,7 +142,7 @@ class CollectionScope:
         pinned: Snapshot | None = getattr(self._local, "snapshot", None)
         # Outside a reader's collection (not expected): still one sweep per
         # max_age, through the sampler's own sharing.
-        return pinned if pinned is not None else self._sampler.snapshot(self._max_age)
+        return pinned if pinned is not None else self._sampler.snapshot(self.max_age)
 
     def record(self, instrument: str, observations: list[Observation]) -> None:
         observed = getattr(self._local, "observed", None)
@@ -159,25 +169,24 @@ class Telemetry:
         # Before anything is built on them: the private parts this relies on.
         check_versions()
         use_ratio_suffix()
+        fast_attribute_paths()
         self._health = health
         self._prune_works = True
         self.scope = CollectionScope(sampler, min_interval, before=self._record_durations)
+        # The process's own metrics (CPU, memory, file descriptors, the
+        # runtime's GC), rendered by prometheus_client ahead of the SDK's.
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         limits: CardinalityLimits = {
             ObservableGauge: CARDINALITY_LIMIT,
+            ObservableCounter: CARDINALITY_LIMIT,
             Counter: CARDINALITY_LIMIT,
             Histogram: CARDINALITY_LIMIT,
         }
-        self.reader = PrometheusMetricReader(
-            registry=self.registry,
-            # Scope labels would add three labels to every series for no
-            # information: every series here comes from the one agent.
-            scope_info_enabled=False,
-            cardinality_limits=limits,
-        )
+        self.reader = ScrapeReader(cardinality_limits=limits)
+        self._renderer = Renderer()
         # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over the defaults.
         # A node agent's host is its node (in a pod, the host name is the
         # pod's); the node also tells one agent's series from another's on
@@ -210,9 +219,13 @@ class Telemetry:
             # would cost a reservoir per series per collection for nothing.
             exemplar_filter=AlwaysOffExemplarFilter(),
             views=[
+                # Each instrument matches one view (two would make two streams).
+                View(instrument_type=ObservableGauge, exemplar_reservoir_factory=no_exemplars),
+                View(instrument_type=ObservableCounter, exemplar_reservoir_factory=no_exemplars),
                 View(
                     instrument_name="vgpu.agent.collection.duration",
                     aggregation=ExplicitBucketHistogramAggregation(boundaries=DURATION_BUCKETS),
+                    exemplar_reservoir_factory=no_exemplars,
                 ),
             ],
         )
@@ -278,16 +291,31 @@ class Telemetry:
 
     # --- rendering -----------------------------------------------------------------
 
-    def render(self, encoder: Callable[[CollectorRegistry], bytes]) -> bytes:
+    @property
+    def min_interval(self) -> float:
+        return self.scope.max_age
+
+    def render(self, fmt: Format) -> bytes:
+        return self.render_snapshot(fmt)[1]
+
+    def render_snapshot(self, fmt: Format) -> tuple[Snapshot, bytes]:
+        """One collection, as `fmt` asks (the process's metrics, then target_info and every
+        OpenTelemetry family), and the snapshot it was made from."""
         # The sweep comes first, outside the lock, so scrapes arriving together
-        # share the sweep in flight. PrometheusMetricReader hands each
-        # collection's data to its registry collector through a shared queue;
-        # two renders at once could swap or duplicate each other's data, so
-        # rendering itself is serialised.
+        # share the sweep in flight; the SDK's storage (and its pruning) and
+        # the renderer's label texts see one collection at a time.
         with self.scope.collection(), self._render_lock:
-            body = encoder(self.registry)
+            snapshot = self.scope.snapshot()
+            data = self.reader.collect_data()
             self._prune(self.reader)
-            return body
+            body = self._renderer.render(data, fmt)
+        return snapshot, self._process_metrics(fmt) + body.encode()
+
+    def _process_metrics(self, fmt: Format) -> bytes:
+        if fmt.openmetrics:
+            text: bytes = openmetrics.generate_latest(self.registry, escaping=fmt.escaping)  # type: ignore[no-untyped-call]
+            return text[: -len(b"# EOF\n")]  # the one EOF ends the whole exposition
+        return prometheus_text.generate_latest(self.registry, escaping=fmt.escaping)
 
     def shutdown(self) -> None:
         if self.pusher is not None:

@@ -1,7 +1,9 @@
 """vGPU shares from the kubelet's pod-resources API, with pod limits as fallback.
 
-The kubelet serves `v1.PodResourcesLister` over gRPC on a Unix socket. A
-background thread calls `List` (device-plugin devices and DRA claims per
+The kubelet serves `v1.PodResourcesLister` over gRPC on a Unix socket. The
+client is grpclib (gRPC over h2, in pure Python) rather than grpcio, whose
+core costs an agent about 16 MiB of resident memory for two calls every few
+seconds (bench/scrape_bench.py, part 5). A background thread calls `List` (device-plugin devices and DRA claims per
 container) and `GetAllocatableResources` (every device the device plugins
 advertise: the replica counts behind `auto`) every few seconds; sweeps use
 the latest answer and never wait for the kubelet. One failed call (a kubelet restart, a
@@ -13,6 +15,7 @@ the kubelet answers again, shares come from the GPU limits in the pod specs
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,46 +49,97 @@ class PodResourcesError(Exception):
 
 
 class PodResourcesClient:
-    """`List` on the kubelet's pod-resources socket."""
+    """`List` and `GetAllocatableResources` on the kubelet's pod-resources socket.
+
+    Calls run on an event loop of the client's own, one at a time, from
+    whichever thread asks (the agent's start, then the polling thread).
+    """
 
     def __init__(self, socket_path: Path, timeout: float = CALL_TIMEOUT_S) -> None:
-        import grpc  # noqa: PLC0415
+        from grpclib.client import Channel, UnaryUnaryMethod  # noqa: PLC0415
 
-        from otel_vgpu.kubernetes.kubelet import podresources_pb2_grpc  # noqa: PLC0415
+        from otel_vgpu.kubernetes.kubelet import podresources_pb2 as pb  # noqa: PLC0415
 
-        self._grpc = grpc
+        self._pb = pb
         self._timeout = timeout
-        self._channel = grpc.insecure_channel(f"unix://{socket_path}")
-        self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
+        self._loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()
+
+        async def channel() -> Channel:
+            # Made on the loop it will run on; it connects on the first call.
+            return Channel(path=str(socket_path))
+
+        self._channel = self._loop.run_until_complete(channel())
+        self._list = UnaryUnaryMethod(
+            self._channel, f"{SERVICE}/List", pb.ListPodResourcesRequest, pb.ListPodResourcesResponse
+        )
+        self._get_allocatable = UnaryUnaryMethod(
+            self._channel,
+            f"{SERVICE}/GetAllocatableResources",
+            pb.AllocatableResourcesRequest,
+            pb.AllocatableResourcesResponse,
+        )
         self._allocatable = True
 
     def list(self) -> KubeletView:
         """Both calls. A kubelet without GetAllocatableResources (before
         1.23, or with its gate off) answers UNIMPLEMENTED: the view then
         has no replica counts, and that is not a failure."""
-        from otel_vgpu.kubernetes.kubelet import podresources_pb2  # noqa: PLC0415
+        with self._lock:
+            return self._loop.run_until_complete(self._both())
 
-        try:
-            response = self._stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=self._timeout)
-        except self._grpc.RpcError as error:
-            raise PodResourcesError(f"{error.code().name}: {error.details()}") from None
+    async def _both(self) -> KubeletView:
+        from grpclib.const import Status  # noqa: PLC0415
+        from grpclib.exceptions import GRPCError  # noqa: PLC0415
+
+        response = await self._call(self._list, self._pb.ListPodResourcesRequest(), "List")
         allocatable = None
         if self._allocatable:
             try:
-                answer = self._stub.GetAllocatableResources(
-                    podresources_pb2.AllocatableResourcesRequest(), timeout=self._timeout
+                answer = await self._call(
+                    self._get_allocatable, self._pb.AllocatableResourcesRequest(), "GetAllocatableResources", raw=True
                 )
-            except self._grpc.RpcError as error:
-                if error.code() is not self._grpc.StatusCode.UNIMPLEMENTED:
-                    raise PodResourcesError(f"GetAllocatableResources {error.code().name}: {error.details()}") from None
+            except GRPCError as error:
+                if error.status is not Status.UNIMPLEMENTED:
+                    raise PodResourcesError(f"GetAllocatableResources {_status(error)}") from None
                 log.info("the kubelet has no GetAllocatableResources; replica counts (ratio auto) are unknown")
                 self._allocatable = False
             else:
                 allocatable = tuple((d.resource_name, tuple(d.device_ids)) for d in answer.devices)
         return view_of(response, allocatable)
 
+    async def _call(self, method: Any, request: Any, name: str, raw: bool = False) -> Any:
+        """One unary call; any failure but a gRPC status (with `raw`) as PodResourcesError."""
+        from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError  # noqa: PLC0415
+        from h2.exceptions import H2Error  # noqa: PLC0415
+
+        try:
+            return await method(request, timeout=self._timeout)
+        except GRPCError as error:
+            if raw:
+                raise
+            raise PodResourcesError(f"{name} {_status(error)}") from None
+        except TimeoutError:
+            raise PodResourcesError(f"{name} DEADLINE_EXCEEDED: no answer within {self._timeout:g} s") from None
+        except (OSError, StreamTerminatedError, ProtocolError, H2Error) as error:
+            # A socket that is not there (yet), refused, or a connection dropped mid-call:
+            # the next call connects again.
+            self._channel.close()
+            raise PodResourcesError(f"{name} UNAVAILABLE: {type(error).__name__}: {error}") from None
+
     def close(self) -> None:
-        self._channel.close()
+        with self._lock:
+            self._channel.close()
+            # Let the closed connection's callbacks run, then release the loop.
+            self._loop.run_until_complete(asyncio.sleep(0))
+            self._loop.close()
+
+
+SERVICE = "/v1.PodResourcesLister"
+
+
+def _status(error: Any) -> str:
+    return f"{error.status.name}: {error.message}" if error.message else str(error.status.name)
 
 
 def view_of(response: Any, allocatable: tuple[tuple[str, tuple[str, ...]], ...] | None) -> KubeletView:

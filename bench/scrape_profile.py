@@ -1,0 +1,119 @@
+"""Where one scrape's time goes, in process, on the simulated node scrape_bench.py uses.
+
+Times each part of a rendered scrape (median over the runs): the sweep, the
+OpenTelemetry SDK's collection (callbacks, one measurement per series, its
+storage), the pruning of ended series, the exposition written from the
+collection, the process metrics; and, for comparison, prometheus_client
+rendering the same series from precomputed families (the floor's work).
+`--cprofile` prints the functions that take the time instead.
+
+    python bench/scrape_profile.py [--pods 80] [--runs 100] [--cprofile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prometheus_client import generate_latest
+
+from bench.floor_server import floor_registry
+from bench.scrape_bench import scenario
+from otel_vgpu.allocation.ratio import RatioSource
+from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.export.exposition import TEXT
+from otel_vgpu.export.memory import quiet_collector
+from otel_vgpu.export.telemetry import Telemetry
+from otel_vgpu.health import Health
+from otel_vgpu.pods.attribution import Attributor, ProcReader
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.scenario import load_scenario
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--pods", type=int, default=80)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--cprofile", action="store_true")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp())
+    (tmp / "node.yaml").write_text(yaml.safe_dump(scenario(args.gpus, args.pods, 4 * args.pods)))
+    (tmp / "ratio").write_text("4\n")
+    node = SimulatedNode(load_scenario(str(tmp / "node.yaml")), tmp / "node")
+    health = Health()
+    sampler = Sampler(
+        node,
+        attributor=Attributor(ProcReader(node.proc_root)),
+        directory=node.directory(),
+        allocation=node,
+        ratio=RatioSource(tmp / "ratio"),
+        health=health,
+    )
+    telemetry = Telemetry(sampler, health, min_interval=0.0, node_name="bench", seed_metrics=False)
+    for _ in range(10):
+        telemetry.render(TEXT)
+    quiet_collector()  # as the agent does once it serves
+
+    if args.cprofile:
+        profile = cProfile.Profile()
+        profile.runcall(lambda: [telemetry.render(TEXT) for _ in range(args.runs)])
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        return
+
+    parts: dict[str, list[float]] = {}
+
+    def timed(name: str, call: Callable[[], object]) -> object:
+        started = time.perf_counter()
+        result = call()
+        parts.setdefault(name, []).append(time.perf_counter() - started)
+        return result
+
+    renderer = telemetry._renderer
+
+    def render(data: object) -> Callable[[], object]:
+        return lambda: renderer.render(data, TEXT)  # type: ignore[arg-type]
+
+    for _ in range(args.runs):
+        timed("sweep: simulated NVML, /proc, attribution, aggregation", lambda: sampler.snapshot(0.0))
+        with telemetry.scope.collection(), telemetry._render_lock:
+            data = timed("SDK collection: callbacks, measurements, storage", telemetry.reader.collect_data)
+            timed("pruning ended series", lambda: telemetry._prune(telemetry.reader))
+            timed("exposition from the collection", render(data))
+        timed("process metrics (prometheus_client)", lambda: telemetry._process_metrics(TEXT))
+
+    registry = floor_registry(sampler.snapshot(0.0))
+    floor = [0.0] * args.runs
+    for i in range(args.runs):
+        started = time.perf_counter()
+        generate_latest(registry)
+        floor[i] = time.perf_counter() - started
+
+    print(f"{args.gpus} GPUs, {args.pods} pods, {4 * args.pods} processes; median of {args.runs} runs, in process")
+    total = 0.0
+    for name, samples in parts.items():
+        total += median_ms(samples)
+        print(f"  {name:58} {median_ms(samples):7.2f} ms")
+    print(f"  {'a rendered scrape, sweep included':58} {total:7.2f} ms")
+    print(f"  {'the floor: prometheus_client rendering precomputed families':58} {median_ms(floor):7.2f} ms")
+    telemetry.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""The Prometheus text and OpenMetrics exposition, written straight from the SDK's `MetricsData`.
+
+What `opentelemetry-exporter-prometheus` and `prometheus_client` would write
+for the same collection, byte for byte (tests/test_exposition.py renders
+both ways and compares), without their per-scrape cost: the exporter builds
+a `prometheus_client` family and a label dict per series on every scrape,
+then `prometheus_client` sorts, validates and escapes every label again.
+
+The naming rules are the exporter's own functions (`_mapping`: name
+sanitising, unit suffixes), so names cannot drift from it; the sample lines
+follow `prometheus_client`'s exposition (HELP/TYPE/UNIT, label order and
+escaping, Go float formatting, `_total` for counters, the `# EOF` of
+OpenMetrics). What makes it cheap: a series' label text depends only on its
+attribute set and its family's label names, and the SDK keeps one attribute
+dict per series for as long as the series lives, so the text is made once
+and looked up by that dict's identity on every later scrape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, cast
+
+from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_attribute, sanitize_full_name
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import utils
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.openmetrics import exposition as om
+
+# prometheus_client's value formatting (Go's float format), typed.
+_value = cast("Callable[[float], str]", utils.floatToGoString)
+
+OPENMETRICS_1 = om.CONTENT_TYPE_LATEST
+_NO_ATTRIBUTES: Mapping[str, Any] = {}
+ESCAPINGS = (om.ALLOWUTF8, om.UNDERSCORES, om.DOTS, om.VALUES)
+
+
+@dataclass(frozen=True, slots=True)
+class Format:
+    """An exposition format as a scraper's Accept header asks for it."""
+
+    content_type: str
+    openmetrics: bool = False
+    escaping: str = om.UNDERSCORES
+    """How names outside Prometheus' legacy character set are written (only `dots` changes
+    the agent's names, which are all legacy-valid)."""
+
+
+TEXT = Format(CONTENT_TYPE_PLAIN_0_0_4)
+
+
+def negotiate(accept: str) -> Format:
+    """The format for an Accept header, chosen as prometheus_client's `choose_encoder` chooses
+    (the first acceptable media range wins, in header order; no q-values): OpenMetrics 1.0.0 or
+    later, text/plain 1.0.0 or later with its escaping scheme, else the 0.0.4 text format."""
+    for accepted in (accept or "").split(","):
+        tokens = accepted.split(";")
+        media_type = tokens[0].strip()
+        if media_type not in ("application/openmetrics-text", "text/plain"):
+            continue
+        version, escaping = _parameters(tokens[1:])
+        if media_type == "application/openmetrics-text":
+            if not version:
+                return Format(OPENMETRICS_1, openmetrics=True)
+            if _at_least_1(version):
+                content_type = f"application/openmetrics-text; version={version}; charset=utf-8; escaping={escaping}"
+                return Format(content_type, openmetrics=True, escaping=escaping)
+        elif version and _at_least_1(version):
+            return Format(f"{CONTENT_TYPE_LATEST}; escaping={escaping}", escaping=escaping)
+    return TEXT
+
+
+def _parameters(tokens: Iterable[str]) -> tuple[str, str]:
+    version, escaping = "", ""
+    for token in tokens:
+        if "=" not in token:
+            continue
+        key, value = token.strip().split("=", 1)
+        if key == "version" and not version:
+            version = value
+        elif key == "escaping" and not escaping:
+            escaping = value if value in ESCAPINGS else om.UNDERSCORES
+    return version, escaping or om.UNDERSCORES
+
+
+def _at_least_1(version: str) -> bool:
+    first = version.split(".", 1)[0]
+    # prometheus_client compares parsed tuples: a non-numeric first part sorts after any number.
+    return not first.isdigit() or int(first) >= 1
+
+
+def _escape_value(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _label_value(value: Any) -> str:
+    # The exporter's rule: strings as they are, anything else as JSON.
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """A metric's Prometheus identity, as the exporter and prometheus_client derive it."""
+
+    name: str
+    """The family's name in OpenMetrics (a counter's without `_total`)."""
+    kind: str
+    """counter, gauge or histogram."""
+    unit: str
+    help: str
+
+
+def _family(metric: Metric) -> _Family | None:
+    name = sanitize_full_name(metric.name)
+    unit = map_unit(metric.unit or "")
+    data = metric.data
+    if isinstance(data, Sum):
+        # Cumulative sums that may go down are gauges (the Prometheus compatibility specification).
+        counter = data.is_monotonic or data.aggregation_temporality != AggregationTemporality.CUMULATIVE
+        kind = "counter" if counter else "gauge"
+        if counter and name.endswith("_total"):
+            name = name[: -len("_total")]
+    elif isinstance(data, Gauge):
+        kind = "gauge"
+    elif isinstance(data, Histogram):
+        kind = "histogram"
+    else:
+        return None  # the exporter skips what it cannot translate (exponential histograms)
+    if unit and not name.endswith("_" + unit):
+        name = f"{name}_{unit}"
+    return _Family(name, kind, unit, metric.description or "")
+
+
+class Renderer:
+    """Renders collections; keeps each live series' label text from one render to the next.
+
+    Not thread-safe: one render at a time (Telemetry renders under its lock).
+    """
+
+    def __init__(self) -> None:
+        # (escaping, label names) -> id(attribute dict) -> (the dict, its label text)
+        self._labels: dict[tuple[str, tuple[str, ...]], dict[int, tuple[Mapping[str, Any], str]]] = {}
+        self._target: dict[tuple[int, str], tuple[Resource, str]] = {}
+
+    def render(self, data: MetricsData | None, fmt: Format) -> str:
+        """The exposition of one collection: target_info, then every metric, then `# EOF` in OpenMetrics."""
+        out: list[str] = []
+        used: dict[tuple[str, tuple[str, ...]], dict[int, tuple[Mapping[str, Any], str]]] = {}
+        if data is not None and data.resource_metrics:
+            out.append(self._target_info(data, fmt))
+            for resource_metrics in data.resource_metrics:
+                for scope_metrics in resource_metrics.scope_metrics:
+                    for metric in scope_metrics.metrics:
+                        self._metric(metric, fmt, out, used)
+        # Only the label text of series that still exist is kept: ended pods' go.
+        self._labels = used
+        if fmt.openmetrics:
+            out.append("# EOF\n")
+        return "".join(out)
+
+    # --- one family -------------------------------------------------------------------
+
+    def _metric(
+        self,
+        metric: Metric,
+        fmt: Format,
+        out: list[str],
+        used: dict[tuple[str, tuple[str, ...]], dict[int, tuple[Mapping[str, Any], str]]],
+    ) -> None:
+        family = _family(metric)
+        if family is None:
+            return
+        points = metric.data.data_points
+        escaping = fmt.escaping
+        name = om.escape_metric_name(family.name, escaping)
+        sample = om.escape_metric_name(f"{family.name}_total", escaping) if family.kind == "counter" else name
+        if fmt.openmetrics:
+            out.append(f"# HELP {name} {_escape_value(family.help)}\n# TYPE {name} {family.kind}\n")
+            if family.unit:
+                out.append(f"# UNIT {name} {family.unit}\n")
+        else:
+            text_help = family.help.replace("\\", r"\\").replace("\n", r"\n")
+            out.append(f"# HELP {sample} {text_help}\n# TYPE {sample} {family.kind}\n")
+        # Every series of a family carries the family's label names, "" where a
+        # series has no such attribute (the exporter's backfill).
+        raw: set[str] = set()
+        for point in points:
+            raw.update(point.attributes or ())
+        names = tuple(sorted({sanitize_attribute(key) for key in raw}))
+        key = (escaping, names)
+        if family.kind == "histogram":
+            for point in points:
+                self._histogram(out, family.name, names, escaping, cast(HistogramDataPoint, point))
+            return
+        previous = self._labels.get(key, {})
+        kept = used.setdefault(key, {})
+        for point in cast("Sequence[NumberDataPoint]", points):
+            attributes = point.attributes or _NO_ATTRIBUTES
+            entry = kept.get(id(attributes))
+            if entry is None or entry[0] is not attributes:
+                entry = previous.get(id(attributes))
+                if entry is None or entry[0] is not attributes:
+                    entry = (attributes, _label_text(attributes, names, escaping))
+                kept[id(attributes)] = entry
+            out.append(f"{sample}{entry[1]} {_value(point.value)}\n")
+
+    def _histogram(
+        self, out: list[str], name: str, names: tuple[str, ...], escaping: str, point: HistogramDataPoint
+    ) -> None:
+        labels = _labels(point.attributes, names)
+        total = 0
+        buckets = []
+        for bound, count in zip(chain(point.explicit_bounds, ["+Inf"]), point.bucket_counts, strict=False):
+            total += count
+            buckets.append((f"{bound}", total))
+        bucket = om.escape_metric_name(f"{name}_bucket", escaping)
+        for bound, cumulative in buckets:
+            text = _label_text_of({**labels, "le": bound}, escaping)
+            out.append(f"{bucket}{text} {_value(cumulative)}\n")
+        if buckets and float(buckets[0][0]) >= 0:
+            text = _label_text_of(labels, escaping)
+            count_name, sum_name = (om.escape_metric_name(f"{name}_{part}", escaping) for part in ("count", "sum"))
+            out.append(f"{count_name}{text} {_value(buckets[-1][1])}\n")
+            out.append(f"{sum_name}{text} {_value(point.sum)}\n")
+
+    def _target_info(self, data: MetricsData, fmt: Format) -> str:
+        """target_info: the resource's attributes as labels (made once per resource and format)."""
+        resource = data.resource_metrics[0].resource
+        key = (id(resource), fmt.content_type)
+        cached = self._target.get(key)
+        if cached is not None and cached[0] is resource:
+            return cached[1]
+        attributes: dict[str, Any] = {}
+        for resource_metrics in data.resource_metrics:
+            attributes.update(resource_metrics.resource.attributes)
+        labels = {sanitize_attribute(k): _label_value(v) for k, v in attributes.items()}
+        text = _label_text_of(labels, fmt.escaping)
+        info = om.escape_metric_name("target_info", fmt.escaping)
+        if fmt.openmetrics:
+            target = om.escape_metric_name("target", fmt.escaping)
+            head = f"# HELP {target} Target metadata\n# TYPE {target} info\n"
+        else:
+            head = f"# HELP {info} Target metadata\n# TYPE {info} gauge\n"
+        rendered = f"{head}{info}{text} 1.0\n"
+        self._target[key] = (resource, rendered)
+        return rendered
+
+
+def _labels(attributes: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str, str]:
+    labels = {name: "" for name in names}
+    for key, value in (attributes or {}).items():
+        labels[sanitize_attribute(key)] = _label_value(value)
+    return labels
+
+
+def _label_text(attributes: Mapping[str, Any] | None, names: Sequence[str], escaping: str) -> str:
+    return _label_text_of(_labels(attributes, names), escaping)
+
+
+def _label_text_of(labels: Mapping[str, str], escaping: str) -> str:
+    if not labels:
+        return ""
+    body = ",".join(f'{om.escape_label_name(k, escaping)}="{_escape_value(v)}"' for k, v in sorted(labels.items()))
+    return "{" + body + "}"
