@@ -184,7 +184,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--min-interval",
-        "oldest a sweep may be, in seconds, to serve a collection; collections closer together share one sweep",
+        "oldest a sweep may be, in seconds, to serve a collection; collections closer together share one "
+        "sweep, and scrapes one rendered body",
         "OTEL_VGPU_MIN_INTERVAL",
         _number(float, "interval", 0, 3600),
         "1",
