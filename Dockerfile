@@ -23,7 +23,7 @@ RUN python3 -m venv /opt/otel-vgpu \
     && /opt/otel-vgpu/bin/python -m pip uninstall --yes pip
 
 FROM ${BASE_IMAGE}
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 # The commit built (docker build --build-arg REVISION=$(git rev-parse HEAD)).
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="otel-vgpu" \

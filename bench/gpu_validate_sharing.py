@@ -271,6 +271,14 @@ def kubelet_part(manifest: Path, workdir: Path, report: Report, settle: float) -
             sm is not None and hami_sm is not None and min(sm, hami_sm) > 0.05 and sm + hami_sm > 0.9,
             f"busy trainer-0 SM {sm} and hami-0 SM {hami_sm}: each > 0.05, together > 0.9",
         )
+        # Two time-sliced pods never add up to more than their GPU: both figures are
+        # means over one window (0.02 of slack: NVML's process and device samples are separate).
+        pods_sm = sum(values(metrics, "vgpu_pod_sm_utilization_ratio", gpu_id="0"))
+        gpu_sm = values(metrics, "vgpu_gpu_sm_utilization_ratio", gpu_id="0")
+        check(
+            len(gpu_sm) == 1 and gpu_sm[0] >= pods_sm - 0.02,
+            f"GPU 0 SM {gpu_sm} >= the sum of its pods' SM {pods_sm:.3f}",
+        )
         hami_vgpu = one(metrics, "vgpu_pod_vgpu_utilization_ratio", namespace="ai", pod="hami-0")
         check(
             hami_sm is not None and hami_vgpu is not None and abs(hami_vgpu - hami_sm / 0.25) < 1e-9,

@@ -80,7 +80,8 @@ def scenario(gpus: int, pods: int, processes: int) -> dict[str, object]:
                 ],
             }
         )
-    return {"node": "bench-node", "gpus": [{"memory": "80GiB"} for _ in range(gpus)], "pods": pod_list}
+    # H200s: 192 processes of up to 704 MiB each fit (the simulator refuses what a GPU cannot hold).
+    return {"node": "bench-node", "gpus": [{"memory": "141GiB"} for _ in range(gpus)], "pods": pod_list}
 
 
 # --- HTTP --------------------------------------------------------------------------

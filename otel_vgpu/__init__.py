@@ -1,3 +1,3 @@
 """otel-vgpu: per-pod usage of shared NVIDIA GPUs as OpenTelemetry metrics."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -19,24 +19,30 @@ reverse order. Simulation is only ever chosen explicitly (`simulate`).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
 import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_vgpu.allocation.ratio import RatioFileError, RatioSource
 from otel_vgpu.allocation.shares import AllocationSource, UnknownAllocation
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.config import EXIT_NO_GPU, EXIT_USAGE, Config
+from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_NO_GPU, EXIT_USAGE, Config
 from otel_vgpu.export.auth import BasicAuth
 from otel_vgpu.gpu.backend import GpuBackend
 from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.pods.directory import PodDirectory, UnresolvedDirectory
+from otel_vgpu.wording import counted, host_in_url
+
+if TYPE_CHECKING:
+    from otel_vgpu.sim.scenario import Scenario
 
 log = logging.getLogger("otel_vgpu")
 
@@ -63,10 +69,8 @@ class Agent:
         self.config = config
         self.health = Health()
         self._closers: list[Callable[[], None]] = []
-        try:
-            self.ratio = RatioSource(config.allocation_file)
-        except RatioFileError as error:
-            raise StartupError(str(error), EXIT_USAGE) from None
+        self._scenario = self._load_scenario()
+        self.ratio = self._ratio_source()
         from otel_vgpu.export.otlp import settings_from  # noqa: PLC0415
 
         try:
@@ -88,6 +92,7 @@ class Agent:
                 ratio=self.ratio,
                 health=self.health,
                 by_container=config.by_container,
+                ask_again_s=config.ask_again_s,
             )
             # Imported here so that a bad flag or file fails before the SDK loads.
             from otel_vgpu.export.sdk_internals import SdkMismatch  # noqa: PLC0415
@@ -112,8 +117,13 @@ class Agent:
             try:
                 self.server = Server(config.address, config.port, endpoint, ssl_context)
             except OSError as error:
-                where = f"{config.address}:{config.port}"
-                raise StartupError(f"cannot listen on {where}: {error.strerror or error}", EXIT_USAGE) from None
+                where = f"{host_in_url(config.address)}:{config.port}"
+                hint = {
+                    errno.EADDRINUSE: "; choose another port with --port or OTEL_VGPU_PORT",
+                    errno.EADDRNOTAVAIL: "; choose an address of this host with --address or OTEL_VGPU_ADDRESS",
+                    errno.EACCES: "; ports below 1024 need privileges: choose another with --port",
+                }.get(error.errno or 0, "")
+                raise StartupError(f"cannot listen on {where}: {error.strerror or error}{hint}", EXIT_USAGE) from None
         except BaseException:
             self.close()
             raise
@@ -123,6 +133,8 @@ class Agent:
     def start(self) -> None:
         self.server.start()
         self.telemetry.start()
+        if self._scenario is not None:
+            self._describe_simulation(self._scenario)
         if self.otlp is not None:
             log.info(
                 "pushing OTLP (%s) every %g s to %s",
@@ -133,10 +145,10 @@ class Agent:
         log.info(
             "serving %s://%s:%d/metrics (ratio %s from %s, node %s)",
             "https" if self.server.tls else "http",
-            self.config.address,
+            host_in_url(self.config.address),
             self.server.port,
             self.ratio.describe(),
-            self.config.allocation_file,
+            self.ratio.origin,
             self.node_name,
         )
 
@@ -151,24 +163,59 @@ class Agent:
 
     # --- sources ----------------------------------------------------------------------
 
+    def _load_scenario(self) -> Scenario | None:
+        if self.config.simulate is None:
+            return None
+        from otel_vgpu.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415
+
+        try:
+            return load_scenario(self.config.simulate)
+        except ScenarioError as error:
+            raise StartupError(str(error), EXIT_USAGE) from None
+
+    def _ratio_source(self) -> RatioSource:
+        """The ratio file; on a simulated node without one where the default
+        path points, the scenario's ratio (said in the serving line)."""
+        path = self.config.allocation_file
+        simulated = self._scenario is not None and path == DEFAULT_ALLOCATION_FILE and not path.exists()
+        try:
+            return RatioSource(path, fallback=self._scenario.ratio if self._scenario and simulated else None)
+        except RatioFileError as error:
+            hint = (
+                ""
+                if path.exists()
+                else "; give the ratio file's path with --allocation-file or OTEL_VGPU_ALLOCATION_FILE"
+            )
+            raise StartupError(f"{error}{hint}", EXIT_USAGE) from None
+
+    def _describe_simulation(self, scenario: Scenario) -> None:
+        """Said once serving, so that nothing precedes a start-up error's one line."""
+        from otel_vgpu.sim.scenario import sm_asked  # noqa: PLC0415
+
+        log.warning(
+            "simulated GPU node (%s): %s, %s; proc tree in %s",
+            self.config.simulate,
+            counted(len(scenario.gpus), "GPU"),
+            counted(len(scenario.pods), "pod"),
+            self._proc_root,
+        )
+        for index, asked in sorted(sm_asked(scenario).items()):
+            if asked > 1.0:
+                log.info(
+                    "simulated GPU %d: its processes ask for up to %.2f of its SMs together; a GPU has 1, so "
+                    "each gets its part of it, as time-slicing shares it",
+                    index,
+                    asked,
+                )
+
     def _gpu_sources(self) -> _Sources:
         config = self.config
-        if config.simulate is not None:
+        if self._scenario is not None:
             from otel_vgpu.sim.node import SimulatedNode  # noqa: PLC0415
-            from otel_vgpu.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415
 
-            try:
-                scenario = load_scenario(config.simulate)
-            except ScenarioError as error:
-                raise StartupError(str(error), EXIT_USAGE) from None
+            scenario = self._scenario
             node = SimulatedNode(scenario)
-            log.warning(
-                "simulated GPU node (%s): %d GPUs, %d pods; proc tree in %s",
-                config.simulate,
-                len(scenario.gpus),
-                len(scenario.pods),
-                node.proc_root,
-            )
+            self._proc_root = node.proc_root
             return _Sources(
                 backend=node,
                 proc_root=node.proc_root,
@@ -261,8 +308,7 @@ def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth
         try:
             context = tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
         except (OSError, ssl.SSLError) as error:
-            files = (config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
-            raise ValueError(f"cannot use the TLS files {', '.join(str(f) for f in files if f)}: {error}") from None
+            raise ValueError(tls_problem(config, error)) from None
     auth = None
     if config.basic_auth_file is not None:
         try:
@@ -270,3 +316,42 @@ def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth
         except AuthFileError as error:
             raise ValueError(str(error)) from None
     return context, auth
+
+
+def _pem_kinds(path: Path) -> set[str]:
+    """The kinds of PEM block in a file (`CERTIFICATE`, `PRIVATE KEY`, ...); empty if unreadable."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return set()
+    return set(re.findall(r"-----BEGIN ([A-Z0-9 ]+)-----", text))
+
+
+def tls_problem(config: Config, error: Exception) -> str:
+    """One line saying which TLS file is wrong and what it should hold."""
+    cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
+    assert cert is not None and key is not None
+    if isinstance(error, OSError) and not isinstance(error, ssl.SSLError):
+        return f"cannot read the TLS files: {error.strerror or error}: {error.filename or ''}".rstrip(": ")
+    found = {path: _pem_kinds(path) for path in (cert, key, *([ca] if ca else []))}
+    is_key = {kind for kind in found[cert] | found[key] if kind.endswith("PRIVATE KEY")}
+
+    def holds(path: Path) -> str:
+        return ", ".join(sorted(found[path])) or "no PEM block"
+
+    if "CERTIFICATE" not in found[cert] and "CERTIFICATE" in found[key] and found[cert] & is_key:
+        return (
+            f"the TLS certificate and key are swapped: --tls-cert-file {cert} holds a private key and "
+            f"--tls-key-file {key} a certificate; give the certificate (BEGIN CERTIFICATE) to --tls-cert-file "
+            "and the key (BEGIN PRIVATE KEY) to --tls-key-file"
+        )
+    if "CERTIFICATE" not in found[cert]:
+        return f"--tls-cert-file {cert} holds {holds(cert)}; expected a PEM certificate (BEGIN CERTIFICATE)"
+    if not found[key] & is_key:
+        return f"--tls-key-file {key} holds {holds(key)}; expected a PEM private key (BEGIN PRIVATE KEY)"
+    if ca is not None and "CERTIFICATE" not in found[ca]:
+        return f"--tls-client-ca-file {ca} holds {holds(ca)}; expected the clients' CA certificate (BEGIN CERTIFICATE)"
+    reason = getattr(error, "reason", None) or str(error)
+    if reason == "KEY_VALUES_MISMATCH":
+        return f"--tls-key-file {key} is not the key of the certificate in --tls-cert-file {cert}"
+    return f"cannot use the TLS files {', '.join(str(p) for p in found)}: {error}"

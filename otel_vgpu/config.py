@@ -48,11 +48,15 @@ class Backoff:
 DEFAULT_BACKOFF = Backoff()
 
 
+# The ratio file's default place: the working directory, as the image and the repository have it.
+DEFAULT_ALLOCATION_FILE = Path("gpu_allocation.txt")
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     port: int = 8080
     address: str = "0.0.0.0"
-    allocation_file: Path = Path("gpu_allocation.txt")
+    allocation_file: Path = DEFAULT_ALLOCATION_FILE
     proc_root: Path = Path("/proc")
     node_name: str = ""
     """Empty: the simulated node's name, else the host name."""
@@ -86,6 +90,8 @@ class Config:
     """A watch silent for 1.2 x kube_watch_seconds plus this long is taken for hung."""
     first_sync_wait_s: float = 3.0
     """How long start-up waits for the first list of pods, so the first scrape has names."""
+    ask_again_s: float = 300.0
+    """How long a GPU whose NVML cannot report per-process utilization is left alone before it is asked again."""
 
 
 # --- the flag table ------------------------------------------------------------------
@@ -152,7 +158,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--address", "address to listen on (IPv6 accepted)", "OTEL_VGPU_ADDRESS", str, "0.0.0.0"),
     Flag(
         "--allocation-file",
-        "the vGPU ratio file, reread when it changes",
+        "the vGPU ratio file (a number, or auto), reread when it changes; with --simulate and no file at the "
+        "default path, the simulated node's ratio",
         "OTEL_VGPU_ALLOCATION_FILE",
         Path,
         "gpu_allocation.txt",
@@ -325,6 +332,28 @@ def build_parser() -> argparse.ArgumentParser:
             )
     parser.add_argument("--version", action="version", version=f"otel-vgpu {__version__}")
     return parser
+
+
+def flags_markdown() -> str:
+    """The README's flag table, made from FLAGS and the parser, so it says what --help says."""
+    rows = ["| flag | environment | default | |", "|---|---|---|---|"]
+    for flag in FLAGS:
+        # Spelled as the usage line of --help spells it.
+        metavar = None if flag.parse is None else flag.metavar or flag.dest.upper()
+        if metavar is None:
+            shown = flag.name
+        elif flag.dest == "simulate":
+            shown = f"{flag.name} [{metavar}]"
+        else:
+            shown = f"{flag.name} {metavar}"
+        default = flag.shown_default or flag.default or ("off" if flag.parse is None else "unset")
+        env = f"`{flag.env}`" if flag.env else ""
+        # Markdown would take <pid> for a tag and a lone * for emphasis.
+        text = flag.help.replace("<", "\\<").replace("*", "\\*").replace("|", "\\|")
+        rows.append(f"| `{shown}` | {env} | `{default}` | {text} |")
+    rows.append("| `--version` | | | print the version and exit |")
+    rows.append("| `-h`, `--help` | | | print this list and exit |")
+    return "\n".join(rows) + "\n"
 
 
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:

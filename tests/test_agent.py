@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testkit.agent import clean_env, free_port, get, run_to_exit, running_agent, wait_until
+from testkit.agent import agent_in_process, clean_env, free_port, get, run_to_exit, running_agent, wait_until
 
 from .conftest import GIB, MIB, STEADY
 
@@ -205,8 +205,34 @@ def test_port_in_use_exits_2_with_one_line(scenario_file: Path, ratio_file: Path
         result = run_to_exit([*agent_args(scenario_file, ratio_file), "--address", "127.0.0.1", "--port", port])
         agent.stop()
     assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if "error" in line]
-    assert len(errors) == 1 and f"cannot listen on 127.0.0.1:{port}" in errors[0]
+    # One line, nothing before it (the simulated node is described only once serving), and the fix.
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in lines[0]
+    assert "choose another port with --port or OTEL_VGPU_PORT" in lines[0]
+
+
+def test_a_missing_ratio_file_names_the_flag_and_its_variable(tmp_path: Path) -> None:
+    missing = tmp_path / "gpu_allocation.txt"
+    for args in (["--allocation-file", str(missing)], ["--simulate", "--allocation-file", str(missing)]):
+        result = run_to_exit([*args, "--port", str(free_port())])
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert f"{missing}: no such file" in lines[0]
+        assert "--allocation-file or OTEL_VGPU_ALLOCATION_FILE" in lines[0]
+
+
+def test_simulate_from_elsewhere_uses_the_scenarios_ratio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no gpu_allocation.txt here
+    with agent_in_process("--simulate", env=clean_env()) as agent:
+        vgpus = agent.scrape().by("vgpu_gpu_vgpus", "gpu_id")
+        log = agent.logged()
+    assert set(vgpus.values()) == {2.0}  # what the built-in scenario states
+    assert "(ratio 2 from the simulated node (no gpu_allocation.txt)" in log
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text("ratio: 4\ngpus: [{memory: 80GiB}]\n")
+    with agent_in_process("--simulate", str(scenario), env=clean_env()) as agent:
+        assert set(agent.scrape().by("vgpu_gpu_vgpus", "gpu_id").values()) == {4.0}
 
 
 @pytest.mark.parametrize(
@@ -225,6 +251,7 @@ def test_port_in_use_exits_2_with_one_line(scenario_file: Path, ratio_file: Path
         (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_TIMEOUT": "nan"}, "OTEL_METRIC_EXPORT_TIMEOUT"),
         (["--otlp-endpoint", "http://[::1"], {}, "--otlp-endpoint='http://[::1': not a URL"),
         (["--otlp-endpoint", "collector:4317"], {}, "expected an http:// or https:// URL"),
+        (["--otlp-endpoint", "notaurl"], {}, "--otlp-endpoint='notaurl': expected an http:// or https:// URL"),
         (
             ["--otlp-endpoint", "http://c:4317"],
             {"OTEL_EXPORTER_OTLP_COMPRESSION": "garbage"},

@@ -128,18 +128,32 @@ def test_bad_credentials_file_stops_the_agent(tmp_path: Path, ratio_file: Path) 
 def test_tls_flags_must_come_together(certs: Certs, ratio_file: Path) -> None:
     result = run_to_exit(["--simulate", "--allocation-file", str(ratio_file), "--tls-cert-file", str(certs.cert)])
     assert result.returncode == 2 and "--tls-cert-file and --tls-key-file go together" in result.stderr
-    result = run_to_exit(
-        [
-            "--simulate",
-            "--allocation-file",
-            str(ratio_file),
-            "--tls-cert-file",
-            str(certs.key),
-            "--tls-key-file",
-            str(certs.key),
-        ]
-    )
-    assert result.returncode == 2 and "cannot use the TLS files" in result.stderr
+
+
+def test_wrong_tls_files_are_named_with_what_they_should_hold(certs: Certs, ratio_file: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
+    cases = [
+        (
+            (certs.key, certs.cert),
+            f"the TLS certificate and key are swapped: --tls-cert-file {certs.key} holds a private key and "
+            f"--tls-key-file {certs.cert} a certificate",
+        ),
+        ((certs.key, certs.key), f"--tls-cert-file {certs.key} holds PRIVATE KEY; expected a PEM certificate"),
+        ((certs.cert, certs.cert), f"--tls-key-file {certs.cert} holds CERTIFICATE; expected a PEM private key"),
+        ((certs.cert, empty), f"--tls-key-file {empty} holds no PEM block; expected a PEM private key"),
+        (
+            (certs.cert, certs.client_key),
+            f"--tls-key-file {certs.client_key} is not the key of the certificate in --tls-cert-file {certs.cert}",
+        ),
+        ((certs.cert, tmp_path / "absent.pem"), "cannot read the TLS files: No such file or directory"),
+    ]
+    for (cert, key), expected in cases:
+        args = ["--simulate", "--allocation-file", str(ratio_file), "--tls-cert-file", str(cert)]
+        result = run_to_exit([*args, "--tls-key-file", str(key)])
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert expected in lines[0], lines[0]
 
 
 def check(auth: BasicAuth, header: str | None, peer: str = "10.0.0.1") -> Verdict:

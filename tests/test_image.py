@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from otel_vgpu.sim.scenario import BUILTIN, load_scenario
 from testkit.agent import ROOT, free_port, get, tool
 from testkit.promtext import parse
 
@@ -76,7 +77,7 @@ def test_image_runs_the_simulated_node_and_serves_metrics(image: tuple[Podman, s
     status, body, _ = get(f"{url}/metrics")
     assert status == 200
     exposition = parse(body.decode())
-    assert len(exposition.series("vgpu_gpu_memory_total_bytes")) == 2
+    assert len(exposition.series("vgpu_gpu_memory_total_bytes")) == len(load_scenario(BUILTIN).gpus)
     assert exposition.by("vgpu_gpu_vgpus", "gpu_id")[("0",)] == 2  # the image's default ratio file
     assert exposition.series("vgpu_pod_memory_used_bytes"), "the pods of the simulated node"
     podman("rm", "--force", "seeing")

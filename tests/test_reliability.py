@@ -10,9 +10,12 @@ import threading
 import time
 from pathlib import Path
 
+from otel_vgpu.sim.scenario import BUILTIN, load_scenario
 from testkit.agent import get, running_agent, wait_for
 from testkit.promtext import Exposition, parse
 from testkit.soak import alive_at_one_moment, run_soak
+
+BUILTIN_GPUS = len(load_scenario(BUILTIN).gpus)
 
 TWO_GPUS = """
 gpus: [{memory: 80GiB}, {memory: 80GiB}]
@@ -116,7 +119,7 @@ def test_sixty_four_concurrent_scrapers(tmp_path: Path, ratio_file: Path) -> Non
                 took = time.monotonic() - started
                 try:
                     exposition = parse(body.decode())
-                    complete = status == 200 and body.endswith(b"\n") and len(gpus_of(exposition)) == 2
+                    complete = status == 200 and body.endswith(b"\n") and len(gpus_of(exposition)) == BUILTIN_GPUS
                     complete = complete and bool(exposition.series("vgpu_pod_memory_used_bytes"))
                 except Exception as error:
                     complete = False

@@ -79,7 +79,27 @@ def test_wave_moves_around_its_mean() -> None:
             "gpus: [{}]\npods:\n  - name: a\n    uid: not-a-uid\n",
             "bad.yaml:4: pods[0].uid: 'not-a-uid' is not a dashed UUID",
         ),
-        ("gpus: [{}]\npods:\n  - {name: a}\n  - {name: a}\n", "pods[1]: default/a is also pods[0]"),
+        ("gpus: [{}]\npods:\n  - {name: a}\n  - {name: a}\n", "bad.yaml:4: pods[1]: default/a is also pods[0]"),
+        # What a GPU cannot do is refused: more memory than it has, a pod holding 0 shares of it.
+        (
+            "gpus: [{memory: 16GiB}]\npods:\n  - name: a\n    processes:\n      - {gpu: 0, memory: 10GiB}\n"
+            "      - {gpu: 0, memory: {mean: 5GiB, amplitude: 2GiB}}\n",
+            "bad.yaml:1: gpus[0]: the processes on GPU 0 can use up to 17 GiB together; it has 16 GiB",
+        ),
+        (
+            "gpus:\n  - memory: 80GiB\n    mig: [{profile: 1g.10gb, memory: 10GiB}]\npods:\n  - name: a\n"
+            "    processes: [{gpu: 0, mig: 0, memory: 12GiB}]\n",
+            "gpus[0]: the processes on GPU 0's MIG device 0 can use up to 12 GiB together; it has 10 GiB",
+        ),
+        (
+            "gpus: [{memory: 1GiB}]\nhost_processes: [{gpu: 0, memory: 2GiB, sm: 0, cgroup: '0::/x'}]\n",
+            "the processes on GPU 0 can use up to 2 GiB together; it has 1 GiB",
+        ),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    shares: {0: 0}\n",
+            "bad.yaml:4: pods[0].shares.0: 0 is not a whole number >= 1 (a GPU the pod holds no share of is left out)",
+        ),
+        ("ratio: 0\ngpus: [{}]\n", "bad.yaml:1: ratio: 0 is not a ratio; valid: 1 to 1024"),
         ("gpus: [{}]\npods:\n  - name: a\n    period_s: 10\n", "period_s and active_s go together"),
         ("gpus: [{\n", "bad.yaml:2: not valid YAML or JSON"),
         (

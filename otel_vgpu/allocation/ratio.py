@@ -113,10 +113,18 @@ class RatioSource:
     same path) is seen as a change.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fallback: float | None = None) -> None:
+        """`fallback`: the ratio while no file is at `path` (the simulated node's);
+        without one, a missing file is an error. A file that appears later is read."""
         self.path = path
         self._stamp = self._stat()
-        self.ratio = read_ratio(path)
+        self.origin = str(path)
+        """Where the ratio in force comes from, for the log."""
+        if fallback is not None and self._stamp is None:
+            self.ratio: float | None = fallback
+            self.origin = f"the simulated node (no {path})"
+        else:
+            self.ratio = read_ratio(path)
         """The number in the file; None for `auto`."""
         self.error: RatioFileError | None = None
         """Why the file on disk is not in force, while it is bad."""
@@ -146,6 +154,7 @@ class RatioSource:
             self.error = error
         else:
             self.error = None
+            self.origin = str(self.path)
 
     def _stat(self) -> _Stamp | None:
         try:

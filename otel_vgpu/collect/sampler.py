@@ -9,6 +9,7 @@ one sweep is in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -18,9 +19,9 @@ from dataclasses import dataclass, field
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
 from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
-from otel_vgpu.gpu.backend import ErrorCode, GpuBackend, GpuError
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError
 from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.gpu.sampling import SamplingWindows, mean_sm_by_pid
+from otel_vgpu.gpu.sampling import SamplingWindows, mean_busy, mean_sm_by_pid
 from otel_vgpu.health import SWEEP_STAGES, Health, Stage
 from otel_vgpu.pods.attribution import Attributor
 from otel_vgpu.pods.directory import PodDirectory
@@ -33,10 +34,15 @@ class _Errors:
     """Failures of one sweep: (stage, kind) -> message."""
 
     seen: dict[tuple[Stage, str], str] = field(default_factory=dict)
+    ongoing: set[tuple[Stage, str]] = field(default_factory=set)
+    """Failures still in force that this sweep did not ask about again: not counted, not recovered."""
 
     def add(self, stage: Stage, kind: str, message: str) -> None:
         self.seen.setdefault((stage, kind), message)
 
+
+# How long a GPU that answered NOT_SUPPORTED for per-process utilization is left alone.
+ASK_AGAIN_S = 300.0
 
 # The MPS server's command name: `nvidia-cuda-mps-server` cut to the
 # kernel's 15 characters (TASK_COMM_LEN), as /proc/<pid>/stat gives it.
@@ -67,9 +73,12 @@ class Sampler:
         by_container: bool = False,
         clock: Callable[[], float] = time.monotonic,
         host_pid_namespace: bool | None = None,
+        ask_again_s: float = ASK_AGAIN_S,
     ) -> None:
         """`host_pid_namespace`: whether the agent shares the host's PID
-        namespace (None: unknown); by default read from /proc/self/ns/pid."""
+        namespace (None: unknown); by default read from /proc/self/ns/pid.
+        `ask_again_s`: how long a GPU that cannot report per-process
+        utilization is left alone before it is asked again."""
         self._backend = backend
         self._attributor = attributor
         self._directory = directory
@@ -80,8 +89,10 @@ class Sampler:
         self._clock = clock
         self._windows = SamplingWindows()
         # GPUs whose NVML cannot tell per-process utilization (vGPU guests,
-        # some older boards): asked once, then left alone, not an error each sweep.
-        self._no_process_utilization: set[str] = set()
+        # some older boards): left alone for `ask_again_s` after each NOT_SUPPORTED
+        # (a driver upgrade or a mode change can bring it), not an error each sweep.
+        self._no_process_utilization: dict[str, float] = {}
+        self._ask_again_s = ask_again_s
         self._announced: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._generation = 0
@@ -214,8 +225,12 @@ class Sampler:
         except GpuError as error:
             errors.add(Stage.PROCESSES, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=None, sm_by_pid=None)
-        if device.uuid in self._no_process_utilization or device.mig_mode:
+        if device.mig_mode:
             # NVML has no per-process utilization under MIG: not an error.
+            return GpuReading(device=device, processes=processes, sm_by_pid=None)
+        unsupported_until = self._no_process_utilization.get(device.uuid)
+        if unsupported_until is not None and self._clock() < unsupported_until:
+            errors.ongoing.add((Stage.PROCESS_UTILIZATION, f"{index}:{ErrorCode.NOT_SUPPORTED.value}"))
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         now = self._backend.now_us()
         since = self._windows.start(device.uuid, now)
@@ -223,14 +238,35 @@ class Sampler:
             samples = self._backend.utilization_samples(index, since)
         except GpuError as error:
             if error.code is ErrorCode.NOT_SUPPORTED:
-                self._no_process_utilization.add(device.uuid)
-                log.warning(
-                    "GPU %d (%s) cannot report per-process utilization; SM families omitted", index, device.uuid
-                )
+                if device.uuid not in self._no_process_utilization:
+                    log.warning(
+                        "GPU %d (%s) cannot report per-process utilization; SM families omitted, asking again "
+                        "every %g s",
+                        index,
+                        device.uuid,
+                        self._ask_again_s,
+                    )
+                self._no_process_utilization[device.uuid] = self._clock() + self._ask_again_s
             errors.add(Stage.PROCESS_UTILIZATION, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         self._windows.advance(device.uuid, now)
-        return GpuReading(device=device, processes=processes, sm_by_pid=mean_sm_by_pid(samples, since))
+        self._no_process_utilization.pop(device.uuid, None)
+        return GpuReading(
+            device=self._busy_over(device, index, since, now),
+            processes=processes,
+            sm_by_pid=mean_sm_by_pid(samples, since, now),
+        )
+
+    def _busy_over(self, device: Device, index: int, since: int, now: int) -> Device:
+        """The device with its utilization over the pods' window, where NVML keeps samples of it;
+        else as read (the driver's last sample period)."""
+        if device.utilization is None:
+            return device
+        try:
+            busy = mean_busy(self._backend.busy_samples(index, since), since, now)
+        except GpuError:
+            busy = None  # not kept on this GPU or driver: the instantaneous reading stands
+        return device if busy is None else dataclasses.replace(device, utilization=busy)
 
     def _announce(self, readings: list[GpuReading]) -> None:
         """Say once per GPU why its pods have no SM figures (MIG mode, an MPS server)."""
@@ -264,5 +300,5 @@ class Sampler:
             # An unexpected exception logged its traceback already.
             self._health.failed(stage, kind, f"{stage.value} failed: {message}", log=stage is not Stage.SWEEP)
         for stage in SWEEP_STAGES:
-            still = {kind for (seen, kind) in errors.seen if seen is stage}
+            still = {kind for (seen, kind) in (*errors.seen, *errors.ongoing) if seen is stage}
             self._health.recovered(stage, f"{stage.value} recovered ({{kinds}})", still=still)

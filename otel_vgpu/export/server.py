@@ -47,6 +47,7 @@ from otel_vgpu.export.exposition import Format, negotiate
 from otel_vgpu.export.memory import trim
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.pidns import blind_message
+from otel_vgpu.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -236,14 +237,17 @@ class Endpoint:
         # The probe itself may sweep: a node nobody scrapes yet must still
         # become ready, or it would never be discovered and scraped.
         snapshot = self._sampler.snapshot(self._ready_max_age)
-        if snapshot.ok and not snapshot.blind:
-            return text(200, f"ready: {len(snapshot.gpus)} GPUs\n")
+        if snapshot.ok and not snapshot.blind and snapshot.gpus:
+            return text(200, f"ready: {counted(len(snapshot.gpus), 'GPU')}\n")
         if snapshot.blind:
             # Serving would publish a node with no pods on it: the pod is
             # not ready until it shares the host's PID namespace.
             reasons = blind_message(snapshot.blind)
         else:
-            reasons = "; ".join(message for _, message in snapshot.errors) or "no successful sweep"
+            # Ready means at least one GPU is reported.
+            errors = "; ".join(message for _, message in snapshot.errors)
+            reasons = "no successful sweep" if not snapshot.ok else "no GPU reported"
+            reasons = f"{reasons}: {errors}" if errors else reasons
         return text(503, f"not ready: {reasons}\n")
 
 

@@ -31,7 +31,15 @@ from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import parse_hami
 from otel_vgpu.allocation.shares import Allocation, ClaimAssignment, DeviceAssignment, KubeletView, from_kubelet
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample
+from otel_vgpu.gpu.backend import (
+    BusySample,
+    Device,
+    ErrorCode,
+    GpuError,
+    GpuProcess,
+    MigDevice,
+    UtilizationSample,
+)
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods.directory import PodMeta, StaticDirectory
 from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers
@@ -41,9 +49,12 @@ DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
 # What a MIG device's own driver reservation is taken to be.
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
 MPS_SERVER = "nvidia-cuda-mps"
-# NVML keeps one utilization sample per process per sample period; a window
-# of any length returns a few of them.
-SAMPLES_PER_WINDOW = 4
+# NVML keeps a utilization sample per busy process, and one of the GPU's own,
+# per sample period (1/6 s to 1 s by product), in a buffer of recent ones. The
+# simulated driver samples every 250 ms on one grid for both, and keeps the
+# last 40 (10 s).
+SAMPLE_PERIOD_US = 250_000
+SAMPLES_KEPT = 40
 _FIRST_PID = 4000
 # /proc/<pid>/stat fields 5-21 and 23-52, for the simulated processes.
 _STAT_ZEROS = " ".join(["0"] * 17)
@@ -119,6 +130,7 @@ class SimulatedNode:
         self._clock = clock
         self._wall_clock_us = wall_clock_us
         self._started = clock()
+        self._wall_started_us = wall_clock_us()
         self._lock = threading.Lock()
         self._written: dict[int, int] = {}  # pid -> start time on disk
         self._state_at: float | None = None
@@ -250,7 +262,7 @@ class SimulatedNode:
             memory_total=gpu.memory_total,
             memory_used=min(gpu.memory_total, DRIVER_RESERVED_BYTES + sum(p.memory for p in mine)),
             # NVML gives no device utilization in MIG mode.
-            utilization=None if migs else min(1.0, sum(p.sm(t) for p in mine)),
+            utilization=None if migs else sum(sm_shares([p.sm for p in mine], t)),
             minor_number=gpu.minor,
             migs=migs,
         )
@@ -261,29 +273,43 @@ class SimulatedNode:
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         self._maybe_fail("utilization_samples", index)
-        now_us = self.now_us()
-        t = self.now()
-        span = max(0, now_us - since_us)
         if self.scenario.gpus[index].migs:
             raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no per-process utilization in MIG mode")
-        mine = [p for p in self._visible() if p.gpu == index]
-        servers = [p for p in mine if p.command == MPS_SERVER]
+        everyone = [p for p in self._processes if p.gpu == index]
+        visible = {p.pid for p in self._visible()}
+        servers = [p for p in everyone if p.command == MPS_SERVER and p.pid in visible]
         samples = []
-        for k in range(SAMPLES_PER_WINDOW):
-            age_us = span * k // SAMPLES_PER_WINDOW
-            at = t - age_us / 1e6
+        for stamp in self._sample_stamps(since_us):
+            shares = sm_shares([p.sm for p in everyone], self._scenario_time(stamp))
             if servers:
                 # Under MPS, NVML gives the server all its clients' SM and the clients none.
-                sm = min(1.0, sum(p.sm(at) for p in mine))
-                if sm > 0:
-                    samples.append(UtilizationSample(servers[0].pid, now_us - age_us, sm))
+                if sum(shares) > 0:
+                    samples.append(UtilizationSample(servers[0].pid, stamp, sum(shares)))
                 continue
-            for process in mine:
-                sm = process.sm(at)
+            for process, sm in zip(everyone, shares, strict=True):
                 # NVML lists only processes that used the SMs in the period.
-                if sm > 0:
-                    samples.append(UtilizationSample(process.pid, now_us - age_us, sm))
+                if sm > 0 and process.pid in visible:
+                    samples.append(UtilizationSample(process.pid, stamp, sm))
         return samples
+
+    def busy_samples(self, index: int, since_us: int) -> list[BusySample]:
+        """The GPU busy whenever any process on it is (the driver sees them all, visible or not)."""
+        if self.scenario.gpus[index].migs:
+            raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no device utilization in MIG mode")
+        everyone = [p.sm for p in self._processes if p.gpu == index]
+        return [
+            BusySample(stamp, sum(sm_shares(everyone, self._scenario_time(stamp))))
+            for stamp in self._sample_stamps(since_us)
+        ]
+
+    def _sample_stamps(self, since_us: int) -> list[int]:
+        """The sample times after `since_us` the buffer still holds, on the simulated driver's grid."""
+        last = self.now_us() // SAMPLE_PERIOD_US
+        first = max(since_us // SAMPLE_PERIOD_US + 1, last - SAMPLES_KEPT + 1)
+        return [k * SAMPLE_PERIOD_US for k in range(first, last + 1)]
+
+    def _scenario_time(self, stamp_us: int) -> float:
+        return (stamp_us - self._wall_started_us) / 1e6
 
     def now_us(self) -> int:
         return self._wall_clock_us()
@@ -472,6 +498,15 @@ def _memory_backed_tmp() -> str | None:
 
 def _constant(value: float) -> Callable[[float], float]:
     return lambda t: value
+
+
+def sm_shares(sms: Sequence[Callable[[float], float]], t: float) -> list[float]:
+    """The processes' SM utilization at `t` on one GPU. A GPU has all of its SMs to
+    give and no more: where the scenario asks for more in all, each gets its part
+    of the whole, as time-slicing would share it."""
+    wanted = [sm(t) for sm in sms]
+    total = sum(wanted)
+    return wanted if total <= 1.0 else [v / total for v in wanted]
 
 
 def _clamped(wave: Callable[[float], float]) -> Callable[[float], float]:

@@ -57,6 +57,10 @@ class Wave:
             return self.mean
         return self.mean + self.amplitude * math.sin(2 * math.pi * (t / self.period_s + self.phase))
 
+    @property
+    def highest(self) -> float:
+        return self.mean + abs(self.amplitude)
+
 
 @dataclass(frozen=True, slots=True)
 class MigSpec:
@@ -153,6 +157,9 @@ class HostProcessSpec:
 
 
 FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples")
+# The ratio of a scenario that states none, and of the built-in node.
+DEFAULT_RATIO = 2.0
+MAX_RATIO = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +228,18 @@ class Scenario:
     churn: ChurnSpec | None = None
     driver: DriverSpec = DriverSpec()
     device_plugin: DevicePluginSpec = DevicePluginSpec()
+    ratio: float = DEFAULT_RATIO
+    """The vGPUs per GPU the node is set up for: the ratio `--simulate` uses when no ratio file is there."""
+
+
+def sm_asked(scenario: Scenario) -> dict[int, float]:
+    """The most SM each GPU's processes ask for together, GPU by GPU (MIG devices have no SM figure)."""
+    asked: dict[int, float] = {}
+    waves = [(p.gpu, p.sm) for pod in scenario.pods for p in pod.processes if p.mig is None]
+    waves += [(h.gpu, h.sm) for h in scenario.host_processes]
+    for gpu, sm in waves:
+        asked[gpu] = asked.get(gpu, 0.0) + max(0.0, min(1.0, sm.highest))
+    return asked
 
 
 def pod_containers(processes: tuple[ProcessSpec, ...]) -> tuple[str, ...]:
@@ -350,7 +369,7 @@ class _Reader:
             document,
             "scenario",
             1,
-            {"node", "gpus", "pods", "host_processes", "faults", "churn", "driver", "device_plugin"},
+            {"node", "gpus", "pods", "host_processes", "faults", "churn", "driver", "device_plugin", "ratio"},
         )
         gpus_raw = self.sequence(top.get("gpus"), "gpus", _line(top, "gpus"))
         if not gpus_raw:
@@ -359,21 +378,22 @@ class _Reader:
         uuids = [gpu.uuid for gpu in gpus]
         if len(set(uuids)) != len(uuids):
             raise self.fail("gpus", _line(top, "gpus"), "two GPUs have the same uuid")
-        pods = tuple(
-            self.pod(raw, f"pods[{i}]", gpus)
-            for i, raw in enumerate(self.sequence(top.get("pods"), "pods", _line(top, "pods")))
-        )
+        pods_raw = self.sequence(top.get("pods"), "pods", _line(top, "pods"))
+        pods = tuple(self.pod(raw, f"pods[{i}]", gpus) for i, raw in enumerate(pods_raw))
         seen: dict[tuple[str, str], int] = {}
         for i, pod in enumerate(pods):
             if (pod.namespace, pod.name) in seen:
                 raise self.fail(
-                    f"pods[{i}]", 0, f"{pod.namespace}/{pod.name} is also pods[{seen[(pod.namespace, pod.name)]}]"
+                    f"pods[{i}]",
+                    _item_line(pods_raw[i]),
+                    f"{pod.namespace}/{pod.name} is also pods[{seen[(pod.namespace, pod.name)]}]",
                 )
             seen[(pod.namespace, pod.name)] = i
         uids: dict[str, int] = {}
         for i, pod in enumerate(pods):
             if pod.uid in uids:
-                raise self.fail(f"pods[{i}].uid", 0, f"{pod.uid!r} is also pods[{uids[pod.uid]}]'s")
+                line = _line(pods_raw[i], "uid") if isinstance(pods_raw[i], dict) else 0
+                raise self.fail(f"pods[{i}].uid", line, f"{pod.uid!r} is also pods[{uids[pod.uid]}]'s")
             uids[pod.uid] = i
         hosts = tuple(
             self.host_process(raw, f"host_processes[{i}]", len(gpus))
@@ -393,6 +413,10 @@ class _Reader:
             if top.get("device_plugin") is None
             else self.device_plugin(top["device_plugin"], _line(top, "device_plugin"))
         )
+        self.check_memory(gpus, pods, hosts, gpus_raw)
+        ratio = self.number(top.get("ratio", DEFAULT_RATIO), "ratio", _line(top, "ratio"))
+        if not 1 <= ratio <= MAX_RATIO:
+            raise self.fail("ratio", _line(top, "ratio"), f"{ratio:g} is not a ratio; valid: 1 to {MAX_RATIO}")
         return Scenario(
             gpus=gpus,
             pods=pods,
@@ -402,7 +426,35 @@ class _Reader:
             churn=churn,
             driver=driver,
             device_plugin=plugin,
+            ratio=ratio,
         )
+
+    def check_memory(
+        self,
+        gpus: tuple[GpuSpec, ...],
+        pods: tuple[PodSpec, ...],
+        hosts: tuple[HostProcessSpec, ...],
+        gpus_raw: list[Any],
+    ) -> None:
+        """A GPU (or MIG device) holds no more than its memory: processes that could ask for more are refused."""
+        asked: dict[tuple[int, int | None], float] = {}
+        for pod in pods:
+            for process in pod.processes:
+                key = (process.gpu, process.mig)
+                asked[key] = asked.get(key, 0.0) + max(0.0, process.memory.highest)
+        for host in hosts:
+            asked[(host.gpu, None)] = asked.get((host.gpu, None), 0.0) + max(0.0, host.memory.highest)
+        for (index, mig), total in sorted(asked.items(), key=lambda item: (item[0][0], item[0][1] or -1)):
+            gpu = gpus[index]
+            capacity = gpu.memory_total if mig is None else gpu.migs[mig].memory_total
+            if total > capacity:
+                device = f"GPU {index}" if mig is None else f"GPU {index}'s MIG device {mig}"
+                raise self.fail(
+                    f"gpus[{index}]",
+                    _item_line(gpus_raw[index]),
+                    f"the processes on {device} can use up to {_gib(total)} together; it has {_gib(capacity)} "
+                    "(lower their memory, or move some to another GPU)",
+                )
 
     def device_plugin(self, raw: Any, line: int) -> DevicePluginSpec:
         spec = self.mapping(raw, "device_plugin", line, {"kind", "rename_by_default", "mig_strategy"})
@@ -617,8 +669,10 @@ class _Reader:
                 raise self.fail(
                     at, key_line, f"{key!r} is not a GPU index (or <GPU>/<MIG device>); valid: 0 to {len(gpus) - 1}"
                 )
-            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-                raise self.fail(at, key_line, f"{count!r} is not a whole number >= 0")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise self.fail(
+                    at, key_line, f"{count!r} is not a whole number >= 1 (a GPU the pod holds no share of is left out)"
+                )
             if match and match.group(2) is not None:
                 mig = int(match.group(2))
                 if mig >= len(gpus[index].migs):
@@ -768,3 +822,12 @@ class _Reader:
 def _line(mapping: Any, key: Any) -> int:
     lines = getattr(mapping, "key_lines", None) or {}
     return int(lines.get(str(key), getattr(mapping, "line", 0)))
+
+
+def _item_line(item: Any) -> int:
+    """The line an item of a sequence starts on, where the loader knows it."""
+    return int(getattr(item, "line", 0))
+
+
+def _gib(size: float) -> str:
+    return f"{size / 1024**3:.4g} GiB"

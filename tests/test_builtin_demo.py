@@ -1,0 +1,100 @@
+"""The built-in simulated node is a node that could exist, at every moment of its cycle:
+the pods' SM never adds up to more than the GPU's, allocations stay within what the
+ratio allows, memory fits, and one pod (notebook-alice) uses more than its share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from otel_vgpu.allocation.ratio import RatioSource
+from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.pods.attribution import Attributor, ProcReader
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.scenario import BUILTIN, Scenario, load_scenario, sm_asked
+
+STEP_S = 2.5
+CYCLE_S = 600  # every period of the built-in node (15 s to 300 s) divides it
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def wall_us(self) -> int:
+        return int(self.t * 1_000_000)
+
+
+def on_a_clock(scenario: Scenario, tmp_path: Path, clock: Clock) -> tuple[SimulatedNode, Sampler]:
+    """The node and a sampler on `clock`, the scenario's ratio in force (no ratio file)."""
+    node = SimulatedNode(scenario, tmp_path / "proc", clock=clock.monotonic, wall_clock_us=clock.wall_us)
+    sampler = Sampler(
+        node,
+        attributor=Attributor(ProcReader(node.proc_root)),
+        directory=node.directory(),
+        allocation=node,
+        ratio=RatioSource(tmp_path / "absent", fallback=scenario.ratio),
+        clock=clock.monotonic,
+    )
+    return node, sampler
+
+
+def test_the_builtin_node_adds_up_at_every_moment(tmp_path: Path) -> None:
+    scenario = load_scenario(BUILTIN)
+    assert scenario.ratio == 2
+    clock = Clock()
+    node, sampler = on_a_clock(scenario, tmp_path, clock)
+    over_users: set[str] = set()
+    moments = 0
+    try:
+        for _ in range(int(CYCLE_S / STEP_S)):
+            clock.t += STEP_S
+            snapshot = sampler.snapshot(0.0)
+            assert snapshot.ok and len(snapshot.gpus) == 4
+            for gpu in snapshot.gpus:
+                rows = [row for row in snapshot.pods if row.gpu_index == gpu.index]
+                assert gpu.utilization is not None
+                pods_sm = sum(row.sm_utilization or 0.0 for row in rows)
+                assert pods_sm <= gpu.utilization + 1e-9, (clock.t, gpu.index, pods_sm, gpu.utilization)
+                assert sum(row.memory_allocated for row in rows) <= gpu.memory_total, (clock.t, gpu.index)
+                assert sum(row.shares for row in rows) <= scenario.ratio, (clock.t, gpu.index)
+                used = sum(row.memory_used for row in rows) + (gpu.unattributed_memory or 0)
+                assert used <= gpu.memory_total
+            for row in snapshot.pods:
+                if row.vgpu_utilization is not None and row.vgpu_utilization > 1.0:
+                    over_users.add(row.pod)
+            notebook = [row for row in snapshot.pods if row.pod == "notebook-alice"]
+            assert notebook and notebook[0].vgpu_utilization is not None and notebook[0].vgpu_utilization > 1.0
+            moments += 1
+    finally:
+        node.close()
+    assert moments == CYCLE_S / STEP_S
+    assert over_users == {"notebook-alice"}
+    # And it needs no scaling: no GPU's processes ask for more SM than it has.
+    assert max(sm_asked(scenario).values()) <= 1.0
+
+
+def test_a_gpu_asked_for_more_than_its_sms_shares_them(tmp_path: Path) -> None:
+    """Processes asking 0.9 + 0.6 of one GPU get 0.6 and 0.4 of it, as time-slicing would give."""
+    scenario_text = """
+gpus: [{memory: 80GiB}]
+pods:
+  - {name: a, processes: [{gpu: 0, memory: 1GiB, sm: 0.9}]}
+  - {name: b, processes: [{gpu: 0, memory: 1GiB, sm: 0.6}]}
+"""
+    path = tmp_path / "busy.yaml"
+    path.write_text(scenario_text)
+    scenario = load_scenario(str(path))
+    assert sm_asked(scenario) == {0: 1.5}
+    clock = Clock()
+    node, sampler = on_a_clock(scenario, tmp_path, clock)
+    try:
+        clock.t += 5
+        snapshot = sampler.snapshot(0.0)
+    finally:
+        node.close()
+    sm = {row.pod: row.sm_utilization for row in snapshot.pods}
+    assert sm["a"] == 0.9 / 1.5 and sm["b"] == 0.6 / 1.5
+    assert snapshot.gpus[0].utilization == 1.0

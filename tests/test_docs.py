@@ -1,0 +1,81 @@
+"""The documentation says what the code does: the flag table is --help's, the design is in the
+repository, the image a user deploys is named with how to build it, and the benchmarks say
+what they need and how to read them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import yaml
+
+from otel_vgpu import __version__
+from otel_vgpu.config import FLAGS, flags_markdown
+from testkit.agent import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_flag_table_is_what_help_says() -> None:
+    assert flags_markdown() in README, "regenerate it: .venv/bin/python scripts/gen-flag-table.py"
+    shown = subprocess.run(
+        [sys.executable, "-m", "otel_vgpu", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    flat = " ".join(shown.split())
+    table_flags = set(re.findall(r"^\| `(-[-\w]+)", flags_markdown(), re.MULTILINE))
+    usage_flags = set(re.findall(r"\[(--[a-z][-a-z]*)", shown.split("options:")[0]))
+    # Every flag of the usage line is in the table, and nothing else.
+    assert table_flags - {"-h"} == usage_flags
+    assert {flag.name for flag in FLAGS} | {"--version"} <= table_flags
+    for flag in FLAGS:
+        # What the table says of each flag, --help says: its description, variable and default.
+        assert " ".join(flag.help_text().split()) in flat, flag.name
+
+
+def test_the_design_is_in_the_repository() -> None:
+    assert "../shared" not in README
+    for doc in (ROOT / "docs").glob("*.md"):
+        assert "../shared" not in doc.read_text(), doc.name
+    assert "](docs/design.md)" in README
+    design = (ROOT / "docs" / "design.md").read_text()
+    for topic in ("## One collection", "## What each figure is sampled over", "## The ratio file", "## Faults"):
+        assert topic in design
+
+
+def test_the_image_the_manifests_run_is_named_with_how_to_build_it(tmp_path: object) -> None:
+    kustomization = yaml.safe_load((ROOT / "kustomize" / "base" / "kustomization.yaml").read_text())
+    (image,) = kustomization["images"]
+    reference = f"{image['newName']}:{image['newTag']}"
+    assert image["newTag"] == __version__  # the tag is the package's version
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"ARG VERSION={__version__}" in dockerfile
+    assert f"`{reference}`" in README
+    assert "docker build" in README and "docker push" in README
+
+
+def test_the_readmes_own_registry_overlay_renders(tmp_path: object) -> None:
+    from pathlib import Path  # noqa: PLC0415
+
+    block = re.search(r"```yaml\n(# my-cluster/kustomization.yaml.*?)```", README, re.DOTALL)
+    assert block, "the README's overlay for one's own registry"
+    where = Path(str(tmp_path))
+    (where / "kustomize").symlink_to(ROOT / "kustomize")
+    (where / "my-cluster").mkdir()
+    (where / "my-cluster" / "kustomization.yaml").write_text(block.group(1))
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(where / "my-cluster")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"KUBECONFIG": "/dev/null", "PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent)},
+    ).stdout
+    images = re.findall(r"image: (\S+)", rendered)
+    assert images and set(images) == {f"registry.example.com/otel-vgpu:{__version__}"}
+
+
+def test_the_benchmarks_say_what_they_need_and_how_to_read_them() -> None:
+    bench = (ROOT / "bench" / "README.md").read_text()
+    for need in ("PyTorch with CUDA", "root", "cgroup v2", "nvidia-ml-py", "util-linux"):
+        assert need in bench, need
+    assert "Absolute times vary by machine" in bench and "compare the ratios" in bench
