@@ -271,8 +271,8 @@ def kubelet_part(manifest: Path, workdir: Path, report: Report, settle: float) -
             sm is not None and hami_sm is not None and min(sm, hami_sm) > 0.05 and sm + hami_sm > 0.9,
             f"busy trainer-0 SM {sm} and hami-0 SM {hami_sm}: each > 0.05, together > 0.9",
         )
-        # Two time-sliced pods never add up to more than their GPU: both figures are
-        # means over one window (0.02 of slack: NVML's process and device samples are separate).
+        # Two time-sliced pods never add up to more than their GPU: both figures describe the
+        # last moments (0.02 of slack: NVML's process and device figures are separate counters).
         pods_sm = sum(values(metrics, "vgpu_pod_sm_utilization_ratio", gpu_id="0"))
         gpu_sm = values(metrics, "vgpu_gpu_sm_utilization_ratio", gpu_id="0")
         check(

@@ -14,7 +14,6 @@ import pytest
 
 from otel_vgpu.gpu.backend import (
     NVML_RETURN_VALUES,
-    BusySample,
     ErrorCode,
     GpuError,
     GpuProcess,
@@ -131,14 +130,6 @@ class FakeNvml:
         self._check("utilization")
         return self.samples
 
-    NVML_GPU_UTILIZATION_SAMPLES = pynvml.NVML_GPU_UTILIZATION_SAMPLES
-
-    def nvmlDeviceGetSamples(self, handle: str, kind: int, since: int) -> tuple[int, list[Any]]:
-        assert kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES
-        self._check("busy")
-        samples = [SimpleNamespace(timeStamp=120, sampleValue=SimpleNamespace(uiVal=30))]
-        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, [s for s in samples if s.timeStamp > since]
-
 
 def test_device_fields_and_units() -> None:
     backend = NvmlBackend(FakeNvml())
@@ -230,18 +221,6 @@ def test_samples_are_converted_and_not_found_means_idle() -> None:
     assert nvml.since == [99]
     nvml.fail["utilization"] = pynvml.NVML_ERROR_NOT_FOUND
     assert backend.utilization_samples(0, 100) == []
-
-
-def test_the_gpus_own_samples_are_percent_of_time_busy() -> None:
-    nvml = FakeNvml()
-    backend = NvmlBackend(nvml)
-    assert backend.busy_samples(0, 99) == [BusySample(120, 0.30)]
-    assert backend.busy_samples(0, 120) == []
-    nvml.fail["busy"] = pynvml.NVML_ERROR_NOT_FOUND
-    assert backend.busy_samples(0, 99) == []
-    nvml.fail["busy"] = pynvml.NVML_ERROR_NOT_SUPPORTED
-    with pytest.raises(GpuError):
-        backend.busy_samples(0, 99)
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from otel_vgpu.gpu.backend import BusySample, UtilizationSample
-from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_busy, mean_sm_by_pid, window_start
+from otel_vgpu.gpu.backend import UtilizationSample
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_sm_by_pid, window_start
 
 S = 1_000_000
 
@@ -27,22 +27,12 @@ def test_mean_per_pid_inside_the_window_only() -> None:
         UtilizationSample(1, 12 * S, 0.6),
         UtilizationSample(2, 12 * S, 0.1),
         UtilizationSample(3, 9 * S, 1.0),  # before the window
-        UtilizationSample(4, 13 * S, 1.0),  # after its end: the next window's
-        UtilizationSample(1, 12 * S + 1, 1.0),  # likewise
     ]
-    assert mean_sm_by_pid(samples, since_us=10 * S, until_us=12 * S) == {1: 0.5, 2: 0.1}
+    assert mean_sm_by_pid(samples, since_us=10 * S) == {1: 0.5, 2: 0.1}
 
 
 def test_out_of_range_values_are_clamped() -> None:
-    samples = [UtilizationSample(1, 2, 1.7), UtilizationSample(2, 2, -0.1)]
-    assert mean_sm_by_pid(samples, 1, 2) == {1: 1.0, 2: 0.0}
-    assert mean_busy([BusySample(2, 1.7), BusySample(2, -0.1)], 1, 2) == 0.5
-
-
-def test_the_gpus_mean_is_over_the_same_window() -> None:
-    samples = [BusySample(10 * S, 0.9), BusySample(11 * S, 0.4), BusySample(12 * S, 0.6), BusySample(13 * S, 1.0)]
-    assert mean_busy(samples, 10 * S, 12 * S) == 0.5
-    assert mean_busy(samples, 13 * S, 14 * S) is None  # none in the window: the caller keeps NVML's last reading
+    assert mean_sm_by_pid([UtilizationSample(1, 2, 1.7), UtilizationSample(2, 2, -0.1)], 1) == {1: 1.0, 2: 0.0}
 
 
 def test_windows_are_per_gpu_and_forget_removed_gpus() -> None:

@@ -9,7 +9,6 @@ one sweep is in flight.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -19,9 +18,9 @@ from dataclasses import dataclass, field
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
 from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError
+from otel_vgpu.gpu.backend import ErrorCode, GpuBackend, GpuError
 from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.gpu.sampling import SamplingWindows, mean_busy, mean_sm_by_pid
+from otel_vgpu.gpu.sampling import SamplingWindows, mean_sm_by_pid
 from otel_vgpu.health import SWEEP_STAGES, Health, Stage
 from otel_vgpu.pods.attribution import Attributor
 from otel_vgpu.pods.directory import PodDirectory
@@ -251,22 +250,7 @@ class Sampler:
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         self._windows.advance(device.uuid, now)
         self._no_process_utilization.pop(device.uuid, None)
-        return GpuReading(
-            device=self._busy_over(device, index, since, now),
-            processes=processes,
-            sm_by_pid=mean_sm_by_pid(samples, since, now),
-        )
-
-    def _busy_over(self, device: Device, index: int, since: int, now: int) -> Device:
-        """The device with its utilization over the pods' window, where NVML keeps samples of it;
-        else as read (the driver's last sample period)."""
-        if device.utilization is None:
-            return device
-        try:
-            busy = mean_busy(self._backend.busy_samples(index, since), since, now)
-        except GpuError:
-            busy = None  # not kept on this GPU or driver: the instantaneous reading stands
-        return device if busy is None else dataclasses.replace(device, utilization=busy)
+        return GpuReading(device=device, processes=processes, sm_by_pid=mean_sm_by_pid(samples, since))
 
     def _announce(self, readings: list[GpuReading]) -> None:
         """Say once per GPU why its pods have no SM figures (MIG mode, an MPS server)."""

@@ -109,7 +109,7 @@ FAMILIES: tuple[Family, ...] = (
         "vgpu.gpu.sm.utilization",
         "1",
         Kind.GPU,
-        "Share of time a kernel ran on the GPU, 0-1, over the same window as the pods' SM (absent in MIG mode).",
+        "Device utilization over NVML's last sample period, 0-1 (absent in MIG mode).",
         labels=GPU_LABELS,
     ),
     Family(

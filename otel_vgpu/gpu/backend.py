@@ -36,9 +36,8 @@ class Device:
     memory_used: int
     """Bytes in use on the device, as NVML counts them (driver reservations included)."""
     utilization: float | None
-    """Device SM utilization over NVML's last sample period, 0-1 (the sampler
-    puts the mean over its collection window in its place, where the driver
-    keeps samples); None where NVML cannot tell (a GPU in MIG mode)."""
+    """Device SM utilization over NVML's last sample period, 0-1; None where
+    NVML cannot tell (a GPU in MIG mode)."""
     minor_number: int | None = None
     """The N of /dev/nvidiaN: GKE's device plugin and the NVIDIA DRA driver name GPUs by it."""
     migs: tuple[MigDevice, ...] = ()
@@ -66,14 +65,6 @@ class UtilizationSample:
     """CPU wall-clock time of the sample, in microseconds."""
     sm: float
     """SM utilization of the process over the sample period, 0-1."""
-
-
-@dataclass(frozen=True, slots=True)
-class BusySample:
-    timestamp_us: int
-    """CPU wall-clock time of the sample, in microseconds."""
-    busy: float
-    """Fraction of the sample period in which a kernel ran on the GPU, 0-1."""
 
 
 class ErrorCode(str, Enum):
@@ -145,10 +136,6 @@ class GpuBackend(Protocol):
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         """Per-process samples newer than `since_us`; empty when there are none."""
-        ...
-
-    def busy_samples(self, index: int, since_us: int) -> list[BusySample]:
-        """The GPU's own utilization samples newer than `since_us`; empty when there are none."""
         ...
 
     def now_us(self) -> int:

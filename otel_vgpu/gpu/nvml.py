@@ -20,7 +20,6 @@ from typing import Any
 from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
 from otel_vgpu.gpu.backend import (
     NVML_RETURN_VALUES,
-    BusySample,
     Device,
     ErrorCode,
     GpuError,
@@ -261,24 +260,6 @@ class NvmlBackend:
                 timestamp_us=int(sample.timeStamp),
                 sm=float(sample.smUtil) / 100.0,
             )
-            for sample in samples
-        ]
-
-    def busy_samples(self, index: int, since_us: int) -> list[BusySample]:
-        # nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES): the driver's buffer of the GPU's
-        # utilization, percent of each sample period in which a kernel ran, stamped with the
-        # CPU's clock like the process samples; NOT_FOUND when none is newer than `since_us`.
-        handle = self._handle(index)
-        try:
-            _, samples = self._call(
-                self._nvml.nvmlDeviceGetSamples, handle, self._nvml.NVML_GPU_UTILIZATION_SAMPLES, since_us
-            )
-        except GpuError as error:
-            if error.code is ErrorCode.NOT_FOUND:
-                return []
-            raise
-        return [
-            BusySample(timestamp_us=int(sample.timeStamp), busy=float(sample.sampleValue.uiVal) / 100.0)
             for sample in samples
         ]
 

@@ -32,7 +32,6 @@ from otel_vgpu.allocation.hami import parse_hami
 from otel_vgpu.allocation.shares import Allocation, ClaimAssignment, DeviceAssignment, KubeletView, from_kubelet
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import (
-    BusySample,
     Device,
     ErrorCode,
     GpuError,
@@ -49,12 +48,13 @@ DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
 # What a MIG device's own driver reservation is taken to be.
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
 MPS_SERVER = "nvidia-cuda-mps"
-# NVML keeps a utilization sample per busy process, and one of the GPU's own,
-# per sample period (1/6 s to 1 s by product), in a buffer of recent ones. The
-# simulated driver samples every 250 ms on one grid for both, and keeps the
-# last 40 (10 s).
-SAMPLE_PERIOD_US = 250_000
-SAMPLES_KEPT = 40
+# As NVML does on an H200 with driver 580 (bench/results/h200-nvml-samples.md):
+# it keeps the latest utilization sample of each process, refreshed every
+# 200 ms sample period in which the process ran, and gives the GPU's
+# utilization over its last period. The simulated driver's periods are on one
+# grid, and a process's latest busy period is looked for up to 50 periods back.
+SAMPLE_PERIOD_US = 200_000
+SAMPLES_KEPT = 50
 _FIRST_PID = 4000
 # /proc/<pid>/stat fields 5-21 and 23-52, for the simulated processes.
 _STAT_ZEROS = " ".join(["0"] * 17)
@@ -252,8 +252,8 @@ class SimulatedNode:
     def device(self, index: int) -> Device:
         self._maybe_fail("device", index)
         gpu = self.scenario.gpus[index]
-        t = self.now()
         mine = [p for p in self._processes if p.gpu == index]
+        busy = sum(sm_shares([p.sm for p in mine], self._scenario_time(self._latest_period())))
         migs = tuple(_mig_device(mig, [p for p in mine if p.mig == mig.uuid]) for mig in gpu.migs)
         return Device(
             index=index,
@@ -261,8 +261,8 @@ class SimulatedNode:
             model=gpu.model,
             memory_total=gpu.memory_total,
             memory_used=min(gpu.memory_total, DRIVER_RESERVED_BYTES + sum(p.memory for p in mine)),
-            # NVML gives no device utilization in MIG mode.
-            utilization=None if migs else sum(sm_shares([p.sm for p in mine], t)),
+            # NVML gives no device utilization in MIG mode; else its last sample period's.
+            utilization=None if migs else busy,
             minor_number=gpu.minor,
             migs=migs,
         )
@@ -278,35 +278,28 @@ class SimulatedNode:
         everyone = [p for p in self._processes if p.gpu == index]
         visible = {p.pid for p in self._visible()}
         servers = [p for p in everyone if p.command == MPS_SERVER and p.pid in visible]
+        latest = self._latest_period()
+        stamps = [latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)]
+        shares_at = {latest: sm_shares([p.sm for p in everyone], self._scenario_time(latest))}
         samples = []
-        for stamp in self._sample_stamps(since_us):
-            shares = sm_shares([p.sm for p in everyone], self._scenario_time(stamp))
-            if servers:
-                # Under MPS, NVML gives the server all its clients' SM and the clients none.
-                if sum(shares) > 0:
-                    samples.append(UtilizationSample(servers[0].pid, stamp, sum(shares)))
+        for position, process in enumerate(everyone):
+            if process.pid not in visible or (servers and process is not servers[0]):
                 continue
-            for process, sm in zip(everyone, shares, strict=True):
-                # NVML lists only processes that used the SMs in the period.
-                if sm > 0 and process.pid in visible:
+            for stamp in stamps:
+                if stamp <= since_us:
+                    break
+                if stamp not in shares_at:
+                    shares_at[stamp] = sm_shares([p.sm for p in everyone], self._scenario_time(stamp))
+                # Under MPS, NVML gives the server all its clients' SM and the clients none.
+                sm = sum(shares_at[stamp]) if servers else shares_at[stamp][position]
+                if sm > 0:  # NVML keeps a process's sample of the last period it ran in
                     samples.append(UtilizationSample(process.pid, stamp, sm))
+                    break
         return samples
 
-    def busy_samples(self, index: int, since_us: int) -> list[BusySample]:
-        """The GPU busy whenever any process on it is (the driver sees them all, visible or not)."""
-        if self.scenario.gpus[index].migs:
-            raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no device utilization in MIG mode")
-        everyone = [p.sm for p in self._processes if p.gpu == index]
-        return [
-            BusySample(stamp, sum(sm_shares(everyone, self._scenario_time(stamp))))
-            for stamp in self._sample_stamps(since_us)
-        ]
-
-    def _sample_stamps(self, since_us: int) -> list[int]:
-        """The sample times after `since_us` the buffer still holds, on the simulated driver's grid."""
-        last = self.now_us() // SAMPLE_PERIOD_US
-        first = max(since_us // SAMPLE_PERIOD_US + 1, last - SAMPLES_KEPT + 1)
-        return [k * SAMPLE_PERIOD_US for k in range(first, last + 1)]
+    def _latest_period(self) -> int:
+        """The end of the simulated driver's last complete sample period."""
+        return self.now_us() // SAMPLE_PERIOD_US * SAMPLE_PERIOD_US
 
     def _scenario_time(self, stamp_us: int) -> float:
         return (stamp_us - self._wall_started_us) / 1e6
