@@ -21,29 +21,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-WORKLOAD = r"""
-import sys, time, torch
-mode, burst_ms = sys.argv[1], float(sys.argv[2])
-a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-torch.cuda.synchronize()
-print("ready", flush=True)
-while True:
-    if mode == "busy":
-        for _ in range(20):
-            a = (a @ a).clamp_(-1, 1)
-        torch.cuda.synchronize()
-    else:
-        start = time.monotonic()
-        while time.monotonic() - start < burst_ms / 1000:
-            a = (a @ a).clamp_(-1, 1)
-            torch.cuda.synchronize()
-        time.sleep(max(0.0, 1.0 - (time.monotonic() - start)))
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gpu_workloads import start_workload
 
 
 def main() -> int:
@@ -54,16 +38,9 @@ def main() -> int:
     args = parser.parse_args()
     import pynvml  # noqa: PLC0415
 
-    workloads = {
-        mode: subprocess.Popen(
-            [sys.executable, "-c", WORKLOAD, mode, str(args.burst_ms)], stdout=subprocess.PIPE, text=True
-        )
-        for mode in ("busy", "bursty")
-    }
+    workloads = {mode: start_workload(mode, 0.5, burst_ms=args.burst_ms) for mode in ("busy", "bursty")}
     lines: list[str] = []
     try:
-        for process in workloads.values():
-            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
         time.sleep(3)
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)

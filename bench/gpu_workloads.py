@@ -43,6 +43,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 WORKLOAD = r"""
 import os, sys, time, torch
 mode, gib = sys.argv[1], float(sys.argv[2])
+burst_s = float(sys.argv[3]) / 1000 if len(sys.argv) > 3 else 0.1
 hold = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
@@ -52,6 +53,12 @@ while True:
         for _ in range(20):
             a = (a @ a).clamp_(-1, 1)
         torch.cuda.synchronize()
+    elif mode == "bursty":  # kernels for burst_s of each second
+        start = time.monotonic()
+        while time.monotonic() - start < burst_s:
+            a = (a @ a).clamp_(-1, 1)
+            torch.cuda.synchronize()
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - start)))
     else:
         time.sleep(0.5)
 """
@@ -87,10 +94,13 @@ def cgroup_dir(pod: Pod, container_id: str) -> Path:
     return CGROUP_ROOT / "kubepods" / qos / f"pod{pod.uid}" / container_id
 
 
-def start_workload(mode: str, gib: float, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """A PyTorch process on the GPU `env`'s CUDA_VISIBLE_DEVICES names (default: CUDA's first)."""
+def start_workload(
+    mode: str, gib: float, env: dict[str, str] | None = None, burst_ms: float = 100.0
+) -> subprocess.Popen[str]:
+    """A PyTorch process on the GPU `env`'s CUDA_VISIBLE_DEVICES names (default: CUDA's first):
+    `busy`, `bursty` (kernels for `burst_ms` of each second) or idle, holding `gib` GiB."""
     process = subprocess.Popen(
-        [sys.executable, "-c", WORKLOAD, mode, str(gib)],
+        [sys.executable, "-c", WORKLOAD, mode, str(gib), str(burst_ms)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
