@@ -78,3 +78,21 @@ faults: [{call: utilization_samples, gpu: 0, code: NOT_SUPPORTED, to_s: 1.5}]
     # "recovered" is never in the log while the SM families are still missing.
     assert not any(recovered and not has_sm for has_sm, recovered in seen[:-1])
     assert "process_utilization recovered" in log
+
+
+def test_a_gpu_asked_for_more_than_its_sms_is_said_once(tmp_path: Path, ratio_file: Path) -> None:
+    node = scenario(
+        tmp_path,
+        """
+gpus: [{memory: 80GiB}, {memory: 80GiB}]
+pods:
+  - {name: a, processes: [{gpu: 1, memory: 1GiB, sm: 0.9}]}
+  - {name: b, processes: [{gpu: 1, memory: 1GiB, sm: {mean: 0.5, amplitude: 0.1}}]}
+  - {name: c, processes: [{gpu: 0, memory: 1GiB, sm: 0.5}]}
+""",
+    )
+    with agent_in_process("--simulate", node, "--allocation-file", str(ratio_file), env=clean_env()) as agent:
+        agent.scrape()
+        log = agent.logged()
+    asked = [line for line in log.splitlines() if "ask for up to" in line]
+    assert len(asked) == 1 and "simulated GPU 1: its processes ask for up to 1.50 of its SMs together" in asked[0]
