@@ -197,3 +197,12 @@ def test_the_agents_scrape_is_the_process_metrics_then_the_exporters_families(te
         assert body.startswith("# HELP process_") or body.startswith("# HELP python_")
         assert body.count("# EOF") == (1 if fmt.openmetrics else 0)
         assert body.endswith("# EOF\n") == fmt.openmetrics
+
+
+def test_target_info_texts_do_not_grow_with_the_versions_clients_name(telemetry: Telemetry) -> None:
+    renderer = Renderer()
+    data = collect(telemetry)
+    for n in range(50):  # a client may put any version in Accept
+        fmt = negotiate(f"application/openmetrics-text; version=1.{n}.0")
+        assert renderer.render(data, fmt).encode() == upstream(data, fmt)
+    assert len(renderer._target) == 1

@@ -153,7 +153,8 @@ class Renderer:
     def __init__(self) -> None:
         # (escaping, label names) -> id(attribute dict) -> (the dict, its label text)
         self._labels: dict[tuple[str, tuple[str, ...]], dict[int, tuple[Mapping[str, Any], str]]] = {}
-        self._target: dict[tuple[int, str], tuple[Resource, str]] = {}
+        # (id(resource), OpenMetrics or not, escaping) -> (the resource, its target_info text)
+        self._target: dict[tuple[int, bool, str], tuple[Resource, str]] = {}
 
     def render(self, data: MetricsData | None, fmt: Format) -> str:
         """The exposition of one collection: target_info, then every metric, then `# EOF` in OpenMetrics."""
@@ -237,9 +238,10 @@ class Renderer:
             out.append(f"{sum_name}{text} {_value(point.sum)}\n")
 
     def _target_info(self, data: MetricsData, fmt: Format) -> str:
-        """target_info: the resource's attributes as labels (made once per resource and format)."""
+        """target_info: the resource's attributes as labels, made once per resource and rendering
+        (keyed by what changes the text, not the content type, whose version a client may choose)."""
         resource = data.resource_metrics[0].resource
-        key = (id(resource), fmt.content_type)
+        key = (id(resource), fmt.openmetrics, fmt.escaping)
         cached = self._target.get(key)
         if cached is not None and cached[0] is resource:
             return cached[1]
