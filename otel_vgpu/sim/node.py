@@ -31,14 +31,7 @@ from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import parse_hami
 from otel_vgpu.allocation.shares import Allocation, ClaimAssignment, DeviceAssignment, KubeletView, from_kubelet
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
-from otel_vgpu.gpu.backend import (
-    Device,
-    ErrorCode,
-    GpuError,
-    GpuProcess,
-    MigDevice,
-    UtilizationSample,
-)
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods.directory import PodMeta, StaticDirectory
 from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers

@@ -21,6 +21,7 @@ import yaml
 
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
+from otel_vgpu.allocation.ratio import MAX_RATIO
 from otel_vgpu.gpu.backend import ErrorCode
 
 BUILTIN = "builtin"
@@ -159,7 +160,6 @@ class HostProcessSpec:
 FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples")
 # The ratio of a scenario that states none, and of the built-in node.
 DEFAULT_RATIO = 2.0
-MAX_RATIO = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,8 +392,9 @@ class _Reader:
         uids: dict[str, int] = {}
         for i, pod in enumerate(pods):
             if pod.uid in uids:
-                line = _line(pods_raw[i], "uid") if isinstance(pods_raw[i], dict) else 0
-                raise self.fail(f"pods[{i}].uid", line, f"{pod.uid!r} is also pods[{uids[pod.uid]}]'s")
+                raise self.fail(
+                    f"pods[{i}].uid", _line(pods_raw[i], "uid"), f"{pod.uid!r} is also pods[{uids[pod.uid]}]'s"
+                )
             uids[pod.uid] = i
         hosts = tuple(
             self.host_process(raw, f"host_processes[{i}]", len(gpus))
