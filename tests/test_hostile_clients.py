@@ -194,6 +194,29 @@ def attack_while_scraped(
     return peak[0], int(peak[1]), int(peak[2])
 
 
+def hold_connections(
+    port: int, count: int, held: threading.Event, first_bytes: Callable[[int], bytes] = lambda i: b""
+) -> None:
+    """Open `count` connections, each sent `first_bytes(i)` (if any) as it opens; wait until they
+    are the oldest waiting (the cap sheds those first), say so on `held`, hold them through the
+    siege while the scraper scrapes, then close them."""
+    socks = []
+    try:
+        for i in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            socks.append(sock)
+            data = first_bytes(i)
+            if data:
+                with contextlib.suppress(OSError):  # refused past the cap: closed under it
+                    sock.sendall(data)
+        time.sleep(DEFAULT_LIMITS.shed_after_s + 1)
+        held.set()
+        time.sleep(4)  # the length of the siege
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def assert_held(target: Agent, scraper: Scraper, baseline: Baseline, peak: tuple[float, int, int]) -> None:
     # The figures docs/reliability.md quotes (`pytest -s tests/test_hostile_clients.py`).
     print(
@@ -306,20 +329,7 @@ def test_a_thousand_idle_connections_leave_room_for_scrapes(tmp_path: Path) -> N
         baseline = warm(scraper, target)
 
         held = threading.Event()
-
-        def idle() -> None:
-            socks = []
-            try:
-                for _ in range(1000):
-                    socks.append(socket.create_connection(("127.0.0.1", target.port), timeout=10))
-                time.sleep(DEFAULT_LIMITS.shed_after_s + 1)  # the held ones become the oldest idle
-                held.set()
-                time.sleep(4)  # the length of the siege, while the scraper scrapes
-            finally:
-                for sock in socks:
-                    sock.close()
-
-        peak = attack_while_scraped(target, scraper, idle, baseline, held)
+        peak = attack_while_scraped(target, scraper, lambda: hold_connections(target.port, 1000, held), baseline, held)
         assert_held(target, scraper, baseline, peak)
 
 
@@ -374,20 +384,9 @@ def test_incomplete_tls_handshakes_are_cut(tmp_path: Path) -> None:
         held = threading.Event()
 
         def handshakes() -> None:
-            socks = []
-            try:
-                for i in range(300):
-                    sock = socket.create_connection(("127.0.0.1", target.port), timeout=10)
-                    socks.append(sock)
-                    if i % 2:
-                        with contextlib.suppress(OSError):  # refused past the cap: closed under it
-                            sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
-                time.sleep(DEFAULT_LIMITS.shed_after_s + 1)
-                held.set()
-                time.sleep(4)
-            finally:
-                for sock in socks:
-                    sock.close()
+            # Half silent, half with a ClientHello's first bytes.
+            hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+            hold_connections(target.port, 300, held, lambda i: hello if i % 2 else b"")
 
         peak = attack_while_scraped(target, scraper, handshakes, baseline, held)
         assert_held(target, scraper, baseline, peak)
@@ -427,17 +426,8 @@ def test_under_a_pids_limit_connections_cannot_exhaust_it(tmp_path: Path) -> Non
             held = threading.Event()
 
             def hold() -> None:
-                socks = [socket.create_connection(("127.0.0.1", target.port), timeout=10) for _ in range(70)]
-                try:
-                    for sock in socks:
-                        with contextlib.suppress(OSError):
-                            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
-                    time.sleep(DEFAULT_LIMITS.shed_after_s + 1)  # held: the oldest waiting are shed first
-                    held.set()
-                    time.sleep(4)
-                finally:
-                    for sock in socks:
-                        sock.close()
+                unfinished = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"  # a head never finished
+                hold_connections(target.port, 70, held, lambda i: unfinished)
 
             peak = attack_while_scraped(target, scraper, hold, baseline, held)
             assert_held(target, scraper, baseline, peak)
