@@ -25,6 +25,7 @@ import os
 import re
 import socket
 import ssl
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from otel_vgpu.allocation.ratio import RatioFileError, RatioSource
 from otel_vgpu.allocation.shares import AllocationSource, UnknownAllocation
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_NO_GPU, EXIT_USAGE, Config
+from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_DRIVER_CHANGED, EXIT_NO_GPU, EXIT_USAGE, Config
 from otel_vgpu.export.auth import BasicAuth
 from otel_vgpu.gpu.backend import GpuBackend
 from otel_vgpu.health import Health
@@ -69,6 +70,10 @@ class Agent:
         self.config = config
         self.health = Health()
         self._closers: list[Callable[[], None]] = []
+        self.stopping = threading.Event()
+        """Set when the agent should stop: a signal, or a driver it cannot use any more."""
+        self.exit_status = 0
+        self._new_client: Callable[[], Any] | None = None
         self._scenario = self._load_scenario()
         self.ratio = self._ratio_source()
         from otel_vgpu.export.otlp import settings_from  # noqa: PLC0415
@@ -93,7 +98,9 @@ class Agent:
                 health=self.health,
                 by_container=config.by_container,
                 ask_again_s=config.ask_again_s,
+                on_driver_changed=self._driver_changed,
             )
+            self._watch_node()
             # Imported here so that a bad flag or file fails before the SDK loads.
             from otel_vgpu.export.sdk_internals import SdkMismatch  # noqa: PLC0415
             from otel_vgpu.export.server import Endpoint, Server  # noqa: PLC0415
@@ -129,6 +136,11 @@ class Agent:
             raise
 
     # --- lifecycle ------------------------------------------------------------------
+
+    def _driver_changed(self, message: str) -> None:
+        log.error("%s", message)
+        self.exit_status = EXIT_DRIVER_CHANGED
+        self.stopping.set()
 
     def start(self) -> None:
         self.server.start()
@@ -275,6 +287,7 @@ class Agent:
         )
         directory.start()
         self._closers.append(directory.stop)
+        self._new_client = new_client
         if not directory.wait_synced(config.first_sync_wait_s):
             log.warning("no answer from the Kubernetes API yet; pods show their UIDs until it answers")
         sources.directory = directory
@@ -292,6 +305,27 @@ class Agent:
         allocation.start()
         self._closers.append(allocation.stop)
         sources.allocation = allocation
+
+    def _watch_node(self) -> None:
+        """With the Kubernetes API: this node's labels, so that NVML is let go
+        of while the GPU Operator upgrades the driver (kubernetes/node.py)."""
+        if self._new_client is None:
+            return
+        from otel_vgpu.kubernetes.node import NodeWatch  # noqa: PLC0415
+
+        config = self.config
+        watch = NodeWatch(
+            self._new_client,
+            self.node_name,
+            on_pause=self.sampler.pause,
+            on_resume=self.sampler.resume,
+            health=self.health,
+            watch_seconds=config.kube_watch_seconds,
+            backoff=config.kube_backoff,
+            watch_grace_s=config.kube_watch_grace_s,
+        )
+        watch.start()
+        self._closers.append(watch.stop)
 
 
 def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth | None]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"otel-vgpu: error: {error}", file=sys.stderr)
         return error.status
 
-    stop = threading.Event()
+    stop = agent.stopping
 
     def on_signal(signum: int, frame: Any) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
@@ -55,4 +54,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_collector()
     stop.wait()
     agent.stop()
-    return 0
+    return agent.exit_status

@@ -17,9 +17,12 @@ from typing import Any, NoReturn
 
 from otel_vgpu import __version__
 
-# Exit statuses: a bad flag, file or configuration; no GPU to read.
+# Exit statuses: a bad flag, file or configuration; no GPU to read; the
+# driver changed under a running agent (its container must restart to get
+# the new driver's library).
 EXIT_USAGE = 2
 EXIT_NO_GPU = 1
+EXIT_DRIVER_CHANGED = 3
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

@@ -30,6 +30,8 @@ class Stage(str, Enum):
     ATTRIBUTION = "attribution"
     SWEEP = "sweep"
     KUBERNETES = "kubernetes"
+    NODE = "node"
+    """This node's labels, read to follow the GPU Operator's driver upgrades."""
     POD_RESOURCES = "pod_resources"
     POD_ANNOTATIONS = "pod_annotations"
     """A pod's allocator annotation (HAMi) that cannot be read."""
@@ -68,6 +70,7 @@ class Health:
         self._counts = dict.fromkeys(Stage, 0)
         self._failing: dict[Stage, set[str]] = {stage: set() for stage in Stage}
         self._durations: deque[float] = deque(maxlen=MAX_PENDING_DURATIONS)
+        self._answering: dict[Stage, bool] = {}
 
     # --- failures -------------------------------------------------------------------
 
@@ -106,6 +109,16 @@ class Health:
     def counts(self) -> dict[Stage, int]:
         with self._lock:
             return dict(self._counts)
+
+    def answered(self, source: Stage, up: bool) -> None:
+        """Whether the source the agent polls at `source` answered its last call."""
+        with self._lock:
+            self._answering[source] = up
+
+    def answering(self, source: Stage) -> bool | None:
+        """Whether it did; None while it has not been asked."""
+        with self._lock:
+            return self._answering.get(source)
 
     # --- sweeps ---------------------------------------------------------------------
 

@@ -76,12 +76,33 @@ def pod_object(
     }
 
 
+def node_object(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Node as the API returns it (the parts the agent reads: its labels)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "uid": f"node-{name}", "labels": dict(labels or {})},
+    }
+
+
+# What each resource's list and watch select by, as the agent asks: pods of one node, one node by name.
+_SELECTORS = {"pods": "spec.nodeName", "nodes": "metadata.name"}
+
+
+def _selected(resource: str, obj: dict[str, Any], node: str) -> bool:
+    if resource == "pods":
+        return bool(obj["spec"]["nodeName"] == node)
+    return bool(obj["metadata"]["name"] == node)
+
+
 @dataclass
 class ApiState:
     node: str
     token: str
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
-    events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)
+    """(resourceVersion, resource, type, object)."""
     version: int = 100
     compacted_below: int = 0
     list_failures: list[int] = field(default_factory=list)
@@ -92,6 +113,8 @@ class ApiState:
     garbage_lists: int = 0
     """How many of the next lists answer 200 with a body that is not JSON."""
     forbidden: bool = False
+    forbid_nodes: bool = False
+    """Nodes answer 403, as under a ClusterRole without them."""
     hang_watches: bool = False
     """Watches answer their headers, then nothing, and never end (a half-open connection)."""
     refuse_all: bool = False
@@ -132,25 +155,44 @@ class KubeApiDouble:
 
     # --- changing the cluster ------------------------------------------------
 
-    def _event(self, kind: str, pod: dict[str, Any]) -> None:
+    def _event(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
         state = self.state
+        store = state.pods if resource == "pods" else state.nodes
         with state.condition:
             state.version += 1
-            pod = json.loads(json.dumps(pod))
-            pod["metadata"]["resourceVersion"] = str(state.version)
+            obj = json.loads(json.dumps(obj))
+            obj["metadata"]["resourceVersion"] = str(state.version)
             if kind == "DELETED":
-                state.pods.pop(pod["metadata"]["uid"], None)
+                store.pop(obj["metadata"]["uid"], None)
             else:
-                state.pods[pod["metadata"]["uid"]] = pod
-            state.events.append((state.version, kind, pod))
+                store[obj["metadata"]["uid"]] = obj
+            state.events.append((state.version, resource, kind, obj))
             state.condition.notify_all()
 
     def put(self, pod: dict[str, Any]) -> None:
         kind = "MODIFIED" if pod["metadata"]["uid"] in self.state.pods else "ADDED"
-        self._event(kind, pod)
+        self._event("pods", kind, pod)
 
     def delete(self, uid: str) -> None:
-        self._event("DELETED", self.state.pods[uid])
+        self._event("pods", "DELETED", self.state.pods[uid])
+
+    def put_node(self, node: dict[str, Any]) -> None:
+        kind = "MODIFIED" if node["metadata"]["uid"] in self.state.nodes else "ADDED"
+        self._event("nodes", kind, node)
+
+    def node_labels(self, name: str) -> dict[str, str]:
+        node = self.state.nodes.get(f"node-{name}")
+        return dict(node["metadata"]["labels"]) if node else {}
+
+    def label_node(self, name: str, labels: dict[str, str]) -> None:
+        """Set (or, with a value of None, remove) labels of a node, as `kubectl label` does."""
+        node = json.loads(json.dumps(self.state.nodes.get(f"node-{name}") or node_object(name)))
+        for key, value in labels.items():
+            if value is None:
+                node["metadata"]["labels"].pop(key, None)
+            else:
+                node["metadata"]["labels"][key] = value
+        self.put_node(node)
 
     def compact(self) -> None:
         """Forget history: watches resuming from an older version get 410 Gone."""
@@ -204,21 +246,47 @@ class _Handler(BaseHTTPRequestHandler):
             message = 'pods is forbidden: User "system:serviceaccount:otel-vgpu:otel-vgpu" cannot list resource "pods"'
             self._json(403, self._status(403, "Forbidden", message))
             return
-        if url.path != "/api/v1/pods":
+        resource = url.path.removeprefix("/api/v1/")
+        if resource not in _SELECTORS:
             self._json(404, self._status(404, "NotFound", f"the server could not find {url.path}"))
             return
-        if query.get("fieldSelector") != f"spec.nodeName={state.node}":
-            # Only this node's pods may be asked for: anything else is a test failure.
+        if query.get("fieldSelector") != f"{_SELECTORS[resource]}={state.node}":
+            # Only this node's pods, and this node, may be asked for: anything else is a test failure.
             self._json(400, self._status(400, "BadRequest", f"unexpected fieldSelector {query.get('fieldSelector')}"))
             return
+        if resource == "nodes" and state.forbid_nodes:
+            user = "system:serviceaccount:otel-vgpu:otel-vgpu"
+            message = f'nodes is forbidden: User "{user}" cannot list resource "nodes"'
+            self._json(403, self._status(403, "Forbidden", message))
+            return
         if query.get("watch") in ("true", "1"):
-            self._watch(int(query.get("resourceVersion") or 0), float(query.get("timeoutSeconds") or 30))
+            self._watch(resource, int(query.get("resourceVersion") or 0), float(query.get("timeoutSeconds") or 30))
         else:
-            self._list()
+            self._list(resource)
 
-    def _list(self) -> None:
+    def _list(self, resource: str) -> None:
         state = self.state
-        state.lists += 1
+        if resource == "pods":
+            state.lists += 1
+            if self._pod_list_fault():
+                return
+        elif state.down:
+            self._json(503, self._status(503, "InternalError", "injected 503"))
+            return
+        with state.condition:
+            store = state.pods if resource == "pods" else state.nodes
+            items = [obj for obj in store.values() if _selected(resource, obj, state.node)]
+            body = {
+                "apiVersion": "v1",
+                "kind": "PodList" if resource == "pods" else "NodeList",
+                "metadata": {"resourceVersion": str(state.version)},
+                "items": items,
+            }
+        self._json(200, body)
+
+    def _pod_list_fault(self) -> bool:
+        """The faults a test switched on for pod lists (the node's own list fails only while `down`)."""
+        state = self.state
         if state.list_delay:
             time.sleep(state.list_delay)
         if state.garbage_lists:
@@ -229,33 +297,26 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
-            return
+            return True
         if state.list_failures or state.down:
             code = state.list_failures.pop(0) if state.list_failures else 503
             self._json(code, self._status(code, "InternalError", f"injected {code}"))
-            return
-        with state.condition:
-            items = [pod for pod in state.pods.values() if pod["spec"]["nodeName"] == state.node]
-            body = {
-                "apiVersion": "v1",
-                "kind": "PodList",
-                "metadata": {"resourceVersion": str(state.version)},
-                "items": items,
-            }
-        self._json(200, body)
+            return True
+        return False
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
-    def _watch(self, since: int, timeout: float) -> None:
+    def _watch(self, resource: str, since: int, timeout: float) -> None:
         state = self.state
-        state.watches += 1
+        if resource == "pods":
+            state.watches += 1
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        if state.hang_watches:
+        if state.hang_watches and resource == "pods":
             with state.condition:
                 generation = state.watch_generation
                 while state.watch_generation == generation:
@@ -279,7 +340,11 @@ class _Handler(BaseHTTPRequestHandler):
                     # broken mid-stream: no terminating chunk
                     self.close_connection = True
                     return
-                pending = [(v, k, o) for v, k, o in state.events if v > sent and o["spec"]["nodeName"] == state.node]
+                pending = [
+                    (v, k, o)
+                    for v, r, k, o in state.events
+                    if v > sent and r == resource and _selected(resource, o, state.node)
+                ]
                 if not pending:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:

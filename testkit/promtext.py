@@ -16,6 +16,12 @@ class Exposition:
     def series(self, name: str) -> dict[frozenset[tuple[str, str]], float]:
         return self.values.get(name, {})
 
+    def value(self, name: str) -> float | None:
+        """The value of a family of one unlabelled series; None when it is absent."""
+        series = self.series(name)
+        assert len(series) <= 1, f"{name} has {len(series)} series"
+        return next(iter(series.values()), None)
+
     def by(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
         """Values of one family keyed by the given labels' values."""
         result = {}

@@ -186,7 +186,12 @@ def test_names_shares_idle_allocation_and_static_pod(cluster: Cluster) -> None:
     assert uids["trainer-7f9c"] == TRAINER
     assert uids["gpu-probe-node-a"] == "f3b5c0de-0000-4000-8000-000000000001"
     assert uids[ORPHAN] == ORPHAN
-    assert all("fieldSelector=spec.nodeName%3Dnode-a" in r for r in cluster.api.state.requests)
+    # Only this node's pods, and this node itself (its labels: driver upgrades), are ever asked for.
+    for request in cluster.api.state.requests:
+        assert (request.startswith("/api/v1/pods?") and "fieldSelector=spec.nodeName%3Dnode-a" in request) or (
+            request.startswith("/api/v1/nodes?") and "fieldSelector=metadata.name%3Dnode-a" in request
+        ), request
+    assert any(request.startswith("/api/v1/nodes?") for request in cluster.api.state.requests)
 
 
 def test_ended_pod_disappears_and_new_pod_appears(cluster: Cluster) -> None:
@@ -240,12 +245,33 @@ def test_kubelet_down_falls_back_then_recovers(cluster: Cluster) -> None:
         fallback = wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
         assert fallback.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")[("trainer-7f9c", "0")] == 1.5 * 40 * GIB
         assert fallback.by("vgpu_agent_collection_errors_total", "stage")[("pod_resources",)] >= 1
+        assert fallback.by("vgpu_agent_pod_resources_up") == {(): 0}
         cluster.kubelet.unavailable = False
         healed = wait_for(agent, lambda e: ("web", "idle-0") in pods_of(e))
         assert healed.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")[("trainer-7f9c", "0")] == 2 * 40 * GIB
+        assert wait_for(agent, lambda e: e.by("vgpu_agent_pod_resources_up") == {(): 1})
         code, err = agent.stop()
     assert code == 0
     assert err.count("pod-resources API failed") == 1
+
+
+def test_a_socket_where_the_kubelet_is_not_says_where_to_look(cluster: Cluster, tmp_path: Path) -> None:
+    # k0s, microk8s or a custom --root-dir: the manifest's hostPath made an empty
+    # directory where /var/lib/kubelet/pod-resources would be.
+    empty = tmp_path / "var-lib-kubelet" / "pod-resources"
+    empty.mkdir(parents=True)
+    args = [*cluster.args]
+    args[args.index("--pod-resources-socket") + 1] = str(empty / "kubelet.sock")
+    with running_agent(*args, env=cluster.env) as agent:
+        exposition = wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
+        assert exposition.by("vgpu_agent_pod_resources_up") == {(): 0}
+        assert exposition.by("vgpu_agent_collection_errors_total", "stage")[("pod_resources",)] >= 1
+        # Shares from limits: the idle pod's allocation is not seen.
+        assert ("web", "idle-0") not in pods_of(exposition)
+        code, err = agent.stop()
+    assert code == 0
+    assert err.count(f"no kubelet pod-resources socket at {empty / 'kubelet.sock'}") == 1, err
+    assert "/var/lib/k0s/kubelet" in err and "/var/snap/microk8s/common/var/lib/kubelet" in err
 
 
 def kubernetes_errors(exposition: Exposition) -> float:

@@ -209,10 +209,11 @@ def test_ratio_configmap_reaches_the_allocation_file(target: str) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_rbac_is_get_list_watch_on_pods(target: str) -> None:
+def test_rbac_is_get_list_watch_on_pods_and_nodes(target: str) -> None:
     docs = render(target)
     role = one(docs, "ClusterRole", "otel-vgpu")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    # pods: names and containers; nodes: the driver-upgrade labels (otel_vgpu/kubernetes/node.py)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}]
     binding = one(docs, "ClusterRoleBinding", "otel-vgpu")
     account = one(docs, "ServiceAccount", "otel-vgpu")
     assert binding["subjects"] == [

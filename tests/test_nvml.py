@@ -341,3 +341,20 @@ def test_listing_that_grew_between_sizing_and_reading_is_asked_again() -> None:
     with pytest.raises(GpuError) as caught:
         backend.processes(0)
     assert caught.value.code == "INSUFFICIENT_SIZE"
+
+
+def test_release_shuts_nvml_down_until_resumed_then_initialises_at_once() -> None:
+    nvml, clock = FakeNvml(), Clock()
+    backend = NvmlBackend(nvml, clock=clock)
+    backend.device(0)
+    backend.release()
+    assert nvml.shutdown and not backend.ready
+    inits = nvml.calls.count("init")
+    with pytest.raises(GpuError) as caught:
+        backend.device_count()
+    assert "released" in str(caught.value) and nvml.calls.count("init") == inits, "NVML is not touched while released"
+    backend.resume()
+    assert backend.device_count() == 2 and nvml.calls.count("init") == inits + 1, "no backoff to sit out"
+    asked = nvml.handles_asked
+    backend.device(0)
+    assert nvml.handles_asked == asked + 1, "handles of the old session are not reused"

@@ -44,7 +44,9 @@ def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None
     exposition = scrape(telemetry)
     # Every family of the table, and nothing else, under the names the table gives.
     published = {name for name in exposition.help if not CLIENT_FAMILIES.match(name)}
-    contract = {family.prometheus_name for family in FAMILIES if family.name != "vgpu.agent.export.failures"}
+    # Absent without their source: the OTLP push, the kubelet (tests/test_kubernetes.py has that one).
+    sourced = {"vgpu.agent.export.failures", "vgpu.agent.pod_resources.up"}
+    contract = {family.prometheus_name for family in FAMILIES if family.name not in sourced}
     assert {name.removesuffix("_total") for name in published} == {n.removesuffix("_total") for n in contract}
     for family in (*of_kind(Kind.POD), *of_kind(Kind.GPU), *of_kind(Kind.SEED)):
         series = exposition.series(family.prometheus_name)
@@ -56,6 +58,7 @@ def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None
         assert text, f"{name} has no description"
     assert exposition.types["vgpu_agent_collection_duration_seconds"] == "histogram"
     assert exposition.by("vgpu_agent_collection_errors_total", "stage")[("device",)] == 0
+    assert exposition.by("vgpu_agent_driver_paused") == {(): 0}
     assert "process_resident_memory_bytes" in exposition.values
     target = dict(next(iter(exposition.series("target_info"))))
     assert target["service_name"] == "otel-vgpu" and target["k8s_node_name"] == "node-a"

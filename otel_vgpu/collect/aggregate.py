@@ -82,6 +82,8 @@ class Snapshot:
     """(stage, message) of every failure in the sweep."""
     blind: tuple[BlindGpu, ...] = ()
     """GPUs in use whose processes the driver hides from the agent (no hostPID)."""
+    paused: str | None = None
+    """Why NVML is released (the node label of a driver upgrade), or None."""
 
 
 @dataclass(slots=True)

@@ -73,11 +73,14 @@ class Sampler:
         clock: Callable[[], float] = time.monotonic,
         host_pid_namespace: bool | None = None,
         ask_again_s: float = ASK_AGAIN_S,
+        on_driver_changed: Callable[[str], None] | None = None,
     ) -> None:
         """`host_pid_namespace`: whether the agent shares the host's PID
         namespace (None: unknown); by default read from /proc/self/ns/pid.
         `ask_again_s`: how long a GPU that cannot report per-process
-        utilization is left alone before it is asked again."""
+        utilization is left alone before it is asked again.
+        `on_driver_changed`: called with a message when NVML's library no
+        longer matches the loaded driver, which no retry can mend."""
         self._backend = backend
         self._attributor = attributor
         self._directory = directory
@@ -100,6 +103,8 @@ class Sampler:
         self._host_pid_namespace = in_host_pid_namespace() if host_pid_namespace is None else host_pid_namespace
         self._blind_uuids: frozenset[str] = frozenset()
         self._sweep_started: float | None = None
+        self._paused: str | None = None
+        self._on_driver_changed = on_driver_changed
         self.sweeps = 0
 
     def stuck_for(self) -> float:
@@ -118,6 +123,37 @@ class Sampler:
     def last_success(self) -> float | None:
         """Monotonic time of the last sweep that could enumerate the GPUs."""
         return self._last_success
+
+    # --- driver upgrades ----------------------------------------------------------
+
+    def pause(self, reason: str) -> None:
+        """Let go of the driver until `resume`: NVML is shut down once the
+        sweep in flight (if any) ends, and sweeps read no GPU meanwhile."""
+        with self._lock:
+            if self._paused is not None:
+                return
+            self._paused = reason
+            self._backend.release()
+            self._latest = None
+        log.warning(
+            "the GPU driver is being upgraded (node label %s): NVML released so that the driver can be "
+            "unloaded; GPU and pod figures are left out until the label is lifted",
+            reason,
+        )
+
+    def resume(self) -> None:
+        """The driver may be used again; the next sweep initialises NVML."""
+        with self._lock:
+            if self._paused is None:
+                return
+            reason, self._paused = self._paused, None
+            self._backend.resume()
+            self._latest = None
+        log.info("the GPU driver upgrade is over (%s lifted): using NVML again", reason)
+
+    @property
+    def paused(self) -> str | None:
+        return self._paused
 
     def snapshot(self, max_age: float) -> Snapshot:
         """A snapshot no older than `max_age` seconds, sweeping if needed."""
@@ -165,6 +201,7 @@ class Sampler:
             pods=snapshot.pods,
             errors=tuple((stage.value, message) for (stage, _), message in errors.seen.items()),
             blind=snapshot.blind,
+            paused=snapshot.paused,
         )
 
     def _collect(self, errors: _Errors) -> Snapshot:
@@ -172,10 +209,19 @@ class Sampler:
         if self._ratio.error is not None:
             message = f"{self._ratio.error} (keeping ratio {self._ratio.describe()})"
             errors.add(Stage.ALLOCATION_FILE, str(self._ratio.error), message)
+        if self._paused is not None:
+            # Not a failure: the driver is away on purpose, and nothing is counted.
+            return Snapshot(taken_at=self._clock(), ok=False, paused=self._paused)
         try:
             count = self._backend.device_count()
         except GpuError as error:
             errors.add(Stage.DEVICE_COUNT, error.code.value, str(error))
+            if error.code is ErrorCode.LIB_RM_VERSION_MISMATCH and self._on_driver_changed is not None:
+                self._on_driver_changed(
+                    "the NVIDIA driver changed under the agent: NVML's library (libnvidia-ml.so.1, given to the "
+                    f"container when it started) does not match the loaded kernel module ({error}); exiting, so "
+                    "that the container restarts with the new driver's library"
+                )
             return Snapshot(taken_at=self._clock(), ok=False)
 
         readings: list[GpuReading] = []

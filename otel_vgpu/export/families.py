@@ -184,6 +184,22 @@ FAMILIES: tuple[Family, ...] = (
         "GPUs in use whose processes NVML does not list to the agent, which is outside the host's PID namespace "
         "(hostPID missing); 0 when the agent sees every process.",
     ),
+    Family(
+        "vgpu.agent.driver.paused",
+        "",
+        Kind.AGENT,
+        "1 while NVML is released because the GPU Operator is upgrading this node's driver "
+        "(a nvidia.com/gpu.deploy.* node label says paused-for-driver-upgrade); GPU and pod families are "
+        "left out meanwhile. 0 otherwise.",
+    ),
+    Family(
+        "vgpu.agent.pod_resources.up",
+        "",
+        Kind.AGENT,
+        "1 when the last call to the kubelet's pod-resources API answered, 0 when it failed (shares then come "
+        "from pod limits: no idle allocations, ratio auto reads 1); absent without the Kubernetes API or with "
+        "--no-pod-resources.",
+    ),
 )
 BY_NAME = {family.name: family for family in FAMILIES}
 

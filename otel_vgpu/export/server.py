@@ -239,7 +239,9 @@ class Endpoint:
         snapshot = self._sampler.snapshot(self._ready_max_age)
         if snapshot.ok and not snapshot.blind and snapshot.gpus:
             return text(200, f"ready: {counted(len(snapshot.gpus), 'GPU')}\n")
-        if snapshot.blind:
+        if snapshot.paused:
+            reasons = f"NVML released while the GPU driver is upgraded (node label {snapshot.paused})"
+        elif snapshot.blind:
             # Serving would publish a node with no pods on it: the pod is
             # not ready until it shares the host's PID namespace.
             reasons = blind_message(snapshot.blind)

@@ -248,12 +248,13 @@ class Telemetry:
             unit=agent["vgpu.agent.collection.duration"].unit,
             description=agent["vgpu.agent.collection.duration"].description,
         )
-        meter.create_observable_gauge(
-            "vgpu.agent.blind.gpus",
-            [self._blind_callback],
-            unit=agent["vgpu.agent.blind.gpus"].unit,
-            description=agent["vgpu.agent.blind.gpus"].description,
-        )
+        agent_gauges = {
+            "vgpu.agent.blind.gpus": self._blind_callback,
+            "vgpu.agent.driver.paused": self._paused_callback,
+            "vgpu.agent.pod_resources.up": self._pod_resources_callback,
+        }
+        for name, gauge in agent_gauges.items():
+            meter.create_observable_gauge(name, [gauge], unit=agent[name].unit, description=agent[name].description)
         meter.create_observable_counter(
             "vgpu.agent.collection.errors",
             [self._errors_callback],
@@ -339,6 +340,13 @@ class Telemetry:
             return observations
 
         return callback
+
+    def _paused_callback(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(1 if self.scope.snapshot().paused else 0)]
+
+    def _pod_resources_callback(self, options: CallbackOptions) -> Iterable[Observation]:
+        up = self._health.answering(Stage.POD_RESOURCES)
+        return [] if up is None else [Observation(1 if up else 0)]
 
     def _blind_callback(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(len(self.scope.snapshot().blind))]

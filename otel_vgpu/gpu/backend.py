@@ -142,4 +142,13 @@ class GpuBackend(Protocol):
         """The clock the samples are stamped with."""
         ...
 
+    def release(self) -> None:
+        """Let go of the driver (NVML shut down, its device files closed), so
+        that it can be unloaded; calls raise GpuError until `resume`."""
+        ...
+
+    def resume(self) -> None:
+        """The driver may be used again: the next call initialises it at once."""
+        ...
+
     def close(self) -> None: ...

@@ -81,6 +81,7 @@ class NvmlBackend:
         if mps is not None:
             self._listings.append(mps)
         self._ready = False
+        self._released = False
         self._first_backoff, self._max_backoff = backoff.first, backoff.most
         self._backoff = self._first_backoff
         self._next_attempt = 0.0
@@ -123,7 +124,24 @@ class NvmlBackend:
         self._mig_handles.clear()
         self._mig_static.clear()
 
+    def release(self) -> None:
+        """nvmlShutdown: NVML closes the driver's device files (/dev/nvidiactl,
+        /dev/nvidia<N>), whose references keep the kernel module loaded."""
+        if self._ready:
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlShutdown()
+        self._ready = False
+        self._released = True
+        self._forget_handles()
+
+    def resume(self) -> None:
+        self._released = False
+        self._next_attempt = 0.0
+        self._backoff = self._first_backoff
+
     def device_count(self) -> int:
+        if self._released:
+            raise GpuError(ErrorCode.UNINITIALIZED, "NVML released while the GPU driver is paused for an upgrade")
         if not self._ready:
             if self._clock() < self._next_attempt:
                 wait = self._next_attempt - self._clock()

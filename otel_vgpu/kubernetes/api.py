@@ -10,10 +10,8 @@ API. The client is lightkube (TLS verified against the service account's CA).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +22,12 @@ from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.shares import counted
 from otel_vgpu.config import DEFAULT_BACKOFF, DEFAULT_RESOURCES, Backoff
 from otel_vgpu.health import Health, Stage
+from otel_vgpu.kubernetes.watch import WATCH_SECONDS, ListWatch, report_failure
 from otel_vgpu.pods.directory import PodMeta, StatedGrant
 
 log = logging.getLogger(__name__)
 
 CONFIG_HASH = "kubernetes.io/config.hash"
-# The API server closes a watch after this long; the client then lists again
-# only if the watch broke, otherwise it resumes from the last resourceVersion.
-WATCH_SECONDS = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,26 +110,29 @@ class KubePodDirectory:
         backoff: Backoff = DEFAULT_BACKOFF,
         watch_grace_s: float = 5.0,
     ) -> None:
-        self._make_client = make_client
-        self._client: Any = None
-        self._generation = 0
-        self._progress = time.monotonic()
+        from lightkube.resources.core_v1 import Pod  # noqa: PLC0415
+
         self._node = node_name
         self._resources = tuple(resources)
         self._health = health or Health()
-        self._watch_seconds = watch_seconds
-        self._backoff = backoff
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}  # by API UID
         self._by_cgroup: dict[str, PodMeta] = {}
-        self._stop = threading.Event()
-        self._synced = threading.Event()
-        # A list or watch event must come within this long, or the watch is
-        # taken for hung (a half-open connection the server never closes):
-        # the agent lists again on a new connection. On a quiet node that is
-        # one extra list every few minutes.
-        self._silence_limit = watch_seconds * 1.2 + watch_grace_s
-        self._watchdog = threading.Thread(target=self._watch_the_watch, name="kubernetes-watchdog", daemon=True)
+        self._loop = ListWatch(
+            make_client,
+            Pod,
+            what="pods",
+            fields={"spec.nodeName": node_name},
+            namespace="*",
+            on_list=self._listed,
+            on_event=self._changed,
+            on_failure=self._failed,
+            health=self._health,
+            stage=Stage.KUBERNETES,
+            watch_seconds=watch_seconds,
+            backoff=backoff,
+            watch_grace_s=watch_grace_s,
+        )
 
     # --- PodDirectory --------------------------------------------------------
 
@@ -148,111 +147,36 @@ class KubePodDirectory:
     # --- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        self._begin()
-        self._watchdog.start()
-
-    def _begin(self) -> None:
-        """A new list-and-watch loop on a new client; the previous loop's
-        events are ignored from now on."""
-        with self._lock:
-            self._generation += 1
-            generation = self._generation
-            old, self._client = self._client, self._make_client()
-            self._progress = time.monotonic()
-        if old is not None:
-            with contextlib.suppress(Exception):
-                old.close()
-        client = self._client
-        threading.Thread(
-            target=self._run, args=(client, generation), name=f"kubernetes-pods-{generation}", daemon=True
-        ).start()
-
-    def _watch_the_watch(self) -> None:
-        while not self._stop.wait(min(5.0, self._silence_limit / 4)):
-            silent = time.monotonic() - self._progress
-            if self._synced.is_set() and not self._health.failing(Stage.KUBERNETES) and silent > self._silence_limit:
-                # Counted and logged each time: a hung watch is an event, not an outage.
-                self._health.count(Stage.KUBERNETES)
-                log.warning(
-                    "no word from the Kubernetes API watch for %.0f s; listing again on a new connection", silent
-                )
-                self._begin()
+        self._loop.start()
 
     def wait_synced(self, timeout: float) -> bool:
-        return self._synced.wait(timeout)
+        return self._loop.synced.wait(timeout)
 
     def stop(self) -> None:
-        self._stop.set()
-        # The loop may be blocked in a watch's read, which closing the client
-        # does not interrupt; its thread is a daemon, so it is not waited for.
-        with contextlib.suppress(Exception):
-            self._client.close()
+        self._loop.stop()
 
-    # --- the loop ----------------------------------------------------------------
+    # --- what the loop hears -------------------------------------------------------
 
-    def _current(self, generation: int) -> bool:
-        return generation == self._generation and not self._stop.is_set()
-
-    def _run(self, client: Any, generation: int) -> None:
-        first, most = self._backoff.first, self._backoff.most
-        backoff = first
-        while self._current(generation):
-            try:
-                version = self._list(client, generation)
-                backoff = first
-                self._watch(client, generation, version)
-            except Exception as error:  # any failure of the API means: list again later
-                if not self._current(generation):
-                    return
-                if _status(error) == 410:
-                    log.debug("watch expired (410 Gone); listing again")
-                    continue
-                self._failed(error)
-                self._stop.wait(backoff)
-                backoff = min(most, backoff * 2)
-
-    def _list(self, client: Any, generation: int) -> str:
-        from lightkube.resources.core_v1 import Pod  # noqa: PLC0415
-
-        listing = client.list(Pod, namespace="*", fields={"spec.nodeName": self._node})
+    def _listed(self, pods: list[Any]) -> None:
         entries = {}
-        for pod in listing:
+        for pod in pods:
             entry = self._entry(pod)
             entries[entry.uid] = entry
         with self._lock:
-            if generation != self._generation:
-                raise _Superseded
             self._entries = entries
             self._reindex()
-            self._progress = time.monotonic()
         healed = f"Kubernetes API reachable again; {len(entries)} pods on node {self._node}"
-        if not self._health.recovered(Stage.KUBERNETES, healed) and not self._synced.is_set():
+        if not self._health.recovered(Stage.KUBERNETES, healed) and not self._loop.synced.is_set():
             log.info("Kubernetes API: %d pods on node %s", len(entries), self._node)
-        self._synced.set()
-        version: str = listing.resourceVersion
-        return version
 
-    def _watch(self, client: Any, generation: int, version: str) -> None:
-        from lightkube.resources.core_v1 import Pod  # noqa: PLC0415
-
-        events = client.watch(
-            Pod,
-            namespace="*",
-            fields={"spec.nodeName": self._node},
-            resource_version=version,
-            server_timeout=self._watch_seconds,
-        )
-        for kind, pod in events:
-            entry = self._entry(pod)
-            with self._lock:
-                if generation != self._generation or self._stop.is_set():
-                    return
-                self._progress = time.monotonic()
-                if kind == "DELETED":
-                    self._entries.pop(entry.uid, None)
-                else:
-                    self._entries[entry.uid] = entry
-                self._reindex()
+    def _changed(self, kind: str, pod: Any) -> None:
+        entry = self._entry(pod)
+        with self._lock:
+            if kind == "DELETED":
+                self._entries.pop(entry.uid, None)
+            else:
+                self._entries[entry.uid] = entry
+            self._reindex()
 
     def _entry(self, pod: Any) -> _Entry:
         entry = pod_entry(pod, self._resources)
@@ -267,30 +191,14 @@ class KubePodDirectory:
         self._by_cgroup = {e.cgroup_uid: e.meta for e in self._entries.values()}
 
     def _failed(self, error: Exception) -> None:
-        status = _status(error)
-        if status in (401, 403):
-            message = (
-                f"Kubernetes API refused the agent ({status}): it needs get, list and watch on pods; "
-                "pod names stay unresolved until it is allowed"
-            )
-        else:
-            message = f"Kubernetes API failed ({_describe(error)}); retrying with backoff"
-        self._health.failed(Stage.KUBERNETES, f"{type(error).__name__}:{status}", message)
-
-
-class _Superseded(Exception):
-    """A loop the watchdog replaced finished a list: its result is dropped."""
-
-
-def _status(error: Exception) -> int | None:
-    status = getattr(error, "status", None)
-    code = getattr(status, "code", None)
-    return int(code) if isinstance(code, int) else None
-
-
-def _describe(error: Exception) -> str:
-    text = str(error) or type(error).__name__
-    return text.splitlines()[0][:200]
+        report_failure(
+            self._health,
+            Stage.KUBERNETES,
+            error,
+            refused="Kubernetes API refused the agent ({status}): it needs get, list and watch on pods; "
+            "pod names stay unresolved until it is allowed",
+            failed="Kubernetes API failed",
+        )
 
 
 def make_client(kubeconfig: Path | None, service_account_dir: Path) -> Any:

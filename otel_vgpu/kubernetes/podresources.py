@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -61,6 +62,7 @@ class PodResourcesClient:
         from otel_vgpu.kubernetes.kubelet import podresources_pb2 as pb  # noqa: PLC0415
 
         self._pb = pb
+        self._socket_path = socket_path
         self._timeout = timeout
         self._loop = asyncio.new_event_loop()
         self._lock = threading.Lock()
@@ -85,6 +87,9 @@ class PodResourcesClient:
         """Both calls. A kubelet without GetAllocatableResources (before
         1.23, or with its gate off) answers UNIMPLEMENTED: the view then
         has no replica counts, and that is not a failure."""
+        if not os.path.lexists(self._socket_path) and os.access(self._socket_path.parent, os.X_OK):
+            # Certainly absent (a directory the agent may not enter says nothing): the call would say less.
+            raise PodResourcesError(missing_socket(self._socket_path))
         with self._lock:
             return self._loop.run_until_complete(self._both())
 
@@ -136,6 +141,19 @@ class PodResourcesClient:
 
 
 SERVICE = "/v1.PodResourcesLister"
+# Kubelet root directories other than /var/lib/kubelet, where the socket is <root>/pod-resources/kubelet.sock.
+OTHER_KUBELET_ROOTS = {"k0s": "/var/lib/k0s/kubelet", "microk8s": "/var/snap/microk8s/common/var/lib/kubelet"}
+
+
+def missing_socket(path: Path) -> str:
+    """Why there is no socket, and what to do: most often the kubelet's root
+    directory is not /var/lib/kubelet on this node."""
+    others = ", ".join(f"{name}: {root}" for name, root in OTHER_KUBELET_ROOTS.items())
+    return (
+        f"no kubelet pod-resources socket at {path}: the kubelet keeps it in <root dir>/pod-resources, and its "
+        f"root dir on this node may not be the one mounted there ({others}, or the kubelet's --root-dir); mount "
+        "the right one (kustomize/components/kubelet-root-*)"
+    )
 
 
 def _status(error: Any) -> str:
@@ -224,6 +242,7 @@ class KubeletAllocation:
         try:
             self._latest = self._client.list()
         except PodResourcesError as error:
+            self._health.answered(Stage.POD_RESOURCES, False)
             self._failed_calls += 1
             kept = self._latest is not None and self._failed_calls <= KEEP_LAST_GOOD_CALLS
             then = (
@@ -241,4 +260,5 @@ class KubeletAllocation:
                 )
             return
         self._failed_calls = 0
+        self._health.answered(Stage.POD_RESOURCES, True)
         self._health.recovered(Stage.POD_RESOURCES, "kubelet pod-resources API answers again")

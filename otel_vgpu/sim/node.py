@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import parse_hami
@@ -41,6 +42,8 @@ DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
 # What a MIG device's own driver reservation is taken to be.
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
 MPS_SERVER = "nvidia-cuda-mps"
+# In the proc tree's directory, beside the PIDs: the file the simulated driver keeps open.
+DRIVER_FILE = "nvidiactl"
 # As NVML does on an H200 with driver 580 (bench/results/h200-nvml-samples.md):
 # it keeps the latest utilization sample of each process, refreshed every
 # 200 ms sample period in which the process ran, and gives the GPU's
@@ -130,6 +133,13 @@ class SimulatedNode:
         self._processes: list[_Process] = []
         # Faults switched on by tests: the same FaultSpec as the scenario's own.
         self._faults: list[FaultSpec] = []
+        # The simulated driver's control file, held open while the driver is
+        # in use, as NVML holds /dev/nvidiactl: what a driver upgrade waits on.
+        self.driver_file = self.proc_root / DRIVER_FILE
+        self.proc_root.mkdir(parents=True, exist_ok=True)
+        self.driver_file.touch()
+        self._driver: IO[bytes] | None = None
+        self._released = False
         self.refresh()
 
     # The scenario's time: seconds since the node started.
@@ -238,9 +248,22 @@ class SimulatedNode:
     # --- GpuBackend -----------------------------------------------------------
 
     def device_count(self) -> int:
+        if self._released:
+            raise GpuError(ErrorCode.UNINITIALIZED, "simulated NVML released while the GPU driver is paused")
         self._maybe_fail("device_count", None)
+        if self._driver is None:
+            self._driver = self.driver_file.open("rb")
         self.refresh()
         return len(self.scenario.gpus)
+
+    def release(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+        self._released = True
+
+    def resume(self) -> None:
+        self._released = False
 
     def device(self, index: int) -> Device:
         self._maybe_fail("device", index)
@@ -304,6 +327,7 @@ class SimulatedNode:
         return [] if self._hidden else self._processes
 
     def close(self) -> None:
+        self.release()
         if self._owns_root:
             shutil.rmtree(self.proc_root, ignore_errors=True)
 
