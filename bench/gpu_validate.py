@@ -34,6 +34,14 @@ With `--drop-host-pid` it checks instead that the agent reports no pod, sets
 vgpu_agent_blind_gpus, fails /readyz with a reason that names hostPID, and
 logs that once.
 
+With `--pod` (and hostPID) it then plays the GPU Operator's driver manager on
+the node's labels (testkit/driver_manager.py, through the API double) and
+checks that the agent closes every NVIDIA device file it holds (what lets the
+kernel unload the driver: /proc/<pid>/fd, /sys/module/nvidia/refcnt) within
+the bound docs/kubernetes.md states, says so in /readyz and
+vgpu_agent_driver_paused, and reports every pod again once the labels are
+lifted. The driver itself is not touched.
+
 It prints a table and exits non-zero on any mismatch.
 """
 
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
@@ -65,6 +74,7 @@ from bench.gpu_workloads import (
 )
 from otel_vgpu.allocation.ratio import parse_ratio
 from testkit.agent import get, wait_serving
+from testkit.driver_manager import DriverManager
 from testkit.pod_harness import Cluster as HarnessCluster
 from testkit.pod_harness import Pod as HarnessPod
 from testkit.pod_harness import PodHarness
@@ -76,6 +86,7 @@ POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
 GIB = 1024**3
 NODE = "gpu-node-1"
 AGENT_PORT = 8080  # the DaemonSet's containerPort, the agent's default
+REPLICAS = 8
 
 
 def nvml_idle() -> str:
@@ -143,12 +154,17 @@ def main() -> int:
         start_pods(pods)
         outside = start_workload("idle", 1.0)
         _, total, model, gpu_uuid, driver = nvml_truth()
+        # GPU 0 shared by time-slicing into REPLICAS replicas, as the device plugin advertises them
+        # (GetAllocatableResources), the pods holding some of them.
+        cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(REPLICAS)]}
         replica = 0
         for pod in pods:
             devices = [f"{gpu_uuid}::{replica + i}" for i in range(pod.shares)]
             replica += pod.shares
             cluster.add(pod, {"main": devices})
         if args.pod is not None:
+            # The node as the GPU Operator labels it, for the driver upgrade played below.
+            DriverManager(cluster.api, NODE).label_as_the_operator_does()
             harness = PodHarness(
                 args.pod,
                 tmp / "pod",
@@ -157,8 +173,8 @@ def main() -> int:
                 python_path=(*os.environ.get("PYTHONPATH", "").split(":"), str(ROOT)),
                 drop_host_pid=args.drop_host_pid,
             )
-            # `auto` without replica counts from the kubelet double is 1.
-            ratio = parse_ratio(next(iter(harness.configmaps.values()))["gpu_allocation.txt"]) or 1.0
+            # `auto`: the replicas the kubelet double advertises, as a time-slicing config of that many would.
+            ratio = parse_ratio(next(iter(harness.configmaps.values()))["gpu_allocation.txt"]) or float(REPLICAS)
             url = f"http://127.0.0.1:{AGENT_PORT}"
             wait_serving(url, harness.start(), harness.log.read_text, timeout=60)
             lines += [
@@ -186,6 +202,8 @@ def main() -> int:
             blind_checks(check, metrics, ready, log, used)
         else:
             pod_checks(lines, check, metrics, pods, used, total, ratio)
+            if harness is not None:
+                driver_upgrade_checks(lines, check, DriverManager(cluster.api, NODE), harness.agent_pid(), url)
     finally:
         stop_agent(agent)
         if harness is not None:
@@ -194,6 +212,99 @@ def main() -> int:
         cluster.stop()
 
     return report.finish("Real-GPU validation", args.out)
+
+
+# How soon the agent must close the driver's files once the labels say paused
+# (docs/kubernetes.md, "GPU driver upgrades"; tests/test_driver_upgrade.py).
+RELEASE_WITHIN_S = 10.0
+
+
+def nvidia_files(pid: int) -> list[str]:
+    """The NVIDIA device files the process holds open. The pod's root is a
+    bind of the host's in a mount namespace of its own, so the link may name
+    /dev/nvidiactl under that root: the path's end is what counts."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if re.search(r"/dev/nvidia[^/]*$", target):
+            held.append(target.rsplit("/dev/", 1)[1])
+    return sorted(held)
+
+
+def module_users() -> int | None:
+    """References to the nvidia kernel module: each open device file holds one, and the
+    module unloads only at 0 (what the driver manager's rmmod meets). None where
+    /sys/module does not show the module (a machine that is itself a container)."""
+    try:
+        return int(Path("/sys/module/nvidia/refcnt").read_text())
+    except OSError:
+        return None
+
+
+def driver_upgrade_checks(lines: list[str], check: Check, manager: DriverManager, agent: int, url: str) -> None:
+    held = nvidia_files(agent)
+    users_before = module_users()
+    manager.pause()
+    paused_at = time.monotonic()
+    while nvidia_files(agent) and time.monotonic() - paused_at < 3 * RELEASE_WITHIN_S:
+        time.sleep(0.02)
+    released_s = time.monotonic() - paused_at
+    users_after = module_users()
+    left = nvidia_files(agent)
+    status, body, _ = get(f"{url}/readyz", timeout=30)
+    during = scrape(f"{url}/metrics")
+    manager.reschedule()
+    resumed_at = time.monotonic()
+    back = None
+    while time.monotonic() - resumed_at < 60:
+        back = scrape(f"{url}/metrics")
+        if back.get("vgpu_gpu_memory_total_bytes"):
+            break
+        time.sleep(0.2)
+    back_s = time.monotonic() - resumed_at
+    ready_after = get(f"{url}/readyz", timeout=30)[0]
+    lines += [
+        "Driver upgrade, played as the GPU Operator's driver manager plays it on the node's labels:",
+        "",
+        f"- before: the agent held {len(held)} NVIDIA device files ({', '.join(sorted(set(held)))}); "
+        f"nvidia module references {users_before}",
+        f"- labels paused: the agent held {len(left)} after {released_s * 1000:.0f} ms; "
+        f"module references {users_after}; /readyz {status} `{body.decode().strip()}`",
+        f"- labels lifted: GPU series back after {back_s:.1f} s; /readyz {ready_after}",
+        "",
+    ]
+    paused = [value for _, value in during.get("vgpu_agent_driver_paused", [])]
+    if not held:
+        descriptors = sorted(os.readlink(f"/proc/{agent}/fd/{fd}") for fd in os.listdir(f"/proc/{agent}/fd"))
+        lines.append(f"(the agent's descriptors: {descriptors})")
+    check(bool(held), f"the agent held NVIDIA device files while running ({len(held)})")
+    check(
+        not left and released_s < RELEASE_WITHIN_S,
+        f"every NVIDIA device file closed within {RELEASE_WITHIN_S:g} s of the pause "
+        f"({len(left)} left after {released_s:.2f} s)",
+    )
+    if users_before is not None and users_after is not None:
+        check(
+            users_after <= users_before - len(held),
+            f"the nvidia module lost the agent's references ({users_before} -> {users_after}, it held {len(held)})",
+        )
+    check(
+        status == 503 and b"paused-for-driver-upgrade" in body,
+        f"/readyz says the driver is being upgraded, naming the label ({status})",
+    )
+    check(
+        not during.get("vgpu_gpu_memory_total_bytes")
+        and not during.get("vgpu_pod_memory_used_bytes")
+        and paused == [1],
+        f"no GPU or pod series while paused; vgpu_agent_driver_paused {paused}",
+    )
+    check(
+        back is not None and bool(back.get("vgpu_pod_memory_used_bytes")) and ready_after == 200,
+        f"every pod reported again and ready once the labels are lifted (after {back_s:.1f} s, /readyz {ready_after})",
+    )
 
 
 def pod_checks(

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the prometheus-operator overlay's PrometheusRule from deploy/prometheus/otel-vgpu-rules.yaml.
+"""Writes the prometheus-operator component's PrometheusRule from deploy/prometheus/otel-vgpu-rules.yaml.
 
 The rules live once, in the Prometheus rule file that promtool tests; the
-overlay ships the same groups as a PrometheusRule. tests/test_kustomize.py
+component ships the same groups as a PrometheusRule. tests/test_kustomize.py
 fails when the two differ: run this after changing the rules.
 """
 
@@ -14,7 +14,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus" / "otel-vgpu-rules.yaml"
-TARGET = ROOT / "kustomize" / "overlays" / "prometheus-operator" / "prometheusrule.yaml"
+TARGET = ROOT / "kustomize" / "components" / "prometheus-operator" / "prometheusrule.yaml"
 
 
 def prometheus_rule() -> str:
@@ -22,7 +22,11 @@ def prometheus_rule() -> str:
     document = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "otel-vgpu", "labels": {"app.kubernetes.io/name": "otel-vgpu"}},
+        # release: what kube-prometheus-stack's Prometheus selects rules by (the PodMonitor says more).
+        "metadata": {
+            "name": "otel-vgpu",
+            "labels": {"app.kubernetes.io/name": "otel-vgpu", "release": "kube-prometheus-stack"},
+        },
         "spec": {"groups": groups},
     }
     header = (

@@ -103,11 +103,18 @@ def running_prometheus(
 # container and pod from the pod, job and endpoint, then the endpoint's own
 # relabelings.
 def podmonitor_scrape_config(
-    podmonitor: dict[str, Any], targets: dict[str, str], with_own: bool = True
+    podmonitor: dict[str, Any], targets: dict[str, str], with_own: bool = True, enforced_namespace: str | None = None
 ) -> dict[str, Any]:
     """A scrape config as the operator renders the PodMonitor's first
     endpoint, for agents' pods at `targets` (address -> node; the pods'
-    discovery labels set by hand, as kubernetes_sd would)."""
+    discovery labels set by hand, as kubernetes_sd would).
+
+    `enforced_namespace`: as for a Prometheus with `overrideHonorLabels: true`
+    and `enforcedNamespaceLabel: namespace` (OpenShift's user-workload
+    monitoring): honor_labels false (promcfg.go, "if OverrideHonorLabels is
+    true then honor_labels is always false"), and namespace=<the PodMonitor's
+    namespace> appended last to the relabelings and the metric relabelings
+    (pkg/namespacelabeler, GetRelabelingConfigs)."""
     meta = podmonitor["metadata"]
     spec = podmonitor["spec"]
     endpoint = spec["podMetricsEndpoints"][0]
@@ -147,9 +154,14 @@ def podmonitor_scrape_config(
                     for key, value in rule.items()
                 }
             )
+    enforced: list[dict[str, Any]] = []
+    if enforced_namespace is not None:
+        enforced = [{"target_label": "namespace", "replacement": enforced_namespace}]
+        relabel += enforced
     return {
         "job_name": f"podMonitor/otel-vgpu/{meta['name']}/0{'' if with_own else '-without-its-relabelings'}",
-        "honor_labels": bool(endpoint.get("honorLabels")),
+        "honor_labels": bool(endpoint.get("honorLabels")) and enforced_namespace is None,
+        **({"metric_relabel_configs": enforced} if enforced else {}),
         "metrics_path": endpoint.get("path", "/metrics"),
         "static_configs": [
             {

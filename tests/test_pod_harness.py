@@ -30,10 +30,13 @@ from testkit.pod_harness import Cluster as HarnessCluster
 from testkit.pod_harness import Pod, PodHarness
 from testkit.promtext import Exposition, parse
 
-from .test_kubernetes import NODE, SCENARIO, populate
-from .test_kustomize import rendered_text
+from .test_kubernetes import NODE, SCENARIO, U0, U1, populate
+from .test_kustomize import KUBELET_ROOTS, rendered_text
 
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+# What a time-slicing config of 4 replicas makes the device plugin advertise:
+# with the base's ratio `auto`, each GPU's ratio is 4.
+REPLICAS = 4
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -79,6 +82,7 @@ def doubles(workdir: Path) -> Iterator[tuple[KubeApiDouble, KubeletDouble, Path]
     api = KubeApiDouble(certs, NODE).start()
     kubelet = KubeletDouble(socket_dir / "kubelet.sock").start()
     populate(api, kubelet)
+    kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu}::{n}" for gpu in (U0, U1) for n in range(REPLICAS)]}
     yield api, kubelet, certs.ca
     kubelet.stop()
     api.stop()
@@ -103,7 +107,11 @@ def run_pod(
         python=interpreter()[0],
         python_path=interpreter()[1],
         drop_host_pid=drop_host_pid,
-        host_paths={POD_RESOURCES: kubelet.socket_path.parent},
+        # The kubelet double's socket, wherever the overlay says the kubelet's root is.
+        host_paths={
+            f"{root}/pod-resources": kubelet.socket_path.parent
+            for root in ("/var/lib/kubelet", *KUBELET_ROOTS.values())
+        },
         extra_args=("--simulate", str(scenario), "--port", str(port), "--pod-resources-interval", "0.2"),
     )
     url = f"http://127.0.0.1:{port}"
@@ -137,9 +145,12 @@ def test_base_as_deployed_sees_every_pod_with_the_kubelets_shares(
     assert run.metrics.series("vgpu_agent_blind_gpus") == {frozenset(): 0}
     # names from the API over the service account, shares from the kubelet's socket
     assert {("ml", "trainer-7f9c"), ("web", "api-0"), ("web", "idle-0")} <= run.pods()
+    # ratio auto: the replicas the kubelet advertises for each GPU
+    assert run.metrics.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): REPLICAS, ("1",): REPLICAS}
     allocated = run.metrics.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
-    assert allocated[("trainer-7f9c", "0")] == 2 * 40 * 1024**3  # two replicas of GPU 0, ratio 2
+    assert allocated[("trainer-7f9c", "0")] == 2 * 80 * 1024**3 / REPLICAS  # two replicas of GPU 0
     assert run.metrics.by("vgpu_pod_memory_used_bytes", "pod", "gpu_id")[("idle-0", "0")] == 0  # idle allocation
+    assert run.metrics.by("vgpu_agent_pod_resources_up") == {(): 1}
     errors = run.metrics.by("vgpu_agent_collection_errors_total", "stage")
     assert errors[("pod_resources",)] == 0 and errors[("attribution",)] == 0, run.log
     # The agent's identity from the downward API, as the OTLP path needs it.
@@ -174,7 +185,30 @@ def test_non_root_overlay_loses_the_kubelets_shares_as_documented(
     errors = run.metrics.by("vgpu_agent_collection_errors_total", "stage")
     assert errors[("pod_resources",)] >= 1
     assert "ermission denied" in run.log, run.log
-    # shares from the limits: the trainer's 3 GPUs over the 2 it runs on; the idle pod unseen
+    # shares from the limits: the trainer's 3 GPUs over the 2 it runs on; the idle pod unseen;
+    # ratio auto without the kubelet's counts is 1, as the overlay says
+    assert run.metrics.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): 1, ("1",): 1}
+    assert run.metrics.by("vgpu_agent_pod_resources_up") == {(): 0}
     allocated = run.metrics.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
-    assert allocated[("trainer-7f9c", "0")] == 1.5 * 40 * 1024**3
+    assert allocated[("trainer-7f9c", "0")] == 1.5 * 80 * 1024**3
     assert ("web", "idle-0") not in run.pods()
+
+
+# The overlays for clusters, each as the pod it renders: what differs in the pod
+# spec (node choice, runtime, annotations, the kubelet's root, SCC) must not cost
+# the agent its isolation or its view. The node choice and the runtime are the
+# scheduler's and the runtime's business: here, that nothing else changed.
+@pytest.mark.parametrize("target", ["gpu-operator", "eks", "aks", "hami", "k0s", "microk8s", "openshift-nri"])
+def test_cluster_overlays_as_deployed_see_every_pod_with_the_kubelets_shares(
+    target: str, workdir: Path, doubles: tuple[KubeApiDouble, KubeletDouble, Path]
+) -> None:
+    run = run_pod(target, workdir, doubles)
+    evidence = run.evidence
+    assert evidence["uid (real, effective, saved, fs)"] == "0 0 0 0" and no_capabilities(evidence)
+    assert evidence["root mount options"].startswith("ro")
+    agent_ns, host_ns = evidence["PID namespace: agent / harness (host)"].split(" / ")
+    assert agent_ns == host_ns, "hostPID"
+    assert run.ready[0] == 200, run.ready
+    assert {("ml", "trainer-7f9c"), ("web", "api-0"), ("web", "idle-0")} <= run.pods()
+    assert run.metrics.by("vgpu_agent_pod_resources_up") == {(): 1}, run.log
+    assert run.metrics.by("vgpu_gpu_vgpus", "gpu_id") == {("0",): REPLICAS, ("1",): REPLICAS}

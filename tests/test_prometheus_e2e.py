@@ -18,11 +18,12 @@ from testkit.certs import make_certs
 
 from .conftest import GIB
 from .prometheus import podmonitor_scrape_config, running_prometheus
+from .test_kustomize import one, render
 
 RULES = ROOT / "deploy" / "prometheus" / "otel-vgpu-rules.yaml"
 RULE_TESTS = ROOT / "tests" / "rules" / "otel-vgpu-rules.test.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "otel-vgpu-dashboard.json"
-PODMONITOR = ROOT / "kustomize" / "overlays" / "prometheus-operator" / "podmonitor.yaml"
+PODMONITOR = ROOT / "kustomize" / "components" / "prometheus-operator" / "podmonitor.yaml"
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -233,3 +234,29 @@ def test_the_operators_scrape_leaves_tenants_labels_their_own(
             assert {r["metric"].get("container") for r in bare} == {"otel-vgpu"}
         plain.stop()
         per_container.stop()
+
+
+def test_on_openshift_the_platform_prometheus_keeps_tenants_namespaces_and_user_workload_would_not(
+    tmp_path: Path, scenario_file: Path, ratio_file: Path
+) -> None:
+    """The openshift overlay's PodMonitor as the operator renders it for the
+    platform Prometheus (as written) and for the user-workload one
+    (overrideHonorLabels, enforcedNamespaceLabel: namespace), scraped by the
+    real Prometheus: only the platform keeps a tenant's namespace in
+    `namespace`, which is why the overlay is scraped there."""
+    podmonitor = one(render("openshift"), "PodMonitor", "otel-vgpu")
+    common = ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file)]
+    with running_agent(*common) as agent:
+        nodes = {agent.url.removeprefix("http://"): "node-a"}
+        platform = podmonitor_scrape_config(podmonitor, nodes)
+        user_workload = podmonitor_scrape_config(podmonitor, nodes, enforced_namespace="otel-vgpu")
+        user_workload["job_name"] += "-user-workload"
+        user_workload["relabel_configs"].insert(-1, {"target_label": "job", "replacement": "user-workload"})
+        with running_prometheus(tmp_path, [platform, user_workload], []) as prometheus:
+            kept = prometheus.wait_for('vgpu_pod_memory_used_bytes{job="otel-vgpu/otel-vgpu",pod="trainer"}')
+            assert {r["metric"].get("namespace") for r in kept} == {"ml"}
+            assert all("exported_namespace" not in r["metric"] for r in kept)
+            taken = prometheus.wait_for('vgpu_pod_memory_used_bytes{job="user-workload",pod="trainer"}')
+            assert {r["metric"]["namespace"] for r in taken} == {"otel-vgpu"}, "every tenant in the agent's namespace"
+            assert {r["metric"].get("exported_namespace") for r in taken} == {"ml"}
+        agent.stop()
