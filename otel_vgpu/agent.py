@@ -144,6 +144,7 @@ class Agent:
 
     def start(self) -> None:
         self.server.start()
+        self._watch_credentials()
         self.telemetry.start()
         if self._scenario is not None:
             self._describe_simulation(self._scenario)
@@ -305,6 +306,36 @@ class Agent:
         allocation.start()
         self._closers.append(allocation.stop)
         sources.allocation = allocation
+
+    def _watch_credentials(self) -> None:
+        """Reread the TLS files and the users file when they change (export/reload.py)."""
+        from otel_vgpu.export.auth import load_users  # noqa: PLC0415
+        from otel_vgpu.export.reload import CredentialWatch, Watched  # noqa: PLC0415
+        from otel_vgpu.export.server import tls_context  # noqa: PLC0415
+
+        config = self.config
+        groups = []
+        cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
+        if cert is not None and key is not None:
+
+            def load_tls() -> ssl.SSLContext:
+                try:
+                    return tls_context(cert, key, ca)
+                except (OSError, ssl.SSLError) as error:
+                    raise ValueError(tls_problem(config, error)) from None
+
+            paths = [cert, key, *([ca] if ca else [])]
+            groups.append(Watched("the TLS certificate and key", paths, load_tls, self.server.use_tls))
+        users = config.basic_auth_file
+        if users is not None:
+            groups.append(
+                Watched(
+                    f"the users file {users}", [users], lambda: BasicAuth(load_users(users)), self.endpoint.use_auth
+                )
+            )
+        watch = CredentialWatch(groups, self.health, every_s=config.credentials_check_s)
+        watch.start()
+        self._closers.append(watch.stop)
 
     def _watch_node(self) -> None:
         """With the Kubernetes API: this node's labels, so that NVML is let go

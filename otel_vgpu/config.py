@@ -93,6 +93,8 @@ class Config:
     """A watch silent for 1.2 x kube_watch_seconds plus this long is taken for hung."""
     first_sync_wait_s: float = 3.0
     """How long start-up waits for the first list of pods, so the first scrape has names."""
+    credentials_check_s: float = 2.0
+    """How often the TLS files and the users file are looked at for a new version."""
     ask_again_s: float = 300.0
     """How long a GPU whose NVML cannot report per-process utilization is left alone before it is asked again."""
 

@@ -33,6 +33,8 @@ class Stage(str, Enum):
     NODE = "node"
     """This node's labels, read to follow the GPU Operator's driver upgrades."""
     POD_RESOURCES = "pod_resources"
+    CREDENTIALS = "credentials"
+    """The endpoint's TLS files or users file changed to a version that cannot be used."""
     POD_ANNOTATIONS = "pod_annotations"
     """A pod's allocator annotation (HAMi) that cannot be read."""
     EXPORT = "export"

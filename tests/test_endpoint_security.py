@@ -5,14 +5,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
+import os
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import bcrypt
 import pytest
 
-from otel_vgpu.export.auth import Attempt, AuthFileError, BasicAuth, Verdict, parse_users
-from testkit.agent import free_port, run_to_exit, running_agent
+from otel_vgpu.export.auth import Attempt, AuthFileError, BasicAuth, Verdict, network_of, parse_users
+from testkit.agent import free_port, run_to_exit, running_agent, wait_until
 from testkit.certs import Certs, make_certs
 
 
@@ -42,8 +44,10 @@ def certs(tmp_path: Path) -> Certs:
 @pytest.fixture
 def users(tmp_path: Path) -> Path:
     path = tmp_path / "users"
+    # One kind and cost for every user: a mixed file is refused (test_a_users_file_that_mixes_costs_is_refused).
     hashed = bcrypt.hashpw(b"bcrypt-secret", bcrypt.gensalt(rounds=4)).decode()
-    path.write_text(f"# scrapers\nprometheus:{hashed}\ncollector:sha256:{hashlib.sha256(b'sha-secret').hexdigest()}\n")
+    collector = bcrypt.hashpw(b"sha-secret", bcrypt.gensalt(rounds=4)).decode()
+    path.write_text(f"# scrapers\nprometheus:{hashed}\ncollector:{collector}\n")
     return path
 
 
@@ -73,6 +77,28 @@ def test_https_with_basic_auth(certs: Certs, users: Path, ratio_file: Path) -> N
         plain.close()
         code, _ = agent.stop()
     assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("second", "named"),
+    [
+        (
+            lambda: "sha256:" + hashlib.sha256(b"x").hexdigest(),
+            "'bob' has a sha256 hash and 'alice' a bcrypt cost 4 one",
+        ),
+        (lambda: bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=5)).decode(), "'bob' has a bcrypt cost 5 hash"),
+    ],
+)
+def test_a_users_file_that_mixes_costs_is_refused(
+    tmp_path: Path, ratio_file: Path, second: Callable[[], str], named: str
+) -> None:
+    # An unknown user is checked against one decoy cost: mixed costs would tell users apart by timing.
+    users = tmp_path / "users"
+    users.write_text(f"alice:{bcrypt.hashpw(b'x', bcrypt.gensalt(rounds=4)).decode()}\nbob:{second()}\n")
+    result = run_to_exit(["--simulate", "--allocation-file", str(ratio_file), "--basic-auth-file", str(users)])
+    assert result.returncode == 2
+    assert f"{users}:2: user {named}" in result.stderr, result.stderr
+    assert "same kind of hash and bcrypt cost" in result.stderr
 
 
 def test_mutual_tls(certs: Certs, tmp_path: Path, ratio_file: Path) -> None:
@@ -201,3 +227,108 @@ def test_the_tls_overlays_probes_pass_with_mutual_tls_on(certs: Certs, ratio_fil
             finally:
                 connection.close()
         agent.stop()
+
+
+def replace(path: Path, text: str | bytes) -> None:
+    """As a Secret volume update or an editor's save does: a whole new file in the old one's place."""
+    new = path.with_name(path.name + ".new")
+    new.write_bytes(text if isinstance(text, bytes) else text.encode())
+    os.replace(new, path)
+
+
+def credentials_errors(agent_url: str, ca: Path, auth: tuple[str, str]) -> float:
+    import re  # noqa: PLC0415
+
+    context = ssl.create_default_context(cafile=str(ca))
+    host, port = agent_url.removeprefix("http://").split(":")
+    connection = http.client.HTTPSConnection(host, int(port), context=context, timeout=10)
+    headers = {"Authorization": "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()}
+    try:
+        connection.request("GET", "/metrics", headers=headers)
+        body = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    found = re.search(r'vgpu_agent_collection_errors_total\{stage="credentials"\} (\S+)', body)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_revoked_password_stops_working_and_a_broken_users_file_keeps_the_last(
+    certs: Certs, tmp_path: Path, ratio_file: Path
+) -> None:
+    users = tmp_path / "users"
+    users.write_text("alice:" + bcrypt.hashpw(b"old-password", bcrypt.gensalt(rounds=4)).decode() + "\n")
+    args = tls_args(ratio_file, certs, "--basic-auth-file", str(users))
+    with running_agent(*args, https_ca=certs.ca) as agent:
+        assert https_get(agent.url, certs.ca, ("alice", "old-password")) == 200
+        replace(users, "alice:" + bcrypt.hashpw(b"new-password", bcrypt.gensalt(rounds=4)).decode() + "\n")
+        wait_until(
+            lambda: (
+                https_get(agent.url, certs.ca, ("alice", "new-password")) == 200
+                and https_get(agent.url, certs.ca, ("alice", "old-password")) == 401
+            ),
+            what="the new users file in force, the old password refused",
+        )
+        replace(users, "alice:not-a-hash\n")
+        wait_until(lambda: credentials_errors(agent.url, certs.ca, ("alice", "new-password")) >= 1, what="counted")
+        assert https_get(agent.url, certs.ca, ("alice", "new-password")) == 200, "the last good file stays"
+        code, log = agent.stop()
+    assert code == 0
+    assert log.count("cannot be used") == 1 and "keeping the previous version" in log, log
+    assert log.count("the users file") >= 2 and "reread: the new version is in force" in log, log
+
+
+def test_a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_keeps_the_last(
+    certs: Certs, tmp_path: Path, ratio_file: Path
+) -> None:
+    renewed = make_certs(tmp_path / "renewed")  # another CA: only the new certificate passes its check
+    with running_agent(*tls_args(ratio_file, certs), https_ca=certs.ca) as agent:
+        assert https_get(agent.url, certs.ca) == 200
+        replace(certs.key, renewed.key.read_bytes())
+        replace(certs.cert, renewed.cert.read_bytes())
+
+        def serves_the_renewed() -> bool:
+            try:
+                return https_get(agent.url, renewed.ca) == 200
+            except ssl.SSLError:  # still the old certificate
+                return False
+
+        wait_until(serves_the_renewed, what="the renewed certificate served")
+        replace(certs.key, b"-----BEGIN PRIVATE KEY-----\nbroken\n-----END PRIVATE KEY-----\n")
+        wait_until(lambda: credentials_errors(agent.url, renewed.ca, ("", "")) >= 1, what="the broken key counted")
+        assert serves_the_renewed(), "the last good certificate and key stay"
+        code, log = agent.stop()
+    assert code == 0
+    assert log.count("the TLS certificate and key changed and cannot be used") == 1, log
+
+
+def test_failures_spread_over_a_network_throttle_the_network_not_a_known_good_scraper() -> None:
+    now = [1000.0]
+    auth = BasicAuth({"prometheus": f"sha256:{hashlib.sha256(b'right').hexdigest()}"}, clock=lambda: now[0])
+
+    def attempt(password: str, peer: str) -> Verdict:
+        header = "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()
+        verdict = auth.decide(header, peer)
+        return auth.verify(verdict) if isinstance(verdict, Attempt) else verdict
+
+    assert attempt("right", "10.1.2.200") is Verdict.ALLOW  # the scraper's credential, remembered
+    # 20 addresses of 10.1.2.0/24, one wrong password each: no address reaches its own 5
+    for host in range(1, 21):
+        assert attempt(f"guess-{host}", f"10.1.2.{host}") is Verdict.DENY
+    assert attempt("another-guess", "10.1.2.77") is Verdict.THROTTLED, "the network is throttled"
+    assert attempt("another-guess", "10.1.3.77") is Verdict.DENY, "the next network is not"
+    assert attempt("right", "10.1.2.200") is Verdict.ALLOW, "a credential that passed is not held up"
+    now[0] += 61
+    assert attempt("yet-another", "10.1.2.77") is Verdict.DENY, "the throttle ends"
+
+
+@pytest.mark.parametrize(
+    ("peer", "network"),
+    [
+        ("192.0.2.77", "192.0.2.0/24"),
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+        ("::ffff:192.0.2.77", "192.0.2.0/24"),
+        ("not-an-address", "not-an-address"),
+    ],
+)
+def test_the_network_of_a_peer(peer: str, network: str) -> None:
+    assert network_of(peer) == network

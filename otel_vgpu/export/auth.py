@@ -14,7 +14,10 @@ and never an oracle:
 - an unknown user costs a bcrypt check of the same cost as the known ones,
   so timing does not tell which users exist;
 - a peer that keeps failing is refused for a while (429), doubling up to a
-  minute, before any bcrypt check;
+  minute, before any bcrypt check, and so is a network (/24, /64) whose
+  addresses keep failing together;
+- every user's hash is of one kind and cost (a file that mixes them is
+  refused), so the decoy an unknown user is checked against costs the same;
 - a password bcrypt cannot take (over 72 bytes) is wrong, never an error.
 """
 
@@ -24,6 +27,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import logging
 import re
 import threading
@@ -46,6 +50,7 @@ SLOW_CHECK_S = 0.1
 # Remembered credentials (passed and failed) and peers with failures: bounded.
 CACHE_ENTRIES = 4096
 FAILURES_BEFORE_THROTTLE = 5
+NETWORK_FAILURES_BEFORE_THROTTLE = 20
 THROTTLE_FIRST_S = 1.0
 THROTTLE_MOST_S = 60.0
 
@@ -56,6 +61,7 @@ class AuthFileError(ValueError):
 
 def parse_users(text: str, source: str) -> dict[str, str]:
     users: dict[str, str] = {}
+    kinds: dict[str, tuple[str, int]] = {}  # each kind of hash: its first user and line
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -72,9 +78,25 @@ def parse_users(text: str, source: str) -> dict[str, str]:
         if user in users:
             raise AuthFileError(f"{source}:{number}: user {user!r} appears twice")
         users[user] = hashed
+        kinds.setdefault(_cost(hashed), (user, number))
     if not users:
         raise AuthFileError(f"{source}: no users; {_VALID}")
+    if len(kinds) > 1:
+        # An unknown user is checked against a decoy of one cost: with users of
+        # several costs, how fast a login is refused would tell which users exist.
+        (first, (user_a, _)), (second, (user_b, line_b)) = list(kinds.items())[:2]
+        raise AuthFileError(
+            f"{source}:{line_b}: user {user_b!r} has a {second} hash and {user_a!r} a {first} one; give every "
+            "user the same kind of hash and bcrypt cost (htpasswd -nbB -C <cost>), so that how fast a login is "
+            "refused does not tell which users exist"
+        )
     return users
+
+
+def _cost(hashed: str) -> str:
+    """A hash's kind and cost, in words: `bcrypt cost 10`, `sha256`."""
+    match = _BCRYPT.match(hashed)
+    return f"bcrypt cost {int(match.group('cost'))}" if match else "sha256"
 
 
 def load_users(path: Path) -> dict[str, str]:
@@ -156,10 +178,14 @@ class BasicAuth:
             if key in self._failed:
                 self._note_failure(peer)
                 return Verdict.DENY
-            _, until = self._peers.get(peer, (0, 0.0))
-            if self._clock() < until:
+            if self._throttled(peer):
                 return Verdict.THROTTLED
         return Attempt(key, password, hashed or self._decoy, hashed is not None, peer)
+
+    def _throttled(self, peer: str) -> bool:
+        """The peer, or its network (/24, /64), is refused for now; the caller holds the lock."""
+        now = self._clock()
+        return any(now < self._peers.get(who, (0, 0.0))[1] for who in (peer, network_of(peer)))
 
     def verify(self, attempt: Attempt) -> Verdict:
         """The slow part: bcrypt (or SHA-256), then remembered either way."""
@@ -181,19 +207,34 @@ class BasicAuth:
 
     def retry_after(self, peer: str) -> int:
         with self._lock:
-            _, until = self._peers.get(peer, (0, 0.0))
+            until = max(self._peers.get(who, (0, 0.0))[1] for who in (peer, network_of(peer)))
         return max(1, int(until - self._clock() + 0.999))
 
     def _note_failure(self, peer: str) -> None:
-        """One more failure for `peer`; the caller holds the lock."""
-        failures, until = self._peers.pop(peer, (0, 0.0))
-        failures += 1
-        if failures >= FAILURES_BEFORE_THROTTLE:
-            wait = min(THROTTLE_MOST_S, THROTTLE_FIRST_S * 2 ** (failures - FAILURES_BEFORE_THROTTLE))
-            until = self._clock() + wait
-        self._peers[peer] = (failures, until)
+        """One more failure for `peer` and for its network; the caller holds the lock.
+        A network is throttled after NETWORK_FAILURES_BEFORE_THROTTLE: many addresses of
+        one /24 or /64 are one attacker as far as a bcrypt thread is concerned."""
+        for who, allowed in ((peer, FAILURES_BEFORE_THROTTLE), (network_of(peer), NETWORK_FAILURES_BEFORE_THROTTLE)):
+            failures, until = self._peers.pop(who, (0, 0.0))
+            failures += 1
+            if failures >= allowed:
+                wait = min(THROTTLE_MOST_S, THROTTLE_FIRST_S * 2 ** (failures - allowed))
+                until = self._clock() + wait
+            self._peers[who] = (failures, until)
         while len(self._peers) > CACHE_ENTRIES:
             self._peers.popitem(last=False)
+
+
+def network_of(peer: str) -> str:
+    """The /24 of an IPv4 address, the /64 of an IPv6 one; the peer itself if it is neither."""
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return peer
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    prefix = 24 if address.version == 4 else 64
+    return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
 
 
 def _credential(header: str | None) -> tuple[str, str] | None:
@@ -204,8 +245,9 @@ def _credential(header: str | None) -> tuple[str, str] | None:
     if scheme.lower() != "basic":
         return None
     try:
+        # A str with non-ASCII characters is a ValueError to b64decode, not a binascii.Error.
         decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except (binascii.Error, UnicodeDecodeError, ValueError):
         return None
     user, sep, password = decoded.partition(":")
     return (user, password) if sep else None

@@ -19,6 +19,7 @@ and looked up by that dict's identity on every later scrape.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -58,6 +59,12 @@ class Format:
     """How names outside Prometheus' legacy character set are written (only `dots` changes
     the agent's names, which are all legacy-valid)."""
 
+    @property
+    def body(self) -> tuple[bool, str]:
+        """What the body depends on: clients that name other versions in Accept share it
+        (the Content-Type, which echoes the version, is set per response)."""
+        return self.openmetrics, self.escaping
+
 
 TEXT = Format(CONTENT_TYPE_PLAIN_0_0_4)
 
@@ -72,6 +79,10 @@ def negotiate(accept: str) -> Format:
         if media_type not in ("application/openmetrics-text", "text/plain"):
             continue
         version, escaping = _parameters(tokens[1:])
+        if version and not _PLAIN_VERSION.fullmatch(version):
+            # Echoed in the Content-Type: a version that is no short ASCII word (a client's
+            # "²", 5,000 digits) is answered as the plain 1.0.0 it stands for.
+            version = "1.0.0" if _at_least_1(version) else ""
         if media_type == "application/openmetrics-text":
             if not version:
                 return Format(OPENMETRICS_1, openmetrics=True)
@@ -96,10 +107,17 @@ def _parameters(tokens: Iterable[str]) -> tuple[str, str]:
     return version, escaping or om.UNDERSCORES
 
 
+_PLAIN_VERSION = re.compile(r"[0-9A-Za-z.+-]{1,32}")
+
+
 def _at_least_1(version: str) -> bool:
     first = version.split(".", 1)[0]
     # prometheus_client compares parsed tuples: a non-numeric first part sorts after any number.
-    return not first.isdigit() or int(first) >= 1
+    # Only ASCII digits are a number (str.isdigit also takes "²"), and a number is at least 1
+    # when a digit other than 0 is in it: no int() of a client's 5,000 digits.
+    if not (first.isascii() and first.isdigit()):
+        return True
+    return first.strip("0") != ""
 
 
 def _escape_value(value: str) -> str:

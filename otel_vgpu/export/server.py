@@ -22,7 +22,9 @@ Every client is held to bounds, whoever it is and whatever it sends
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import fcntl
 import gzip
 import logging
@@ -32,7 +34,7 @@ import struct
 import termios
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +58,15 @@ MAX_KEPT_BODIES = 4
 # The heap is trimmed at most this often, once this many connections have closed since the last trim.
 TRIM_EVERY_S = 5.0
 TRIM_AFTER_CLOSED = 32
+# How often connections waiting for a place look for one that became sheddable.
+ADMIT_TICK_S = 0.05
+# Connections the kernel queues before the loop accepts them (their SYNs are not dropped in a
+# burst, so a scraper's connect does not wait out a retransmission); accepted, they count.
+LISTEN_QUEUE = 1024
+# A response is written this much at a time, each piece once the peer has taken the last.
+WRITE_CHUNK = 64 * 1024
+# An unexpected error of one kind is logged at most this often.
+UNEXPECTED_LOG_EVERY_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +85,24 @@ class Limits:
     workers: int = 4
     """Threads rendering responses (sweeps are shared, so more would only queue on them)."""
     shed_after_s: float = 1.0
-    """Quiet connections that have waited this long are shed before younger ones: a client
-    sends its request (or ClientHello) right after connecting."""
+    """A connection that has waited this long for its request head may be shed, even if
+    some of it waits to be read (a trickler)."""
+    quiet_after_s: float = 0.25
+    """A connection that has sent nothing unread for this long may be shed: a client sends
+    its request (or ClientHello) right after connecting."""
     backlog: int = 64
-    """Connections the kernel queues for accepting, and that the loop accepts at a time: with
-    `connections`, the bound on open sockets (a shed one closes on the loop's next turn)."""
+    """Connections the loop accepts at a time: with `connections` and `admit_queue`, the
+    bound on open sockets (a shed one closes on the loop's next turn)."""
     stuck_after_s: float = 120.0
     """/healthz fails once a sweep has run this long: liveness restarts an agent stuck in a read."""
+    admit_wait_s: float = 2.0
+    """A new connection over the cap waits this long for a place before its 503."""
+    admit_queue: int = 128
+    """New connections waiting for a place at most; past that, 503 at once."""
+    stall_s: float = 2.0
+    """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
+    password_checks: int = 4
+    """Password checks (bcrypt) running or queued at once; past that, 503 and the connection closed."""
 
 
 DEFAULT_LIMITS = Limits()
@@ -129,10 +151,19 @@ class Endpoint:
         self._limits = limits
         self.workers = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="http-worker")
         self._auth_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-auth")
-        self._flights: dict[tuple[Format, bool, bool], _Flight] = {}
-        self._bodies: dict[tuple[Format, bool], tuple[Snapshot, Response]] = {}
+        self._checking = 0
+        """Password checks running or queued for the bcrypt thread."""
+        # Keyed by what the body depends on (OpenMetrics or not, escaping, gzip), never by
+        # what a client writes in Accept: a made-up version per request shares one render.
+        self._flights: dict[tuple[tuple[bool, str], bool, bool], _Flight] = {}
+        self._bodies: dict[tuple[tuple[bool, str], bool], tuple[Snapshot, Response]] = {}
         self.renders = 0
         """Bodies rendered (each shared by every scrape of its snapshot)."""
+
+    def use_auth(self, auth: BasicAuth) -> None:
+        """Users from a reread file, for the requests that follow (what the old ones had
+        remembered, passed or failed, goes with them: a revoked password stops working)."""
+        self._auth = auth
 
     def close(self) -> None:
         self.workers.shutdown(wait=False, cancel_futures=True)
@@ -157,12 +188,12 @@ class Endpoint:
             fmt = negotiate(request.headers.get("accept", ""))
             compress = accepts_gzip(request.headers.get("accept-encoding", ""))
             if no_cache(request.headers):
-                return await self._shared(fmt, compress, fresh=True)
+                return _as(fmt, await self._shared(fmt, compress, fresh=True))
             # Scrapes within --min-interval of each other share the sweep, and the body too.
-            cached = self._bodies.get((fmt, compress))
+            cached = self._bodies.get((fmt.body, compress))
             if cached is not None and cached[0] is self._sampler.fresh(self._telemetry.min_interval):
-                return cached[1]
-            return await self._shared(fmt, compress)
+                return _as(fmt, cached[1])
+            return _as(fmt, await self._shared(fmt, compress))
         if path == "/":
             return text(200, "otel-vgpu: /metrics (Prometheus), /healthz, /readyz\n")
         return text(404, "not found; try /metrics\n")
@@ -171,16 +202,27 @@ class Endpoint:
         """Why /metrics is not for this client, or None."""
         if self._client_certificates and not request.client_certificate:
             return text(403, "a client certificate signed by the configured CA is required\n")
-        if self._auth is None:
+        auth = self._auth  # the users file may be reread meanwhile: one version per request
+        if auth is None:
             return None
-        verdict = self._auth.decide(request.headers.get("authorization"), request.peer)
+        verdict = auth.decide(request.headers.get("authorization"), request.peer)
         if isinstance(verdict, Attempt):
+            if self._checking >= self._limits.password_checks:
+                # The bcrypt thread's queue is full: no connection waits on it, holding a
+                # place under the cap. A credential that passed before never gets here.
+                return text(
+                    503, "too many password checks at once; try again\n", ("Retry-After", "1"), ("Connection", "close")
+                )
             loop = asyncio.get_running_loop()
-            verdict = await loop.run_in_executor(self._auth_worker, self._auth.verify, verdict)
+            self._checking += 1
+            try:
+                verdict = await loop.run_in_executor(self._auth_worker, auth.verify, verdict)
+            finally:
+                self._checking -= 1
         if verdict is Verdict.ALLOW:
             return None
         if verdict is Verdict.THROTTLED:
-            wait = str(self._auth.retry_after(request.peer))
+            wait = str(auth.retry_after(request.peer))
             return text(429, "too many failed logins; try again later\n", ("Retry-After", wait))
         return text(401, "unauthorized\n", ("WWW-Authenticate", 'Basic realm="otel-vgpu"'))
 
@@ -191,7 +233,7 @@ class Endpoint:
         worker. The body is kept for the scrapes that follow until a new sweep
         is due. `fresh` (Cache-Control: no-cache) skips the kept body and
         joins only renders that skip it too."""
-        key = (fmt, compress, fresh)
+        key = (fmt.body, compress, fresh)
         flight = self._flights.get(key)
         if flight is None or flight.future.cancelled():
             loop = asyncio.get_running_loop()
@@ -210,7 +252,7 @@ class Endpoint:
         finally:
             flight.waiters -= 1
 
-    def _land(self, key: tuple[Format, bool, bool], flight: _Flight) -> None:
+    def _land(self, key: tuple[tuple[bool, str], bool, bool], flight: _Flight) -> None:
         """On the loop, as a render ends: keep its body for its snapshot's scrapes."""
         if self._flights.get(key) is flight:
             del self._flights[key]
@@ -251,6 +293,13 @@ class Endpoint:
             reasons = "no successful sweep" if not snapshot.ok else "no GPU reported"
             reasons = f"{reasons}: {errors}" if errors else reasons
         return text(503, f"not ready: {reasons}\n")
+
+
+def _as(fmt: Format, response: Response) -> Response:
+    """A shared body with the Content-Type this client's Accept asked for."""
+    if response.content_type == fmt.content_type:
+        return response
+    return dataclasses.replace(response, content_type=fmt.content_type)
 
 
 @dataclass(slots=True, eq=False)
@@ -323,6 +372,22 @@ class _Reader(asyncio.StreamReader):
         return data
 
 
+class _Protocol(asyncio.StreamReaderProtocol):
+    """With TLS, a new connection is not read until its handler starts the handshake:
+    a ClientHello read before that would land in the stream reader, where the TLS
+    layer never sees it (the handshake would hang), and bytes waiting in the kernel
+    are what tells a client that has sent its hello from a silent one."""
+
+    def __init__(self, reader: asyncio.StreamReader, serve: Any, loop: asyncio.AbstractEventLoop, hold: bool) -> None:
+        super().__init__(reader, serve, loop=loop)
+        self._hold = hold
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._hold and isinstance(transport, asyncio.ReadTransport):
+            transport.pause_reading()  # start_tls resumes it, for the TLS layer
+
+
 @dataclass(slots=True, eq=False)
 class _Connection:
     writer: asyncio.StreamWriter
@@ -330,6 +395,14 @@ class _Connection:
     waiting_since: float
     waiting: bool = True
     """Idle, or receiving a request head: what the cap sheds first."""
+    handshaking: bool = False
+    """In its TLS handshake: shed only when nothing it sent waits to be read (the handshake has its own deadline)."""
+    writing_since: float | None = None
+    """When the response being written last made progress (a chunk taken by the peer); None when not writing."""
+
+    def stalled(self, now: float, after_s: float) -> bool:
+        """Writing a response the peer has taken nothing of for `after_s`: a reader that does not read."""
+        return self.writing_since is not None and now - self.writing_since >= after_s
 
     def quiet(self) -> bool:
         """Nothing it sent waits to be read, in the reader or in the kernel."""
@@ -338,6 +411,8 @@ class _Connection:
 
 @dataclass(slots=True)
 class Counters:
+    errors: int = 0
+    """Unexpected errors in handlers, answered 500."""
     closed: int = 0
     shed: int = 0
     refused: int = 0
@@ -362,7 +437,7 @@ class Server:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._socket.bind((address, port))
-            self._socket.listen(limits.backlog)
+            self._socket.listen(LISTEN_QUEUE)
         except OSError:
             self._socket.close()
             raise
@@ -372,6 +447,12 @@ class Server:
         self.tls = ssl_context is not None
         self.limits = limits
         self.counters = Counters()
+        self._logged_errors: dict[str, float] = {}
+        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
+        """New connections waiting for a place under the cap, in order of arrival."""
+        self._reserved = 0
+        """Places given to waiting connections that have not taken them yet."""
+        self._ticking = False
         self._closed_at_trim = 0
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(_quiet_exceptions)
@@ -382,6 +463,10 @@ class Server:
     @property
     def port(self) -> int:
         return int(self._socket.getsockname()[1])
+
+    def use_tls(self, context: ssl.SSLContext) -> None:
+        """A renewed certificate (or key, or client CA), for the handshakes that follow."""
+        self._ssl = context
 
     def start(self) -> None:
         self._thread.start()
@@ -400,8 +485,8 @@ class Server:
 
         def protocol() -> asyncio.StreamReaderProtocol:
             # What asyncio.start_server builds, with a reader that notes when bytes arrive.
-            return asyncio.StreamReaderProtocol(
-                _Reader(limit=self.limits.head_bytes, loop=loop), self._serve, loop=loop
+            return _Protocol(
+                _Reader(limit=self.limits.head_bytes, loop=loop), self._serve, loop=loop, hold=self._ssl is not None
             )
 
         # TLS is started by each connection's handler (StreamWriter.start_tls),
@@ -433,29 +518,98 @@ class Server:
 
     # --- one connection --------------------------------------------------------------
 
+    def _victim(self, now: float) -> _Connection | None:
+        """A connection to shed for a new one: one waiting for a request head that has sent
+        nothing the loop has not read for `quiet_after_s` (a client sends its request, or
+        its ClientHello, at once), or that has waited `shed_after_s` (a trickler; never a
+        handshake whose bytes wait to be read: the loop is only busy); quiet ones first,
+        oldest first; else one whose peer has taken nothing of its response for `stall_s`."""
+        connections = self.counters.connections
+        limits = self.limits
+        old = []
+        for c in connections:
+            if not c.waiting:
+                continue
+            age = now - c.waiting_since
+            quiet = c.quiet()
+            if (quiet and age >= limits.quiet_after_s) or (age >= limits.shed_after_s and not c.handshaking):
+                old.append((not quiet, c.waiting_since, c))
+        if old:
+            return min(old, key=lambda entry: entry[:2])[2]
+        stalled = [c for c in connections if c.stalled(now, self.limits.stall_s)]
+        return min(stalled, key=lambda c: c.writing_since or now) if stalled else None
+
+    async def _admit(self) -> bool:
+        """A place under the cap for a new connection: a free one, one a shed connection
+        leaves, or one that frees within `admit_wait_s` (clients that come and go, as a
+        flood's do, free places every few milliseconds). Waiters are served in order of
+        arrival, one place at a time. False: refuse it."""
+        if self._place_now():
+            return True
+        if len(self._queue) >= self.limits.admit_queue:
+            return False
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(turn)
+        self._tick()
+        try:
+            await asyncio.wait_for(asyncio.shield(turn), self.limits.admit_wait_s)
+        except TimeoutError:
+            if turn.done():  # given its place as the wait ran out: take it
+                self._reserved -= 1
+                return True
+            turn.cancel()
+            return False
+        self._reserved -= 1
+        return True
+
+    def _place_now(self) -> bool:
+        """A place for a connection now, shedding one if need be (the caller takes it at once)."""
+        if len(self.counters.connections) + self._reserved < self.limits.connections:
+            return True
+        victim = self._victim(time.monotonic())
+        if victim is None:
+            return False
+        self.counters.connections.discard(victim)
+        victim.writer.transport.abort()
+        self.counters.shed += 1
+        return True
+
+    def _dispatch(self) -> None:
+        """Give the waiting connections, first come first served, the places there are."""
+        while self._queue:
+            turn = self._queue[0]
+            if turn.done():  # gave up waiting
+                self._queue.popleft()
+                continue
+            if not self._place_now():
+                return
+            self._queue.popleft()
+            self._reserved += 1
+            turn.set_result(None)
+
+    def _tick(self) -> None:
+        """While connections wait, look for places every ADMIT_TICK_S too: one may become
+        sheddable (quiet long enough) without any connection closing."""
+        if self._ticking or not self._queue:
+            return
+        self._ticking = True
+
+        def tick() -> None:
+            self._ticking = False
+            self._dispatch()
+            self._tick()
+
+        asyncio.get_running_loop().call_later(ADMIT_TICK_S, tick)
+
+    def _free_place(self) -> None:
+        self._dispatch()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections = self.counters.connections
-        if len(connections) >= self.limits.connections:
-            # Shed a connection that is waiting with nothing to read: idle,
-            # or trickling a head whose bytes are all consumed. One whose
-            # request has arrived (in the kernel or the reader) is not idle.
-            # Those that have waited `shed_after_s` go first, oldest first;
-            # with none to shed, the new one is refused.
-            now = time.monotonic()
-            waiting = [c for c in connections if c.waiting]
-            old = [c for c in waiting if now - c.waiting_since >= self.limits.shed_after_s]
-            quiet = [c for c in waiting if c.quiet()]
-            # Then, if none is quiet, one that has been receiving its head for
-            # over `shed_after_s`: a client sends a head at once, a trickler does not.
-            idle = [c for c in quiet if c in old] or quiet or old
-            if not idle:
-                self.counters.refused += 1
-                await self._send_and_close(writer, text(503, "too many connections; try again\n"))
-                return
-            victim = min(idle, key=lambda c: c.waiting_since)
-            connections.discard(victim)
-            victim.writer.transport.abort()
-            self.counters.shed += 1
+        if not await self._admit():
+            self.counters.refused += 1
+            await self._send_and_close(writer, text(503, "too many connections; try again\n"))
+            return
         connection = _Connection(writer, reader, time.monotonic())
         connections.add(connection)
         peer = writer.get_extra_info("peername")
@@ -463,12 +617,15 @@ class Server:
         try:
             certificate = False
             if self._ssl is not None:
+                connection.handshaking = True
                 try:
                     await writer.start_tls(self._ssl, ssl_handshake_timeout=self.limits.handshake_s)
                 except AttributeError:
                     # asyncio (3.11, 3.12) when the connection was shed or
                     # dropped mid-handshake: start_tls gets no TLS transport back.
                     return
+                finally:
+                    connection.handshaking = False
                 if writer.transport is None:  # the client left as the handshake ended
                     return
                 tls_object = writer.get_extra_info("ssl_object")
@@ -480,16 +637,23 @@ class Server:
                     return
                 connection.waiting = False
                 request = _request(event, peer[0] if peer else "", certificate)
+                if "content-length" in request.headers and "transfer-encoding" in request.headers:
+                    # A request smuggling's shape: answered, then the connection closed (RFC 9112 6.1).
+                    raise _HttpError(400, "Content-Length and Transfer-Encoding together")
                 # A GET or HEAD has no body: its end is already in h11's buffer.
                 # Anything else (a body, another method) is answered, then closed.
                 ended = request.method in ("GET", "HEAD") and isinstance(protocol.next_event(), h11.EndOfMessage)
-                response = await self._answer(reader, protocol, request)
+                try:
+                    response = await self._answer(reader, protocol, request)
+                except Exception as error:  # a handler's bug must not cost the client its answer
+                    response = self._unexpected(request, error)
+                    ended = False
                 if response is None:
                     return  # the client left before its answer was ready
                 if not ended:
                     await self._send_and_close(writer, response, protocol)
                     return
-                if not await self._send(writer, protocol, response, head=request.method == "HEAD"):
+                if not await self._send(writer, protocol, response, head=request.method == "HEAD", on=connection):
                     return
                 if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
                     return  # HTTP/1.0 or Connection: close
@@ -498,19 +662,47 @@ class Server:
             await self._send_and_close(writer, text(error.status, f"{error}\n"), protocol)
         except (TimeoutError, h11.ProtocolError, ConnectionError, OSError, asyncio.IncompleteReadError):
             pass  # a dropped connection, a failed or slow TLS handshake
+        except Exception as error:  # never a traceback per connection, whatever the bytes
+            self._note_unexpected("serving a connection", error)
         finally:
             connections.discard(connection)
             self.counters.closed += 1
             _close(writer)
+            self._free_place()
+
+    def _unexpected(self, request: Request, error: Exception) -> Response:
+        self._note_unexpected(f"answering {request.method} {request.path}", error)
+        return text(500, "internal error; the agent's log says more\n")
+
+    def _note_unexpected(self, what: str, error: Exception) -> None:
+        """One short line per kind of error a minute at most, never a traceback per request."""
+        self.counters.errors += 1
+        kind = type(error).__name__
+        now = time.monotonic()
+        if now - self._logged_errors.get(kind, -UNEXPECTED_LOG_EVERY_S) >= UNEXPECTED_LOG_EVERY_S:
+            self._logged_errors[kind] = now
+            log.error(
+                "unexpected error %s: %s: %s (%d so far; this kind is logged once a minute at most)",
+                what,
+                kind,
+                str(error)[:200],
+                self.counters.errors,
+            )
 
     async def _answer(
         self, reader: asyncio.StreamReader, protocol: h11.Connection, request: Request
     ) -> Response | None:
         """The endpoint's response, or None if the client closes first: its
         render, still queued for a worker, is then dropped, so scrapers that
-        time out cannot leave a backlog of work nobody will read."""
+        time out cannot leave a backlog of work nobody will read. What the
+        client sends meanwhile (pipelined requests) is read only while h11's
+        buffer has room for a request head: a client pipelining as fast as
+        TCP allows fills its socket, not the agent's memory."""
         work = asyncio.ensure_future(self._endpoint.handle(request))
-        watch = asyncio.ensure_future(reader.read(self.limits.head_bytes))
+        room = self.limits.head_bytes - len(protocol.trailing_data[0])
+        if room <= 0:
+            return await work
+        watch = asyncio.ensure_future(reader.read(room))
         try:
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
             if watch.done():
@@ -567,22 +759,42 @@ class Server:
             protocol.receive_data(data)
 
     async def _send(
-        self, writer: asyncio.StreamWriter, protocol: h11.Connection, response: Response, head: bool = False
+        self,
+        writer: asyncio.StreamWriter,
+        protocol: h11.Connection,
+        response: Response,
+        head: bool = False,
+        on: _Connection | None = None,
     ) -> bool:
+        """Write the response a chunk at a time, each once the peer has taken the last:
+        a connection holds at most a chunk and the transport's high-water mark, never a
+        body (a shared body is not copied per connection), and one whose peer takes
+        nothing is seen to stall (`on.writing_since`)."""
         headers = [
             ("Content-Type", response.content_type),
             ("Content-Length", str(len(response.body))),
             *response.headers,
         ]
-        data = protocol.send(h11.Response(status_code=response.status, headers=headers))
-        if response.body and not head:
-            data += protocol.send(h11.Data(data=response.body))
-        data += protocol.send(h11.EndOfMessage())
-        writer.write(data)
+        body = memoryview(response.body) if response.body and not head else memoryview(b"")
+
+        def pieces() -> Iterator[bytes]:
+            # Lazily: a piece is made (a chunk's copy) only when the last one has gone.
+            yield protocol.send(h11.Response(status_code=response.status, headers=headers)) or b""
+            for start in range(0, len(body), WRITE_CHUNK):
+                yield protocol.send(h11.Data(data=bytes(body[start : start + WRITE_CHUNK]))) or b""
+            yield protocol.send(h11.EndOfMessage()) or b""
+
         try:
-            await asyncio.wait_for(writer.drain(), self.limits.write_s)
+            for piece in pieces():
+                if on is not None:
+                    on.writing_since = time.monotonic()
+                writer.write(piece)
+                await asyncio.wait_for(writer.drain(), self.limits.write_s)
         except (TimeoutError, ConnectionError, OSError):
             return False
+        finally:
+            if on is not None:
+                on.writing_since = None
         return True
 
     async def _send_and_close(
@@ -646,7 +858,8 @@ def _request(event: h11.Request, peer: str, certificate: bool) -> Request:
     path = target.split("?", 1)[0]
     if path.startswith(("http://", "https://")):  # absolute form
         path = "/" + path.split("/", 3)[3] if path.count("/") >= 3 else "/"
-    return Request(event.method.decode("latin-1").upper(), _normalise(path), headers, peer, certificate)
+    # Methods are case-sensitive (RFC 9110 9.1): `head` is no HEAD, and gets 405.
+    return Request(event.method.decode("latin-1"), _normalise(path), headers, peer, certificate)
 
 
 def _normalise(path: str) -> str:
