@@ -65,6 +65,7 @@ from bench.gpu_workloads import (
     Report,
     Samples,
     free_port,
+    pod_harness,
     scrape,
     start_agent,
     start_pods,
@@ -75,9 +76,6 @@ from bench.gpu_workloads import (
 from otel_vgpu.allocation.ratio import parse_ratio
 from testkit.agent import get, wait_serving
 from testkit.driver_manager import DriverManager
-from testkit.pod_harness import Cluster as HarnessCluster
-from testkit.pod_harness import Pod as HarnessPod
-from testkit.pod_harness import PodHarness
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the kubelet serves pod-resources, and so where the manifest mounts it from.
@@ -165,14 +163,7 @@ def main() -> int:
         if args.pod is not None:
             # The node as the GPU Operator labels it, for the driver upgrade played below.
             DriverManager(cluster.api, NODE).label_as_the_operator_does()
-            harness = PodHarness(
-                args.pod,
-                tmp / "pod",
-                HarnessPod(node=NODE),
-                HarnessCluster("127.0.0.1", cluster.api.port, cluster.token, cluster.ca_crt),
-                python_path=(*os.environ.get("PYTHONPATH", "").split(":"), str(ROOT)),
-                drop_host_pid=args.drop_host_pid,
-            )
+            harness = pod_harness(args.pod, tmp / "pod", cluster, NODE, drop_host_pid=args.drop_host_pid)
             # `auto`: the replicas the kubelet double advertises, as a time-slicing config of that many would.
             ratio = parse_ratio(next(iter(harness.configmaps.values()))["gpu_allocation.txt"]) or float(REPLICAS)
             url = f"http://127.0.0.1:{AGENT_PORT}"

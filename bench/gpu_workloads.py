@@ -32,6 +32,7 @@ __all__ = [
     "Samples",
     "free_port",
     "place",
+    "pod_harness",
     "scrape",
     "start_agent",
     "start_pods",
@@ -211,6 +212,23 @@ class Cluster:
     def stop(self) -> None:
         self.kubelet.stop()
         self.api.stop()
+
+
+def pod_harness(manifest: Path, directory: Path, cluster: Cluster, node: str, drop_host_pid: bool = False) -> Any:
+    """testkit/pod_harness.py's agent for `manifest`, against `cluster`'s doubles, with this
+    environment's packages and the repository on its path."""
+    from testkit.pod_harness import Cluster as HarnessCluster  # noqa: PLC0415
+    from testkit.pod_harness import Pod as HarnessPod  # noqa: PLC0415
+    from testkit.pod_harness import PodHarness  # noqa: PLC0415
+
+    return PodHarness(
+        manifest,
+        directory,
+        HarnessPod(node=node),
+        HarnessCluster("127.0.0.1", cluster.api.port, cluster.token, cluster.ca_crt),
+        python_path=(*os.environ.get("PYTHONPATH", "").split(":"), str(Path(__file__).resolve().parents[1])),
+        drop_host_pid=drop_host_pid,
+    )
 
 
 def start_agent(cluster: Cluster, port: int, ratio: float, *extra: str) -> subprocess.Popen[bytes]:

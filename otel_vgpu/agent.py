@@ -145,6 +145,11 @@ class Agent:
     def start(self) -> None:
         self.server.start()
         self._watch_credentials()
+        from otel_vgpu.collect.sweeper import Sweeper  # noqa: PLC0415
+
+        sweeper = Sweeper(self.sampler, self.config.sweep_interval)
+        sweeper.start()
+        self._closers.append(sweeper.stop)
         self.telemetry.start()
         if self._scenario is not None:
             self._describe_simulation(self._scenario)

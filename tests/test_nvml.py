@@ -37,6 +37,7 @@ class FakeNvml:
         ]
         self.mps: list[Any] = []
         self.samples: list[Any] = [SimpleNamespace(pid=10, timeStamp=123, smUtil=42)]
+        self.gpu_samples: list[tuple[int, int]] = [(100, 30), (300, 90), (500, 120)]
         self.since: list[int] = []
         self.shutdown = False
         self.calls: list[str] = []
@@ -129,6 +130,12 @@ class FakeNvml:
         self.since.append(since)
         self._check("utilization")
         return self.samples
+
+    def nvmlDeviceGetSamples(self, handle: str, sampling_type: int, since: int) -> tuple[int, list[Any]]:
+        self._check("gpu_samples")
+        assert sampling_type == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        samples = [SimpleNamespace(timeStamp=t, sampleValue=SimpleNamespace(uiVal=v)) for t, v in self.gpu_samples]
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, [s for s in samples if s.timeStamp > since]
 
 
 def test_device_fields_and_units() -> None:
@@ -358,3 +365,16 @@ def test_release_shuts_nvml_down_until_resumed_then_initialises_at_once() -> Non
     asked = nvml.handles_asked
     backend.device(0)
     assert nvml.handles_asked == asked + 1, "handles of the old session are not reused"
+
+
+def test_the_gpus_own_samples_are_read_as_fractions_and_none_is_no_sample() -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    # percent as NVML gives it, clamped (drivers have reported over 100)
+    assert backend.gpu_utilization_samples(0, 200) == [(300, 0.9), (500, 1.0)]
+    nvml.fail["gpu_samples"] = pynvml.NVML_ERROR_NOT_FOUND
+    assert backend.gpu_utilization_samples(0, 600) == []
+    nvml.fail["gpu_samples"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    with pytest.raises(GpuError) as caught:
+        backend.gpu_utilization_samples(0, 600)
+    assert caught.value.code == "NOT_SUPPORTED"

@@ -32,6 +32,20 @@ def scenario(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
+def no_sweeper(node: str, ratio_file: Path, min_interval: str) -> tuple[str, ...]:
+    """The agent's flags, without sweeps of its own: the sweeps and renders counted are the scrapes'."""
+    return (
+        "--simulate",
+        node,
+        "--allocation-file",
+        str(ratio_file),
+        "--min-interval",
+        min_interval,
+        "--sweep-interval",
+        "0",
+    )
+
+
 def metrics(agent: InProcessAgent, **headers: str) -> bytes:
     status, body, received = get(f"{agent.url}/metrics", headers, timeout=30)
     assert status == 200
@@ -39,7 +53,7 @@ def metrics(agent: InProcessAgent, **headers: str) -> bytes:
 
 
 def test_scrapes_arriving_during_a_render_share_its_sweep_and_body(tmp_path: Path, ratio_file: Path) -> None:
-    args = ("--simulate", scenario(tmp_path, SLOW_NODE), "--allocation-file", str(ratio_file), "--min-interval", "0")
+    args = no_sweeper(scenario(tmp_path, SLOW_NODE), ratio_file, "0")
     with agent_in_process(*args, env=clean_env()) as agent:
         sampler, endpoint = agent.agent.sampler, agent.agent.endpoint
         bodies: list[bytes] = []
@@ -68,7 +82,7 @@ def test_scrapes_arriving_during_a_render_share_its_sweep_and_body(tmp_path: Pat
 
 
 def test_a_body_serves_its_snapshot_and_no_cache_renders_anew(tmp_path: Path, ratio_file: Path) -> None:
-    args = ("--simulate", scenario(tmp_path, NODE), "--allocation-file", str(ratio_file), "--min-interval", "30")
+    args = no_sweeper(scenario(tmp_path, NODE), ratio_file, "30")
     with agent_in_process(*args, env=clean_env()) as agent:
         endpoint = agent.agent.endpoint
         first = metrics(agent)
@@ -92,7 +106,7 @@ def test_a_body_serves_its_snapshot_and_no_cache_renders_anew(tmp_path: Path, ra
 
 
 def test_a_new_sweep_gets_a_new_body(tmp_path: Path, ratio_file: Path) -> None:
-    args = ("--simulate", scenario(tmp_path, NODE), "--allocation-file", str(ratio_file), "--min-interval", "0.2")
+    args = no_sweeper(scenario(tmp_path, NODE), ratio_file, "0.2")
     with agent_in_process(*args, env=clean_env()) as agent:
         sampler, endpoint = agent.agent.sampler, agent.agent.endpoint
         metrics(agent)

@@ -41,6 +41,10 @@ class GpuRow:
     unattributed_memory: int | None
     """None when the GPU's processes could not be listed."""
     mps_servers: int = 0
+    utilization_window: float | None = None
+    """Mean of the GPU's own samples since the previous sweep; None where NVML gave none."""
+    sm_busy_seconds: float | None = None
+    """SM-busy seconds counted so far (collect/usage.py); None where the SM figure is unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,10 @@ class PodRow:
     mig_uuid: str | None = None
     """The MIG device the row is about; None for a whole GPU."""
     mig_profile: str | None = None
+    sm_busy_seconds: float | None = None
+    """SM-busy seconds counted so far (collect/usage.py); None where per-pod SM is unknown."""
+    memory_peak: int = 0
+    """The most memory its processes held at once, at sweep cadence, since the agent first saw the row."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +209,7 @@ def aggregate(
                 memory_total=device.memory_total,
                 memory_used=device.memory_used,
                 utilization=device.utilization,
+                utilization_window=device.utilization_window,
                 vgpus=ratios.of(device.uuid),
                 unattributed_memory=unattributed,
                 mps_servers=reading.mps_servers,

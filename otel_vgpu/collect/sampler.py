@@ -9,6 +9,7 @@ one sweep is in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -18,9 +19,10 @@ from dataclasses import dataclass, field
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
 from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
-from otel_vgpu.gpu.backend import ErrorCode, GpuBackend, GpuError
+from otel_vgpu.collect.usage import Usage, accumulate
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError
 from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.gpu.sampling import SamplingWindows, mean_sm_by_pid
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_sm_by_pid
 from otel_vgpu.health import SWEEP_STAGES, Health, Stage
 from otel_vgpu.pods.attribution import Attributor
 from otel_vgpu.pods.directory import PodDirectory
@@ -104,6 +106,9 @@ class Sampler:
         self._blind_uuids: frozenset[str] = frozenset()
         self._sweep_started: float | None = None
         self._paused: str | None = None
+        self._usage = Usage()
+        self._gpu_seen: dict[str, int] = {}
+        """The newest GPU utilization sample read, by GPU UUID."""
         self._on_driver_changed = on_driver_changed
         self.sweeps = 0
 
@@ -189,16 +194,18 @@ class Sampler:
             errors.add(Stage.SWEEP, type(error).__name__, f"{type(error).__name__}: {error}")
             snapshot = Snapshot(taken_at=self._clock(), ok=False)
         finished = self._clock()
+        gpus, pods = snapshot.gpus, snapshot.pods
         if snapshot.ok:
             self._last_success = finished
+            self._usage, gpus, pods = accumulate(self._usage, gpus, pods, finished)
         self._health.swept(finished - started)
         self._report(errors)
         self._report_blind(snapshot)
         return Snapshot(
             taken_at=finished,
             ok=snapshot.ok,
-            gpus=snapshot.gpus,
-            pods=snapshot.pods,
+            gpus=gpus,
+            pods=pods,
             errors=tuple((stage.value, message) for (stage, _), message in errors.seen.items()),
             blind=snapshot.blind,
             paused=snapshot.paused,
@@ -261,7 +268,7 @@ class Sampler:
 
     def _read_gpu(self, index: int, errors: _Errors) -> GpuReading | None:
         try:
-            device = self._backend.device(index)
+            device = self._with_window(index, self._backend.device(index))
         except GpuError as error:
             errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return None
@@ -297,6 +304,25 @@ class Sampler:
         self._windows.advance(device.uuid, now)
         self._no_process_utilization.pop(device.uuid, None)
         return GpuReading(device=device, processes=processes, sm_by_pid=mean_sm_by_pid(samples, since))
+
+    def _with_window(self, index: int, device: Device) -> Device:
+        """The device with the mean of its own utilization samples since its previous
+        sweep: what its busy seconds are counted from, since the last period's figure,
+        sampled every few seconds, would alias against bursty work. Without samples
+        (an old driver, MIG) the last period's figure serves."""
+        if device.mig_mode:
+            return device
+        now = self._backend.now_us()
+        since = self._gpu_seen.get(device.uuid, now - MIN_WINDOW_US)
+        try:
+            samples = [(stamp, value) for stamp, value in self._backend.gpu_utilization_samples(index, since)]
+        except GpuError:
+            return device
+        fresh = [value for stamp, value in samples if stamp > since]
+        if not fresh:
+            return device
+        self._gpu_seen[device.uuid] = max(stamp for stamp, _ in samples)
+        return dataclasses.replace(device, utilization_window=sum(fresh) / len(fresh))
 
     def _announce(self, readings: list[GpuReading]) -> None:
         """Say once per GPU why its pods have no SM figures (MIG mode, an MPS server)."""

@@ -97,6 +97,24 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "vgpu.pod.processes", "{process}", Kind.POD, "Number of the pod's processes on this GPU.", labels=POD_LABELS
     ),
+    Family(
+        "vgpu.pod.sm.busy",
+        "s",
+        Kind.POD,
+        "SM-busy seconds of the pod's processes on this GPU: its SM share integrated over time at the agent's "
+        "sweep cadence, so rate() over any window is its mean SM use there. Absent where per-pod SM is unknown "
+        "(MIG, MPS); restarts from 0 for a pod seen anew.",
+        Instrument.COUNTER,
+        labels=POD_LABELS,
+    ),
+    Family(
+        "vgpu.pod.memory.peak",
+        "By",
+        Kind.POD,
+        "The most GPU memory the pod's processes held at once on this GPU since the agent first saw them, read "
+        "at sweep cadence: what to size a vGPU share against.",
+        labels=POD_LABELS,
+    ),
     Family("vgpu.gpu.memory.total", "By", Kind.GPU, "Physical memory of the GPU.", labels=GPU_LABELS),
     Family(
         "vgpu.gpu.memory.used",
@@ -110,6 +128,15 @@ FAMILIES: tuple[Family, ...] = (
         "1",
         Kind.GPU,
         "Device utilization over NVML's last sample period, 0-1 (absent in MIG mode).",
+        labels=GPU_LABELS,
+    ),
+    Family(
+        "vgpu.gpu.sm.busy",
+        "s",
+        Kind.GPU,
+        "SM-busy seconds of the GPU: its utilization integrated over time at the agent's sweep cadence "
+        "(absent in MIG mode).",
+        Instrument.COUNTER,
         labels=GPU_LABELS,
     ),
     Family(

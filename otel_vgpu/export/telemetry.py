@@ -37,7 +37,7 @@ from otel_vgpu import __version__
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.exposition import Format, Renderer
-from otel_vgpu.export.families import BY_NAME, Kind, of_kind
+from otel_vgpu.export.families import BY_NAME, Instrument, Kind, of_kind
 from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings, make_exporter
 from otel_vgpu.export.reader import ScrapeReader, no_exemplars
 from otel_vgpu.export.sdk_internals import (
@@ -67,6 +67,9 @@ ROW_VALUES: dict[str, Callable[[Any], float | None]] = {
     "vgpu.pod.sm.utilization": lambda r: r.sm_utilization,
     "vgpu.pod.vgpu.utilization": lambda r: r.vgpu_utilization,
     "vgpu.pod.processes": lambda r: r.processes,
+    "vgpu.pod.sm.busy": lambda r: r.sm_busy_seconds,
+    "vgpu.pod.memory.peak": lambda r: r.memory_peak,
+    "vgpu.gpu.sm.busy": lambda g: g.sm_busy_seconds,
     "vgpu.gpu.memory.total": lambda g: g.memory_total,
     "vgpu.gpu.memory.used": lambda g: g.memory_used,
     "vgpu.gpu.sm.utilization": lambda g: g.utilization,
@@ -231,7 +234,13 @@ class Telemetry:
         )
         meter = self.provider.get_meter("otel_vgpu", __version__)
         for family in (*of_kind(Kind.POD), *of_kind(Kind.GPU)):
-            meter.create_observable_gauge(
+            # Busy seconds are counters (cumulative monotonic sums over OTLP); the rest are gauges.
+            create = (
+                meter.create_observable_counter
+                if family.instrument is Instrument.COUNTER
+                else meter.create_observable_gauge
+            )
+            create(
                 family.name,
                 [self._callback(family.name, family.kind)],
                 unit=family.unit,

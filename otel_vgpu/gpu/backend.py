@@ -42,6 +42,9 @@ class Device:
     """The N of /dev/nvidiaN: GKE's device plugin and the NVIDIA DRA driver name GPUs by it."""
     migs: tuple[MigDevice, ...] = ()
     """The MIG devices carved from this GPU (MIG mode only)."""
+    utilization_window: float | None = None
+    """Mean of the GPU's own utilization samples since the previous sweep, 0-1 (the
+    sampler fills it in); None where NVML gave none."""
 
     @property
     def mig_mode(self) -> bool:
@@ -136,6 +139,10 @@ class GpuBackend(Protocol):
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         """Per-process samples newer than `since_us`; empty when there are none."""
+        ...
+
+    def gpu_utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
+        """The GPU's own utilization samples newer than `since_us`: (timestamp, 0-1)."""
         ...
 
     def now_us(self) -> int:

@@ -48,6 +48,8 @@ def _load_pynvml() -> ModuleType:
 SESSION_LOST = frozenset({ErrorCode.UNINITIALIZED, ErrorCode.DRIVER_NOT_LOADED, ErrorCode.LIB_RM_VERSION_MISMATCH})
 # Errors that mean this machine cannot use NVML at all.
 NO_LIBRARY = frozenset({ErrorCode.LIBRARY_NOT_FOUND, ErrorCode.FUNCTION_NOT_FOUND})
+# nvmlSamplingType_t's NVML_GPU_UTILIZATION_SAMPLES (nvml.h).
+GPU_UTILIZATION_SAMPLES = 1
 # A listing NVML sized, then found too small because processes started in
 # between: asked again this many times.
 LISTING_ATTEMPTS = 3
@@ -280,6 +282,18 @@ class NvmlBackend:
             )
             for sample in samples
         ]
+
+    def gpu_utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
+        """nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES): a sample each period NVML keeps
+        (200 ms on an H200), the percent of it in which a kernel ran."""
+        handle = self._handle(index)
+        try:
+            _, samples = self._call(self._nvml.nvmlDeviceGetSamples, handle, GPU_UTILIZATION_SAMPLES, since_us)
+        except GpuError as error:
+            if error.code is ErrorCode.NOT_FOUND:  # no sample since then
+                return []
+            raise
+        return [(int(sample.timeStamp), min(1.0, float(sample.sampleValue.uiVal) / 100.0)) for sample in samples]
 
     def now_us(self) -> int:
         # NVML stamps process samples with the CPU's wall clock in microseconds.

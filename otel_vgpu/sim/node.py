@@ -313,6 +313,20 @@ class SimulatedNode:
                     break
         return samples
 
+    def gpu_utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
+        """The GPU's figure for each period on the simulated driver's grid since `since_us`."""
+        self._maybe_fail("gpu_utilization_samples", index)
+        if self.scenario.gpus[index].migs:
+            raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no device utilization in MIG mode")
+        mine = [p.sm for p in self._processes if p.gpu == index]
+        latest = self._latest_period()
+        stamps = [latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)]
+        return [
+            (stamp, min(1.0, sum(sm_shares(mine, self._scenario_time(stamp)))))
+            for stamp in reversed(stamps)
+            if stamp > since_us
+        ]
+
     def _latest_period(self) -> int:
         """The end of the simulated driver's last complete sample period."""
         return self.now_us() // SAMPLE_PERIOD_US * SAMPLE_PERIOD_US

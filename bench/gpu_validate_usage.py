@@ -1,0 +1,124 @@
+"""Busy seconds on a real GPU: does rate() of the agent's counter give what a pod ran?
+
+Run as root on a GPU node from the repository root, with the rendered manifest
+(bench/README.md says what the GPU scripts need):
+
+    kubectl kustomize kustomize/base > base.yaml
+    python3 bench/gpu_validate_usage.py --pod base.yaml [--seconds 120] [--out results.md]
+
+Three pods, as the agent sees them through the pod harness (testkit/pod_harness.py)
+with its own sweeps every --sweep-interval (the base's default): one running
+kernels for `--burst-ms` of every second (a known busy fraction), one idle
+holding memory and a share, one holding a share and running nothing. The
+agent is scraped every `--every` seconds, as Prometheus would; the check is
+that each pod's busy-seconds counter, over the run, rises at the rate its
+workload ran (within 0.05), that the GPU's rises at least as fast as the
+pods' sum, and that the counters never go back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gpu_validate import AGENT_PORT, NODE, POD_RESOURCES_DIR, REPLICAS, nvml_truth
+from bench.gpu_workloads import Cluster, Pod, Report, place, pod_harness, scrape, start_workload, stop_pods
+from testkit.agent import wait_serving
+
+TOLERANCE = 0.05
+
+
+def counters(url: str) -> tuple[dict[str, float], float]:
+    """Each pod's busy seconds on GPU 0, and the GPU's."""
+    samples = scrape(f"{url}/metrics")
+    pods = {
+        labels["pod"]: value
+        for labels, value in samples.get("vgpu_pod_sm_busy_seconds_total", [])
+        if labels.get("gpu_id") == "0"
+    }
+    gpu = next((v for labels, v in samples.get("vgpu_gpu_sm_busy_seconds_total", []) if labels["gpu_id"] == "0"), 0.0)
+    return pods, gpu
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pod", type=Path, required=True, metavar="MANIFEST")
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--every", type=float, default=15.0, help="seconds between scrapes")
+    parser.add_argument("--burst-ms", type=float, default=300.0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    report = Report()
+    lines, check = report.lines, report.check
+    bursty = Pod("ml", "bursty-0", "systemd", "burstable")
+    idle = Pod("ml", "idle-0", "cgroupfs", "besteffort")
+    standby = Pod("web", "standby-0", "systemd", "burstable")  # a share, no process
+    pods = [bursty, idle, standby]
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-usage-", dir="/var/tmp"))
+    cluster = Cluster(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
+    harness = None
+    try:
+        place(bursty, start_workload("bursty", 2.0, burst_ms=args.burst_ms))
+        place(idle, start_workload("idle", 2.0))
+        _, _, model, gpu_uuid, driver = nvml_truth()
+        cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(REPLICAS)]}
+        for n, pod in enumerate(pods):
+            cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
+        harness = pod_harness(args.pod, tmp / "pod", cluster, NODE)
+        url = f"http://127.0.0.1:{AGENT_PORT}"
+        wait_serving(url, harness.start(), harness.log.read_text, timeout=60)
+        time.sleep(5)  # the workloads' first samples
+        readings = []
+        started = time.monotonic()
+        while True:
+            now = time.monotonic()
+            readings.append((now, *counters(url)))
+            if now - started >= args.seconds:
+                break
+            time.sleep(args.every)
+        lines += [
+            f"GPU: {model}, driver {driver}; {len(readings)} scrapes {args.every:g} s apart over "
+            f"{readings[-1][0] - readings[0][0]:.0f} s; the bursty pod runs kernels {args.burst_ms:g} ms a second",
+            "",
+            "| scrape | s | bursty-0 | idle-0 | standby-0 | GPU |",
+            "|---|---|---|---|---|---|",
+        ]
+        for i, (at, pod_values, gpu) in enumerate(readings):
+            cells = " | ".join(f"{pod_values.get(p.name, float('nan')):.2f}" for p in pods)
+            lines.append(f"| {i} | {at - readings[0][0]:.0f} | {cells} | {gpu:.2f} |")
+        lines.append("")
+        (t0, first, gpu0), (t1, last, gpu1) = readings[0], readings[-1]
+        seconds = t1 - t0
+
+        def rate(name: str) -> float:
+            return (last.get(name, 0.0) - first.get(name, 0.0)) / seconds
+
+        expected = {bursty.name: args.burst_ms / 1000.0, idle.name: 0.0, standby.name: 0.0}
+        for name, truth in expected.items():
+            got = rate(name)
+            check(abs(got - truth) <= TOLERANCE, f"{name}: rate of busy seconds {got:.3f}, ran {truth:.3f}")
+        pods_rate = sum(rate(p.name) for p in pods)
+        gpu_rate = (gpu1 - gpu0) / seconds
+        check(gpu_rate >= pods_rate - 0.01, f"GPU's rate {gpu_rate:.3f} >= the pods' sum {pods_rate:.3f}")
+        monotonic = all(
+            later[1].get(p.name, 0.0) >= earlier[1].get(p.name, 0.0) and later[2] >= earlier[2]
+            for earlier, later in itertools.pairwise(readings)
+            for p in pods
+        )
+        check(monotonic, "no counter went back between scrapes")
+    finally:
+        if harness is not None:
+            harness.stop()
+        stop_pods(pods)
+        cluster.stop()
+    return report.finish("Busy seconds on a real GPU", args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
