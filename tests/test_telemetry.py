@@ -13,6 +13,7 @@ import pytest
 from otel_vgpu.export import telemetry as telemetry_module
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.families import FAMILIES, Kind, of_kind
+from otel_vgpu.export.sdk_internals import storage_matches
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
@@ -135,6 +136,15 @@ def test_ended_pod_disappears_and_churn_never_overflows(
         pods = {labels for labels, _ in exposition.by("vgpu_pod_memory_used_bytes", "pod").items()}
         # the directory knows only the first scenario's pods: a job's UID stands for its name
         assert pods == {(base.pods[1].name,), (pod.uid,)}, step
+    # Nor does the SDK keep the ended pods: each instrument, gauge or counter,
+    # holds the attribute sets of the two live pods (times the GPU's one), no more.
+    held = {
+        instrument.name: sum(len(view._attributes_aggregation) for view in views)
+        for instrument, views in storage_matches(telemetry.provider, telemetry.reader).items()
+        if instrument.name.startswith("vgpu.pod.")
+    }
+    assert held and max(held.values()) <= 2, held
+    assert "vgpu.pod.sm.busy" in held
     telemetry.shutdown()
     node.close()
 

@@ -70,6 +70,9 @@ ROW_VALUES: dict[str, Callable[[Any], float | None]] = {
     "vgpu.pod.sm.busy": lambda r: r.sm_busy_seconds,
     "vgpu.pod.memory.peak": lambda r: r.memory_peak,
     "vgpu.gpu.sm.busy": lambda g: g.sm_busy_seconds,
+    "vgpu.pod.energy": lambda r: r.energy_joules,
+    "vgpu.gpu.energy": lambda g: g.energy_joules,
+    "vgpu.gpu.energy.unattributed": lambda g: g.energy_unattributed_joules,
     "vgpu.gpu.memory.total": lambda g: g.memory_total,
     "vgpu.gpu.memory.used": lambda g: g.memory_used,
     "vgpu.gpu.sm.utilization": lambda g: g.utilization,
@@ -415,7 +418,8 @@ class Telemetry:
         try:
             matches = storage_matches(self.provider, reader)
             for instrument, views in matches.items():
-                if not isinstance(instrument, ObservableGauge) or instrument.name not in observed:
+                # Counters too: a cumulative async sum keeps its ended pods' storage alike.
+                if not isinstance(instrument, (ObservableGauge, ObservableCounter)) or instrument.name not in observed:
                     continue
                 current = observed[instrument.name]
                 for view in views:
