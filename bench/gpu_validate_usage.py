@@ -13,7 +13,9 @@ holding memory and a share, one holding a share and running nothing. The
 agent is scraped every `--every` seconds, as Prometheus would; the check is
 that each pod's busy-seconds counter, over the run, rises at the rate its
 workload ran (within 0.05), that the GPU's rises at least as fast as the
-pods' sum, and that the counters never go back.
+pods' sum, and that the counters never go back; and that the GPU's joules
+follow NVML's own counter (read here as root) within 1 %, the pods' and the
+unattributed adding up to them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,32 @@ from bench.gpu_workloads import Cluster, Pod, Report, place, pod_harness, scrape
 from testkit.agent import wait_serving
 
 TOLERANCE = 0.05
+SWEEP_S = 2.0  # the base's --sweep-interval
+
+
+def energy(url: str) -> tuple[float, float, float]:
+    """GPU 0's joules, the pods' joules on it together, and its unattributed joules."""
+    samples = scrape(f"{url}/metrics")
+
+    def on_gpu0(name: str) -> float:
+        return sum(v for labels, v in samples.get(name, []) if labels.get("gpu_id") == "0")
+
+    return (
+        on_gpu0("vgpu_gpu_energy_joules_total"),
+        on_gpu0("vgpu_pod_energy_joules_total"),
+        on_gpu0("vgpu_gpu_energy_unattributed_joules_total"),
+    )
+
+
+def nvml_energy_j() -> float:
+    """NVML's own energy counter of GPU 0, read here as root."""
+    import pynvml  # noqa: PLC0415
+
+    pynvml.nvmlInit()
+    try:
+        return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(0))) / 1000
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def counters(url: str) -> tuple[dict[str, float], float]:
@@ -75,6 +103,7 @@ def main() -> int:
         wait_serving(url, harness.start(), harness.log.read_text, timeout=60)
         time.sleep(5)  # the workloads' first samples
         readings = []
+        joules_before, nvml_before = energy(url), nvml_energy_j()
         started = time.monotonic()
         while True:
             now = time.monotonic()
@@ -112,6 +141,24 @@ def main() -> int:
             for p in pods
         )
         check(monotonic, "no counter went back between scrapes")
+        joules_after, nvml_after = energy(url), nvml_energy_j()
+        gpu_j = joules_after[0] - joules_before[0]
+        nvml_j = nvml_after - nvml_before
+        parts_j = (joules_after[1] + joules_after[2]) - (joules_before[1] + joules_before[2])
+        lines += [
+            "",
+            f"Energy over the run: the agent's GPU counter {gpu_j:.0f} J ({gpu_j / seconds:.0f} W), NVML's own "
+            f"{nvml_j:.0f} J; the pods' {joules_after[1] - joules_before[1]:.0f} J and the unattributed "
+            f"{joules_after[2] - joules_before[2]:.0f} J",
+            "",
+        ]
+        # The agent's counter is as of its last sweep (up to --sweep-interval, 2 s, before each
+        # reading here): two intervals' energy of slack, on top of 1 %.
+        slack = 0.01 * nvml_j + 2 * SWEEP_S * nvml_j / seconds
+        check(
+            abs(gpu_j - nvml_j) <= slack, f"the GPU's joules {gpu_j:.0f} match NVML's {nvml_j:.0f} (within {slack:.0f})"
+        )
+        check(abs(parts_j - gpu_j) <= 0.01 * gpu_j, f"pods + unattributed {parts_j:.0f} J == the GPU's {gpu_j:.0f} J")
     finally:
         if harness is not None:
             harness.stop()

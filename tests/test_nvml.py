@@ -38,6 +38,7 @@ class FakeNvml:
         self.mps: list[Any] = []
         self.samples: list[Any] = [SimpleNamespace(pid=10, timeStamp=123, smUtil=42)]
         self.gpu_samples: list[tuple[int, int]] = [(100, 30), (300, 90), (500, 120)]
+        self.energy_mj = 123_456
         self.since: list[int] = []
         self.shutdown = False
         self.calls: list[str] = []
@@ -130,6 +131,10 @@ class FakeNvml:
         self.since.append(since)
         self._check("utilization")
         return self.samples
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: str) -> int:
+        self._check("energy")
+        return self.energy_mj
 
     def nvmlDeviceGetSamples(self, handle: str, sampling_type: int, since: int) -> tuple[int, list[Any]]:
         self._check("gpu_samples")
@@ -378,3 +383,13 @@ def test_the_gpus_own_samples_are_read_as_fractions_and_none_is_no_sample() -> N
     with pytest.raises(GpuError) as caught:
         backend.gpu_utilization_samples(0, 600)
     assert caught.value.code == "NOT_SUPPORTED"
+
+
+def test_a_gpu_without_an_energy_counter_is_asked_once_per_session() -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    assert backend.device(0).energy_mj == 123_456
+    nvml.fail["energy"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert backend.device(1).energy_mj is None
+    asked = nvml.calls.count("energy")
+    assert backend.device(1).energy_mj is None and nvml.calls.count("energy") == asked, "not asked again"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow
-from otel_vgpu.collect.usage import MAX_GAP_S, Usage, accumulate
+from otel_vgpu.collect.usage import MAX_GAP_S, Usage, accumulate, split_energy
 
 GPU = GpuRow(0, "GPU-a", "H200", 140, 10, 0.5, 2.0, 0)
 
@@ -99,6 +99,15 @@ def test_the_agent_counts_busy_seconds_at_its_own_cadence_without_scrapes(tmp_pa
     assert gpu[1][("1",)] == gpu[0][("1",)] == 0
     peak = second.by("vgpu_pod_memory_peak_bytes", "pod", "gpu_id")[("trainer-0", "0")]
     assert peak == 8 * 1024**3
+    # The simulated GPUs draw 75 W idle and 700 W at full SM use: 387.5 W at half, 75 W idle.
+    energy = [e.by("vgpu_gpu_energy_joules_total", "gpu_id") for e in (first, second)]
+    assert (energy[1][("0",)] - energy[0][("0",)]) / seconds == pytest.approx(387.5, rel=0.15)
+    assert (energy[1][("1",)] - energy[0][("1",)]) / seconds == pytest.approx(75.0, rel=0.15)
+    # The pods' part and the unattributed add up to the GPU's.
+    pods_j = second.by("vgpu_pod_energy_joules_total", "pod", "gpu_id")[("trainer-0", "0")]
+    unattributed = second.by("vgpu_gpu_energy_unattributed_joules_total", "gpu_id")
+    assert pods_j + unattributed[("0",)] == pytest.approx(energy[1][("0",)], abs=1e-6)
+    assert unattributed[("1",)] == pytest.approx(energy[1][("1",)]), "nobody holds GPU 1"
 
 
 def test_the_gpu_counter_follows_its_own_samples_over_the_interval_not_the_last_period() -> None:
@@ -110,3 +119,52 @@ def test_the_gpu_counter_follows_its_own_samples_over_the_interval_not_the_last_
     # Without samples (an old driver), the last period's figure serves.
     _, gpus, _ = accumulate(usage, [dataclasses.replace(GPU, utilization=1.0)], [], 2.0)
     assert gpus[0].sm_busy_seconds == pytest.approx(2.0)
+
+
+def shares(uid: str, held: float, sm: float | None) -> PodRow:
+    return dataclasses.replace(pod(uid, sm=sm), shares=held)
+
+
+@pytest.mark.parametrize(
+    ("joules", "idle_watts", "utilization", "rows"),
+    [
+        (300.0, 75.0, 0.6, [shares("a", 1, 0.4), shares("b", 1, 0.2)]),  # a GPU half held, SM all run by pods
+        (300.0, 75.0, 0.9, [shares("a", 2, 0.4)]),  # SM the pods did not run
+        (100.0, 75.0, 0.0, [shares("a", 1, 0.0), shares("b", 1, 0.0)]),  # all held, idle
+        (50.0, 75.0, 0.0, []),  # nobody: all unattributed, less than idle power (a short interval)
+        (300.0, 0.0, 0.5, [shares("a", 3, 0.5)]),  # idle power not learned yet
+        (300.0, 75.0, 0.5, [shares("a", 1, None)]),  # MPS: per-pod SM unknown
+    ],
+)
+def test_the_pods_and_the_unattributed_add_up_to_the_gpus_energy(
+    joules: float, idle_watts: float, utilization: float, rows: list[PodRow]
+) -> None:
+    split = split_energy(joules, 2.0, idle_watts, utilization, 2.0, rows)
+    assert sum(split.pods.values()) + split.unattributed == pytest.approx(joules)
+    assert all(part >= 0 for part in split.pods.values()) and split.unattributed >= -1e-9
+
+
+def test_idle_energy_goes_by_shares_and_active_energy_by_sm() -> None:
+    # 2 s at 275 W (idle 75 W): 150 J idle, 400 J active; ratio 2.
+    split = split_energy(550.0, 2.0, 75.0, 0.6, 2.0, [shares("a", 1, 0.4), shares("b", 1, 0.2)])
+    a, b = split.pods[("a", "", "GPU-a", "")], split.pods[("b", "", "GPU-a", "")]
+    assert a == pytest.approx(75 + 400 * 0.4 / 0.6) and b == pytest.approx(75 + 400 * 0.2 / 0.6)
+    assert split.unattributed == pytest.approx(0.0)
+    # Under MPS the pods get nothing: all of it is unattributed.
+    mps = split_energy(550.0, 2.0, 75.0, 0.6, 2.0, [shares("a", 1, None)])
+    assert mps.pods == {} and mps.unattributed == 550.0
+
+
+def test_a_driver_reload_counts_from_zero_and_idle_power_is_learned() -> None:
+    gpu = dataclasses.replace(GPU, utilization=0.0, energy_mj=1_000_000)
+    usage, gpus, _ = accumulate(Usage(), [gpu], [], 0.0)
+    assert gpus[0].energy_joules == 0.0
+    # 2 s idle at 80 W: 160 J; the idle power learned is 80 W
+    usage, gpus, _ = accumulate(usage, [dataclasses.replace(gpu, energy_mj=1_160_000)], [], 2.0)
+    assert gpus[0].energy_joules == pytest.approx(160.0) and usage.idle_watts["GPU-a"] == pytest.approx(80.0)
+    # the driver reloaded: its counter reads 40 J since then
+    usage, gpus, _ = accumulate(usage, [dataclasses.replace(gpu, energy_mj=40_000)], [], 4.0)
+    assert gpus[0].energy_joules == pytest.approx(200.0), "never backwards"
+    # a GPU without a counter has no energy families
+    _, gpus, _ = accumulate(usage, [dataclasses.replace(gpu, energy_mj=None)], [], 6.0)
+    assert gpus[0].energy_joules is None

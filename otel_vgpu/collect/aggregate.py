@@ -45,6 +45,12 @@ class GpuRow:
     """Mean of the GPU's own samples since the previous sweep; None where NVML gave none."""
     sm_busy_seconds: float | None = None
     """SM-busy seconds counted so far (collect/usage.py); None where the SM figure is unknown."""
+    energy_mj: int | None = None
+    """NVML's energy counter as read in this sweep; None where the GPU has none."""
+    energy_joules: float | None = None
+    """Joules counted so far (collect/usage.py); None where the GPU has no energy counter."""
+    energy_unattributed_joules: float | None = None
+    """The part of them no pod was given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,8 @@ class PodRow:
     """SM-busy seconds counted so far (collect/usage.py); None where per-pod SM is unknown."""
     memory_peak: int = 0
     """The most memory its processes held at once, at sweep cadence, since the agent first saw the row."""
+    energy_joules: float | None = None
+    """The pod's part of its GPU's energy so far (collect/usage.py); None where it has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +218,7 @@ def aggregate(
                 memory_used=device.memory_used,
                 utilization=device.utilization,
                 utilization_window=device.utilization_window,
+                energy_mj=device.energy_mj,
                 vgpus=ratios.of(device.uuid),
                 unattributed_memory=unattributed,
                 mps_servers=reading.mps_servers,

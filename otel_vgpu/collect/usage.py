@@ -17,6 +17,22 @@ over plain data: no NVML, no clock.
   dropped; a pod that comes back starts from 0, as a restarted agent does:
   Prometheus' `rate()` and `increase()` read a drop as a counter reset.
 - PIDs do not matter: the counters are keyed by pod and device.
+
+Energy, per GPU, follows NVML's counter (millijoules since the driver loaded;
+a value below the last one means a reload, and counts from 0). Each
+interval's energy is split, so that the pods' and the unattributed add up to
+the GPU's exactly:
+
+- idle energy, the GPU's idle power times the interval (at most the whole),
+  goes to the pods by the vGPU shares they hold (shares / ratio of the GPU),
+  since a reserved share costs its part of an idle GPU; the shares nobody
+  holds are unattributed. Idle power is learned: the lowest power seen over an
+  interval in which the GPU was idle (utilization under 1 %); until one is
+  seen, it is 0 and all the energy is active;
+- active energy, the rest, goes by SM share: each pod's SM over the larger of
+  the GPU's utilization and the pods' sum; what no pod ran is unattributed;
+- where per-pod SM is unknown (MIG, MPS) no pod gets energy: all of it is
+  unattributed, and the pods' energy families are left out, as their SM ones.
 """
 
 from __future__ import annotations
@@ -28,6 +44,8 @@ from dataclasses import dataclass, field
 from otel_vgpu.collect.aggregate import GpuRow, PodRow
 
 MAX_GAP_S = 10.0
+# A GPU under this utilization over an interval is idle: its power then is its idle power.
+IDLE_UTILIZATION = 0.01
 
 PodKey = tuple[str, str, str, str]
 """(pod UID, container or "", GPU UUID, MIG UUID or "")."""
@@ -47,6 +65,42 @@ class Usage:
     """SM-busy seconds by GPU UUID."""
     pod_busy: dict[PodKey, float] = field(default_factory=dict)
     pod_peak: dict[PodKey, int] = field(default_factory=dict)
+    energy_mj: dict[str, int] = field(default_factory=dict)
+    """NVML's energy counter as last read, by GPU UUID."""
+    idle_watts: dict[str, float] = field(default_factory=dict)
+    gpu_joules: dict[str, float] = field(default_factory=dict)
+    unattributed_joules: dict[str, float] = field(default_factory=dict)
+    pod_joules: dict[PodKey, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EnergySplit:
+    """One interval's energy of a GPU, in joules: the pods' parts and what no pod holds."""
+
+    total: float
+    pods: dict[PodKey, float]
+    unattributed: float
+
+
+def split_energy(
+    joules: float,
+    seconds: float,
+    idle_watts: float,
+    utilization: float | None,
+    ratio: float,
+    pods: Sequence[PodRow],
+) -> EnergySplit:
+    """An interval's `joules` of one GPU split among its `pods` (module docstring)."""
+    if any(row.sm_utilization is None for row in pods) or utilization is None:
+        return EnergySplit(joules, {}, joules)
+    idle = min(joules, max(0.0, idle_watts) * seconds)
+    active = joules - idle
+    held = sum(row.shares for row in pods)
+    per_share = idle / max(ratio, held) if held > 0 else 0.0
+    ran = sum(row.sm_utilization or 0.0 for row in pods)
+    per_sm = active / max(utilization, ran) if max(utilization, ran) > 0 else 0.0
+    parts = {pod_key(row): row.shares * per_share + (row.sm_utilization or 0.0) * per_sm for row in pods}
+    return EnergySplit(joules, parts, joules - sum(parts.values()))
 
 
 def accumulate(
@@ -56,7 +110,7 @@ def accumulate(
     rows with their counters filled in."""
     seconds = 0.0 if usage.at is None else min(max(0.0, now - usage.at), max_gap_s)
     gpu_busy: dict[str, float] = {}
-    new_gpus = []
+    new_gpus: list[GpuRow] = []
     for gpu in gpus:
         busy = usage.gpu_busy.get(gpu.uuid, 0.0)
         # The mean of the GPU's own samples over the interval where NVML gave them; else
@@ -72,7 +126,7 @@ def accumulate(
             new_gpus.append(gpu)
     pod_busy: dict[PodKey, float] = {}
     pod_peak: dict[PodKey, int] = {}
-    new_pods = []
+    new_pods: list[PodRow] = []
     for row in pods:
         key = pod_key(row)
         peak = max(usage.pod_peak.get(key, 0), row.memory_used)
@@ -86,4 +140,52 @@ def accumulate(
         busy = (busy_so_far or 0.0) + row.sm_utilization * seconds
         pod_busy[key] = busy
         new_pods.append(dataclasses.replace(row, memory_peak=peak, sm_busy_seconds=busy))
-    return Usage(now, gpu_busy, pod_busy, pod_peak), tuple(new_gpus), tuple(new_pods)
+    energy = _energy(usage, new_gpus, new_pods, seconds)
+    new_gpus = [
+        dataclasses.replace(
+            gpu,
+            energy_joules=energy.gpu_joules.get(gpu.uuid),
+            energy_unattributed_joules=energy.unattributed_joules.get(gpu.uuid),
+        )
+        for gpu in new_gpus
+    ]
+    new_pods = [dataclasses.replace(row, energy_joules=energy.pod_joules.get(pod_key(row))) for row in new_pods]
+    counters = dataclasses.replace(energy, at=now, gpu_busy=gpu_busy, pod_busy=pod_busy, pod_peak=pod_peak)
+    return counters, tuple(new_gpus), tuple(new_pods)
+
+
+def _energy(usage: Usage, gpus: Sequence[GpuRow], pods: Sequence[PodRow], seconds: float) -> Usage:
+    """The energy counters after an interval of `seconds` (a Usage with only them set)."""
+    seen: dict[str, int] = {}
+    idle_watts: dict[str, float] = {}
+    gpu_joules: dict[str, float] = {}
+    unattributed: dict[str, float] = {}
+    pod_joules: dict[PodKey, float] = {}
+    for gpu in gpus:
+        if gpu.energy_mj is None:
+            continue
+        seen[gpu.uuid] = gpu.energy_mj
+        last = usage.energy_mj.get(gpu.uuid)
+        # Below the last reading: the driver reloaded, its counter started again from 0.
+        joules = 0.0 if last is None else (gpu.energy_mj - last if gpu.energy_mj >= last else gpu.energy_mj) / 1000
+        utilization = gpu.utilization_window if gpu.utilization_window is not None else gpu.utilization
+        watts = usage.idle_watts.get(gpu.uuid)
+        if last is not None and seconds > 0 and utilization is not None and utilization < IDLE_UTILIZATION:
+            watts = joules / seconds if watts is None else min(watts, joules / seconds)
+        if watts is not None:
+            idle_watts[gpu.uuid] = watts
+        mine = [row for row in pods if row.gpu_uuid == gpu.uuid and row.mig_uuid is None]
+        if any(row.mig_uuid is not None for row in pods if row.gpu_uuid == gpu.uuid):
+            utilization = None  # MIG: no per-pod SM, all of it unattributed
+        split = split_energy(joules, seconds, watts or 0.0, utilization, gpu.vgpus, mine)
+        gpu_joules[gpu.uuid] = usage.gpu_joules.get(gpu.uuid, 0.0) + split.total
+        unattributed[gpu.uuid] = usage.unattributed_joules.get(gpu.uuid, 0.0) + split.unattributed
+        for key, part in split.pods.items():
+            pod_joules[key] = usage.pod_joules.get(key, 0.0) + part
+    return Usage(
+        energy_mj=seen,
+        idle_watts=idle_watts,
+        gpu_joules=gpu_joules,
+        unattributed_joules=unattributed,
+        pod_joules=pod_joules,
+    )

@@ -40,7 +40,7 @@ SEED_LABELS = ("pod", "gpu_id")
 # through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
 # specification's rule, which sdk_internals.py applies to the exporter); a
 # unit in braces is an annotation and adds nothing.
-_UNIT_SUFFIXES = {"By": "bytes", "s": "seconds", "1": "ratio"}
+_UNIT_SUFFIXES = {"By": "bytes", "s": "seconds", "J": "joules", "1": "ratio"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +108,16 @@ FAMILIES: tuple[Family, ...] = (
         labels=POD_LABELS,
     ),
     Family(
+        "vgpu.pod.energy",
+        "J",
+        Kind.POD,
+        "The pod's part of its GPU's energy: the GPU's idle power by the vGPU shares it holds, the rest by "
+        "its SM share, interval by interval; with the GPU's unattributed joules, the pods' add up to the "
+        "GPU's. Absent where per-pod SM is unknown (MIG, MPS) or the GPU has no energy counter.",
+        Instrument.COUNTER,
+        labels=POD_LABELS,
+    ),
+    Family(
         "vgpu.pod.memory.peak",
         "By",
         Kind.POD,
@@ -136,6 +146,24 @@ FAMILIES: tuple[Family, ...] = (
         Kind.GPU,
         "SM-busy seconds of the GPU: its utilization integrated over time at the agent's sweep cadence "
         "(absent in MIG mode).",
+        Instrument.COUNTER,
+        labels=GPU_LABELS,
+    ),
+    Family(
+        "vgpu.gpu.energy",
+        "J",
+        Kind.GPU,
+        "Energy the GPU used, from NVML's counter (Volta and newer; a driver reload is counted from 0, "
+        "not backwards). Absent where NVML has no energy counter.",
+        Instrument.COUNTER,
+        labels=GPU_LABELS,
+    ),
+    Family(
+        "vgpu.gpu.energy.unattributed",
+        "J",
+        Kind.GPU,
+        "The part of the GPU's energy given to no pod: idle power of the shares nobody holds, SM time no "
+        "pod ran, and all of it where per-pod SM is unknown.",
         Instrument.COUNTER,
         labels=GPU_LABELS,
     ),

@@ -45,6 +45,9 @@ class Device:
     utilization_window: float | None = None
     """Mean of the GPU's own utilization samples since the previous sweep, 0-1 (the
     sampler fills it in); None where NVML gave none."""
+    energy_mj: int | None = None
+    """The GPU's energy counter, millijoules since the driver loaded (Volta and newer); None where
+    NVML has none."""
 
     @property
     def mig_mode(self) -> bool:

@@ -72,6 +72,7 @@ class NvmlBackend:
         self._clock = clock
         self._handles: dict[int, Any] = {}
         self._minors: dict[int, int | None] = {}
+        self._no_energy: set[int] = set()
         self._mig_handles: dict[int, list[tuple[Any, str | None]]] = {}
         self._mig_static: dict[str, tuple[str, int | None, int | None, int | None]] = {}
         # Compute, graphics and (where the library has it) MPS client processes.
@@ -121,6 +122,7 @@ class NvmlBackend:
         self._backoff = min(self._max_backoff, self._backoff * 2)
 
     def _forget_handles(self) -> None:
+        self._no_energy.clear()
         self._handles.clear()
         self._minors.clear()
         self._mig_handles.clear()
@@ -167,7 +169,22 @@ class NvmlBackend:
             utilization=None if migs else self._utilization(handle),
             minor_number=self._minor_number(index, handle),
             migs=migs,
+            energy_mj=self._energy(index, handle),
         )
+
+    def _energy(self, index: int, handle: Any) -> int | None:
+        """nvmlDeviceGetTotalEnergyConsumption; a GPU without the counter (before Volta, some
+        vGPU guests) is not asked again in this NVML session."""
+        if index in self._no_energy:
+            return None
+        try:
+            return int(self._call(self._nvml.nvmlDeviceGetTotalEnergyConsumption, handle))
+        except GpuError as error:
+            if error.code not in (ErrorCode.NOT_SUPPORTED, ErrorCode.FUNCTION_NOT_FOUND):
+                raise
+            self._no_energy.add(index)
+            log.info("GPU %d has no energy counter (%s): its energy families are left out", index, error.code.value)
+            return None
 
     def _utilization(self, handle: Any) -> float | None:
         try:

@@ -42,6 +42,9 @@ DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
 # What a MIG device's own driver reservation is taken to be.
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
 MPS_SERVER = "nvidia-cuda-mps"
+# The simulated GPUs' power: idle, and at full SM use (an H200's board limit, 700 W).
+IDLE_WATTS = 75.0
+FULL_WATTS = 700.0
 # In the proc tree's directory, beside the PIDs: the file the simulated driver keeps open.
 DRIVER_FILE = "nvidiactl"
 # As NVML does on an H200 with driver 580 (bench/results/h200-nvml-samples.md):
@@ -140,6 +143,9 @@ class SimulatedNode:
         self.driver_file.touch()
         self._driver: IO[bytes] | None = None
         self._released = False
+        # Each GPU's energy counter, as NVML's: millijoules since the driver loaded.
+        self._energy_mj = [0.0] * len(scenario.gpus)
+        self._energy_at: list[float | None] = [None] * len(scenario.gpus)
         self.refresh()
 
     # The scenario's time: seconds since the node started.
@@ -263,7 +269,10 @@ class SimulatedNode:
         self._released = True
 
     def resume(self) -> None:
+        """The driver back, reloaded: its energy counters start again from 0, as NVML's do."""
         self._released = False
+        self._energy_mj = [0.0] * len(self.scenario.gpus)
+        self._energy_at = [None] * len(self.scenario.gpus)
 
     def device(self, index: int) -> Device:
         self._maybe_fail("device", index)
@@ -281,7 +290,18 @@ class SimulatedNode:
             utilization=None if migs else busy,
             minor_number=gpu.minor,
             migs=migs,
+            energy_mj=self._energy(index, min(1.0, busy)),
         )
+
+    def _energy(self, index: int, busy: float) -> int:
+        """The energy counter: idle watts plus the SMs' share of the rest, at the power of
+        each read since the last (the waves move slowly against a sweep's cadence)."""
+        now = self.now()
+        last = self._energy_at[index]
+        if last is not None:
+            self._energy_mj[index] += (IDLE_WATTS + (FULL_WATTS - IDLE_WATTS) * busy) * (now - last) * 1000
+        self._energy_at[index] = now
+        return int(self._energy_mj[index])
 
     def processes(self, index: int) -> list[GpuProcess]:
         self._maybe_fail("processes", index)
