@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -70,7 +71,8 @@ def test_rule_unit_tests_can_fail(tmp_path: Path) -> None:
 
 def dashboard_queries() -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
-    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    # A row panel has no targets.
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
     queries += [v["definition"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
     return queries
 
@@ -82,7 +84,12 @@ def as_promql(query: str) -> str:
     match = re.fullmatch(r"label_values\((?P<metric>\w+(\{[^}]*\})?), *(?P<label>\w+)\)", query)
     if match:
         return f"count by ({match['label']}) ({match['metric']})"
-    return query.replace("$__rate_interval", "1m")
+    return query.replace("$__rate_interval", "1m").replace("$__range", "1h")
+
+
+def panel_query(title: str, position: int = 0) -> str:
+    panel = next(p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == title)
+    return as_promql(panel["targets"][position]["expr"])
 
 
 def test_prometheus_scrapes_the_agent_over_http_and_over_tls_with_auth(
@@ -144,6 +151,25 @@ def test_prometheus_scrapes_the_agent_over_http_and_over_tls_with_auth(
                 prometheus.query(as_promql(query))
             # the dashboard's panels find data on a live agent
             assert prometheus.wait_for(as_promql(dashboard_queries()[0]))
+            # and the usage row finds every namespace whose pods ran (two scrapes make a rate)
+            # (a pod the agent cannot name has no namespace label: its own series, not a namespace's)
+            ran = prometheus.query('vgpu_pod_sm_utilization_ratio{job="otel-vgpu"} > 0')
+            running = {r["metric"]["namespace"] for r in ran if "namespace" in r["metric"]}
+            for title in (
+                "GPUs busy by namespace",
+                "Power by namespace",
+                "GPU-hours and kWh by namespace over the time range",
+            ):
+                query = panel_query(title)
+
+                def covers(query: str = query) -> list[dict[str, Any]]:
+                    found = prometheus.query(query)
+                    return found if {r["metric"].get("namespace") for r in found} >= running else []
+
+                rows = wait_until(covers, what=f"every running namespace in {title!r}")
+                assert running and all(
+                    float(r["value"][1]) > 0 for r in rows if r["metric"].get("namespace") in running
+                )
         plain.stop()
         tls.stop()
 
@@ -160,6 +186,9 @@ def test_dashboard_names_only_families_the_agent_serves() -> None:
         "vgpu_gpu_sm_utilization_ratio",
         "vgpu_gpu_vgpus",
         "vgpu_gpu_memory_unattributed_bytes",
+        "vgpu_pod_sm_busy_seconds_total",
+        "vgpu_pod_energy_joules_total",
+        "vgpu_gpu_energy_unattributed_joules_total",
         "vgpu_agent_collection_errors_total",
         "vgpu_agent_collection_duration_seconds_bucket",
         "process_resident_memory_bytes",
@@ -172,6 +201,7 @@ def test_dashboard_names_only_families_the_agent_serves() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     titles = {panel["title"] for panel in dashboard["panels"]}
     assert {"Idle allocations", "Unattributed GPU memory", "SM use against the pod's share"} <= titles
+    assert {"Usage and energy by namespace", "GPUs busy by namespace", "Power by namespace"} <= titles
 
 
 def test_the_dashboard_follows_the_fleet() -> None:
@@ -179,7 +209,7 @@ def test_the_dashboard_follows_the_fleet() -> None:
     variables = [v["name"] for v in dashboard["templating"]["list"]]
     assert variables == ["datasource", "cluster", "node", "namespace", "pod"]
     for panel in dashboard["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", []):
             # Legends name nodes and pods, never a pod IP:port.
             assert "{{instance}}" not in target.get("legendFormat", ""), panel["title"]
             if "vgpu_pod_" in target["expr"]:
