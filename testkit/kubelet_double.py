@@ -76,6 +76,18 @@ class KubeletDouble:
             ],
         )
 
+    def list_pod(self, namespace: str, name: str, containers: tuple[str, ...] = ("main",)) -> None:
+        """List a pod with no device, as the kubelet lists every pod of its node (a pod
+        given devices already is left as it is)."""
+        self.pods.setdefault(
+            (namespace, name),
+            podresources_pb2.PodResources(
+                name=name,
+                namespace=namespace,
+                containers=[podresources_pb2.ContainerResources(name=container) for container in containers],
+            ),
+        )
+
     def claim(self, namespace: str, name: str, container: str, claim: str, driver: str, pool: str, device: str) -> None:
         """Add a DRA claim's device to a pod's container (the pod is created if needed)."""
         pod = self.pods.get((namespace, name)) or podresources_pb2.PodResources(name=name, namespace=namespace)

@@ -44,6 +44,8 @@ def populate(scenario: Scenario, node_name: str, api: KubeApiDouble, kubelet: Ku
         ids += device.device_ids
     for (namespace, name, resource), assigned in grouped.items():
         kubelet.assign(namespace, name, assigned, resource=resource)
+    for namespace, name in view.pods or ():
+        kubelet.list_pod(namespace, name)
 
 
 def service_account(directory: Path, certs: Certs, token: str = "test-token") -> Path:

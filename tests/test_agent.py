@@ -45,7 +45,9 @@ def test_scrape_matches_the_scenario(scenario_file: Path, ratio_file: Path) -> N
     allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")
     assert allocated[("trainer", "0")] == 2 * 80 * GIB / 2
     assert allocated[("trainer", "1")] == 40 * GIB
-    assert allocated[("api", "1")] == 40 * GIB  # no allocation known: one share
+    # The kubelet lists api and probe without a device: they use GPUs without an allocation.
+    assert allocated[("api", "1")] == 0 and allocated[("probe", "0")] == 0
+    assert allocated[(UNKNOWN_UID, "1")] == 40 * GIB  # a pod nobody can name: unknown, one share
     assert allocated[("idle", "0")] == 40 * GIB
     sm = exposition.by("vgpu_pod_sm_utilization_ratio", "pod", "gpu_id")
     assert sm[("trainer", "0")] == pytest.approx(0.6)
@@ -54,7 +56,7 @@ def test_scrape_matches_the_scenario(scenario_file: Path, ratio_file: Path) -> N
     vgpu = exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod", "gpu_id")
     assert vgpu[("trainer", "0")] == pytest.approx(0.6 * 2 / 2)
     assert vgpu[("trainer", "1")] == pytest.approx(0.25 * 2 / 1)
-    assert vgpu[("probe", "0")] == pytest.approx(0.02 * 2)
+    assert ("probe", "0") not in vgpu  # SM against no share: no figure
     processes = exposition.by("vgpu_pod_processes", "pod", "gpu_id")
     assert processes[("trainer", "0")] == 2 and processes[("idle", "0")] == 0
 

@@ -188,3 +188,25 @@ def test_rows_per_container_with_names_from_the_directory() -> None:
     }
     _, pod_rows = run(readings, pods, names.get, allocation, 4.0)
     assert [(r.container, r.memory_used, r.shares) for r in pod_rows] == [(None, 7 * GIB, 3)]
+
+
+def test_a_pod_whose_allocation_is_known_holds_no_share_where_it_was_given_none() -> None:
+    # uid-a was given GPU 0 and runs on GPU 1 too; uid-b was given nothing. Both
+    # were listed by the kubelet (answered); uid-c was not: its allocation is unknown.
+    readings = [
+        GpuReading(GPU0, [GpuProcess(1, 4 * GIB)], {1: 0.4}),
+        GpuReading(GPU1, [GpuProcess(2, GIB), GpuProcess(3, 2 * GIB), GpuProcess(4, GIB)], {2: 0.1, 3: 0.2, 4: 0.3}),
+    ]
+    pods = {1: PodRef("uid-a", None), 2: PodRef("uid-a", None), 3: PodRef("uid-b", None), 4: PodRef("uid-c", None)}
+    names = {**NAMES, "uid-c": PodMeta("web", "c")}
+    known = Allocation(placed={("uid-a", "", "GPU-0"): Grant(shares=1.0)}, answered=frozenset({"uid-a", "uid-b"}))
+    _, rows = run(readings, pods, names.get, known, 2.0)
+    got = {(r.pod, r.gpu_index): (r.shares, r.memory_allocated, r.vgpu_utilization) for r in rows}
+    assert got[("a", 0)] == (1.0, 40 * GIB, 0.4 * 2)
+    # use without an allocation: no share, nothing allocated, no SM-against-share figure
+    assert got[("a", 1)] == (0.0, 0, None)
+    assert got[("b", 1)] == (0.0, 0, None)
+    # its SM and memory are still its own
+    assert {(r.pod, r.gpu_index): r.memory_used for r in rows}[("b", 1)] == 2 * GIB
+    # the pod nobody answered for keeps the rule for unknown allocations: one share
+    assert got[("c", 1)] == (1.0, 40 * GIB, 0.3 * 2)

@@ -139,6 +139,27 @@ def test_ended_pods_hold_nothing_and_a_reused_device_counts_once() -> None:
     assert dict(from_limits(limits).unplaced) == {("uid-2", "main"): 1}
 
 
+def test_the_pods_the_kubelet_lists_are_answered_for_devices_or_not() -> None:
+    # List answers for every pod of the node; the MPS control daemon has no device.
+    view = KubeletView(
+        devices=(DeviceAssignment("ml", "trainer", "main", "nvidia.com/gpu", (f"{U0}::0",)),),
+        pods=(
+            ("ml", "trainer"),
+            ("gpu-operator", "mps-control-daemon"),
+            ("web", "not-in-the-directory"),
+            ("ai", "bad-0"),
+        ),
+    )
+    directory = pods(mps=PodMeta("gpu-operator", "mps-control-daemon"), bad=PodMeta("ai", "bad-0", unreadable=True))
+    # uid-a (web/api) is not listed: an answer older than the pod; it stays unknown; so
+    # does bad-0, whose HAMi annotation could not be read
+    assert from_kubelet(view, directory, GPUS).answered == {"uid-t", "mps"}
+    # a kubelet answer that does not say which pods it lists answers for none
+    assert from_kubelet(KubeletView(devices=view.devices), directory, GPUS).answered == frozenset()
+    # without the kubelet, limits leave every pod's allocation open
+    assert from_limits({"uid-t": PodMeta("ml", "trainer", gpu_limits={"main": 1})}).answered == frozenset()
+
+
 def test_hami_pods_count_from_their_annotation_not_the_kubelet_ids() -> None:
     stated = {"main": (StatedGrant(U0, 4000 * MIB, 0.3),)}
     directory = pods(hami=PodMeta("ai", "infer", stated=stated))

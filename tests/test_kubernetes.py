@@ -115,6 +115,7 @@ def populate(api: KubeApiDouble, kubelet: KubeletDouble) -> None:
     kubelet.assign("ml", "trainer-7f9c", {"trainer": [f"{U0}::0", f"{U0}::1", f"{U1}::0"]})
     kubelet.assign("web", "api-0", {"main": [f"{U1}::1"]})
     kubelet.assign("web", "idle-0", {"main": [f"{U0}::2"]})
+    kubelet.list_pod("kube-system", "gpu-probe-node-a")  # listed, as every pod is, with no device
 
 
 @pytest.fixture
@@ -174,8 +175,8 @@ def test_names_shares_idle_allocation_and_static_pod(cluster: Cluster) -> None:
         ("trainer-7f9c", "1"): 1 * 40 * GIB,
         ("api-0", "1"): 40 * GIB,
         ("idle-0", "0"): 40 * GIB,
-        ("gpu-probe-node-a", "0"): 40 * GIB,  # no devices: one share where it runs
-        (ORPHAN, "1"): 40 * GIB,
+        ("gpu-probe-node-a", "0"): 0,  # listed without a device: use without an allocation
+        (ORPHAN, "1"): 40 * GIB,  # a pod nobody can name: its allocation unknown, one share
     }
     vgpu = exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod", "gpu_id")
     assert vgpu[("trainer-7f9c", "0")] == pytest.approx(0.6 * 2 / 2)
@@ -222,7 +223,8 @@ def test_by_container(cluster: Cluster) -> None:
     assert rows[(ORPHAN, cid("sim-orphan", "main"), "1")] == GIB
     allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "container", "gpu_id")
     assert allocated[("trainer-7f9c", "trainer", "0")] == 2 * 40 * GIB
-    assert allocated[("trainer-7f9c", "sidecar", "0")] == 40 * GIB
+    # the sidecar was given no device: its GPU use is use without an allocation
+    assert allocated[("trainer-7f9c", "sidecar", "0")] == 0
 
 
 def test_limits_without_pod_resources(cluster: Cluster) -> None:

@@ -41,6 +41,8 @@ def test_a_failing_kubelet_keeps_its_last_answer_for_a_few_calls(kubelet: Kubele
     try:
         allocation._poll()
         assert allocation.allocation([GPU]).placed == placed_on_gpu
+        # List named the pod (through the real proto): its allocation is known
+        assert allocation.allocation([GPU]).answered == {UID}
         kubelet.unavailable = True
         for failed in range(1, KEEP_LAST_GOOD_CALLS + 1):
             allocation._poll()
@@ -50,6 +52,7 @@ def test_a_failing_kubelet_keeps_its_last_answer_for_a_few_calls(kubelet: Kubele
         fallback = allocation.allocation([GPU])
         # the pod's limits: one share, GPU unknown
         assert fallback.placed == {} and fallback.unplaced == {(UID, "main"): 1.0}
+        assert fallback.answered == frozenset()  # limits leave other pods' allocations open
         assert health.counts()[Stage.POD_RESOURCES] == KEEP_LAST_GOOD_CALLS + 1
         kubelet.unavailable = False
         allocation._poll()

@@ -101,6 +101,7 @@ def big_node(gpus: int, pods: int) -> Scenario:
                 name=f"pod-{p}",
                 uid=f"{p:08x}-0000-4000-8000-000000000000",
                 cgroup=CgroupSpec(version=1 + p % 2, driver=("systemd", "cgroupfs")[p % 2]),
+                shares=dict.fromkeys(range(gpus), 1),
                 processes=tuple(ProcessSpec(gpu=g, memory=Wave(GIB), sm=Wave(0.001)) for g in range(gpus)),
             )
             for p in range(pods)

@@ -62,6 +62,10 @@ class Allocation:
     replicas: Mapping[str, int] | None = None
     """Device UUID -> replicas the device plugins advertise (GetAllocatableResources);
     None when the kubelet has not said."""
+    answered: frozenset[str] = frozenset()
+    """UIDs of the pods whose every grant is known: what is not in `placed`
+    for them, they were not given. A pod the kubelet lists without a GPU
+    device holds no share; a pod missing here counts one where it runs."""
 
 
 class AllocationSource(Protocol):
@@ -112,6 +116,9 @@ class KubeletView:
     allocatable: tuple[tuple[str, tuple[str, ...]], ...] | None = None
     """(resource, device IDs) the device plugins advertise; None where the
     kubelet does not serve GetAllocatableResources."""
+    pods: tuple[tuple[str, str], ...] | None = None
+    """(namespace, name) of every pod listed, devices or not (List answers for
+    every pod on the node); None where not known."""
 
 
 def counted(resource: str, patterns: Iterable[str] = DEFAULT_RESOURCES) -> bool:
@@ -192,7 +199,11 @@ def from_kubelet(
             if counted(resource, patterns):
                 for uuid, count in devices.replicas(ids).items():
                     replicas[uuid] = replicas.get(uuid, 0) + count
-    return Allocation(placed=placed, replicas=replicas)
+    # The kubelet lists every pod of the node: one it lists without a device
+    # here was given none. A pod the directory cannot name stays unknown.
+    # An unreadable annotation leaves the pod's allocation unknown, listed or not.
+    listed = {uid for key in view.pods or () if (uid := live.get(key)) is not None and not pods[uid].unreadable}
+    return Allocation(placed=placed, replicas=replicas, answered=frozenset(listed | stated))
 
 
 def from_limits(pods: Mapping[str, PodMeta], gpus: Sequence[Device] = ()) -> Allocation:
@@ -207,4 +218,4 @@ def from_limits(pods: Mapping[str, PodMeta], gpus: Sequence[Device] = ()) -> All
         for container, count in meta.gpu_limits.items()
         if count > 0
     }
-    return Allocation(placed=placed, unplaced=unplaced)
+    return Allocation(placed=placed, unplaced=unplaced, answered=frozenset(stated))

@@ -143,7 +143,10 @@ def aggregate(
 
     - A PID missing from `pods_by_pid`, or mapped to None, is unattributed.
     - Grants on a device: those placed there; else the pod's unplaced shares
-      spread evenly over the devices it runs processes on; else one share.
+      spread evenly over the devices it runs processes on; else none for a
+      pod whose grants are all known (`allocation.answered`: the kubelet
+      listed it), which then uses the device without an allocation; else,
+      its allocation unknown, one share.
       A pod with a grant and no process on a device is an idle allocation
       (memory 0, SM 0).
     - Allocated memory: what the allocator stated, else shares x the
@@ -187,7 +190,7 @@ def aggregate(
                 unattributed += lost
                 ratio = ratios.of(unit.uuid)
                 for row in rows.values():
-                    grant = _grant(row.keys, placed_here, unplaced, running_on)
+                    grant = _grant(row.keys, placed_here, unplaced, running_on, allocation.answered)
                     sm = None if reading.sm_by_pid is None else min(1.0, row.sm)
                     compute = grant.compute if grant.compute is not None else grant.shares / ratio
                     memory = grant.memory if grant.memory is not None else grant.shares * unit.memory_total / ratio
@@ -299,6 +302,7 @@ def _grant(
     placed_here: Mapping[tuple[str, str], Grant],
     unplaced: Mapping[tuple[str, str], float],
     running_on: Mapping[tuple[str, str], int],
+    answered: frozenset[str] = frozenset(),
 ) -> Grant:
     total = Grant()
     for key in keys:
@@ -306,6 +310,9 @@ def _grant(
             total = total.plus(placed_here[key])
         elif key in unplaced:
             total = total.plus(Grant(shares=unplaced[key] / max(1, running_on.get(key, 1))))
+        elif key[0] in answered:
+            # Its allocator answered and gave it nothing here: use without an allocation.
+            continue
         else:
             # The pod runs here, so it was given at least one share.
             total = total.plus(Grant(shares=1.0))

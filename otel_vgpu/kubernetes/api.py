@@ -85,6 +85,7 @@ def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES) -> _Entry:
             phase=(status.phase if status else None) or "Pending",
             stated=stated,
             uid=metadata.uid,
+            unreadable=problem is not None,
         ),
         problem=problem,
     )

@@ -185,7 +185,8 @@ def view_of(response: Any, allocatable: tuple[tuple[str, tuple[str, ...]], ...] 
                             resource.device_name,
                         )
                     )
-    return KubeletView(tuple(devices), tuple(claims), allocatable)
+    pods = tuple((pod.namespace, pod.name) for pod in response.pod_resources)
+    return KubeletView(tuple(devices), tuple(claims), allocatable, pods)
 
 
 class NodePods(Protocol):

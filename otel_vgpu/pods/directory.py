@@ -35,6 +35,8 @@ class PodMeta:
     """Container name to the GPUs an allocator's annotations give it (HAMi)."""
     uid: str = ""
     """The pod's UID in the API (for a static pod, its mirror pod's); empty when not known."""
+    unreadable: bool = False
+    """An allocator annotation of the pod could not be read: what it was given is not known."""
 
     @property
     def terminal(self) -> bool:

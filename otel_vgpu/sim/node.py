@@ -182,10 +182,12 @@ class SimulatedNode:
         """pod-resources' List and GetAllocatableResources for the scenario at time `t`."""
         devices: list[DeviceAssignment] = []
         claims: list[ClaimAssignment] = []
+        listed: list[tuple[str, str]] = []
         node = self.scenario.node_name or "sim-node"
         for pod in self.scenario.pods:
             if not pod.active(t):
                 continue
+            listed.append((pod.namespace, pod.name))
             container = pod_containers(pod.processes)[0]
             for index, count in pod.shares.items():
                 gpu = self.scenario.gpus[index]
@@ -213,7 +215,8 @@ class SimulatedNode:
             pod = self.churn_pod(index)
             gpu = self.scenario.gpus[index % len(self.scenario.gpus)]
             devices.append(DeviceAssignment(pod.namespace, pod.name, "main", "nvidia.com/gpu", (f"{gpu.uuid}::0",)))
-        return KubeletView(tuple(devices), tuple(claims), self._allocatable())
+            listed.append((pod.namespace, pod.name))
+        return KubeletView(tuple(devices), tuple(claims), self._allocatable(), tuple(listed))
 
     def _allocatable(self) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
         gpus = self.scenario.gpus
