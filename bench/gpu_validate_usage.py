@@ -6,16 +6,22 @@ Run as root on a GPU node from the repository root, with the rendered manifest
     kubectl kustomize kustomize/base > base.yaml
     python3 bench/gpu_validate_usage.py --pod base.yaml [--seconds 120] [--out results.md]
 
-Three pods, as the agent sees them through the pod harness (testkit/pod_harness.py)
+Four pods, as the agent sees them through the pod harness (testkit/pod_harness.py)
 with its own sweeps every --sweep-interval (the base's default): one running
 kernels for `--burst-ms` of every second (a known busy fraction), one idle
-holding memory and a share, one holding a share and running nothing. The
-agent is scraped every `--every` seconds, as Prometheus would; the check is
-that each pod's busy-seconds counter, over the run, rises at the rate its
-workload ran (within 0.05), that the GPU's rises at least as fast as the
-pods' sum, and that the counters never go back; and that the GPU's joules
-follow NVML's own counter (read here as root) within 1 %, the pods' and the
-unattributed adding up to them.
+holding memory and a share, one holding a share and running nothing, and one
+the kubelet lists with no device that runs kernels `--rogue-ms` of every
+second (use without an allocation, as an MPS control daemon's pod). The
+agent first sweeps the GPU idle for `--idle-s` seconds, so it learns the idle
+power, then the two busy workloads start. It is scraped every `--every`
+seconds, as Prometheus would; the check is that each pod's busy-seconds
+counter, over the run, rises at the rate its workload ran (within 0.05), that
+the GPU's rises at least as fast as the pods' sum, and that the counters
+never go back; that the pod without a device holds nothing
+(allocated memory 0) while the others hold their share; that the GPU's
+joules follow NVML's own counter (read here as root) within 1 %, the pods'
+and the unattributed adding up to them; and that the idle power learned went
+to the pods by shares held (the share holders running nothing got energy).
 """
 
 from __future__ import annotations
@@ -62,6 +68,15 @@ def nvml_energy_j() -> float:
         pynvml.nvmlShutdown()
 
 
+def by_pod(url: str, family: str) -> dict[str, float]:
+    """A pod family's value on GPU 0, by pod."""
+    return {
+        labels["pod"]: value
+        for labels, value in scrape(f"{url}/metrics").get(family, [])
+        if labels.get("gpu_id") == "0"
+    }
+
+
 def counters(url: str) -> tuple[dict[str, float], float]:
     """Each pod's busy seconds on GPU 0, and the GPU's."""
     samples = scrape(f"{url}/metrics")
@@ -80,6 +95,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--every", type=float, default=15.0, help="seconds between scrapes")
     parser.add_argument("--burst-ms", type=float, default=300.0)
+    parser.add_argument("--rogue-ms", type=float, default=100.0, help="the device-less pod's kernels a second")
+    parser.add_argument("--idle-s", type=float, default=10.0, help="idle sweeps before the workloads start")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     report = Report()
@@ -87,20 +104,25 @@ def main() -> int:
     bursty = Pod("ml", "bursty-0", "systemd", "burstable")
     idle = Pod("ml", "idle-0", "cgroupfs", "besteffort")
     standby = Pod("web", "standby-0", "systemd", "burstable")  # a share, no process
-    pods = [bursty, idle, standby]
+    rogue = Pod("tools", "nodevice-0", "cgroupfs", "besteffort")  # listed with no device
+    pods = [bursty, idle, standby, rogue]
     tmp = Path(tempfile.mkdtemp(prefix="gpu-usage-", dir="/var/tmp"))
     cluster = Cluster(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     harness = None
     try:
-        place(bursty, start_workload("bursty", 2.0, burst_ms=args.burst_ms))
         place(idle, start_workload("idle", 2.0))
         _, _, model, gpu_uuid, driver = nvml_truth()
         cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(REPLICAS)]}
-        for n, pod in enumerate(pods):
+        for n, pod in enumerate([bursty, idle, standby]):
             cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
+        cluster.add(rogue, {})  # the kubelet lists every pod: this one with no device
         harness = pod_harness(args.pod, tmp / "pod", cluster, NODE)
         url = f"http://127.0.0.1:{AGENT_PORT}"
         wait_serving(url, harness.start(), harness.log.read_text, timeout=60)
+        agent_up = time.monotonic()
+        time.sleep(args.idle_s)  # sweeps of an idle GPU: the idle power is learned
+        place(bursty, start_workload("bursty", 2.0, burst_ms=args.burst_ms))
+        place(rogue, start_workload("bursty", 1.0, burst_ms=args.rogue_ms))
         time.sleep(5)  # the workloads' first samples
         readings = []
         joules_before, nvml_before = energy(url), nvml_energy_j()
@@ -115,8 +137,8 @@ def main() -> int:
             f"GPU: {model}, driver {driver}; {len(readings)} scrapes {args.every:g} s apart over "
             f"{readings[-1][0] - readings[0][0]:.0f} s; the bursty pod runs kernels {args.burst_ms:g} ms a second",
             "",
-            "| scrape | s | bursty-0 | idle-0 | standby-0 | GPU |",
-            "|---|---|---|---|---|---|",
+            "| scrape | s | bursty-0 | idle-0 | standby-0 | nodevice-0 | GPU |",
+            "|---|---|---|---|---|---|---|",
         ]
         for i, (at, pod_values, gpu) in enumerate(readings):
             cells = " | ".join(f"{pod_values.get(p.name, float('nan')):.2f}" for p in pods)
@@ -128,7 +150,12 @@ def main() -> int:
         def rate(name: str) -> float:
             return (last.get(name, 0.0) - first.get(name, 0.0)) / seconds
 
-        expected = {bursty.name: args.burst_ms / 1000.0, idle.name: 0.0, standby.name: 0.0}
+        expected = {
+            bursty.name: args.burst_ms / 1000.0,
+            idle.name: 0.0,
+            standby.name: 0.0,
+            rogue.name: args.rogue_ms / 1000.0,
+        }
         for name, truth in expected.items():
             got = rate(name)
             check(abs(got - truth) <= TOLERANCE, f"{name}: rate of busy seconds {got:.3f}, ran {truth:.3f}")
@@ -141,6 +168,13 @@ def main() -> int:
             for p in pods
         )
         check(monotonic, "no counter went back between scrapes")
+        allocated = by_pod(url, "vgpu_pod_memory_allocated_bytes")
+        lines += ["", f"Allocated memory on GPU 0 by pod (bytes): {dict(sorted(allocated.items()))}", ""]
+        check(allocated.get(rogue.name) == 0, f"{rogue.name}, listed with no device, holds nothing")
+        check(
+            all((allocated.get(p.name) or 0) > 0 for p in (bursty, idle, standby)),
+            "the three pods given a replica hold it",
+        )
         joules_after, nvml_after = energy(url), nvml_energy_j()
         gpu_j = joules_after[0] - joules_before[0]
         nvml_j = nvml_after - nvml_before
@@ -159,6 +193,20 @@ def main() -> int:
             abs(gpu_j - nvml_j) <= slack, f"the GPU's joules {gpu_j:.0f} match NVML's {nvml_j:.0f} (within {slack:.0f})"
         )
         check(abs(parts_j - gpu_j) <= 0.01 * gpu_j, f"pods + unattributed {parts_j:.0f} J == the GPU's {gpu_j:.0f} J")
+        pod_joules = by_pod(url, "vgpu_pod_energy_joules_total")
+        lines += [
+            "",
+            f"Joules by pod since the agent started: { {k: round(v) for k, v in sorted(pod_joules.items())} }",
+            "",
+        ]
+        # A share holder running nothing gets idle power x its share (1 of the ratio's REPLICAS).
+        standby_w = pod_joules.get(standby.name, 0.0) / (time.monotonic() - agent_up)
+        check(
+            pod_joules.get(standby.name, 0.0) > 0,
+            f"idle power learned and billed by shares: {standby.name} (a share, no process) got "
+            f"{pod_joules.get(standby.name, 0.0):.0f} J, about {standby_w * REPLICAS:.0f} W of idle power for the GPU",
+        )
+        check(pod_joules.get(rogue.name, 0.0) > 0, f"{rogue.name} is billed its SM share of the active energy")
     finally:
         if harness is not None:
             harness.stop()
