@@ -52,6 +52,13 @@ class GpuRow:
     energy_unattributed_joules: float | None = None
     """The part of them no pod was given."""
 
+    @property
+    def interval_utilization(self) -> float | None:
+        """The GPU's SM figure over the interval since the previous sweep: the mean of its
+        own samples where NVML gave them; else its last period's figure, which a sweep
+        every few seconds samples, not averages."""
+        return self.utilization_window if self.utilization_window is not None else self.utilization
+
 
 @dataclass(frozen=True, slots=True)
 class PodRow:
@@ -302,7 +309,7 @@ def _grant(
     placed_here: Mapping[tuple[str, str], Grant],
     unplaced: Mapping[tuple[str, str], float],
     running_on: Mapping[tuple[str, str], int],
-    answered: frozenset[str] = frozenset(),
+    answered: frozenset[str],
 ) -> Grant:
     total = Grant()
     for key in keys:

@@ -113,9 +113,7 @@ def accumulate(
     new_gpus: list[GpuRow] = []
     for gpu in gpus:
         busy = usage.gpu_busy.get(gpu.uuid, 0.0)
-        # The mean of the GPU's own samples over the interval where NVML gave them; else
-        # its last period's figure, which a sweep every few seconds samples, not averages.
-        utilization = gpu.utilization_window if gpu.utilization_window is not None else gpu.utilization
+        utilization = gpu.interval_utilization
         if utilization is not None:
             busy += utilization * seconds
             gpu_busy[gpu.uuid] = busy
@@ -168,7 +166,7 @@ def _energy(usage: Usage, gpus: Sequence[GpuRow], pods: Sequence[PodRow], second
         last = usage.energy_mj.get(gpu.uuid)
         # Below the last reading: the driver reloaded, its counter started again from 0.
         joules = 0.0 if last is None else (gpu.energy_mj - last if gpu.energy_mj >= last else gpu.energy_mj) / 1000
-        utilization = gpu.utilization_window if gpu.utilization_window is not None else gpu.utilization
+        utilization = gpu.interval_utilization
         watts = usage.idle_watts.get(gpu.uuid)
         if last is not None and seconds > 0 and utilization is not None and utilization < IDLE_UTILIZATION:
             watts = joules / seconds if watts is None else min(watts, joules / seconds)
