@@ -781,3 +781,31 @@ def test_a_flood_of_complete_tls_handshakes_leaves_the_scraper_its_scrapes(tmp_p
         print(f"  {handshakes[0]} handshakes")
         assert handshakes[0] > 500, handshakes[0]
         assert_held(target, scraper, baseline, peak)
+
+
+def test_stopping_with_connections_mid_response_is_clean(tmp_path: Path) -> None:
+    # SIGTERM while one connection is stalled writing a response (its peer reads nothing)
+    # and others wait for a request head: the agent exits 0 and logs no error, no task
+    # left pending ("Task was destroyed but it is pending!") when its loop closes.
+    with agent(tmp_path, "--simulate", str(big_node(tmp_path))) as target:
+        warm(Scraper(target.url), target)
+        socks = []
+        try:
+            for index in range(8):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+                sock.settimeout(10)
+                sock.connect(("127.0.0.1", target.port))
+                if index % 2 == 0:
+                    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 4)
+                socks.append(sock)
+            # a response is being written once its first bytes arrive (the socket waits up to 10 s)
+            assert socks[0].recv(16, socket.MSG_PEEK).startswith(b"HTTP/1.1 200")
+            target.process.terminate()
+            _, err = target.process.communicate(timeout=15)
+        finally:
+            for sock in socks:
+                sock.close()
+        assert target.process.returncode == 0, err
+        errors = [line for line in err.splitlines() if " ERROR " in line or "Traceback" in line]
+        assert errors == [], err

@@ -58,6 +58,8 @@ MAX_KEPT_BODIES = 4
 # The heap is trimmed at most this often, once this many connections have closed since the last trim.
 TRIM_EVERY_S = 5.0
 TRIM_AFTER_CLOSED = 32
+# How long stopping waits for the connections' tasks to end once cancelled.
+STOP_WAIT_S = 2.0
 # How often connections waiting for a place look for one that became sheddable.
 ADMIT_TICK_S = 0.05
 # Connections the kernel queues before the loop accepts them (their SYNs are not dropped in a
@@ -504,8 +506,16 @@ class Server:
             self._server.close()
             for connection in list(self.counters.connections):
                 connection.writer.transport.abort()
+            # Cancel and wait out every connection's task, as asyncio.run does on
+            # its way out: a task left pending when the loop closes is logged at
+            # ERROR ("Task was destroyed but it is pending!") when it is collected.
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
             with contextlib.suppress(Exception):
-                self._loop.run_until_complete(asyncio.sleep(0))
+                self._loop.run_until_complete(
+                    asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), STOP_WAIT_S)
+                )
             self._loop.close()
 
     def _trim_after_bursts(self) -> None:
@@ -605,6 +615,13 @@ class Server:
         self._dispatch()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # The task the protocol runs per connection. Stopping cancels it, and it then ends
+        # normally, not cancelled: Python 3.11's StreamReaderProtocol calls task.exception()
+        # when it is done, which raises on a cancelled task (logged at ERROR by the loop).
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._connection(reader, writer)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections = self.counters.connections
         if not await self._admit():
             self.counters.refused += 1
