@@ -33,12 +33,20 @@ from bench.gpu_workloads import start_workload
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--burst-ms", type=float, default=300.0)
+    parser.add_argument(
+        "--first-ms", type=float, help="make the first process bursty too, with kernels this many ms of each second"
+    )
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     import pynvml  # noqa: PLC0415
 
-    workloads = {mode: start_workload(mode, 0.5, burst_ms=args.burst_ms) for mode in ("busy", "bursty")}
+    first = "busy" if args.first_ms is None else f"bursty {args.first_ms:g} ms"
+    second = f"bursty {args.burst_ms:g} ms"
+    workloads = {
+        first: start_workload("busy" if args.first_ms is None else "bursty", 0.5, burst_ms=args.first_ms or 0.0),
+        second: start_workload("bursty", 0.5, burst_ms=args.burst_ms),
+    }
     lines: list[str] = []
     try:
         time.sleep(3)
@@ -48,7 +56,7 @@ def main() -> int:
         driver = pynvml.nvmlSystemGetDriverVersion()
         which = {process.pid: mode for mode, process in workloads.items()}
         lines += [
-            f"GPU 0: {name}, driver {driver}; a busy process and a bursty one ({args.burst_ms:g} ms of each second)",
+            f"GPU 0: {name}, driver {driver}; two processes: {first}, and {second} (kernels that many ms a second)",
             "",
             "| t | process | sample age | its SM | GPU's last period |",
             "|---|---|---|---|---|",
@@ -91,7 +99,7 @@ def main() -> int:
     if args.out:
         args.out.write_text(
             "# What NVML keeps of utilization samples\n\n"
-            "`python3 bench/gpu_sample_periods.py --out bench/results/h200-nvml-samples.md`, as root on a lent "
+            f"`python3 bench/gpu_sample_periods.py {' '.join(sys.argv[1:])}`, as root on a lent "
             "machine with one NVIDIA H200; each row is a new per-process sample as it appeared.\n\n" + report
         )
     return 0

@@ -6,18 +6,22 @@ Run as root on a GPU node from the repository root, with the rendered manifest
     kubectl kustomize kustomize/base > base.yaml
     python3 bench/gpu_validate_usage.py --pod base.yaml [--seconds 120] [--out results.md]
 
-Four pods, as the agent sees them through the pod harness (testkit/pod_harness.py)
+Five pods, as the agent sees them through the pod harness (testkit/pod_harness.py)
 with its own sweeps every --sweep-interval (the base's default): one running
-kernels for `--burst-ms` of every second (a known busy fraction), one idle
-holding memory and a share, one holding a share and running nothing, and one
-the kubelet lists with no device that runs kernels `--rogue-ms` of every
-second (use without an allocation, as an MPS control daemon's pod). The
-agent first sweeps the GPU idle for `--idle-s` seconds, so it learns the idle
-power, then the two busy workloads start. It is scraped every `--every`
-seconds, as Prometheus would; the check is that each pod's busy-seconds
-counter, over the run, rises at the rate its workload ran (within 0.05), that
-the GPU's rises at least as fast as the pods' sum, and that the counters
-never go back; that the pod without a device holds nothing
+kernels for `--burst-ms` of every second (bursty), one running kernels for
+`--steady-share` of every 100 ms (steady), one idle holding memory and a
+share, one holding a share and running nothing, and one the kubelet lists
+with no device that runs kernels `--rogue-ms` of every second (use without an
+allocation, as an MPS control daemon's pod). The agent first sweeps the GPU
+idle for `--idle-s` seconds, so it learns the idle power, then the busy
+workloads start. What each ran is counted by the workload itself: the steps
+it completed times one step's time alone on the GPU (time-slicing stretches
+a process's wall time, not its work). It is scraped every `--every` seconds,
+as Prometheus would; the check is that each pod's busy-seconds counter, over
+the run, rises at the rate its workload ran (within 0.05), that the GPU's
+rises at least as fast as the pods' sum, that on every scrape the pods' SM
+gauges add up to no more than the GPU's, and that the counters never go
+back; that the pod without a device holds nothing
 (allocated memory 0) while the others hold their share; that the GPU's
 joules follow NVML's own counter (read here as root) within 1 %, the pods'
 and the unattributed adding up to them; and that the idle power learned went
@@ -31,16 +35,17 @@ import itertools
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_validate import AGENT_PORT, NODE, POD_RESOURCES_DIR, REPLICAS, nvml_truth
 from bench.gpu_workloads import Cluster, Pod, Report, place, pod_harness, scrape, start_workload, stop_pods
+from otel_vgpu.collect.sampler import ENERGY_EVERY_S
 from testkit.agent import wait_serving
 
 TOLERANCE = 0.05
-SWEEP_S = 2.0  # the base's --sweep-interval
 
 
 def energy(url: str) -> tuple[float, float, float]:
@@ -77,16 +82,39 @@ def by_pod(url: str, family: str) -> dict[str, float]:
     }
 
 
-def counters(url: str) -> tuple[dict[str, float], float]:
-    """Each pod's busy seconds on GPU 0, and the GPU's."""
+@dataclass
+class Reading:
+    at: float
+    busy: dict[str, float]
+    """Each pod's busy seconds on GPU 0."""
+    gpu_busy: float
+    sm: dict[str, float]
+    """Each pod's SM gauge on GPU 0."""
+    gpu_sm: float
+    work: dict[str, float]
+    """GPU seconds of work each workload counted itself."""
+
+
+def read(url: str, work_files: dict[str, Path]) -> Reading:
+    """One scrape of GPU 0's counters and gauges, and the workloads' own counts."""
+    at = time.monotonic()
     samples = scrape(f"{url}/metrics")
-    pods = {
-        labels["pod"]: value
-        for labels, value in samples.get("vgpu_pod_sm_busy_seconds_total", [])
-        if labels.get("gpu_id") == "0"
-    }
-    gpu = next((v for labels, v in samples.get("vgpu_gpu_sm_busy_seconds_total", []) if labels["gpu_id"] == "0"), 0.0)
-    return pods, gpu
+
+    def pods(name: str) -> dict[str, float]:
+        return {labels["pod"]: value for labels, value in samples.get(name, []) if labels.get("gpu_id") == "0"}
+
+    def gpu(name: str) -> float:
+        return next((v for labels, v in samples.get(name, []) if labels["gpu_id"] == "0"), 0.0)
+
+    work = {name: float(path.read_text().split()[1]) for name, path in work_files.items() if path.exists()}
+    return Reading(
+        at,
+        pods("vgpu_pod_sm_busy_seconds_total"),
+        gpu("vgpu_gpu_sm_busy_seconds_total"),
+        pods("vgpu_pod_sm_utilization_ratio"),
+        gpu("vgpu_gpu_sm_utilization_ratio"),
+        work,
+    )
 
 
 def main() -> int:
@@ -95,6 +123,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--every", type=float, default=15.0, help="seconds between scrapes")
     parser.add_argument("--burst-ms", type=float, default=300.0)
+    parser.add_argument("--steady-share", type=float, default=0.3, help="the steady pod's share of every 100 ms")
     parser.add_argument("--rogue-ms", type=float, default=100.0, help="the device-less pod's kernels a second")
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle sweeps before the workloads start")
     parser.add_argument("--out", type=Path)
@@ -102,10 +131,11 @@ def main() -> int:
     report = Report()
     lines, check = report.lines, report.check
     bursty = Pod("ml", "bursty-0", "systemd", "burstable")
+    steady = Pod("ml", "steady-0", "systemd", "guaranteed")
     idle = Pod("ml", "idle-0", "cgroupfs", "besteffort")
     standby = Pod("web", "standby-0", "systemd", "burstable")  # a share, no process
     rogue = Pod("tools", "nodevice-0", "cgroupfs", "besteffort")  # listed with no device
-    pods = [bursty, idle, standby, rogue]
+    pods = [bursty, steady, idle, standby, rogue]
     tmp = Path(tempfile.mkdtemp(prefix="gpu-usage-", dir="/var/tmp"))
     cluster = Cluster(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     harness = None
@@ -113,7 +143,7 @@ def main() -> int:
         place(idle, start_workload("idle", 2.0))
         _, _, model, gpu_uuid, driver = nvml_truth()
         cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(REPLICAS)]}
-        for n, pod in enumerate([bursty, idle, standby]):
+        for n, pod in enumerate([bursty, steady, idle, standby]):
             cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
         cluster.add(rogue, {})  # the kubelet lists every pod: this one with no device
         harness = pod_harness(args.pod, tmp / "pod", cluster, NODE)
@@ -121,49 +151,67 @@ def main() -> int:
         wait_serving(url, harness.start(), harness.log.read_text, timeout=60)
         agent_up = time.monotonic()
         time.sleep(args.idle_s)  # sweeps of an idle GPU: the idle power is learned
-        place(bursty, start_workload("bursty", 2.0, burst_ms=args.burst_ms))
-        place(rogue, start_workload("bursty", 1.0, burst_ms=args.rogue_ms))
+        work_files = {p.name: tmp / f"{p.name}.work" for p in (bursty, steady, rogue)}
+        runs = [
+            (bursty, "bursty", 2.0, args.burst_ms),
+            (steady, "steady", 2.0, args.steady_share * 1000),
+            (rogue, "bursty", 1.0, args.rogue_ms),
+        ]
+        for pod, mode, gib, ms in runs:
+            place(pod, start_workload(mode, gib, {"WORK_FILE": str(work_files[pod.name])}, burst_ms=ms))
         time.sleep(5)  # the workloads' first samples
-        readings = []
+        readings: list[Reading] = []
         joules_before, nvml_before = energy(url), nvml_energy_j()
         started = time.monotonic()
         while True:
-            now = time.monotonic()
-            readings.append((now, *counters(url)))
-            if now - started >= args.seconds:
+            readings.append(read(url, work_files))
+            if readings[-1].at - started >= args.seconds:
                 break
             time.sleep(args.every)
         lines += [
             f"GPU: {model}, driver {driver}; {len(readings)} scrapes {args.every:g} s apart over "
-            f"{readings[-1][0] - readings[0][0]:.0f} s; the bursty pod runs kernels {args.burst_ms:g} ms a second",
+            f"{readings[-1].at - readings[0].at:.0f} s; bursty-0 runs kernels {args.burst_ms:g} ms a second, "
+            f"steady-0 {args.steady_share:.0%} of every 100 ms, nodevice-0 {args.rogue_ms:g} ms a second",
             "",
-            "| scrape | s | bursty-0 | idle-0 | standby-0 | nodevice-0 | GPU |",
-            "|---|---|---|---|---|---|---|",
+            "Busy seconds on each scrape, then the SM gauges: each pod's, their sum, the GPU's.",
+            "",
+            "| scrape | s | "
+            + " | ".join(p.name for p in pods)
+            + " | GPU | SM: "
+            + " | ".join(p.name for p in pods)
+            + " | pods' sum | GPU |",
+            "|---" * (2 * len(pods) + 5) + "|",
         ]
-        for i, (at, pod_values, gpu) in enumerate(readings):
-            cells = " | ".join(f"{pod_values.get(p.name, float('nan')):.2f}" for p in pods)
-            lines.append(f"| {i} | {at - readings[0][0]:.0f} | {cells} | {gpu:.2f} |")
+        for i, r in enumerate(readings):
+            busy = " | ".join(f"{r.busy.get(p.name, float('nan')):.2f}" for p in pods)
+            sm = " | ".join(f"{r.sm.get(p.name, float('nan')):.3f}" for p in pods)
+            lines.append(
+                f"| {i} | {r.at - readings[0].at:.0f} | {busy} | {r.gpu_busy:.2f} | {sm} | "
+                f"{sum(r.sm.values()):.3f} | {r.gpu_sm:.3f} |"
+            )
         lines.append("")
-        (t0, first, gpu0), (t1, last, gpu1) = readings[0], readings[-1]
-        seconds = t1 - t0
+        first, last = readings[0], readings[-1]
+        seconds = last.at - first.at
 
         def rate(name: str) -> float:
-            return (last.get(name, 0.0) - first.get(name, 0.0)) / seconds
+            return (last.busy.get(name, 0.0) - first.busy.get(name, 0.0)) / seconds
 
-        expected = {
-            bursty.name: args.burst_ms / 1000.0,
-            idle.name: 0.0,
-            standby.name: 0.0,
-            rogue.name: args.rogue_ms / 1000.0,
-        }
-        for name, truth in expected.items():
-            got = rate(name)
-            check(abs(got - truth) <= TOLERANCE, f"{name}: rate of busy seconds {got:.3f}, ran {truth:.3f}")
+        def ran(name: str) -> float:
+            return (last.work.get(name, 0.0) - first.work.get(name, 0.0)) / seconds
+
+        for pod in pods:
+            got, truth = rate(pod.name), ran(pod.name)
+            check(abs(got - truth) <= TOLERANCE, f"{pod.name}: rate of busy seconds {got:.3f}, ran {truth:.3f}")
         pods_rate = sum(rate(p.name) for p in pods)
-        gpu_rate = (gpu1 - gpu0) / seconds
+        gpu_rate = (last.gpu_busy - first.gpu_busy) / seconds
         check(gpu_rate >= pods_rate - 0.01, f"GPU's rate {gpu_rate:.3f} >= the pods' sum {pods_rate:.3f}")
+        lines += ["", f"The workloads ran {sum(ran(p.name) for p in pods):.3f} of the GPU together.", ""]
+        over = [
+            (i, sum(r.sm.values()), r.gpu_sm) for i, r in enumerate(readings) if sum(r.sm.values()) > r.gpu_sm + 0.01
+        ]
+        check(not over, f"on every scrape the pods' SM gauges add up to no more than the GPU's (over on {over})")
         monotonic = all(
-            later[1].get(p.name, 0.0) >= earlier[1].get(p.name, 0.0) and later[2] >= earlier[2]
+            later.busy.get(p.name, 0.0) >= earlier.busy.get(p.name, 0.0) and later.gpu_busy >= earlier.gpu_busy
             for earlier, later in itertools.pairwise(readings)
             for p in pods
         )
@@ -172,8 +220,8 @@ def main() -> int:
         lines += ["", f"Allocated memory on GPU 0 by pod (bytes): {dict(sorted(allocated.items()))}", ""]
         check(allocated.get(rogue.name) == 0, f"{rogue.name}, listed with no device, holds nothing")
         check(
-            all((allocated.get(p.name) or 0) > 0 for p in (bursty, idle, standby)),
-            "the three pods given a replica hold it",
+            all((allocated.get(p.name) or 0) > 0 for p in (bursty, steady, idle, standby)),
+            "the four pods given a replica hold it",
         )
         joules_after, nvml_after = energy(url), nvml_energy_j()
         gpu_j = joules_after[0] - joules_before[0]
@@ -186,9 +234,10 @@ def main() -> int:
             f"{joules_after[2] - joules_before[2]:.0f} J",
             "",
         ]
-        # The agent's counter is as of its last sweep (up to --sweep-interval, 2 s, before each
-        # reading here): two intervals' energy of slack, on top of 1 %.
-        slack = 0.01 * nvml_j + 2 * SWEEP_S * nvml_j / seconds
+        # The agent's counter is as of its last read of NVML's (every ENERGY_EVERY_S, 10 s;
+        # every sweep when h200-usage*.md were run): two such intervals' energy of slack, on
+        # top of 1 %.
+        slack = 0.01 * nvml_j + 2 * ENERGY_EVERY_S * nvml_j / seconds
         check(
             abs(gpu_j - nvml_j) <= slack, f"the GPU's joules {gpu_j:.0f} match NVML's {nvml_j:.0f} (within {slack:.0f})"
         )

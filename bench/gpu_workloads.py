@@ -45,23 +45,55 @@ WORKLOAD = r"""
 import os, sys, time, torch
 mode, gib = sys.argv[1], float(sys.argv[2])
 burst_s = float(sys.argv[3]) / 1000 if len(sys.argv) > 3 else 0.1
+work_file = os.environ.get("WORK_FILE")
 hold = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-torch.cuda.synchronize()
+
+def step():
+    global a
+    a = (a @ a).clamp_(-1, 1)
+
+# The GPU time one step takes alone: the fastest of a few timed batches (a batch
+# that shared the GPU with another process only runs slower).
+solo = float("inf")
+for _ in range(8):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    solo = min(solo, (time.perf_counter() - t) / 10)
+steps, noted = 0, 0.0
+
+def note():
+    # GPU seconds of work done so far (steps x their solo time): what the process
+    # ran, counted by itself, however time-slicing stretched its wall time.
+    global noted
+    if work_file and time.monotonic() - noted >= 0.5:
+        noted = time.monotonic()
+        with open(work_file + ".tmp", "w") as f:
+            f.write(f"{time.time()} {steps * solo}\n")
+        os.replace(work_file + ".tmp", work_file)
+
 print("ready", flush=True)
 while True:
     if mode == "busy":
         for _ in range(20):
-            a = (a @ a).clamp_(-1, 1)
+            step()
         torch.cuda.synchronize()
-    elif mode == "bursty":  # kernels for burst_s of each second
+        steps += 20
+    elif mode in ("bursty", "steady"):  # kernels for burst_s of each second, or that share of every 100 ms
+        period = 1.0 if mode == "bursty" else 0.1
+        on = burst_s * period
         start = time.monotonic()
-        while time.monotonic() - start < burst_s:
-            a = (a @ a).clamp_(-1, 1)
+        while time.monotonic() - start < on:
+            step()
             torch.cuda.synchronize()
-        time.sleep(max(0.0, 1.0 - (time.monotonic() - start)))
+            steps += 1
+        time.sleep(max(0.0, period - (time.monotonic() - start)))
     else:
         time.sleep(0.5)
+    note()
 """
 
 
@@ -99,7 +131,9 @@ def start_workload(
     mode: str, gib: float, env: dict[str, str] | None = None, burst_ms: float = 100.0
 ) -> subprocess.Popen[str]:
     """A PyTorch process on the GPU `env`'s CUDA_VISIBLE_DEVICES names (default: CUDA's first):
-    `busy`, `bursty` (kernels for `burst_ms` of each second) or idle, holding `gib` GiB."""
+    `busy`, `bursty` (kernels for `burst_ms` of each second), `steady` (that share of every
+    100 ms) or idle, holding `gib` GiB. With WORK_FILE in `env`, it writes there, twice a
+    second, "<unix time> <GPU seconds of work done>" (steps times one step's solo time)."""
     process = subprocess.Popen(
         [sys.executable, "-c", WORKLOAD, mode, str(gib), str(burst_ms)],
         stdout=subprocess.PIPE,

@@ -99,6 +99,8 @@ class Agent:
                 by_container=config.by_container,
                 ask_again_s=config.ask_again_s,
                 on_driver_changed=self._driver_changed,
+                idle_watts=config.gpu_idle_watts,
+                energy_every_s=config.energy_every_s,
             )
             self._watch_node()
             # Imported here so that a bad flag or file fails before the SDK loads.

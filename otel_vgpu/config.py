@@ -69,6 +69,8 @@ class Config:
     sweep_interval: float = 2.0
     """0: no sweeps of the agent's own. 2 s: 0.7 % of a core on the realistic simulated node
     (8 GPUs, 80 pods), where 1 s took 1.7 % (bench/sweep_cost.py)."""
+    gpu_idle_watts: float | None = None
+    """None: learned per GPU (collect/usage.py)."""
     seed_metrics: bool = False
     no_kubernetes: bool = False
     kubeconfig: Path | None = None
@@ -96,6 +98,8 @@ class Config:
     """A watch silent for 1.2 x kube_watch_seconds plus this long is taken for hung."""
     first_sync_wait_s: float = 3.0
     """How long start-up waits for the first list of pods, so the first scrape has names."""
+    energy_every_s: float = 10.0
+    """How often each GPU's energy counter is read (collect/sampler.py ENERGY_EVERY_S says why)."""
     credentials_check_s: float = 2.0
     """How often the TLS files and the users file are looked at for a new version."""
     ask_again_s: float = 300.0
@@ -213,6 +217,16 @@ FLAGS: tuple[Flag, ...] = (
         "OTEL_VGPU_SWEEP_INTERVAL",
         _number(float, "interval", 0, 3600),
         "2",
+    ),
+    Flag(
+        "--gpu-idle-watts",
+        "each GPU's power when idle with contexts open, which the energy split bills to the pods by "
+        "the shares they hold; unset: learned per GPU, the lowest power over a sweep in which it was idle "
+        "(0 until it has been idle once)",
+        "OTEL_VGPU_GPU_IDLE_WATTS",
+        _number(float, "power", 0, 10000),
+        metavar="WATTS",
+        shown_default="learned",
     ),
     Flag(
         "--seed-metrics",

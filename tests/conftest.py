@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,7 +92,9 @@ def make_sampler(
     host_pid_namespace: bool | None = None,
     health: Health | None = None,
     by_container: bool = False,
+    **extra: Any,
 ) -> Sampler:
+    """A sampler of `node`; `extra`: Sampler's other keywords (clock, energy_every_s...)."""
     return Sampler(
         node,
         attributor=Attributor(ProcReader(node.proc_root)),
@@ -101,6 +104,7 @@ def make_sampler(
         health=health,
         host_pid_namespace=host_pid_namespace,
         by_container=by_container,
+        **extra,
     )
 
 

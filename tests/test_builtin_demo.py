@@ -55,9 +55,11 @@ def test_the_builtin_node_adds_up_at_every_moment(tmp_path: Path) -> None:
             assert snapshot.ok and len(snapshot.gpus) == 4
             for gpu in snapshot.gpus:
                 rows = [row for row in snapshot.pods if row.gpu_index == gpu.index]
-                assert gpu.utilization is not None
+                # what vgpu_gpu_sm_utilization_ratio publishes: the GPU's figure over the interval
+                published = gpu.interval_utilization
+                assert published is not None and gpu.utilization_window is not None
                 pods_sm = sum(row.sm_utilization or 0.0 for row in rows)
-                assert pods_sm <= gpu.utilization + 1e-9, (clock.t, gpu.index, pods_sm, gpu.utilization)
+                assert pods_sm <= published + 1e-9, (clock.t, gpu.index, pods_sm, published)
                 assert sum(row.memory_allocated for row in rows) <= gpu.memory_total, (clock.t, gpu.index)
                 assert sum(row.shares for row in rows) <= scenario.ratio, (clock.t, gpu.index)
                 used = sum(row.memory_used for row in rows) + (gpu.unattributed_memory or 0)

@@ -92,9 +92,11 @@ class FakeNvml:
         return SimpleNamespace(gpu=55, memory=10)
 
     def nvmlDeviceGetUUID(self, handle: str) -> str:
+        self._check("uuid")
         return f"GPU-{handle}"
 
     def nvmlDeviceGetName(self, handle: str) -> bytes:
+        self._check("name")
         return b"NVIDIA H200 MIG 1g.18gb" if handle.startswith("mig") else b"NVIDIA H200"
 
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
@@ -388,8 +390,25 @@ def test_the_gpus_own_samples_are_read_as_fractions_and_none_is_no_sample() -> N
 def test_a_gpu_without_an_energy_counter_is_asked_once_per_session() -> None:
     nvml = FakeNvml()
     backend = NvmlBackend(nvml)
-    assert backend.device(0).energy_mj == 123_456
+    assert backend.energy(0) == 123_456
+    assert backend.device(0).energy_mj is None, "read on its own cadence, not with the device"
     nvml.fail["energy"] = pynvml.NVML_ERROR_NOT_SUPPORTED
-    assert backend.device(1).energy_mj is None
+    assert backend.energy(1) is None
     asked = nvml.calls.count("energy")
-    assert backend.device(1).energy_mj is None and nvml.calls.count("energy") == asked, "not asked again"
+    assert backend.energy(1) is None and nvml.calls.count("energy") == asked, "not asked again"
+
+
+def test_a_gpus_uuid_and_name_are_asked_once_per_session() -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    first = backend.device(0)
+    assert (first.uuid, first.model) == ("GPU-handle0", "NVIDIA H200")
+    asked = nvml.calls.count("uuid"), nvml.calls.count("name")
+    assert backend.device(0) == first
+    assert (nvml.calls.count("uuid"), nvml.calls.count("name")) == asked, "not asked again"
+    # a new session (the driver released and back) may number the GPUs anew: asked again
+    backend.release()
+    backend.resume()
+    backend.device_count()
+    backend.device(0)
+    assert nvml.calls.count("uuid") == asked[0] + 1

@@ -182,3 +182,31 @@ def test_process_utilization_not_supported_is_reported_once(node: SimulatedNode,
         assert all(p.sm_utilization is None for p in snapshot.pods if p.gpu_index == 1)
         assert all(p.sm_utilization is not None for p in snapshot.pods if p.gpu_index == 0)
         assert any(p.memory_used for p in snapshot.pods if p.gpu_index == 1)
+
+
+class CountedEnergy(SimulatedNode):
+    """The simulated node, counting its energy counter's reads."""
+
+    reads = 0
+
+    def energy(self, index: int) -> int:
+        self.reads += 1
+        return super().energy(index)
+
+
+def test_the_energy_counter_is_read_on_its_own_cadence_and_the_counters_hold_between(
+    steady: Scenario, tmp_path: Path, ratio_file: Path
+) -> None:
+    clock = [100.0]
+    node = CountedEnergy(steady, tmp_path / "proc", clock=lambda: clock[0])
+    sampler = make_sampler(node, ratio_file, clock=lambda: clock[0], energy_every_s=10.0)
+    gpus = len(steady.gpus)
+    joules = []
+    for _ in range(11):  # sweeps 2 s apart over 20 s: reads at 0, 10 and 20 s
+        snapshot = sampler.snapshot(0.0)
+        joules.append(snapshot.gpus[0].energy_joules)
+        clock[0] += 2.0
+    node.close()
+    assert node.reads == 3 * gpus
+    assert all(j is not None for j in joules)
+    assert joules[1] == joules[4] and joules[5] is not None and joules[4] is not None and joules[5] > joules[4]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from otel_vgpu.gpu.backend import UtilizationSample
-from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_sm_by_pid, window_start
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_sm_by_pid, window_start
 
 S = 1_000_000
 
@@ -42,3 +44,17 @@ def test_windows_are_per_gpu_and_forget_removed_gpus() -> None:
     assert windows.start("GPU-b", 60 * S) == 59 * S
     windows.keep_only(["GPU-b"])
     assert windows.start("GPU-a", 60 * S) == 59 * S
+
+
+def test_processes_that_read_above_the_gpu_are_fitted_under_it_in_proportion() -> None:
+    # A burst that just ended: the bursty process's last figure is high, the GPU's
+    # mean over the window is not. The GPU's figure is the total, split as they read.
+    fitted = fit_under({1: 0.6, 2: 0.3}, 0.45)
+    assert sum(fitted.values()) == pytest.approx(0.45)
+    assert fitted[1] == pytest.approx(2 * fitted[2])
+
+
+def test_processes_under_the_gpu_or_without_its_figure_are_left_as_read() -> None:
+    assert fit_under({1: 0.2, 2: 0.1}, 0.5) == {1: 0.2, 2: 0.1}
+    assert fit_under({1: 0.7}, None) == {1: 0.7}
+    assert fit_under({1: 0.0}, 0.0) == {1: 0.0}

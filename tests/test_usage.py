@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def test_peak_memory_is_the_most_held_at_once_per_container() -> None:
 
 def test_the_agent_counts_busy_seconds_at_its_own_cadence_without_scrapes(tmp_path: Path, ratio_file: Path) -> None:
     # One pod at half the SMs of GPU 0, nothing on GPU 1; sweeps every 0.2 s, scrapes 4 s apart.
-    from testkit.agent import running_agent  # noqa: PLC0415
+    from testkit.agent import agent_in_process  # noqa: PLC0415
 
     scenario = tmp_path / "node.yaml"
     scenario.write_text(
@@ -84,7 +85,8 @@ def test_the_agent_counts_busy_seconds_at_its_own_cadence_without_scrapes(tmp_pa
         "pods:\n  - {namespace: ml, name: trainer-0, processes: [{gpu: 0, memory: 8GiB, sm: 0.5}]}\n"
     )
     args = ("--simulate", str(scenario), "--allocation-file", str(ratio_file), "--sweep-interval", "0.2")
-    with running_agent(*args) as agent:
+    # the energy counter read every sweep here (every 10 s on a node)
+    with agent_in_process(*args, env={}, energy_every_s=0.0) as agent:
         first, started = agent.scrape(), time.monotonic()
         time.sleep(4)
         second, ended = agent.scrape(), time.monotonic()
@@ -168,3 +170,109 @@ def test_a_driver_reload_counts_from_zero_and_idle_power_is_learned() -> None:
     # a GPU without a counter has no energy families
     _, gpus, _ = accumulate(usage, [dataclasses.replace(gpu, energy_mj=None)], [], 6.0)
     assert gpus[0].energy_joules is None
+
+
+def test_a_configured_idle_power_bills_shares_on_a_gpu_never_seen_idle() -> None:
+    # Busy from the first sweep on: nothing to learn from. 2 s at 400 W, 100 W of it idle
+    # as configured; ratio 2: the holder of one share running nothing gets 100 J.
+    busy = dataclasses.replace(GPU, utilization=0.5, utilization_window=0.5, energy_mj=0)
+    holder, runner = shares("a", 1, 0.0), shares("b", 1, 0.5)
+    learned, _, _ = accumulate(Usage(), [busy], [holder, runner], 0.0)
+    configured, _, _ = accumulate(Usage(), [busy], [holder, runner], 0.0, idle_watts=100.0)
+    later = dataclasses.replace(busy, energy_mj=800_000)
+    _, _, pods = accumulate(learned, [later], [holder, runner], 2.0)
+    assert {row.pod_uid: row.energy_joules for row in pods}["a"] == 0.0, "nothing learned, nothing idle"
+    usage, _, pods = accumulate(configured, [later], [holder, runner], 2.0, idle_watts=100.0)
+    assert {row.pod_uid: row.energy_joules for row in pods} == pytest.approx({"a": 100.0, "b": 700.0})
+    # an idle interval teaches nothing when the power is configured
+    idle = dataclasses.replace(GPU, utilization=0.0, utilization_window=0.0, energy_mj=900_000)
+    usage, _, _ = accumulate(usage, [idle], [], 4.0, idle_watts=100.0)
+    assert usage.idle_watts["GPU-a"] == 100.0
+
+
+def test_a_configured_idle_power_reaches_the_holder_of_a_share_on_a_busy_gpu(tmp_path: Path, ratio_file: Path) -> None:
+    # GPU 0 is busy from the agent's first sweep, so no idle power can be learned: a pod
+    # holding a share and running nothing gets energy only with --gpu-idle-watts.
+    from testkit.agent import agent_in_process  # noqa: PLC0415
+
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text(
+        "gpus: [{memory: 80GiB}]\n"
+        "pods:\n"
+        "  - {namespace: ml, name: trainer-0, shares: {0: 1}, processes: [{gpu: 0, memory: 8GiB, sm: 1.0}]}\n"
+        "  - {namespace: ml, name: standby-0, shares: {0: 1}}\n"
+    )
+    args = ("--simulate", str(scenario), "--allocation-file", str(ratio_file), "--sweep-interval", "0.2")
+
+    def standby_part(*extra: str) -> float:
+        """The standby pod's part of the GPU's energy between two scrapes (the same sweeps')."""
+        with agent_in_process(*args, *extra, env={}, energy_every_s=0.0) as agent:
+            first = agent.scrape()
+            time.sleep(2)
+            second = agent.scrape()
+        standby = [e.by("vgpu_pod_energy_joules_total", "pod").get(("standby-0",), 0.0) for e in (first, second)]
+        gpu = [e.by("vgpu_gpu_energy_joules_total", "gpu_id")[("0",)] for e in (first, second)]
+        assert gpu[1] > gpu[0]
+        return (standby[1] - standby[0]) / (gpu[1] - gpu[0])
+
+    assert standby_part() == 0.0
+    # The simulated GPU draws 700 W at full SM; 75 W of it idle, ratio 2: the share's part is 37.5 W.
+    assert standby_part("--gpu-idle-watts", "75") == pytest.approx(37.5 / 700, rel=0.01)
+
+
+def sweeps_of(
+    pods_each: list[list[PodRow]], read_every: int, watts: float = 400.0, idle_watts: float | None = 100.0
+) -> list[tuple[tuple[GpuRow, ...], tuple[PodRow, ...]]]:
+    """Sweeps 2 s apart of a GPU drawing `watts`, 0.5 busy, its energy counter read
+    every `read_every` sweeps (and on the first): the rows each sweep gives."""
+    usage, out = Usage(), []
+    for n, pods in enumerate(pods_each):
+        read = n % read_every == 0
+        gpu = dataclasses.replace(
+            GPU, utilization=0.5, utilization_window=0.5, energy_mj=int(n * 2 * watts * 1000) if read else None
+        )
+        gpu = dataclasses.replace(gpu, energy_skipped=not read)
+        usage, gpus, rows = accumulate(usage, [gpu], pods, n * 2.0, idle_watts=idle_watts)
+        out.append((gpus, rows))
+    return out
+
+
+def joules_by_pod(rows: tuple[PodRow, ...]) -> dict[str, float | None]:
+    return {row.pod_uid: row.energy_joules for row in rows}
+
+
+def test_energy_read_every_few_sweeps_splits_as_reading_it_every_sweep_would() -> None:
+    # Steady power: reading the counter every 5th sweep gives, at each read, what reading
+    # it every sweep gives; between reads the counters hold, never going back.
+    pods = [shares("a", 1, 0.3), shares("b", 1, 0.1)]
+    every = sweeps_of([pods] * 11, read_every=1)
+    fifth = sweeps_of([pods] * 11, read_every=5)
+    for n in (5, 10):
+        assert joules_by_pod(fifth[n][1]) == pytest.approx(joules_by_pod(every[n][1]))
+        assert fifth[n][0][0].energy_joules == pytest.approx(every[n][0][0].energy_joules)
+    for (gpus, rows), (later_gpus, later_rows) in itertools.pairwise(fifth):
+        assert later_gpus[0].energy_joules is not None and gpus[0].energy_joules is not None
+        assert later_gpus[0].energy_joules >= gpus[0].energy_joules
+        for uid, joules in joules_by_pod(later_rows).items():
+            assert joules is not None and joules >= (joules_by_pod(rows).get(uid) or 0.0)
+    assert joules_by_pod(fifth[3][1]) == joules_by_pod(fifth[1][1]), "held between reads"
+
+
+def test_pods_that_come_and_go_between_reads_are_split_by_the_time_they_held() -> None:
+    # a for the whole window, b for its first half, c appears in its last sweep
+    a, b, c = shares("a", 1, 0.4), shares("b", 1, 0.4), shares("c", 1, 0.4)
+    window = [[a, b], [a, b], [a, b], [a], [a], [a, c]]
+    gpus, rows = sweeps_of(window, read_every=5)[5]
+    parts = joules_by_pod(rows)
+    # 10 s at 400 W: 1000 J idle (100 W), 3000 J active. Each pod holds 1 of 2 vGPUs, 0.5 of the
+    # idle power while present: a 10 s, b 4 s, c 2 s. Active by SM seconds over the GPU's busy
+    # seconds: 2 x (0.8 + 0.8 + 0.5 + 0.5 + 0.8) = 6.8; a ran 4.0, b 1.6, c 0.8 of them.
+    a_j, b_j, c_j = 500 + 3000 * 4.0 / 6.8, 200 + 3000 * 1.6 / 6.8, 100 + 3000 * 0.8 / 6.8
+    assert gpus[0].energy_joules == pytest.approx(4000.0)
+    assert parts == pytest.approx({"a": a_j, "c": c_j})
+    # b ended before the read: no series is left to carry its part, so it is unattributed
+    assert gpus[0].energy_unattributed_joules == pytest.approx(4000.0 - a_j - c_j)
+    assert b_j > 0
+    # a pod that appears between reads has its counter at once, from 0
+    _, rows = sweeps_of([[a], [a], [a, c]], read_every=5)[2]
+    assert joules_by_pod(rows)["c"] == 0.0

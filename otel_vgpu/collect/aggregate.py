@@ -46,7 +46,9 @@ class GpuRow:
     sm_busy_seconds: float | None = None
     """SM-busy seconds counted so far (collect/usage.py); None where the SM figure is unknown."""
     energy_mj: int | None = None
-    """NVML's energy counter as read in this sweep; None where the GPU has none."""
+    """NVML's energy counter as read in this sweep; None where the GPU has none or it was not read."""
+    energy_skipped: bool = False
+    """The GPU has an energy counter that this sweep did not read."""
     energy_joules: float | None = None
     """Joules counted so far (collect/usage.py); None where the GPU has no energy counter."""
     energy_unattributed_joules: float | None = None
@@ -229,6 +231,7 @@ def aggregate(
                 utilization=device.utilization,
                 utilization_window=device.utilization_window,
                 energy_mj=device.energy_mj,
+                energy_skipped=device.energy_skipped,
                 vgpus=ratios.of(device.uuid),
                 unattributed_memory=unattributed,
                 mps_servers=reading.mps_servers,

@@ -22,7 +22,7 @@ from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
 from otel_vgpu.collect.usage import Usage, accumulate
 from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError
 from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_sm_by_pid
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_sm_by_pid
 from otel_vgpu.health import SWEEP_STAGES, Health, Stage
 from otel_vgpu.pods.attribution import Attributor
 from otel_vgpu.pods.directory import PodDirectory
@@ -44,6 +44,11 @@ class _Errors:
 
 # How long a GPU that answered NOT_SUPPORTED for per-process utilization is left alone.
 ASK_AGAIN_S = 300.0
+# How often each GPU's energy counter is read: a read costs more CPU than the rest of a
+# sweep of the GPU (3.9 ms on an H200, bench/results/h200-sweep-cost.md), and the energy
+# between reads is split over the sweeps it covers, so reading it every sweep buys nothing
+# but finer steps of the joules counters.
+ENERGY_EVERY_S = 10.0
 
 # The MPS server's command name: `nvidia-cuda-mps-server` cut to the
 # kernel's 15 characters (TASK_COMM_LEN), as /proc/<pid>/stat gives it.
@@ -76,13 +81,17 @@ class Sampler:
         host_pid_namespace: bool | None = None,
         ask_again_s: float = ASK_AGAIN_S,
         on_driver_changed: Callable[[str], None] | None = None,
+        idle_watts: float | None = None,
+        energy_every_s: float = ENERGY_EVERY_S,
     ) -> None:
         """`host_pid_namespace`: whether the agent shares the host's PID
         namespace (None: unknown); by default read from /proc/self/ns/pid.
         `ask_again_s`: how long a GPU that cannot report per-process
         utilization is left alone before it is asked again.
         `on_driver_changed`: called with a message when NVML's library no
-        longer matches the loaded driver, which no retry can mend."""
+        longer matches the loaded driver, which no retry can mend.
+        `idle_watts`: every GPU's idle power, for the energy split; None: learned.
+        `energy_every_s`: how often each GPU's energy counter is read."""
         self._backend = backend
         self._attributor = attributor
         self._directory = directory
@@ -107,6 +116,10 @@ class Sampler:
         self._sweep_started: float | None = None
         self._paused: str | None = None
         self._usage = Usage()
+        self._idle_watts = idle_watts
+        self._energy_every_s = energy_every_s
+        self._energy_read_at: dict[str, float] = {}
+        """When each GPU's energy counter was last read, by UUID; absent: never, or it has none."""
         self._gpu_seen: dict[str, int] = {}
         """The newest GPU utilization sample read, by GPU UUID."""
         self._on_driver_changed = on_driver_changed
@@ -197,7 +210,7 @@ class Sampler:
         gpus, pods = snapshot.gpus, snapshot.pods
         if snapshot.ok:
             self._last_success = finished
-            self._usage, gpus, pods = accumulate(self._usage, gpus, pods, finished)
+            self._usage, gpus, pods = accumulate(self._usage, gpus, pods, finished, idle_watts=self._idle_watts)
         self._health.swept(finished - started)
         self._report(errors)
         self._report_blind(snapshot)
@@ -272,6 +285,7 @@ class Sampler:
         except GpuError as error:
             errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return None
+        device = self._with_energy(index, device, errors)
         try:
             processes = self._backend.processes(index)
         except GpuError as error:
@@ -303,7 +317,28 @@ class Sampler:
             return GpuReading(device=device, processes=processes, sm_by_pid=None)
         self._windows.advance(device.uuid, now)
         self._no_process_utilization.pop(device.uuid, None)
-        return GpuReading(device=device, processes=processes, sm_by_pid=mean_sm_by_pid(samples, since))
+        sm_by_pid = fit_under(mean_sm_by_pid(samples, since), device.utilization_window)
+        return GpuReading(device=device, processes=processes, sm_by_pid=sm_by_pid)
+
+    def _with_energy(self, index: int, device: Device, errors: _Errors) -> Device:
+        """The device with its energy counter, read every `energy_every_s`: one read cost
+        3.9 ms of CPU on an H200, more than the rest of a sweep of that GPU together
+        (bench/results/h200-sweep-cost.md). Between reads the device is marked skipped,
+        and the sweeps wait to have the next read's energy split over them."""
+        read_at = self._energy_read_at.get(device.uuid)
+        now = self._clock()
+        if read_at is not None and now - read_at < self._energy_every_s:
+            return dataclasses.replace(device, energy_skipped=True)
+        try:
+            energy_mj = self._backend.energy(index)
+        except GpuError as error:
+            errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: energy counter: {error}")
+            return dataclasses.replace(device, energy_skipped=read_at is not None)
+        if energy_mj is None:
+            self._energy_read_at.pop(device.uuid, None)
+            return device
+        self._energy_read_at[device.uuid] = now
+        return dataclasses.replace(device, energy_mj=energy_mj)
 
     def _with_window(self, index: int, device: Device) -> Device:
         """The device with the mean of its own utilization samples since its previous

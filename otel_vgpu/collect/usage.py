@@ -26,9 +26,10 @@ the GPU's exactly:
 - idle energy, the GPU's idle power times the interval (at most the whole),
   goes to the pods by the vGPU shares they hold (shares / ratio of the GPU),
   since a reserved share costs its part of an idle GPU; the shares nobody
-  holds are unattributed. Idle power is learned: the lowest power seen over an
-  interval in which the GPU was idle (utilization under 1 %); until one is
-  seen, it is 0 and all the energy is active;
+  holds are unattributed. Idle power is configured (`--gpu-idle-watts`, for
+  a node whose GPUs may never be seen idle), else learned: the lowest power
+  seen over an interval in which the GPU was idle (utilization under 1 %);
+  until one is seen, it is 0 and all the energy is active;
 - active energy, the rest, goes by SM share: each pod's SM over the larger of
   the GPU's utilization and the pods' sum; what no pod ran is unattributed;
 - where per-pod SM is unknown (MIG, MPS) no pod gets energy: all of it is
@@ -71,6 +72,8 @@ class Usage:
     gpu_joules: dict[str, float] = field(default_factory=dict)
     unattributed_joules: dict[str, float] = field(default_factory=dict)
     pod_joules: dict[PodKey, float] = field(default_factory=dict)
+    pending: dict[str, Pending] = field(default_factory=dict)
+    """By GPU UUID: the sweeps since its energy counter was last read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,66 @@ class EnergySplit:
     unattributed: float
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """What a GPU's energy is split by, summed over the sweeps since its counter was last
+    read (the counter is read less often than the sweeps run). Each weight is a figure
+    times the seconds it held, so that splitting the energy of several sweeps at once
+    gives what splitting each sweep's would have, had the power been steady."""
+
+    seconds: float = 0.0
+    unknown_seconds: float = 0.0
+    """Seconds in which per-pod SM was unknown (MIG, MPS, no figure): their energy is unattributed."""
+    busy: float = 0.0
+    """The larger of the GPU's utilization and the pods' sum, times seconds."""
+    peak_utilization: float = 0.0
+    held: dict[PodKey, float] = field(default_factory=dict)
+    """Each pod's part of the GPU's vGPUs (shares / the larger of the ratio and all shares held), times seconds."""
+    ran: dict[PodKey, float] = field(default_factory=dict)
+    """Each pod's SM share times seconds."""
+
+
+def note_interval(
+    pending: Pending, seconds: float, utilization: float | None, ratio: float, pods: Sequence[PodRow]
+) -> Pending:
+    """`pending` with one more interval of `seconds` of a GPU added."""
+    if any(row.sm_utilization is None for row in pods) or utilization is None:
+        return dataclasses.replace(
+            pending, seconds=pending.seconds + seconds, unknown_seconds=pending.unknown_seconds + seconds
+        )
+    held, ran = dict(pending.held), dict(pending.ran)
+    total_shares = sum(row.shares for row in pods)
+    for row in pods:
+        key = pod_key(row)
+        held[key] = held.get(key, 0.0) + (row.shares / max(ratio, total_shares) if total_shares > 0 else 0.0) * seconds
+        ran[key] = ran.get(key, 0.0) + (row.sm_utilization or 0.0) * seconds
+    pods_sum = sum(row.sm_utilization or 0.0 for row in pods)
+    return Pending(
+        seconds=pending.seconds + seconds,
+        unknown_seconds=pending.unknown_seconds,
+        busy=pending.busy + max(utilization, pods_sum) * seconds,
+        peak_utilization=max(pending.peak_utilization, utilization),
+        held=held,
+        ran=ran,
+    )
+
+
+def split_pending(joules: float, idle_watts: float, pending: Pending) -> EnergySplit:
+    """The `joules` a GPU drew over `pending`'s sweeps, split among the pods (module docstring)."""
+    known = pending.seconds - pending.unknown_seconds
+    if pending.seconds <= 0 or known <= 0:
+        return EnergySplit(joules, {}, joules)
+    mine = joules * known / pending.seconds
+    idle = min(mine, max(0.0, idle_watts) * known)
+    active = mine - idle
+    parts = {}
+    for key in pending.held.keys() | pending.ran.keys():
+        idle_part = idle * pending.held.get(key, 0.0) / known
+        active_part = active * pending.ran.get(key, 0.0) / pending.busy if pending.busy > 0 else 0.0
+        parts[key] = idle_part + active_part
+    return EnergySplit(joules, parts, joules - sum(parts.values()))
+
+
 def split_energy(
     joules: float,
     seconds: float,
@@ -91,23 +154,20 @@ def split_energy(
     pods: Sequence[PodRow],
 ) -> EnergySplit:
     """An interval's `joules` of one GPU split among its `pods` (module docstring)."""
-    if any(row.sm_utilization is None for row in pods) or utilization is None:
-        return EnergySplit(joules, {}, joules)
-    idle = min(joules, max(0.0, idle_watts) * seconds)
-    active = joules - idle
-    held = sum(row.shares for row in pods)
-    per_share = idle / max(ratio, held) if held > 0 else 0.0
-    ran = sum(row.sm_utilization or 0.0 for row in pods)
-    per_sm = active / max(utilization, ran) if max(utilization, ran) > 0 else 0.0
-    parts = {pod_key(row): row.shares * per_share + (row.sm_utilization or 0.0) * per_sm for row in pods}
-    return EnergySplit(joules, parts, joules - sum(parts.values()))
+    return split_pending(joules, idle_watts, note_interval(Pending(), seconds, utilization, ratio, pods))
 
 
 def accumulate(
-    usage: Usage, gpus: Sequence[GpuRow], pods: Sequence[PodRow], now: float, max_gap_s: float = MAX_GAP_S
+    usage: Usage,
+    gpus: Sequence[GpuRow],
+    pods: Sequence[PodRow],
+    now: float,
+    max_gap_s: float = MAX_GAP_S,
+    idle_watts: float | None = None,
 ) -> tuple[Usage, tuple[GpuRow, ...], tuple[PodRow, ...]]:
     """The counters after a sweep at `now` that read `gpus` and `pods`, and those
-    rows with their counters filled in."""
+    rows with their counters filled in. `idle_watts`: every GPU's idle power as
+    configured; None: learned."""
     seconds = 0.0 if usage.at is None else min(max(0.0, now - usage.at), max_gap_s)
     gpu_busy: dict[str, float] = {}
     new_gpus: list[GpuRow] = []
@@ -138,7 +198,7 @@ def accumulate(
         busy = (busy_so_far or 0.0) + row.sm_utilization * seconds
         pod_busy[key] = busy
         new_pods.append(dataclasses.replace(row, memory_peak=peak, sm_busy_seconds=busy))
-    energy = _energy(usage, new_gpus, new_pods, seconds)
+    energy = _energy(usage, new_gpus, new_pods, seconds, idle_watts)
     new_gpus = [
         dataclasses.replace(
             gpu,
@@ -152,38 +212,60 @@ def accumulate(
     return counters, tuple(new_gpus), tuple(new_pods)
 
 
-def _energy(usage: Usage, gpus: Sequence[GpuRow], pods: Sequence[PodRow], seconds: float) -> Usage:
+def _energy(
+    usage: Usage, gpus: Sequence[GpuRow], pods: Sequence[PodRow], seconds: float, configured: float | None
+) -> Usage:
     """The energy counters after an interval of `seconds` (a Usage with only them set)."""
     seen: dict[str, int] = {}
     idle_watts: dict[str, float] = {}
     gpu_joules: dict[str, float] = {}
     unattributed: dict[str, float] = {}
     pod_joules: dict[PodKey, float] = {}
+    pending: dict[str, Pending] = {}
     for gpu in gpus:
-        if gpu.energy_mj is None:
-            continue
-        seen[gpu.uuid] = gpu.energy_mj
         last = usage.energy_mj.get(gpu.uuid)
-        # Below the last reading: the driver reloaded, its counter started again from 0.
-        joules = 0.0 if last is None else (gpu.energy_mj - last if gpu.energy_mj >= last else gpu.energy_mj) / 1000
-        utilization = gpu.interval_utilization
-        watts = usage.idle_watts.get(gpu.uuid)
-        if last is not None and seconds > 0 and utilization is not None and utilization < IDLE_UTILIZATION:
-            watts = joules / seconds if watts is None else min(watts, joules / seconds)
-        if watts is not None:
-            idle_watts[gpu.uuid] = watts
+        if gpu.energy_mj is None and not (gpu.energy_skipped and last is not None):
+            continue  # no counter: no energy families
         mine = [row for row in pods if row.gpu_uuid == gpu.uuid and row.mig_uuid is None]
+        utilization = gpu.interval_utilization
         if any(row.mig_uuid is not None for row in pods if row.gpu_uuid == gpu.uuid):
             utilization = None  # MIG: no per-pod SM, all of it unattributed
-        split = split_energy(joules, seconds, watts or 0.0, utilization, gpu.vgpus, mine)
-        gpu_joules[gpu.uuid] = usage.gpu_joules.get(gpu.uuid, 0.0) + split.total
-        unattributed[gpu.uuid] = usage.unattributed_joules.get(gpu.uuid, 0.0) + split.unattributed
+        so_far = usage.pending.get(gpu.uuid, Pending()) if last is not None else Pending()
+        interval = note_interval(so_far, seconds, utilization, gpu.vgpus, mine)
+        watts = configured if configured is not None else usage.idle_watts.get(gpu.uuid)
+        gpu_joules[gpu.uuid] = usage.gpu_joules.get(gpu.uuid, 0.0)
+        unattributed[gpu.uuid] = usage.unattributed_joules.get(gpu.uuid, 0.0)
+        for row in mine:
+            key = pod_key(row)
+            pod_joules[key] = usage.pod_joules.get(key, 0.0)
+        if gpu.energy_mj is None:  # not read in this sweep: the interval waits for the next read
+            seen[gpu.uuid] = last or 0
+            pending[gpu.uuid] = interval
+            if watts is not None:
+                idle_watts[gpu.uuid] = watts
+            continue
+        seen[gpu.uuid] = gpu.energy_mj
+        # Below the last reading: the driver reloaded, its counter started again from 0.
+        joules = 0.0 if last is None else (gpu.energy_mj - last if gpu.energy_mj >= last else gpu.energy_mj) / 1000
+        idle_throughout = interval.unknown_seconds == 0 and interval.peak_utilization < IDLE_UTILIZATION
+        if configured is None and last is not None and interval.seconds > 0 and idle_throughout:
+            drawn = joules / interval.seconds
+            watts = drawn if watts is None else min(watts, drawn)
+        if watts is not None:
+            idle_watts[gpu.uuid] = watts
+        split = split_pending(joules, watts or 0.0, interval)
+        gpu_joules[gpu.uuid] += split.total
+        unattributed[gpu.uuid] += split.unattributed
         for key, part in split.pods.items():
-            pod_joules[key] = usage.pod_joules.get(key, 0.0) + part
+            if key in pod_joules:
+                pod_joules[key] += part
+            else:  # a pod that ended since the last read: no series is left to carry its part
+                unattributed[gpu.uuid] += part
     return Usage(
         energy_mj=seen,
         idle_watts=idle_watts,
         gpu_joules=gpu_joules,
         unattributed_joules=unattributed,
         pod_joules=pod_joules,
+        pending=pending,
     )

@@ -137,7 +137,7 @@ FAMILIES: tuple[Family, ...] = (
         "vgpu.gpu.sm.utilization",
         "1",
         Kind.GPU,
-        "Device utilization over NVML's last sample period, 0-1 (absent in MIG mode).",
+        "Device utilization over the last sweep's interval (the mean of NVML's own samples), 0-1 (absent in MIG mode).",
         labels=GPU_LABELS,
     ),
     Family(

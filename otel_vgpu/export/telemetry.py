@@ -75,7 +75,7 @@ ROW_VALUES: dict[str, Callable[[Any], float | None]] = {
     "vgpu.gpu.energy.unattributed": lambda g: g.energy_unattributed_joules,
     "vgpu.gpu.memory.total": lambda g: g.memory_total,
     "vgpu.gpu.memory.used": lambda g: g.memory_used,
-    "vgpu.gpu.sm.utilization": lambda g: g.utilization,
+    "vgpu.gpu.sm.utilization": lambda g: g.interval_utilization,
     "vgpu.gpu.vgpus": lambda g: g.vgpus,
     "vgpu.gpu.memory.unattributed": lambda g: g.unattributed_memory,
     "vgpu.gpu.mps.servers": lambda g: g.mps_servers,

@@ -46,8 +46,11 @@ class Device:
     """Mean of the GPU's own utilization samples since the previous sweep, 0-1 (the
     sampler fills it in); None where NVML gave none."""
     energy_mj: int | None = None
-    """The GPU's energy counter, millijoules since the driver loaded (Volta and newer); None where
-    NVML has none."""
+    """The GPU's energy counter, millijoules since the driver loaded (Volta and newer), as the
+    sampler read it (`GpuBackend.energy`); None where NVML has none, or it was not read."""
+    energy_skipped: bool = False
+    """The GPU has an energy counter that this sweep did not read (it is read less often
+    than the sweeps run: one read costs more than the rest of a sweep)."""
 
     @property
     def mig_mode(self) -> bool:
@@ -134,6 +137,10 @@ class GpuBackend(Protocol):
     def device_count(self) -> int: ...
 
     def device(self, index: int) -> Device: ...
+
+    def energy(self, index: int) -> int | None:
+        """The GPU's energy counter in millijoules since the driver loaded; None where it has none."""
+        ...
 
     def processes(self, index: int) -> list[GpuProcess]:
         """Compute and graphics processes, each PID once; on a GPU in MIG

@@ -72,6 +72,10 @@ class NvmlBackend:
         self._clock = clock
         self._handles: dict[int, Any] = {}
         self._minors: dict[int, int | None] = {}
+        self._identities: dict[int, tuple[str, str]] = {}
+        """(UUID, name) by index: fixed while the NVML session lives (a GPU's index can
+        change only across a re-initialisation, which forgets them); two driver calls
+        fewer per GPU and sweep."""
         self._no_energy: set[int] = set()
         self._mig_handles: dict[int, list[tuple[Any, str | None]]] = {}
         self._mig_static: dict[str, tuple[str, int | None, int | None, int | None]] = {}
@@ -125,6 +129,7 @@ class NvmlBackend:
         self._no_energy.clear()
         self._handles.clear()
         self._minors.clear()
+        self._identities.clear()
         self._mig_handles.clear()
         self._mig_static.clear()
 
@@ -157,20 +162,29 @@ class NvmlBackend:
     def device(self, index: int) -> Device:
         handle = self._handle(index)
         memory = self._call(self._nvml.nvmlDeviceGetMemoryInfo, handle)
-        uuid = _text(self._call(self._nvml.nvmlDeviceGetUUID, handle))
+        uuid, model = self._identity(index, handle)
         migs = self._migs(index, handle)
         return Device(
             index=index,
             uuid=uuid,
-            model=_text(self._call(self._nvml.nvmlDeviceGetName, handle)),
+            model=model,
             memory_total=int(memory.total),
             memory_used=int(memory.used),
             # NVML has no device utilization for a GPU in MIG mode.
             utilization=None if migs else self._utilization(handle),
             minor_number=self._minor_number(index, handle),
             migs=migs,
-            energy_mj=self._energy(index, handle),
         )
+
+    def energy(self, index: int) -> int | None:
+        return self._energy(index, self._handle(index))
+
+    def _identity(self, index: int, handle: Any) -> tuple[str, str]:
+        identity = self._identities.get(index)
+        if identity is None:
+            uuid = _text(self._call(self._nvml.nvmlDeviceGetUUID, handle))
+            identity = self._identities[index] = (uuid, _text(self._call(self._nvml.nvmlDeviceGetName, handle)))
+        return identity
 
     def _energy(self, index: int, handle: Any) -> int | None:
         """nvmlDeviceGetTotalEnergyConsumption; a GPU without the counter (before Volta, some

@@ -42,6 +42,23 @@ def mean_sm_by_pid(samples: Iterable[UtilizationSample], since_us: int) -> dict[
     return {pid: min(1.0, max(0.0, total / counts[pid])) for pid, total in sums.items()}
 
 
+def fit_under(sm_by_pid: dict[int, float], gpu_window: float | None) -> dict[int, float]:
+    """The processes' figures scaled, in proportion, so that together they are no more
+    than the GPU's own figure over the window.
+
+    The GPU's samples (one per 200 ms period on an H200) say how much of the window
+    a kernel ran; the processes' each say only what NVML last measured for them,
+    refreshed irregularly for a process that runs in bursts, so at the end of a burst
+    their sum can read above what the GPU ran (bench/results/h200-nvml-samples.md).
+    The GPU's figure is the total; the processes' figures are how it splits.
+    """
+    total = sum(sm_by_pid.values())
+    if gpu_window is None or total <= gpu_window or total <= 0:
+        return sm_by_pid
+    scale = gpu_window / total
+    return {pid: sm * scale for pid, sm in sm_by_pid.items()}
+
+
 class SamplingWindows:
     """The last collection time of each GPU, by UUID (indexes can change
     across a driver reload; UUIDs do not)."""

@@ -45,6 +45,8 @@ MPS_SERVER = "nvidia-cuda-mps"
 # The simulated GPUs' power: idle, and at full SM use (an H200's board limit, 700 W).
 IDLE_WATTS = 75.0
 FULL_WATTS = 700.0
+# The energy counter integrates the power of the periods since its last read, at most this many.
+ENERGY_PERIODS_KEPT = 300
 # In the proc tree's directory, beside the PIDs: the file the simulated driver keeps open.
 DRIVER_FILE = "nvidiactl"
 # As NVML does on an H200 with driver 580 (bench/results/h200-nvml-samples.md):
@@ -293,16 +295,23 @@ class SimulatedNode:
             utilization=None if migs else busy,
             minor_number=gpu.minor,
             migs=migs,
-            energy_mj=self._energy(index, min(1.0, busy)),
         )
 
-    def _energy(self, index: int, busy: float) -> int:
-        """The energy counter: idle watts plus the SMs' share of the rest, at the power of
-        each read since the last (the waves move slowly against a sweep's cadence)."""
+    def energy(self, index: int) -> int:
+        """The energy counter: idle watts plus the SMs' share of the rest, integrated over
+        the simulated driver's periods since the last read (at most the last minute's)."""
         now = self.now()
         last = self._energy_at[index]
-        if last is not None:
-            self._energy_mj[index] += (IDLE_WATTS + (FULL_WATTS - IDLE_WATTS) * busy) * (now - last) * 1000
+        if last is not None and now > last:
+            mine = [p.sm for p in self._processes if p.gpu == index]
+            latest = self._latest_period()
+            periods = max(1, min(ENERGY_PERIODS_KEPT, round((now - last) * 1e6 / SAMPLE_PERIOD_US)))
+            busy = [
+                min(1.0, sum(sm_shares(mine, self._scenario_time(latest - k * SAMPLE_PERIOD_US))))
+                for k in range(periods)
+            ]
+            watts = IDLE_WATTS + (FULL_WATTS - IDLE_WATTS) * sum(busy) / len(busy)
+            self._energy_mj[index] += watts * (now - last) * 1000
         self._energy_at[index] = now
         return int(self._energy_mj[index])
 

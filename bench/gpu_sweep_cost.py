@@ -1,0 +1,153 @@
+"""What the agent's own sweeps cost on a real GPU, against nvitop-exporter at the same cadence.
+
+Each exporter collects on its own clock: the agent every `--sweep-interval`,
+nvitop-exporter every `--interval`. Both are scraped every 15 s, as Prometheus
+would, while three CUDA processes (busy, bursty, idle) run on GPU 0; the CPU
+each uses (utime + stime from /proc/<pid>/stat) over `--seconds` of wall time
+is its cost at that cadence. nvitop-exporter runs if it is installed. Then
+the CPU of each NVML call a sweep makes, 50 calls each, in this process:
+where a sweep's time goes.
+
+Run as root (or any user who can use NVML), with PyTorch and CUDA, from the
+repository root:
+
+    python3 bench/gpu_sweep_cost.py [--seconds 20] [--cadences 1 2] [--out results.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gpu_bench import agent_command, wait_for
+from bench.gpu_workloads import free_port, scrape, start_workload
+from testkit.procstat import cpu_seconds, rss_mib
+
+SCRAPE_EVERY_S = 15.0
+
+
+def cost(command: list[str], url: str, seconds: float) -> tuple[float, float]:
+    """CPU % and RSS (MiB) of an exporter collecting on its own clock, scraped every 15 s."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(url, process)
+        time.sleep(2)
+        cpu_before, started = cpu_seconds(process.pid), time.monotonic()
+        next_scrape = started
+        while (now := time.monotonic()) - started < seconds:
+            if now >= next_scrape:
+                scrape(url)
+                next_scrape += SCRAPE_EVERY_S
+            time.sleep(0.2)
+        wall = time.monotonic() - started
+        return 100 * (cpu_seconds(process.pid) - cpu_before) / wall, rss_mib(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+def call_costs(pynvml: Any, repeat: int = 50) -> list[str]:
+    """CPU per call (user + system, this process) of each NVML call in a sweep of GPU 0."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    since = time.time_ns() // 1000 - 2_000_000
+    calls: dict[str, Callable[[], object]] = {
+        "nvmlDeviceGetCount": pynvml.nvmlDeviceGetCount,
+        "nvmlDeviceGetMemoryInfo": lambda: pynvml.nvmlDeviceGetMemoryInfo(handle),
+        "nvmlDeviceGetUUID": lambda: pynvml.nvmlDeviceGetUUID(handle),
+        "nvmlDeviceGetName": lambda: pynvml.nvmlDeviceGetName(handle),
+        "nvmlDeviceGetMigMode": lambda: pynvml.nvmlDeviceGetMigMode(handle),
+        "nvmlDeviceGetUtilizationRates": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle),
+        "nvmlDeviceGetTotalEnergyConsumption": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle),
+        "nvmlDeviceGetComputeRunningProcesses": lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle),
+        "nvmlDeviceGetGraphicsRunningProcesses": lambda: pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle),
+        "nvmlDeviceGetMPSComputeRunningProcesses": lambda: pynvml.nvmlDeviceGetMPSComputeRunningProcesses(handle),
+        "nvmlDeviceGetProcessUtilization": lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, since),
+        "nvmlDeviceGetSamples (GPU utilization)": lambda: pynvml.nvmlDeviceGetSamples(
+            handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since
+        ),
+    }
+    lines = ["", f"| NVML call (GPU 0) | CPU per call, mean of {repeat} |", "|---|---|"]
+    total = 0.0
+    for name, call in calls.items():
+        started = time.process_time()
+        for _ in range(repeat):
+            with contextlib.suppress(pynvml.NVMLError):
+                call()
+        each = (time.process_time() - started) / repeat
+        total += each
+        lines.append(f"| {name} | {each * 1000:.3f} ms |")
+    lines.append(f"| all of them | {total * 1000:.3f} ms |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--cadences", type=float, nargs="+", default=[2.0, 1.0])
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    import pynvml  # noqa: PLC0415
+
+    workloads = [start_workload("busy", 1.0), start_workload("bursty", 1.0), start_workload("idle", 1.0)]
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-sweep-cost-"))
+    ratio_file = tmp / "gpu_allocation.txt"
+    ratio_file.write_text("2\n")
+    nvitop = shutil.which("nvitop-exporter")
+    nvitop_command = [nvitop] if nvitop else None
+    if (
+        nvitop_command is None
+        and subprocess.run([sys.executable, "-c", "import nvitop_exporter"], check=False).returncode == 0
+    ):
+        nvitop_command = [sys.executable, "-m", "nvitop_exporter"]
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        model, driver = pynvml.nvmlDeviceGetName(handle), pynvml.nvmlSystemGetDriverVersion()
+        count = pynvml.nvmlDeviceGetCount()
+        costs = call_costs(pynvml)
+        pynvml.nvmlShutdown()
+        lines = [
+            f"GPU: {model} x{count}, driver {driver}; 3 CUDA processes (busy, bursty, idle) on GPU 0; "
+            f"each exporter collecting on its own clock for {args.seconds:g} s, scraped every {SCRAPE_EVERY_S:g} s",
+            "",
+            "| exporter | cadence | CPU | resident memory |",
+            "|---|---|---|---|",
+        ]
+        for cadence in args.cadences:
+            port = free_port()
+            agent = [*agent_command(port, ratio_file, "1"), "--sweep-interval", f"{cadence:g}"]
+            cpu, rss = cost(agent, f"http://127.0.0.1:{port}/metrics", args.seconds)
+            lines.append(f"| otel-vgpu (--sweep-interval {cadence:g}) | {cadence:g} s | {cpu:.2f} % | {rss:.1f} MiB |")
+            if nvitop_command is not None:
+                port = free_port()
+                command = [*nvitop_command, "--bind-address", "127.0.0.1", "--port", str(port)]
+                command += ["--interval", f"{cadence:g}"]
+                cpu, rss = cost(command, f"http://127.0.0.1:{port}/metrics", args.seconds)
+                lines.append(
+                    f"| nvitop-exporter (--interval {cadence:g}) | {cadence:g} s | {cpu:.2f} % | {rss:.1f} MiB |"
+                )
+        if nvitop_command is None:
+            lines.append("| nvitop-exporter | not installed | | |")
+        lines += costs
+    finally:
+        for process in workloads:
+            process.kill()
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        args.out.write_text(f"# Sweep cost on a real GPU, against nvitop-exporter\n\n{report}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
