@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import Pod, start_pods, stop_pods
+from bench.gpu_workloads import Pod, require_gpu, start_pods, stop_pods
 from testkit.procstat import cpu_seconds, rss_mib
 
 
@@ -131,6 +131,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each side-by-side run")
     args = parser.parse_args()
+    require_gpu()
 
     import pynvml  # noqa: PLC0415
 

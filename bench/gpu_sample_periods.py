@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import start_workload
+from bench.gpu_workloads import require_gpu, start_workload
 
 
 def main() -> int:
@@ -39,6 +39,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    require_gpu()
     import pynvml  # noqa: PLC0415
 
     first = "busy" if args.first_ms is None else f"bursty {args.first_ms:g} ms"

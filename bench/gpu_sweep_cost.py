@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_bench import agent_command, wait_for
-from bench.gpu_workloads import free_port, scrape, start_workload
+from bench.gpu_workloads import free_port, require_gpu, scrape, start_workload
 from testkit.procstat import cpu_seconds, rss_mib
 
 SCRAPE_EVERY_S = 15.0
@@ -96,6 +96,7 @@ def main() -> int:
     parser.add_argument("--cadences", type=float, nargs="+", default=[2.0, 1.0])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    require_gpu()
     import pynvml  # noqa: PLC0415
 
     workloads = [start_workload("busy", 1.0), start_workload("bursty", 1.0), start_workload("idle", 1.0)]

@@ -66,6 +66,7 @@ from bench.gpu_workloads import (
     Samples,
     free_port,
     pod_harness,
+    require_gpu,
     scrape,
     start_agent,
     start_pods,
@@ -130,6 +131,7 @@ def main() -> int:
     parser.add_argument("--pod", type=Path, metavar="MANIFEST", help="run the agent as this rendered DaemonSet does")
     parser.add_argument("--drop-host-pid", action="store_true", help="with --pod: remove hostPID, expect blindness")
     args = parser.parse_args()
+    require_gpu()
     if args.drop_host_pid and args.pod is None:
         parser.error("--drop-host-pid needs --pod")
 

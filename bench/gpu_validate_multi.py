@@ -31,7 +31,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import Cluster, Pod, Report, free_port, scrape, start_agent, start_pods, stop_agent, stop_pods
+from bench.gpu_workloads import (
+    Cluster,
+    Pod,
+    Report,
+    free_port,
+    require_gpu,
+    scrape,
+    start_agent,
+    start_pods,
+    stop_agent,
+    stop_pods,
+)
 
 GIB = 1024**3
 NODE = "gpu-node-2"
@@ -43,6 +54,7 @@ def main() -> int:
     parser.add_argument("--ratio", type=float, default=4.0)
     parser.add_argument("--settle", type=float, default=6.0)
     args = parser.parse_args()
+    require_gpu()
 
     import pynvml  # noqa: PLC0415
 

@@ -53,6 +53,7 @@ from bench.gpu_workloads import (
     Samples,
     cgroup_dir,
     place,
+    require_gpu,
     scrape,
     start_workload,
     stop_pods,
@@ -418,6 +419,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also write the report (Markdown) here")
     parser.add_argument("--settle", type=float, default=6.0, help="seconds of load before the measured scrape")
     args = parser.parse_args()
+    require_gpu()
     if os.geteuid() != 0 or not (CGROUP_ROOT / "cgroup.controllers").exists():
         raise SystemExit("run as root on a node with cgroup v2 at /sys/fs/cgroup")
     report = Report()

@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_validate import AGENT_PORT, NODE, POD_RESOURCES_DIR, REPLICAS, nvml_truth
-from bench.gpu_workloads import Cluster, Pod, Report, place, pod_harness, scrape, start_workload, stop_pods
+from bench.gpu_workloads import Cluster, Pod, Report, place, pod_harness, require_gpu, scrape, start_workload, stop_pods
 from otel_vgpu.collect.sampler import ENERGY_EVERY_S
 from testkit.agent import wait_serving
 
@@ -128,6 +128,7 @@ def main() -> int:
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle sweeps before the workloads start")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    require_gpu()
     report = Report()
     lines, check = report.lines, report.check
     bursty = Pod("ml", "bursty-0", "systemd", "burstable")

@@ -33,6 +33,7 @@ __all__ = [
     "free_port",
     "place",
     "pod_harness",
+    "require_gpu",
     "scrape",
     "start_agent",
     "start_pods",
@@ -125,6 +126,22 @@ def cgroup_dir(pod: Pod, container_id: str) -> Path:
         return CGROUP_ROOT / parent / f"cri-containerd-{container_id}.scope"
     qos = "" if pod.qos == "guaranteed" else pod.qos
     return CGROUP_ROOT / "kubepods" / qos / f"pod{pod.uid}" / container_id
+
+
+def require_gpu() -> None:
+    """Stop with one line, not a traceback, where there is no NVIDIA GPU to run on."""
+    try:
+        import pynvml  # noqa: PLC0415
+    except ImportError:
+        raise SystemExit("nvidia-ml-py is not installed: the GPU scripts need it (bench/README.md)") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        raise SystemExit(
+            f"no NVIDIA GPU to run on: NVML says {error} (libnvidia-ml.so.1 and a loaded driver are needed); "
+            "the GPU scripts run on a GPU node, bench/README.md says what they need"
+        ) from None
+    pynvml.nvmlShutdown()
 
 
 def start_workload(

@@ -5,7 +5,7 @@ each for 1 s, 20 processes each, PIDs wrapping so they are reused) and is
 scraped back to back. Every couple of seconds the run records the agent's
 resident memory, open file descriptors, and the pod series in the scrape.
 
-    python bench/soak.py [--pods 5000]
+    .venv/bin/python bench/soak.py [--pods 5000]
 
 tests/test_reliability.py runs a shorter soak (testkit/soak.py) and asserts on its figures.
 """

@@ -67,8 +67,8 @@ class Config:
     """None: NVML; `builtin` or a scenario file: the simulated node."""
     min_interval: float = 1.0
     sweep_interval: float = 2.0
-    """0: no sweeps of the agent's own. 2 s: 0.7 % of a core on the realistic simulated node
-    (8 GPUs, 80 pods), where 1 s took 1.7 % (bench/sweep_cost.py)."""
+    """0: no sweeps of the agent's own. 2 s: the agent's own part costs 0.74 % of a core on the
+    realistic simulated node (8 GPUs, 80 pods), where 1 s took 1.25 % (bench/sweep_cost.py)."""
     gpu_idle_watts: float | None = None
     """None: learned per GPU (collect/usage.py)."""
     seed_metrics: bool = False

@@ -1,0 +1,148 @@
+"""Every shell command the docs show holds: it parses, names files that exist, calls the
+tools the README installs, and, where it needs no GPU and no cluster, it runs.
+
+What runs here, and how:
+- the README's first command, as written, in a fresh copy of the repository: the agent
+  it starts serves the simulated node's figures;
+- `kubectl kustomize ...`, as written: it renders;
+- `.venv/bin/pytest ...`: its selection, collected (the suite runs the tests themselves);
+- `.venv/bin/python bench/...` of the scripts that need no GPU: `--help`, which proves
+  they start with the packages the README installs (their full runs take minutes: they
+  are benchmarks, and bench/README.md quotes their figures).
+The rest (a cluster, a GPU node, an image registry, the suite itself) are checked
+without running: testkit/doc_commands.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from testkit.agent import clean_env, free_port, get, wait_until
+from testkit.doc_commands import ROOT, DocCommand, commands, doc_files, problems, words
+
+ALL = [command for doc in doc_files() for command in commands(doc)]
+
+
+def how(command: DocCommand) -> str:
+    """How a command is held to what it says: run, help, collect, or check (why not run)."""
+    first = words(command.text)[0]
+    if first[:2] == ["kubectl", "kustomize"] and len(first) > 2:
+        return "run"
+    if first[0] == ".venv/bin/pytest":
+        return "collect"
+    if first[0] == ".venv/bin/python" and len(first) > 1 and first[1].startswith("bench/"):
+        return "help"
+    return "check"
+
+
+def test_there_are_commands_to_check() -> None:
+    assert {how(c) for c in ALL} == {"run", "collect", "help", "check"}
+    assert any(c.doc.name == "README.md" and c.line < 20 for c in ALL), "the README's two commands"
+
+
+@pytest.mark.parametrize("command", ALL, ids=lambda c: c.where)
+def test_every_command_parses_names_files_that_exist_and_uses_the_venv(command: DocCommand) -> None:
+    assert problems(command) == [], command.text
+
+
+def test_broken_commands_are_caught(tmp_path: Path) -> None:
+    doc = tmp_path / "broken.md"
+    doc.write_text(
+        "Run `pytest -s tests/test_agent.py` and `python bench/soak.py`.\n\n"
+        "```sh\n"
+        ".venv/bin/python bench/no_such_script.py   # a script that is not there\n"
+        "kubectl kustomize kustomize/overlays/no-such-overlay\n"
+        "if then fi\n"
+        "```\n"
+    )
+    found = {c.text: problems(c, ROOT) for c in commands(doc)}
+    assert "bare 'pytest'" in found["pytest -s tests/test_agent.py"][0]
+    assert "bare 'python'" in found["python bench/soak.py"][0]
+    assert any("bench/no_such_script.py" in p for p in found[".venv/bin/python bench/no_such_script.py"])
+    assert any("no-such-overlay" in p for p in found["kubectl kustomize kustomize/overlays/no-such-overlay"])
+    assert any("does not parse" in p for p in found["if then fi"])
+    # and one that parses and names what exists, but fails when run
+    broken = subprocess.run(
+        ["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert broken.returncode != 0
+
+
+def scratch_tree(tmp_path: Path) -> Path:
+    """A folder that sees the repository's files, where a command's outputs land instead."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git",):
+            (tree / entry.name).symlink_to(entry)
+    return tree
+
+
+@pytest.mark.parametrize("command", [c for c in ALL if how(c) == "run"], ids=lambda c: c.where)
+def test_kustomize_commands_render_as_written(command: DocCommand, tmp_path: Path) -> None:
+    tree = scratch_tree(tmp_path)
+    ran = subprocess.run(["bash", "-c", command.text], capture_output=True, text=True, check=False, cwd=tree)
+    assert ran.returncode == 0, ran.stderr
+    written = [p for p in tree.iterdir() if not p.is_symlink()]
+    rendered = written[0].read_text() if written else ran.stdout
+    assert "kind: DaemonSet" in rendered
+
+
+@pytest.mark.parametrize("command", [c for c in ALL if how(c) == "collect"], ids=lambda c: c.where)
+def test_test_selections_the_docs_name_exist(command: DocCommand) -> None:
+    argv = [a for a in words(command.text)[0] if a != "-s"]
+    ran = subprocess.run([*argv, "--collect-only", "-q"], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert " tests collected" in ran.stdout or " test collected" in ran.stdout, ran.stdout
+
+
+@pytest.mark.parametrize("command", [c for c in ALL if how(c) == "help"], ids=lambda c: c.where)
+def test_bench_scripts_the_docs_run_start_with_the_venv(command: DocCommand) -> None:
+    argv = words(command.text)[0][:2]
+    ran = subprocess.run([*argv, "--help"], capture_output=True, text=True, check=False, cwd=ROOT, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("usage:"), ran.stdout
+
+
+def test_the_readmes_first_command_runs_the_agent_on_a_fresh_copy(tmp_path: Path) -> None:
+    first = next(c for c in ALL if c.doc == ROOT / "README.md" and c.block is not None)
+    assert first.text.startswith("python3 -m venv .venv")
+    copy = tmp_path / "otel-vgpu"
+    tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True, cwd=ROOT).stdout
+    for name in tracked.decode().split("\0"):
+        if name and (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
+    port = free_port()
+    # As written; the port comes from the environment, the flag's twin, so that it is free here.
+    env = {**clean_env(), "OTEL_VGPU_PORT": str(port)}
+    process = subprocess.Popen(
+        ["bash", "-c", first.text],
+        cwd=copy,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+
+        def served() -> bytes | None:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            try:
+                status, body, _ = get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            except OSError:
+                return None
+            return body if status == 200 and b"vgpu_pod_memory_used_bytes{" in body else None
+
+        body = wait_until(served, timeout=300, what="the agent of the README's first command serving /metrics")
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert b"vgpu_gpu_memory_total_bytes{" in body
