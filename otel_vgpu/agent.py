@@ -404,7 +404,15 @@ def tls_problem(config: Config, error: Exception) -> str:
     cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
     assert cert is not None and key is not None
     if isinstance(error, OSError) and not isinstance(error, ssl.SSLError):
-        return f"cannot read the TLS files: {error.strerror or error}: {error.filename or ''}".rstrip(": ")
+        # ssl's load_cert_chain says "No such file or directory" without saying which file.
+        for flag, path in (("--tls-cert-file", cert), ("--tls-key-file", key), ("--tls-client-ca-file", ca)):
+            if path is None:
+                continue
+            try:
+                path.open("rb").close()
+            except OSError as unreadable:
+                return f"cannot read {flag} {path}: {unreadable.strerror or unreadable}"
+        return f"cannot read the TLS files ({cert}, {key}): {error.strerror or error}"
     found = {path: _pem_kinds(path) for path in (cert, key, *([ca] if ca else []))}
     is_key = {kind for kind in found[cert] | found[key] if kind.endswith("PRIVATE KEY")}
 

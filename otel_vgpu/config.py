@@ -170,7 +170,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--address", "address to listen on (IPv6 accepted)", "OTEL_VGPU_ADDRESS", str, "0.0.0.0"),
     Flag(
         "--allocation-file",
-        "the vGPU ratio file (a number, or auto), reread when it changes; with --simulate and no file at the "
+        "the vGPU ratio file (a whole number, or auto), reread when it changes; with --simulate and no file at the "
         "default path, the simulated node's ratio",
         "OTEL_VGPU_ALLOCATION_FILE",
         Path,
@@ -334,6 +334,10 @@ class ConfigError(ValueError):
     """A flag or environment value that cannot be used; the message is one line."""
 
 
+HELP_HELP = "print this list and exit"
+VERSION_HELP = "print the version and exit"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, not argparse's usage block: it lands in a pod's log.
@@ -345,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="otel-vgpu",
         description="Per-pod usage of shared NVIDIA GPUs, served as OpenTelemetry metrics on /metrics. "
         "Every flag can also be set through the environment variable shown.",
+        add_help=False,
     )
+    parser.add_argument("-h", "--help", action="help", help=HELP_HELP)
     for flag in FLAGS:
         if flag.parse is None:
             parser.add_argument(flag.name, action="store_true", default=None, help=flag.help_text())
@@ -361,29 +367,28 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar=flag.metavar,
                 help=flag.help_text(),
             )
-    parser.add_argument("--version", action="version", version=f"otel-vgpu {__version__}")
+    parser.add_argument("--version", action="version", version=f"otel-vgpu {__version__}", help=VERSION_HELP)
     return parser
 
 
 def flags_markdown() -> str:
     """The README's flag table, made from FLAGS and the parser, so it says what --help says."""
     rows = ["| flag | environment | default | |", "|---|---|---|---|"]
+    parser = build_parser()
+    # Each flag spelled as --help spells it (its metavar, or its choices).
+    invocation = {
+        action.option_strings[-1]: parser._get_formatter()._format_action_invocation(action)
+        for action in parser._actions
+    }
     for flag in FLAGS:
-        # Spelled as the usage line of --help spells it.
-        metavar = None if flag.parse is None else flag.metavar or flag.dest.upper()
-        if metavar is None:
-            shown = flag.name
-        elif flag.dest == "simulate":
-            shown = f"{flag.name} [{metavar}]"
-        else:
-            shown = f"{flag.name} {metavar}"
+        shown = invocation[flag.name]
         default = flag.shown_default or flag.default or ("off" if flag.parse is None else "unset")
         env = f"`{flag.env}`" if flag.env else ""
         # Markdown would take <pid> for a tag and a lone * for emphasis.
         text = flag.help.replace("<", "\\<").replace("*", "\\*").replace("|", "\\|")
         rows.append(f"| `{shown}` | {env} | `{default}` | {text} |")
-    rows.append("| `--version` | | | print the version and exit |")
-    rows.append("| `-h`, `--help` | | | print this list and exit |")
+    rows.append(f"| `--version` | | | {VERSION_HELP} |")
+    rows.append(f"| `-h`, `--help` | | | {HELP_HELP} |")
     return "\n".join(rows) + "\n"
 
 

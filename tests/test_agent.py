@@ -187,7 +187,7 @@ def test_builtin_scenario_and_environment_twins(ratio_file: Path) -> None:
         ("-3", ":1: '-3' is not a number"),
         ("NaN", ":1: 'NaN' is not a number"),
         ("inf", ":1: 'inf' is not a number"),
-        ("0.5", ":1: '0.5' is below 1"),
+        ("0.5", ":1: '0.5' is not a whole number"),
     ],
 )
 def test_bad_ratio_file_at_start_exits_2_with_one_line(tmp_path: Path, content: str | None, fragment: str) -> None:

@@ -4,6 +4,7 @@ ratio allows, memory fits, and one pod (notebook-alice) uses more than its share
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from otel_vgpu.allocation.ratio import RatioSource
@@ -100,3 +101,20 @@ pods:
     sm = {row.pod: row.sm_utilization for row in snapshot.pods}
     assert sm["a"] == 0.9 / 1.5 and sm["b"] == 0.6 / 1.5
     assert snapshot.gpus[0].utilization == 1.0
+
+
+def test_a_static_pods_uid_is_its_mirrors_as_the_api_gives_it(tmp_path: Path) -> None:
+    # The static pod's cgroups carry its config hash; the API's mirror pod has a UID of its own,
+    # the one kube_pod_info{uid} carries, and pod_uid is that one.
+    scenario = load_scenario(BUILTIN)
+    static = next(pod for pod in scenario.pods if pod.static)
+    clock = Clock()
+    node, sampler = on_a_clock(scenario, tmp_path, clock)
+    try:
+        clock.t += STEP_S
+        rows = [row for row in sampler.snapshot(0.0).pods if row.pod == static.name]
+    finally:
+        node.close()
+    assert rows and len(static.uid) == 32
+    assert all(re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", r.pod_uid) for r in rows)
+    assert all(r.pod_uid.replace("-", "") != static.uid for r in rows)

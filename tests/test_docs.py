@@ -31,6 +31,9 @@ def test_the_flag_table_is_what_help_says() -> None:
     for flag in FLAGS:
         # What the table says of each flag, --help says: its description, variable and default.
         assert " ".join(flag.help_text().split()) in flat, flag.name
+    # and the two flags argparse makes, in the same words
+    assert "-h, --help print this list and exit" in flat and "--version print the version and exit" in flat
+    assert "| `--otlp-protocol {grpc,http/protobuf}` |" in flags_markdown()
 
 
 def test_the_design_is_in_the_repository() -> None:

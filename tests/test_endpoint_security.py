@@ -172,7 +172,14 @@ def test_wrong_tls_files_are_named_with_what_they_should_hold(certs: Certs, rati
             (certs.cert, certs.client_key),
             f"--tls-key-file {certs.client_key} is not the key of the certificate in --tls-cert-file {certs.cert}",
         ),
-        ((certs.cert, tmp_path / "absent.pem"), "cannot read the TLS files: No such file or directory"),
+        (
+            (certs.cert, tmp_path / "absent.pem"),
+            f"cannot read --tls-key-file {tmp_path / 'absent.pem'}: No such file or directory",
+        ),
+        (
+            (tmp_path / "gone.pem", certs.key),
+            f"cannot read --tls-cert-file {tmp_path / 'gone.pem'}: No such file or directory",
+        ),
     ]
     for (cert, key), expected in cases:
         args = ["--simulate", "--allocation-file", str(ratio_file), "--tls-cert-file", str(cert)]

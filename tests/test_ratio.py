@@ -18,7 +18,8 @@ from otel_vgpu.allocation.ratio import MAX_FILE_BYTES, RatioFileError, RatioSour
         ("2\n", 2.0),
         ("  4  \n", 4.0),
         ("# vGPUs per GPU\n\n3\n", 3.0),
-        ("1.5 # inline comment\n", 1.5),
+        ("3 # inline comment\n", 3.0),
+        ("2.0\n", 2.0),
         ("1", 1.0),
         ("\n# a\n 8 \n# b\n", 8.0),
     ],
@@ -35,7 +36,7 @@ def test_valid(text: str, ratio: float) -> None:
         ("two\n", 1, "'two' is not a number"),
         ("# c\n0\n", 2, "'0' is below 1"),
         ("-2", 1, "'-2' is not a number"),
-        ("0.5", 1, "'0.5' is below 1"),
+        ("0.5", 1, "'0.5' is not a whole number"),
         ("nan", 1, "'nan' is not a number"),
         ("inf", 1, "'inf' is not a number"),
         ("2\n3\n", 2, "second value '3'"),
@@ -49,7 +50,7 @@ def test_invalid_names_file_line_value_and_what_is_valid(text: str, line: int | 
     prefix = "cfg/gpu_allocation.txt" + (f":{line}:" if line else ":")
     assert message.startswith(prefix)
     assert fragment in message
-    assert "expected one number from 1 to 1024" in message
+    assert "expected one whole number from 1 to 1024" in message
     assert "\n" not in message
 
 
@@ -125,18 +126,23 @@ def test_configmap_symlink_swap_is_seen(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["\uff13", "\u0663", "1_000", "+2", "1e308", "2e0", "nan", "inf", "0x10", "2.", ".5", "1025", "2 4"],
+    ["\uff13", "\u0663", "1_000", "+2", "1e308", "2e0", "nan", "inf", "0x10", "2.", ".5", "1025", "2 4", "2.5", "1.5"],
 )
 def test_only_plain_decimal_ratios_from_1_to_1024(value: str) -> None:
     with pytest.raises(RatioFileError) as caught:
         parse_ratio(f"{value}\n", "gpu_allocation.txt")
     assert caught.value.args[0].startswith("gpu_allocation.txt:1:")
-    assert "from 1 to 1024 in ASCII digits" in str(caught.value)
+    assert "whole number from 1 to 1024 in ASCII digits" in str(caught.value)
 
 
 def test_the_largest_ratio_is_accepted() -> None:
     assert parse_ratio("1024\n") == 1024.0
-    assert parse_ratio("1.5\n") == 1.5
+
+
+def test_a_fraction_is_named_as_such() -> None:
+    with pytest.raises(RatioFileError) as caught:
+        parse_ratio("# vGPUs\n2.5\n", "/etc/otel-vgpu/gpu_allocation.txt")
+    assert str(caught.value).startswith("/etc/otel-vgpu/gpu_allocation.txt:2: '2.5' is not a whole number;")
 
 
 def test_a_fifo_in_place_of_the_file_is_refused_without_blocking(tmp_path: Path) -> None:

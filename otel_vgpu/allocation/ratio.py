@@ -27,7 +27,7 @@ AUTO = "auto"
 MAX_RATIO = 1024
 _NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 _VALID = (
-    f"expected one number from 1 to {MAX_RATIO} in ASCII digits, the vGPUs per physical GPU (for example 2), "
+    f"expected one whole number from 1 to {MAX_RATIO} in ASCII digits, the vGPUs per physical GPU (for example 2), "
     "or auto (the kubelet's replica counts)"
 )
 
@@ -58,6 +58,10 @@ def parse_ratio(text: str, source: str = "gpu_allocation.txt") -> float | None:
     if not _NUMBER.fullmatch(value):
         raise RatioFileError(f"{source}:{number}: {value!r} is not a number; {_VALID}")
     ratio = float(value)
+    if not ratio.is_integer():
+        # A vGPU is a replica the device plugin advertises (GPU-<uuid>::n): there is no
+        # half of one. "2.0" is 2, as before.
+        raise RatioFileError(f"{source}:{number}: {value!r} is not a whole number; {_VALID}")
     if ratio < 1:
         raise RatioFileError(f"{source}:{number}: {value!r} is below 1; {_VALID}")
     if ratio > MAX_RATIO:

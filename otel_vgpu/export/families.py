@@ -130,7 +130,8 @@ FAMILIES: tuple[Family, ...] = (
         "vgpu.gpu.memory.used",
         "By",
         Kind.GPU,
-        "Physical memory in use on the GPU (NVML device figure).",
+        "Physical memory in use on the GPU (NVML device figure), including what the driver reserves, "
+        "which no process holds.",
         labels=GPU_LABELS,
     ),
     Family(

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid as uuidlib
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -507,6 +508,14 @@ class SimulatedNode:
                     raise GpuError(fault.code, f"simulated {fault.code.value} (scenario fault)")
 
 
+def mirror_uid(config_hash: str) -> str:
+    """The UID the API gives a static pod's mirror: the kubelet creates the mirror as a copy
+    of the static pod (pkg/kubelet/pod/mirror_client.go, CreateMirrorPod, annotations and
+    kubernetes.io/config.hash kept), and the API server gives every pod it creates a UID of
+    its own. Derived from the hash here, so that a simulated node is the same every run."""
+    return str(uuidlib.uuid5(uuidlib.NAMESPACE_OID, f"mirror/{config_hash}"))
+
+
 def pod_meta(pod: PodSpec) -> PodMeta:
     """What the Kubernetes API would say of a simulated pod."""
     containers = pod_containers(pod.processes)
@@ -516,7 +525,7 @@ def pod_meta(pod: PodSpec) -> PodMeta:
         pod.name,
         containers={container_id(pod, name): name for name in containers},
         phase=pod.phase,
-        uid=pod.uid,
+        uid=mirror_uid(pod.uid) if pod.static else pod.uid,
         # Checked when the scenario was loaded.
         stated=parse_hami(hami, (), containers) if hami else {},
     )
