@@ -31,7 +31,7 @@ _INLINE = re.compile(
 )
 # Tokens that are not paths of this repository: options, URLs, variables, placeholders,
 # absolute paths of the machine it runs on, images.
-_NOT_A_PATH = re.compile(r"^(-|\$|<|http|/|~|registry\.|[\w.-]+:[\w.-]+$)|[=*?{}\[\]<>$]")
+_NOT_A_PATH = re.compile(r"^(-|\$|<|http|/|~|registry\.|[\w.-]+:[\w.-]+$|[\w.-]+:\d+(/|$))|[=*?{}\[\]<>$]")
 # What runs on a GPU node as root, with that machine's own python3 (bench/README.md).
 _GPU_SCRIPT = re.compile(r"^bench/gpu_\w+\.py$")
 # Options whose value is a file the command writes, which need not exist yet.
@@ -163,8 +163,10 @@ def _path_problems(argv: list[str], doc: Path, root: Path) -> list[str]:
             continue  # made by the README's first command
         if "/" not in token or _NOT_A_PATH.search(token):
             continue
-        if argv[0] == "kubectl" and index > 0 and argv[index - 1] in ("-n", "--namespace", "-l", "--selector"):
-            continue
+        if argv[0] == "kubectl" and not (
+            argv[index - 1] in ("-k", "--kustomize", "-f", "--filename") or argv[1:2] == ["kustomize"]
+        ):
+            continue  # a resource (pod/name), not a file: kubectl reads files only after -k, -f, kustomize
         if not ((root / token).exists() or (doc.parent / token).exists()):
             found.append(f"names {token!r}, which is not in the repository")
     return found

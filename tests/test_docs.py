@@ -7,12 +7,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import yaml
 
 from otel_vgpu import __version__
 from otel_vgpu.config import FLAGS, flags_markdown
-from testkit.agent import ROOT
+from testkit.agent import ROOT, agent_in_process, clean_env
+from testkit.promtext import parse
 
 README = (ROOT / "README.md").read_text()
 
@@ -58,7 +61,6 @@ def test_the_image_the_manifests_run_is_named_with_how_to_build_it(tmp_path: obj
 
 
 def test_the_readmes_own_registry_overlay_renders(tmp_path: object) -> None:
-    from pathlib import Path  # noqa: PLC0415
 
     block = re.search(r"```yaml\n(# my-cluster/kustomization.yaml.*?)```", README, re.DOTALL)
     assert block, "the README's overlay for one's own registry"
@@ -82,3 +84,20 @@ def test_the_benchmarks_say_what_they_need_and_how_to_read_them() -> None:
     for need in ("PyTorch with CUDA", "root", "cgroup v2", "nvidia-ml-py", "util-linux"):
         assert need in bench, need
     assert "Absolute times vary by machine" in bench and "compare the ratios" in bench
+
+
+def test_the_readmes_excerpt_is_what_the_builtin_node_serves() -> None:
+    # Every series of the excerpt is one the built-in node serves, with the same labels;
+    # the figures that do not move (allocation, capacity, ratio) read the same.
+    block = README.split("What you get, from the built-in simulated node", 1)[1].split("```text\n", 1)[1]
+    excerpt = parse(block.split("```", 1)[0])
+    assert len(excerpt.values) >= 8, "an excerpt of pod and GPU families"
+    # as the README's first command runs it: no ratio file, the built-in node's own ratio
+    with agent_in_process("--simulate", env=clean_env()) as agent:
+        served = agent.scrape()
+    steady = {"vgpu_pod_memory_allocated_bytes", "vgpu_gpu_memory_total_bytes", "vgpu_gpu_vgpus"}
+    for name in excerpt.values:
+        for labels, value in excerpt.series(name).items():
+            assert labels in served.series(name), (name, dict(labels))
+            if name in steady:
+                assert served.series(name)[labels] == pytest.approx(value, rel=1e-3), name
