@@ -4,7 +4,9 @@ what they need and how to read them."""
 
 from __future__ import annotations
 
+import hashlib
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +103,16 @@ def test_the_readmes_excerpt_is_what_the_builtin_node_serves() -> None:
             assert labels in served.series(name), (name, dict(labels))
             if name in steady:
                 assert served.series(name)[labels] == pytest.approx(value, rel=1e-3), name
+
+
+def test_the_architecture_picture_is_made_from_its_committed_source() -> None:
+    # docs/architecture.svg carries the digest of the .dot it was rendered from
+    # (scripts/gen-architecture.sh); and the source renders with Graphviz.
+    source = ROOT / "docs" / "architecture.dot"
+    image = (ROOT / "docs" / "architecture.svg").read_text()
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    assert f"sha256:{digest}" in image, "the picture is stale: run ./scripts/gen-architecture.sh"
+    assert shutil.which("dot"), "Graphviz's dot (Debian package graphviz, installed by ./scripts/test.sh)"
+    rendered = subprocess.run(["dot", "-Tsvg", str(source)], capture_output=True, text=True, check=True).stdout
+    assert "<svg" in rendered and "Prometheus" in rendered and "Prometheus" in image
+    assert "](docs/architecture.svg)" in README
