@@ -17,6 +17,7 @@ import yaml
 from otel_vgpu import __version__
 from otel_vgpu.config import FLAGS, flags_markdown
 from testkit.agent import ROOT, agent_in_process, clean_env
+from testkit.doc_commands import doc_files
 from testkit.promtext import parse
 
 README = (ROOT / "README.md").read_text()
@@ -116,3 +117,23 @@ def test_the_architecture_picture_is_made_from_its_committed_source() -> None:
     rendered = subprocess.run(["dot", "-Tsvg", str(source)], capture_output=True, text=True, check=True).stdout
     assert "<svg" in rendered and "Prometheus" in rendered and "Prometheus" in image
     assert "](docs/architecture.svg)" in README
+
+
+def test_every_relative_link_of_the_docs_resolves() -> None:
+    # A section moved to docs/ must not leave a link behind that leads nowhere.
+    broken = []
+    for doc in doc_files():
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = doc if not path else doc.parent / path
+            if not linked.exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+            elif anchor and linked.suffix == ".md":
+                headings = re.findall(r"(?m)^#+ (.*)$", linked.read_text())
+                slugs = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+                if anchor not in slugs:
+                    broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
