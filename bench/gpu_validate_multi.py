@@ -1,9 +1,12 @@
 """Validate the agent on a node with two or more NVIDIA GPUs.
 
 Run as root on a node with at least two NVIDIA GPUs, cgroup v2, CUDA and
-PyTorch, from the repository root:
+PyTorch, from the repository root; with `--pod`, the agent runs as the
+DaemonSet runs it (testkit/pod_harness.py, the rendered manifest, its ratio
+`auto` from the kubelet double's replicas of each GPU):
 
-    python3 bench/gpu_validate_multi.py [--out results.md]
+    kubectl kustomize kustomize/base > base.yaml
+    python3 bench/gpu_validate_multi.py --pod base.yaml [--out results.md]
 
 What one GPU cannot show:
 
@@ -15,7 +18,10 @@ What one GPU cannot show:
   memory, utilization and allocation;
 - each GPU keeps its own sampling window: a busy GPU next to an idle one reads
   busy and idle;
-- one GPU's NVML failure (injected in the backend) leaves the other reported.
+- each GPU's busy seconds and energy are its own: the busy GPU's counters
+  rise faster than the idle one's;
+- one GPU's NVML failure (injected at the backend, the NVML seam, in this
+  process: a fault no GPU setting need change) leaves the other reported.
 
 It prints a table and exits non-zero on any mismatch (2 when the node has
 fewer than two GPUs).
@@ -31,11 +37,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_validate import AGENT_PORT, POD_RESOURCES_DIR
 from bench.gpu_workloads import (
     Cluster,
     Pod,
     Report,
     free_port,
+    pod_harness,
     require_gpu,
     scrape,
     start_agent,
@@ -43,6 +51,7 @@ from bench.gpu_workloads import (
     stop_agent,
     stop_pods,
 )
+from testkit.agent import wait_serving
 
 GIB = 1024**3
 NODE = "gpu-node-2"
@@ -53,6 +62,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--ratio", type=float, default=4.0)
     parser.add_argument("--settle", type=float, default=6.0)
+    parser.add_argument("--pod", type=Path, metavar="MANIFEST", help="run the agent as this rendered DaemonSet runs it")
     args = parser.parse_args()
     require_gpu()
 
@@ -89,17 +99,32 @@ def main() -> int:
     report = Report()
     lines, check = report.lines, report.check
 
-    tmp = Path(tempfile.mkdtemp(prefix="gpu-validate-multi-"))
-    cluster = Cluster(tmp, NODE)
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-validate-multi-", dir="/var/tmp"))
+    cluster = Cluster(tmp, NODE, pki=args.pod is not None, socket_dir=POD_RESOURCES_DIR if args.pod else None)
     agent = None
+    harness = None
     try:
         start_pods(pods)
         cluster.add(spread, {"main": [f"{uuids[0]}::0", f"{uuids[1]}::0", f"{uuids[1]}::1"]})
         cluster.add(by_index, {"main": [f"{uuids[1]}::2"]})
-        port = free_port()
-        agent = start_agent(cluster, port, args.ratio)
+        if args.pod is not None:
+            # `auto`: each GPU's ratio is the replicas the kubelet double advertises for it.
+            replicas = int(args.ratio)
+            cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{u}::{n}" for u in uuids for n in range(replicas)]}
+            harness = pod_harness(args.pod, tmp / "pod", cluster, NODE)
+            url = f"http://127.0.0.1:{AGENT_PORT}"
+            wait_serving(url, harness.start(), harness.log.read_text, timeout=60)
+            lines += [f"Agent run by testkit/pod_harness.py from {args.pod.name} (ratio auto: {replicas} replicas)", ""]
+        else:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            agent = start_agent(cluster, port, args.ratio)
         time.sleep(args.settle)
-        metrics = scrape(f"http://127.0.0.1:{port}/metrics")
+        first = scrape(f"{url}/metrics")
+        first_at = time.monotonic()
+        time.sleep(args.settle)
+        metrics = scrape(f"{url}/metrics")
+        seconds = time.monotonic() - first_at
         # Where NVML itself sees each PID: the truth for gpu_id.
         where: dict[int, int] = {}
         used: dict[tuple[int, int], int] = {}
@@ -171,6 +196,18 @@ def main() -> int:
             device_sm.get("1", 0) > 0.5 and device_sm.get("0", 1) < 0.05, f"busy GPU 1 next to idle GPU 0: {device_sm}"
         )
 
+        # each GPU's counters are its own: busy seconds and joules rise faster on the busy one
+        def rate(family: str) -> dict[str, float]:
+            before = {labels["gpu_id"]: value for labels, value in first.get(family, [])}
+            after = {labels["gpu_id"]: value for labels, value in metrics.get(family, [])}
+            return {gpu: (after[gpu] - before.get(gpu, 0.0)) / seconds for gpu in after}
+
+        busy, watts = rate("vgpu_gpu_sm_busy_seconds_total"), rate("vgpu_gpu_energy_joules_total")
+        lines.append(f"| info | busy seconds a second by GPU {busy}; watts by GPU {watts} |")
+        check(busy.get("1", 0) > 0.5 and busy.get("0", 1) < 0.05, f"busy seconds: GPU 1 busy, GPU 0 idle: {busy}")
+        if watts:
+            check(watts.get("1", 0) > watts.get("0", 0), f"energy: GPU 1 draws more than idle GPU 0: {watts}")
+
         # one GPU failing in the backend leaves the other reported
         class FailingSecond(NvmlBackend):
             def __init__(self, call: str) -> None:
@@ -208,6 +245,8 @@ def main() -> int:
                 f"GPU 1 failing its {call} call: GPU 0 and its pods reported, error counted as {call!r}",
             )
     finally:
+        if harness is not None:
+            harness.stop()
         stop_agent(agent)
         stop_pods(pods)
         cluster.stop()
