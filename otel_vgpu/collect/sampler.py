@@ -350,7 +350,7 @@ class Sampler:
         now = self._backend.now_us()
         since = self._gpu_seen.get(device.uuid, now - MIN_WINDOW_US)
         try:
-            samples = [(stamp, value) for stamp, value in self._backend.gpu_utilization_samples(index, since)]
+            samples = self._backend.gpu_utilization_samples(index, since)
         except GpuError:
             return device
         fresh = [value for stamp, value in samples if stamp > since]

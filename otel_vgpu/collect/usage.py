@@ -220,14 +220,18 @@ def _energy(
     unattributed: dict[str, float] = {}
     pod_joules: dict[PodKey, float] = {}
     pending: dict[str, Pending] = {}
+    on_gpu: dict[str, list[PodRow]] = {}
+    for row in pods:
+        on_gpu.setdefault(row.gpu_uuid, []).append(row)
     for gpu in gpus:
         last = usage.energy_mj.get(gpu.uuid)
         if gpu.energy_mj is None and not (gpu.energy_skipped and last is not None):
             continue  # no counter: no energy families
-        mine = [row for row in pods if row.gpu_uuid == gpu.uuid and row.mig_uuid is None]
+        mine = on_gpu.get(gpu.uuid, [])
         utilization = gpu.interval_utilization
-        if any(row.mig_uuid is not None for row in pods if row.gpu_uuid == gpu.uuid):
+        if any(row.mig_uuid is not None for row in mine):
             utilization = None  # MIG: no per-pod SM, all of it unattributed
+            mine = [row for row in mine if row.mig_uuid is None]
         so_far = usage.pending.get(gpu.uuid, Pending()) if last is not None else Pending()
         interval = note_interval(so_far, seconds, utilization, gpu.vgpus, mine)
         watts = configured if configured is not None else usage.idle_watts.get(gpu.uuid)
