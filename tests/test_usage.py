@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow
-from otel_vgpu.collect.usage import MAX_GAP_S, Usage, accumulate, split_energy
+from otel_vgpu.collect.usage import MAX_GAP_S, EnergySplit, Pending, Usage, accumulate, note_interval, split_pending
 
 GPU = GpuRow(0, "GPU-a", "H200", 140, 10, 0.5, 2.0, 0)
 
@@ -121,6 +121,13 @@ def test_the_gpu_counter_follows_its_own_samples_over_the_interval_not_the_last_
     # Without samples (an old driver), the last period's figure serves.
     _, gpus, _ = accumulate(usage, [dataclasses.replace(GPU, utilization=1.0)], [], 2.0)
     assert gpus[0].sm_busy_seconds == pytest.approx(2.0)
+
+
+def split_energy(
+    joules: float, seconds: float, idle_watts: float, utilization: float | None, ratio: float, pods: list[PodRow]
+) -> EnergySplit:
+    """One interval's energy split, as a read of the counter every sweep makes it."""
+    return split_pending(joules, idle_watts, note_interval(Pending(), seconds, utilization, ratio, pods))
 
 
 def shares(uid: str, held: float, sm: float | None) -> PodRow:

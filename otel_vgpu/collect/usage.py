@@ -145,18 +145,6 @@ def split_pending(joules: float, idle_watts: float, pending: Pending) -> EnergyS
     return EnergySplit(joules, parts, joules - sum(parts.values()))
 
 
-def split_energy(
-    joules: float,
-    seconds: float,
-    idle_watts: float,
-    utilization: float | None,
-    ratio: float,
-    pods: Sequence[PodRow],
-) -> EnergySplit:
-    """An interval's `joules` of one GPU split among its `pods` (module docstring)."""
-    return split_pending(joules, idle_watts, note_interval(Pending(), seconds, utilization, ratio, pods))
-
-
 def accumulate(
     usage: Usage,
     gpus: Sequence[GpuRow],
