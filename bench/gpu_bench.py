@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import Pod, require_gpu, start_pods, stop_pods
+from bench.gpu_workloads import Pod, publish, require_gpu, start_pods, stop_pods
 from testkit.procstat import cpu_seconds, rss_mib
 
 
@@ -244,10 +244,7 @@ def main() -> int:
             lines.append("| nvitop-exporter | not installed | | |")
     finally:
         stop_pods(pods)
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        args.out.write_text(f"# Agent cost on a real GPU\n\n{report}\n")
+    publish("Agent cost on a real GPU", lines, args.out)
     return 0
 
 

@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_bench import agent_command, wait_for
-from bench.gpu_workloads import free_port, require_gpu, scrape, start_workload
+from bench.gpu_workloads import free_port, publish, require_gpu, scrape, start_workload
 from testkit.procstat import cpu_seconds, rss_mib
 
 SCRAPE_EVERY_S = 15.0
@@ -143,10 +143,7 @@ def main() -> int:
     finally:
         for process in workloads:
             process.kill()
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        args.out.write_text(f"# Sweep cost on a real GPU, against nvitop-exporter\n\n{report}\n")
+    publish("Sweep cost on a real GPU, against nvitop-exporter", lines, args.out)
     return 0
 
 

@@ -315,6 +315,14 @@ def start_agent(cluster: Cluster, port: int, ratio: float, *extra: str) -> subpr
     return agent
 
 
+def publish(title: str, lines: list[str], out: Path | None) -> None:
+    """Print a script's report, and write it to `out` as a Markdown page titled `title`."""
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        out.write_text(f"# {title}\n\n{text}\n")
+
+
 @dataclass
 class Report:
     """A validation's table and checks, printed and optionally written out."""
@@ -329,10 +337,7 @@ class Report:
 
     def finish(self, title: str, out: Path | None) -> int:
         """Print, write `out` if given; the exit status: 1 on any failed check."""
-        text = "\n".join(self.lines)
-        print(text)
-        if out is not None:
-            out.write_text(f"# {title}\n\n{text}\n")
+        publish(title, self.lines, out)
         print(f"\n{len(self.failures)} failed" if self.failures else "\nall checks passed")
         return 1 if self.failures else 0
 
