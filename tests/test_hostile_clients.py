@@ -218,6 +218,17 @@ def hold_connections(
 
 
 @contextmanager
+def serving_https(tmp_path: Path) -> Iterator[tuple[Agent, Scraper, Baseline, ssl.SSLContext]]:
+    """The agent serving HTTPS with testkit.certs' ECDSA P-256 key (the tls overlay's), a
+    scraper that trusts its CA (warmed), and a client context for the attackers' sockets."""
+    certs = make_certs(tmp_path / "pki")
+    with agent(tmp_path, "--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key)) as target:
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        scraper = Scraper(target.url.replace("http://", "https://"), context=context)
+        yield target, scraper, warm(scraper, target), context
+
+
+@contextmanager
 def password_protected(tmp_path: Path, rounds: int) -> Iterator[tuple[Agent, Scraper, Baseline]]:
     """The agent with one bcrypt user of cost `rounds`, and a scraper that knows the password (warmed)."""
     users = tmp_path / "users"
@@ -391,12 +402,7 @@ def test_a_wrong_password_flood_costs_little_and_never_slows_scrapes(tmp_path: P
 
 
 def test_incomplete_tls_handshakes_are_cut(tmp_path: Path) -> None:
-    certs = make_certs(tmp_path / "pki")
-    with agent(tmp_path, "--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key)) as target:
-        context = ssl.create_default_context(cafile=str(certs.ca))
-        scraper = Scraper(target.url.replace("http://", "https://"), context=context)
-        baseline = warm(scraper, target)
-
+    with serving_https(tmp_path) as (target, scraper, baseline, _):
         held = threading.Event()
 
         def handshakes() -> None:
@@ -755,11 +761,7 @@ def test_a_flood_of_complete_tls_handshakes_leaves_the_scraper_its_scrapes(tmp_p
     # 48 clients completing handshakes as fast as they can and sending nothing, with the
     # key the tls overlay asks for (ECDSA P-256, which testkit.certs makes). A completed
     # handshake with no request is quiet: it is shed for a newcomer after quiet_after_s.
-    certs = make_certs(tmp_path / "pki")
-    with agent(tmp_path, "--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key)) as target:
-        context = ssl.create_default_context(cafile=str(certs.ca))
-        scraper = Scraper(target.url.replace("http://", "https://"), context=context)
-        baseline = warm(scraper, target)
+    with serving_https(tmp_path) as (target, scraper, baseline, context):
         handshakes = [0]
         stop = time.monotonic() + 8
 
