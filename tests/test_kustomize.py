@@ -50,7 +50,7 @@ ADDED_TERMS: dict[str, set[tuple[str, str, tuple[str, ...]]]] = {
     "hami": {("gpu", "In", ("on",))},
 }
 KUBELET_ROOTS = {"k0s": "/var/lib/k0s/kubelet", "microk8s": "/var/snap/microk8s/common/var/lib/kubelet"}
-CRD_KINDS = {"PodMonitor", "PrometheusRule", "SecurityContextConstraints"}
+CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "SecurityContextConstraints"}
 KUBERNETES_VERSION = "1.37.0"
 
 

@@ -1,0 +1,66 @@
+"""The chart, rendered by the real helm (scripts/install-helm.py puts it in the venv)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testkit.agent import ROOT, tool
+
+CHART = ROOT / "charts" / "otel-vgpu"
+RELEASE = NAMESPACE = "otel-vgpu"
+# The flavours: ci/<overlay>-values.yaml renders what kustomize/overlays/<overlay> renders.
+FLAVOURS = sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))
+# What a cluster with the Prometheus Operator's and OpenShift's CRDs lists (group/version/Kind).
+CUSTOM_KINDS = (
+    "monitoring.coreos.com/v1/PodMonitor",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+    "security.openshift.io/v1/SecurityContextConstraints",
+)
+
+
+def helm(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    binary = tool("helm")
+    assert binary, "helm comes with ./scripts/test.sh (scripts/install-helm.py)"
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / "otel-vgpu-helm-home"
+    env = {
+        **os.environ,
+        # No helm call may reach a cluster, and none writes the user's own helm settings.
+        "KUBECONFIG": "/dev/null",
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    return subprocess.run([binary, *map(str, args)], capture_output=True, text=True, check=False, env=env, cwd=cwd)
+
+
+def values_file(flavour: str) -> Path:
+    return CHART / "ci" / f"{flavour}-values.yaml"
+
+
+@functools.cache
+def template(*args: str, chart: Path = CHART) -> str:
+    """`helm template` of the release as the README installs it, with the cluster's custom kinds listed."""
+    kinds = [f"--api-versions={kind}" for kind in CUSTOM_KINDS]
+    result = helm("template", RELEASE, chart, "--namespace", NAMESPACE, *kinds, *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def flavour_args(flavour: str) -> tuple[str, ...]:
+    return () if flavour == "defaults" else ("--values", str(values_file(flavour)))
+
+
+def docs(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def chart_daemonset(*args: str) -> dict[str, Any]:
+    (found,) = [d for d in docs(template(*args)) if d["kind"] == "DaemonSet"]
+    return found

@@ -1,0 +1,457 @@
+"""The Helm chart, with the real helm: it lints, renders what kustomize renders,
+refuses bad values with a message that names them, asks the cluster for the
+custom kinds it renders, and upgrades without touching the DaemonSet's selector."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from testkit.agent import ROOT
+
+from .helm import CHART, FLAVOURS, NAMESPACE, RELEASE, chart_daemonset, docs, flavour_args, helm, template
+from .helm import values_file as ci_values
+from .test_kustomize import OVERLAYS, render, validate_strictly
+
+# Helm's standard labels, which kustomize's objects do not carry, and kustomize's
+# part-of, which the chart's selectors leave out (they name the release instead).
+HELM_LABELS = {
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+}
+PART_OF = "app.kubernetes.io/part-of"
+NAME = "app.kubernetes.io/name"
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "SecurityContextConstraints"}
+# kustomize's configMapGenerator appends a hash of the content to the name.
+GENERATED = re.compile(r"^(otel-vgpu-allocation|otel-vgpu-collector)-[a-z0-9]{10}$")
+
+
+def _labels(labels: dict[str, str], drop: set[str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k not in drop}
+
+
+def _walk(node: Any) -> Any:
+    """Label maps inside specs (selectors, pod templates) without Helm's and
+    kustomize's bookkeeping; generated ConfigMap names without their hash."""
+    if isinstance(node, list):
+        return [_walk(item) for item in node]
+    if isinstance(node, str):
+        match = GENERATED.match(node)
+        return match.group(1) if match else node
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        kept = value
+        is_label_map = isinstance(value, dict) and value and all(isinstance(v, str) for v in value.values())
+        if key in ("matchLabels", "labels", "selector") and is_label_map:
+            kept = _labels(value, HELM_LABELS | {PART_OF})
+        if key == "annotations" and isinstance(value, dict):
+            # The chart's checksum annotations roll the pods where kustomize's hashed names do.
+            kept = {k: v for k, v in value.items() if not k.startswith("checksum/")}
+            if not kept:
+                continue
+        out[key] = _walk(kept)
+    return out
+
+
+def normalise(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    meta = doc["metadata"]
+    # Every object's own labels: what is left once the standard ones go (release, Pod Security, ...).
+    labels = _labels(meta.pop("labels", {}), HELM_LABELS | {PART_OF, NAME})
+    if labels:
+        meta["labels"] = labels
+    if doc["kind"] in CLUSTER_SCOPED:
+        meta.pop("namespace", None)  # kustomize sets it on kinds it does not know to be cluster-scoped
+    spec = doc.get("spec")
+    result: dict[str, Any] = _walk({k: v for k, v in doc.items() if k not in ("metadata", "spec")})
+    result["metadata"] = _walk(meta)
+    if spec is not None:
+        result["spec"] = _walk(spec)
+    return result
+
+
+def by_object(documents: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    out = {}
+    for document in documents:
+        normal = normalise(document)
+        out[(normal["kind"], normal["metadata"]["name"])] = normal
+    return out
+
+
+def kustomize_target(flavour: str) -> str:
+    return "base" if flavour == "defaults" else flavour
+
+
+def test_every_overlay_has_its_values_file() -> None:
+    assert FLAVOURS == OVERLAYS
+
+
+@pytest.mark.parametrize("flavour", ["defaults", *FLAVOURS])
+def test_chart_renders_what_kustomize_renders(flavour: str) -> None:
+    # The namespace is Helm's to create (--create-namespace); rendered, it must say what kustomize's says.
+    chart = by_object(docs(template(*flavour_args(flavour), "--set", "namespace.create=true")))
+    kustomized = by_object(render(kustomize_target(flavour)))
+    assert sorted(chart) == sorted(kustomized)
+    for key, expected in kustomized.items():
+        if chart[key] != expected:
+            diff = difflib.unified_diff(
+                yaml.safe_dump(expected).splitlines(), yaml.safe_dump(chart[key]).splitlines(), "kustomize", "chart"
+            )
+            pytest.fail(f"{key}:\n" + "\n".join(diff))
+
+
+def test_the_comparison_sees_a_change_to_either_side() -> None:
+    base = by_object(render("base"))
+    chart = by_object(docs(template("--set", "namespace.create=true")))
+    assert chart == base
+    changed = by_object(docs(template("--set", "namespace.create=true", "--set", "resources.limits.memory=256Mi")))
+    assert changed != base
+    assert by_object(docs(template("--set", "namespace.create=true", "--set", "ratio=2"))) != base
+
+
+def test_defaults_leave_the_namespace_to_helm() -> None:
+    assert [d for d in docs(template()) if d["kind"] == "Namespace"] == []
+    (namespace,) = [d for d in docs(template("--set", "namespace.create=true")) if d["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == NAMESPACE
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+@pytest.mark.parametrize("flavour", ["defaults", *FLAVOURS])
+def test_lints_strictly(flavour: str) -> None:
+    # helm lint has no cluster and no --api-versions: the custom kinds are taken as given.
+    result = helm("lint", "--strict", CHART, *flavour_args(flavour), "--set", "checkApiVersions=false")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+# Values no flavour file sets, each rendered and validated too.
+EXTRA_RENDERS = {
+    "service-monitor": ("--set", "prometheus.monitor.enabled=true", "--set", "prometheus.rules.enabled=true"),
+    "mutual-tls-and-auth-apart": (
+        "--set", "tls.enabled=true", "--set", "tls.clientCA=true",
+        "--set", "basicAuth.enabled=true", "--set", "basicAuth.secretName=otel-vgpu-users",
+        "--set", "prometheus.podMonitor.enabled=true",
+    ),
+    "basic-auth-alone": ("--set", "basicAuth.enabled=true", "--set", "basicAuth.secretName=otel-vgpu-users"),
+    "every-option": (
+        "--set", "nodes.presets={eks,aks,gke,hami}", "--set", "gpuOperator.clientLabel=true",
+        "--set", "runtime.deviceListVolumeMount=true", "--set", "kubelet.rootDir=/var/lib/k0s/kubelet",
+        "--set", "ratio=4", "--set", "seedMetrics=true", "--set", "otlp.endpoint=http://collector.observability:4317",
+        "--set", "image.digest=sha256:" + "ab" * 32, "--set", "imagePullSecrets[0].name=regcred",
+        "--set", "extraArgs={--by-container}", "--set", "env.OTEL_VGPU_LOG_LEVEL=debug",
+        "--set", "podAnnotations.example\\.com/team=gpu", "--set", "podLabels.team=gpu",
+        "--set", "priorityClassName=", "--set", "service.clusterIP=", "--set", "service.internalTrafficPolicy=Local",
+        "--set", "service.port=9400", "--set", "nodeSelector.pool=gpu", "--set", "namespace.create=true",
+        "--set", "fullnameOverride=gpu-usage", "--set", "serviceAccount.annotations.example\\.com/role=reader",
+        "--set-json", 'initContainers=[{"name":"wait","image":"busybox:1.37","command":["true"]}]',
+        "--set-json", 'extraVolumes=[{"name":"extra","emptyDir":{}}]',
+        "--set-json", 'extraVolumeMounts=[{"name":"extra","mountPath":"/extra","readOnly":true}]',
+        "--set-json",
+        'prometheus.podMonitor.metricRelabelings=[{"action":"drop","regex":"process_.*","sourceLabels":["__name__"]}]',
+        "--set-json", 'prometheus.podMonitor.relabelings=[{"targetLabel":"cluster","replacement":"east"}]',
+        "--set", "prometheus.podMonitor.enabled=true", "--set", "prometheus.podMonitor.additionalLabels.team=gpu",
+        "--set", "prometheus.release=",
+    ),
+    "all-nodes": ("--set", "nodes.all=true"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("flavour", ["defaults", *FLAVOURS, *EXTRA_RENDERS])
+def test_every_render_validates_strictly(flavour: str, tmp_path: Path) -> None:
+    args = EXTRA_RENDERS.get(flavour) or flavour_args(flavour)
+    validate_strictly(template(*args), tmp_path / f"{flavour}.yaml")
+
+
+def test_the_values_each_render_does_what_it_says() -> None:
+    ds = chart_daemonset(*EXTRA_RENDERS["every-option"])
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert ds["metadata"]["name"] == "gpu-usage"
+    assert container["image"] == "ghcr.io/otel-vgpu/otel-vgpu@sha256:" + "ab" * 32
+    assert container["args"][-1] == "--by-container" and "--port=9400" in container["args"]
+    assert container["ports"][0]["containerPort"] == 9400
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["OTEL_VGPU_LOG_LEVEL"] == "debug" and env["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://collector.")
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.deploy.client": "true", "pool": "gpu"}
+    assert "priorityClassName" not in pod and pod["initContainers"][0]["name"] == "wait"
+    request = {"name": "nvidia-device-request", "mountPath": "/var/run/nvidia-container-devices/all", "readOnly": True}
+    assert request in container["volumeMounts"]
+    k0s = {"path": "/var/lib/k0s/kubelet/pod-resources", "type": "DirectoryOrCreate"}
+    assert {"name": "pod-resources", "hostPath": k0s} in pod["volumes"]
+    rendered = docs(template(*EXTRA_RENDERS["every-option"]))
+    (monitor,) = [d for d in rendered if d["kind"] == "PodMonitor"]
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["relabelings"][-1]["targetLabel"] == "cluster", "the user's after the chart's own"
+    assert endpoint["relabelings"][1] == {"action": "labeldrop", "regex": "namespace|pod|container"}
+    assert endpoint["metricRelabelings"][0]["action"] == "drop"
+    assert "release" not in monitor["metadata"]["labels"] and monitor["metadata"]["labels"]["team"] == "gpu"
+    (service,) = [d for d in rendered if d["kind"] == "Service"]
+    assert service["spec"]["internalTrafficPolicy"] == "Local" and "clusterIP" not in service["spec"]
+    (configmap,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+    assert [line for line in configmap["data"]["gpu_allocation.txt"].splitlines() if not line.startswith("#")] == ["4"]
+    # mutual TLS, and basic auth from a Secret of its own
+    apart = chart_daemonset(*EXTRA_RENDERS["mutual-tls-and-auth-apart"])
+    (container,) = apart["spec"]["template"]["spec"]["containers"]
+    assert "--tls-client-ca-file=/etc/otel-vgpu-tls/ca.crt" in container["args"]
+    assert "--basic-auth-file=/etc/otel-vgpu-auth/users" in container["args"]
+    volumes = apart["spec"]["template"]["spec"]["volumes"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in volumes if "secret" in v}
+    assert secrets == {"tls": "otel-vgpu-tls", "basic-auth": "otel-vgpu-users"}
+    (monitor,) = [d for d in docs(template(*EXTRA_RENDERS["mutual-tls-and-auth-apart"])) if d["kind"] == "PodMonitor"]
+    assert monitor["spec"]["podMetricsEndpoints"][0]["scheme"] == "https"
+    assert "affinity" not in chart_daemonset(*EXTRA_RENDERS["all-nodes"])["spec"]["template"]["spec"]
+
+
+# Bad values: refused by the schema at lint, template and install, with the value's path and what is valid.
+BAD_VALUES = [
+    (("--set", "ratio=1.5"), "at '/ratio'", "^(auto|[1-9][0-9]*)$"),
+    (("--set", "ratio=0"), "at '/ratio'", "want 1"),
+    (("--set-string", "ratio=two"), "at '/ratio'", "^(auto|[1-9][0-9]*)$"),
+    (("--set", "runtime.mode=nvidia"), "at '/runtime/mode'", "'runtimeClass', 'default', 'nri', 'gke'"),
+    (("--set", "nodes.presets={eks,azure}"), "at '/nodes/presets/1'", "'eks', 'aks', 'gke', 'hami'"),
+    (("--set", "imagee.tag=1"), "at ''", "'imagee' not allowed"),
+    (("--set", "image.tagg=1"), "at '/image'", "'tagg' not allowed"),
+    (("--set", "prometheus.podMonitor.intervall=30s"), "at '/prometheus/podMonitor'", "'intervall' not allowed"),
+    (("--set", "service.internalTrafficPolicy=Nearest"), "at '/service/internalTrafficPolicy'", "'Cluster', 'Local'"),
+    (("--set", "kubelet.rootDir=var/lib/kubelet"), "at '/kubelet/rootDir'", "'^/'"),
+]
+
+
+def refusal(command: str, args: tuple[str, ...]) -> str:
+    if command == "lint":
+        result = helm("lint", CHART, *args)
+    elif command == "template":
+        result = helm("template", RELEASE, CHART, *args)
+    else:
+        result = helm("install", RELEASE, CHART, "--namespace", NAMESPACE, "--dry-run=client", *args)
+    assert result.returncode != 0, f"helm {command} accepted {args}"
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("command", ["lint", "template", "install"])
+@pytest.mark.parametrize(("args", "where", "valid"), BAD_VALUES, ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_bad_values_are_refused_naming_the_value_and_what_is_valid(
+    command: str, args: tuple[str, ...], where: str, valid: str
+) -> None:
+    message = refusal(command, args)
+    assert where in message and valid in message, message
+
+
+def test_free_form_maps_stay_free_and_good_values_pass() -> None:
+    result = helm(
+        "template", RELEASE, CHART,
+        "--set-string", "podAnnotations.anything\\.example/x=1", "--set", "podLabels.any=thing",
+        "--set", "nodeSelector.any=thing", "--set", "env.ANY=thing", "--set", "ratio=12", "--set-string", "ratio=3",
+        "--set-json", 'affinity={"podAntiAffinity":{}}', "--set-json", 'resources={"requests":{"cpu":"1"}}',
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_schema_knows_every_value_and_no_other() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    # Maps the user fills (labels, annotations, resources, ...) are values, not the chart's keys.
+    free = {"resources", "updateStrategy", "nodeSelector", "affinity", "env"}
+
+    def keys(node: dict[str, Any], prefix: str = "") -> set[str]:
+        found = set()
+        for key, value in node.items():
+            found.add(prefix + key)
+            owned = key not in free and not key.lower().endswith(("labels", "annotations"))
+            if isinstance(value, dict) and value and owned:
+                found |= keys(value, f"{prefix}{key}.")
+        return found
+
+    def schema_keys(node: dict[str, Any], prefix: str = "") -> set[str]:
+        found = set()
+        for key, sub in node.get("properties", {}).items():
+            found.add(prefix + key)
+            if sub.get("additionalProperties") is False:
+                found |= schema_keys(sub, f"{prefix}{key}.")
+        return found
+
+    assert schema.get("additionalProperties") is False
+    assert keys(values) == schema_keys(schema) - {"global"}  # global: Helm's own, for a parent chart
+
+
+# The custom kinds: rendered only when asked, and then only where the API has the exact kind.
+MONITORS = [
+    ("prometheus.podMonitor.enabled", "monitoring.coreos.com/v1/PodMonitor", "PodMonitor"),
+    ("prometheus.monitor.enabled", "monitoring.coreos.com/v1/ServiceMonitor", "ServiceMonitor"),
+    ("prometheus.rules.enabled", "monitoring.coreos.com/v1/PrometheusRule", "PrometheusRule"),
+    ("openshift.scc", "security.openshift.io/v1/SecurityContextConstraints", "SecurityContextConstraints"),
+]
+
+
+HELM_HINT = "Use --debug flag to render out invalid YAML"
+
+
+def test_custom_kinds_render_only_when_asked() -> None:
+    kinds = {d["kind"] for d in docs(template())}
+    assert not kinds & {kind for _, _, kind in MONITORS}
+
+
+@pytest.mark.parametrize(("value", "api", "kind"), MONITORS, ids=[m[2] for m in MONITORS])
+def test_a_custom_kind_missing_from_the_api_fails_in_one_line(value: str, api: str, kind: str) -> None:
+    group = api.rsplit("/", 1)[0]
+    for command in ("template", "install"):
+        head: list[str | Path] = ["template", RELEASE, CHART]
+        if command == "install":
+            head = ["install", RELEASE, CHART, "--namespace", NAMESPACE, "--dry-run=client"]
+        # No such API at all; for template, which can be told what the API lists, also the
+        # group with other kinds only. (install asks the cluster; --dry-run=client lists none.)
+        missing: list[tuple[str, ...]] = [()]
+        if command == "template":
+            missing += [("--api-versions", group), ("--api-versions", f"{group}/SomethingElse")]
+        for listed in missing:
+            result = helm(*head, "--set", f"{value}=true", *listed)
+            assert result.returncode != 0, (command, listed)
+            # One line of the chart's; helm template adds its own hint after it.
+            (line,) = [line for line in result.stderr.splitlines() if line.strip() and line != HELM_HINT]
+            assert line.startswith("Error: ") and f"{value} is on, but the cluster's API has no {api}" in line, line
+        # the exact kind listed, or the check turned off for an offline render
+        present: list[tuple[str, ...]] = [("--set", "checkApiVersions=false")]
+        if command == "template":
+            present.append(("--api-versions", api))
+        for offline in present:
+            result = helm(*head, "--set", f"{value}=true", *offline)
+            assert result.returncode == 0, result.stderr
+            assert f"kind: {kind}\n" in result.stdout
+
+
+# Upgrades.
+def selector(*args: str, chart: Path = CHART) -> dict[str, Any]:
+    (ds,) = [d for d in docs(template(*args, chart=chart)) if d["kind"] == "DaemonSet"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    return dict(ds["spec"]["selector"])
+
+
+def test_the_selector_never_changes_with_values_or_chart_versions(tmp_path: Path) -> None:
+    expected = {"matchLabels": {"app.kubernetes.io/name": "otel-vgpu", "app.kubernetes.io/instance": RELEASE}}
+    for flavour in ("defaults", *FLAVOURS):
+        assert selector(*flavour_args(flavour)) == expected, flavour
+    for args in EXTRA_RENDERS.values():
+        assert selector(*args) == expected, args
+    # A later chart and agent version: the template's labels may move, the selector may not.
+    later = tmp_path / "otel-vgpu"
+    shutil.copytree(CHART, later)
+    chart_yaml = later / "Chart.yaml"
+    text = chart_yaml.read_text()
+    text = re.sub(r"(?m)^version: .*$", "version: 9.8.7", text)
+    text = re.sub(r"(?m)^appVersion: .*$", 'appVersion: "9.8.7"', text)
+    chart_yaml.write_text(text)
+    assert selector(chart=later) == expected
+    (ds,) = [d for d in docs(template(chart=later)) if d["kind"] == "DaemonSet"]
+    assert ds["metadata"]["labels"]["helm.sh/chart"] == "otel-vgpu-9.8.7", "the copy is the later version"
+
+
+def test_a_new_ratio_rolls_the_pods_and_nothing_else_does() -> None:
+    def pod_template(*args: str) -> dict[str, Any]:
+        return dict(chart_daemonset(*args)["spec"]["template"])
+
+    auto, two = pod_template(), pod_template("--set", "ratio=2")
+    assert auto["metadata"]["annotations"]["checksum/ratio"] != two["metadata"]["annotations"]["checksum/ratio"]
+    del auto["metadata"]["annotations"]["checksum/ratio"], two["metadata"]["annotations"]["checksum/ratio"]
+    assert auto == two, "only the checksum moves"
+    assert pod_template("--set", "ratio=2") == pod_template("--set-string", "ratio=2")
+
+
+def test_helm_packages_the_chart_and_the_archive_renders_the_same(tmp_path: Path) -> None:
+    result = helm("package", CHART, "--destination", tmp_path)
+    assert result.returncode == 0, result.stderr
+    archive = tmp_path / "otel-vgpu-0.2.0.tgz"
+    assert archive.exists(), result.stdout
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"otel-vgpu/Chart.yaml", "otel-vgpu/values.schema.json", "otel-vgpu/files/otel-vgpu-rules.yaml"} <= names
+    assert not [n for n in names if "/ci/" in n or n.endswith(".helmignore")], "test values stay out of the package"
+    assert template(chart=archive) == template()
+
+
+def test_the_chart_ships_the_tested_rules_and_collector_config() -> None:
+    files = CHART / "files"
+    assert (files / "otel-vgpu-rules.yaml").read_text() == (ROOT / "deploy/prometheus/otel-vgpu-rules.yaml").read_text()
+    assert (files / "collector-gateway.yaml").read_text() == (ROOT / "collector-config/gateway/config.yaml").read_text()
+
+
+def test_ci_values_files_are_what_the_readme_offers() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for flavour in FLAVOURS:
+        assert str(ci_values(flavour).relative_to(ROOT)) in readme, flavour
+
+
+# The README: the values table, the schema's refusal it quotes, the commands of the move from kustomize.
+def _values_table_module() -> Any:
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("gen_values_table", ROOT / "scripts" / "gen-values-table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_values_table_is_made_from_values_yaml() -> None:
+    module = _values_table_module()
+    text = (CHART / "values.yaml").read_text()
+    table = module.values_table(text)
+    assert table in (ROOT / "README.md").read_text(), "regenerate it: .venv/bin/python scripts/gen-values-table.py"
+    # every leaf value has a row (or sits inside a documented one)
+    documented = {key for key, _ in module.rows(text)}
+    values = yaml.safe_load(text)
+
+    def leaves(node: dict[str, Any], prefix: str = "") -> set[str]:
+        out = set()
+        for key, value in node.items():
+            if isinstance(value, dict) and value and prefix + key not in documented:
+                out |= leaves(value, f"{prefix}{key}.")
+            else:
+                out.add(prefix + key)
+        return out
+
+    assert leaves(values) == documented
+
+
+def test_a_value_without_a_comment_stops_the_table() -> None:
+    module = _values_table_module()
+    with pytest.raises(ValueError, match=r"values.yaml:4: image.tag has no `# --` comment"):
+        module.rows("image:\n  # -- Registry.\n  registry: ghcr.io\n  tag: latest\n")
+
+
+def test_the_refusal_the_readme_quotes_is_helms() -> None:
+    quoted = re.search(r"```text\n(Error: values don't meet.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    assert quoted, "the README quotes a refusal"
+    result = helm("template", RELEASE, CHART, "--set", "runtime.mode=nvidia")
+    assert result.returncode != 0
+    assert quoted.group(1).strip() in result.stderr
+
+
+def test_the_readmes_replace_step_deletes_all_but_the_namespace() -> None:
+    readme = (ROOT / "README.md").read_text()
+    (line,) = [s.strip() for s in readme.splitlines() if s.strip().startswith("kubectl kustomize kustomize/overlays/")]
+    assert line.endswith("| kubectl delete -f -")
+    # What kubectl delete would be given, from the overlay it names.
+    ran = subprocess.run(
+        ["bash", "-c", line.removesuffix("| kubectl delete -f -") + "| cat"],
+        capture_output=True, text=True, check=True, cwd=ROOT, env={**os.environ, "KUBECONFIG": "/dev/null"},
+    )  # fmt: skip
+    overlay = line.split()[2].removeprefix("kustomize/overlays/")
+    deleted = {(d["kind"], d["metadata"]["name"]) for d in docs(ran.stdout)}
+    made = {(d["kind"], d["metadata"]["name"]) for d in render(overlay)}
+    assert deleted == {key for key in made if key[0] != "Namespace"} and deleted
