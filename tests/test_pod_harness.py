@@ -30,6 +30,7 @@ from testkit.pod_harness import Cluster as HarnessCluster
 from testkit.pod_harness import Pod, PodHarness
 from testkit.promtext import Exposition, parse
 
+from .helm import flavour_args, template
 from .test_kubernetes import NODE, SCENARIO, U0, U1, populate
 from .test_kustomize import KUBELET_ROOTS, rendered_text
 
@@ -88,13 +89,20 @@ def doubles(workdir: Path) -> Iterator[tuple[KubeApiDouble, KubeletDouble, Path]
     api.stop()
 
 
+def manifest_text(target: str) -> str:
+    """A kustomize target's render, or for `chart:<flavour>` the chart's with that flavour's values."""
+    if target.startswith("chart:"):
+        return template(*flavour_args(target.removeprefix("chart:")))
+    return rendered_text(target)
+
+
 def run_pod(
     target: str, workdir: Path, doubles: tuple[KubeApiDouble, KubeletDouble, Path], drop_host_pid: bool = False
 ) -> PodRun:
     assert os.geteuid() == 0, "the pod harness makes namespaces and mounts: run as root (CI does)"
     api, kubelet, ca = doubles
-    manifest = workdir / f"{target}.yaml"
-    manifest.write_text(rendered_text(target))
+    manifest = workdir / f"{target.replace(':', '-')}.yaml"
+    manifest.write_text(manifest_text(target))
     scenario = workdir / "node.yaml"
     scenario.write_text(SCENARIO)
     port = free_port()
@@ -194,11 +202,18 @@ def test_non_root_overlay_loses_the_kubelets_shares_as_documented(
     assert ("web", "idle-0") not in run.pods()
 
 
-# The overlays for clusters, each as the pod it renders: what differs in the pod
-# spec (node choice, runtime, annotations, the kubelet's root, SCC) must not cost
-# the agent its isolation or its view. The node choice and the runtime are the
-# scheduler's and the runtime's business: here, that nothing else changed.
-@pytest.mark.parametrize("target", ["gpu-operator", "eks", "aks", "hami", "k0s", "microk8s", "openshift-nri"])
+# The overlays for clusters, each as the pod it renders, and the chart with its
+# defaults and flavours' values: what differs in the pod spec (node choice,
+# runtime, annotations, the kubelet's root, SCC) must not cost the agent its
+# isolation or its view. The node choice and the runtime are the scheduler's and
+# the runtime's business: here, that nothing else changed.
+@pytest.mark.parametrize(
+    "target",
+    [
+        *("gpu-operator", "eks", "aks", "hami", "k0s", "microk8s", "openshift-nri"),
+        *("chart:defaults", "chart:gpu-operator", "chart:eks", "chart:k0s", "chart:openshift-nri"),
+    ],
+)
 def test_cluster_overlays_as_deployed_see_every_pod_with_the_kubelets_shares(
     target: str, workdir: Path, doubles: tuple[KubeApiDouble, KubeletDouble, Path]
 ) -> None:
