@@ -27,15 +27,16 @@ DOCS = ("README.md", "docs/*.md", "kustomize/README.md", "collector-config/**/*.
 _FENCE = re.compile(r"^```(sh|bash|shell|console)\n(.*?)^```", re.S | re.M)
 _ANY_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _INLINE = re.compile(
-    r"`((?:\.venv/bin/|\./scripts/|python3? |pytest |pip |kubectl |promtool |curl |docker |podman )[^`]*)`"
+    r"`((?:\.venv/bin/|\./scripts/|python3? |pytest |pip |kubectl |helm |promtool |curl |docker |podman )[^`]*)`"
 )
 # Tokens that are not paths of this repository: options, URLs, variables, placeholders,
 # absolute paths of the machine it runs on, images.
-_NOT_A_PATH = re.compile(r"^(-|\$|<|http|/|~|registry\.|[\w.-]+:[\w.-]+$|[\w.-]+:\d+(/|$))|[=*?{}\[\]<>$]")
+_NOT_A_PATH = re.compile(r"^(-|\$|<|http|oci://|/|~|registry\.|[\w.-]+:[\w.-]+$|[\w.-]+:\d+(/|$))|[=*?{}\[\]<>$]")
 # What runs on a GPU node as root, with that machine's own python3 (bench/README.md).
 _GPU_SCRIPT = re.compile(r"^bench/gpu_\w+\.py$")
-# Options whose value is a file the command writes, which need not exist yet.
-_OUTPUT_OPTIONS = {"--out", "-o", "--output", "-t"}
+# Options whose value is no file of this repository: a file the command writes,
+# which need not exist yet, or an API's group/version/Kind (helm --api-versions).
+_OUTPUT_OPTIONS = {"--out", "-o", "--output", "-t", "--api-versions"}
 
 
 @dataclass(frozen=True, slots=True)

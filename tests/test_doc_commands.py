@@ -5,6 +5,9 @@ What runs here, and how:
 - the README's first command, as written, in a fresh copy of the repository: the agent
   it starts serves the simulated node's figures;
 - `kubectl kustomize ...`, as written: it renders;
+- `helm template`, `lint` and `package`, as written, and `helm install` and `upgrade` as
+  `helm template` with the same arguments (every install flag is one of template's), the
+  cluster's custom kinds listed: the chart renders with those values and flags;
 - `.venv/bin/pytest ...`: its selection, collected (the suite runs the tests themselves);
 - `.venv/bin/python bench/...` of the scripts that need no GPU: as written, except those
   whose full run takes minutes (SLOW_BENCHES), which answer `--help`: that proves they
@@ -27,6 +30,8 @@ import pytest
 from testkit.agent import clean_env, free_port, get, wait_until
 from testkit.doc_commands import ROOT, DocCommand, commands, doc_files, problems, words
 
+from .helm import CUSTOM_KINDS, helm
+
 ALL = [command for doc in doc_files() for command in commands(doc)]
 # Benchmarks whose full run is minutes long, or needs what CI does not install.
 SLOW_BENCHES = {
@@ -42,6 +47,8 @@ def how(command: DocCommand) -> str:
     first = words(command.text)[0]
     if first[:2] == ["kubectl", "kustomize"] and len(first) > 2:
         return "run"
+    if first[0] == "helm" and first[1:2] in (["template"], ["lint"], ["package"], ["install"], ["upgrade"]):
+        return "helm"
     if first[0] == ".venv/bin/pytest":
         return "collect"
     if first[0] == ".venv/bin/python" and len(first) > 1 and first[1].startswith("bench/"):
@@ -50,7 +57,7 @@ def how(command: DocCommand) -> str:
 
 
 def test_there_are_commands_to_check() -> None:
-    assert {how(c) for c in ALL} == {"run", "collect", "help", "bench", "check"}
+    assert {how(c) for c in ALL} == {"run", "helm", "collect", "help", "bench", "check"}
     assert any(c.doc.name == "README.md" and c.line < 20 for c in ALL), "the README's two commands"
 
 
@@ -100,6 +107,22 @@ def test_kustomize_commands_render_as_written(command: DocCommand, tmp_path: Pat
     written = [p for p in tree.iterdir() if not p.is_symlink()]
     rendered = written[0].read_text() if written else ran.stdout
     assert "kind: DaemonSet" in rendered
+
+
+@pytest.mark.parametrize("command", [c for c in ALL if how(c) == "helm"], ids=lambda c: c.where)
+def test_helm_commands_render_as_written_without_a_cluster(command: DocCommand, tmp_path: Path) -> None:
+    tree = scratch_tree(tmp_path)
+    argv = words(command.text)[0]
+    if argv[1] in ("install", "upgrade"):
+        argv = ["helm", "template", *argv[2:], *(f"--api-versions={kind}" for kind in CUSTOM_KINDS)]
+    ran = helm(*argv[1:], cwd=tree)
+    assert ran.returncode == 0, ran.stderr
+    if argv[1] == "lint":
+        assert "0 chart(s) failed" in ran.stdout
+    elif argv[1] == "package":
+        assert list(tree.glob("otel-vgpu-*.tgz")), ran.stdout
+    else:
+        assert "kind: DaemonSet" in ran.stdout
 
 
 @pytest.mark.parametrize("command", [c for c in ALL if how(c) == "collect"], ids=lambda c: c.where)
