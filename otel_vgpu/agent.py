@@ -36,6 +36,7 @@ from otel_vgpu.allocation.shares import AllocationSource, UnknownAllocation
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_DRIVER_CHANGED, EXIT_NO_GPU, EXIT_USAGE, Config
 from otel_vgpu.export.auth import BasicAuth
+from otel_vgpu.files import MAX_PEM_BYTES, FileProblem, read_regular
 from otel_vgpu.gpu.backend import GpuBackend
 from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
@@ -328,7 +329,7 @@ class Agent:
             def load_tls() -> ssl.SSLContext:
                 try:
                     return tls_context(cert, key, ca)
-                except (OSError, ssl.SSLError) as error:
+                except (FileProblem, OSError, ssl.SSLError) as error:
                     raise ValueError(tls_problem(config, error)) from None
 
             paths = [cert, key, *([ca] if ca else [])]
@@ -379,7 +380,7 @@ def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth
     if config.tls_cert_file is not None and config.tls_key_file is not None:
         try:
             context = tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
-        except (OSError, ssl.SSLError) as error:
+        except (FileProblem, OSError, ssl.SSLError) as error:
             raise ValueError(tls_problem(config, error)) from None
     auth = None
     if config.basic_auth_file is not None:
@@ -393,8 +394,8 @@ def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth
 def _pem_kinds(path: Path) -> set[str]:
     """The kinds of PEM block in a file (`CERTIFICATE`, `PRIVATE KEY`, ...); empty if unreadable."""
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
+        text = read_regular(path, MAX_PEM_BYTES).decode("latin-1")
+    except FileProblem:
         return set()
     return set(re.findall(r"-----BEGIN ([A-Z0-9 ]+)-----", text))
 
@@ -403,16 +404,11 @@ def tls_problem(config: Config, error: Exception) -> str:
     """One line saying which TLS file is wrong and what it should hold."""
     cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
     assert cert is not None and key is not None
+    if isinstance(error, FileProblem):
+        flags = {cert: "--tls-cert-file", key: "--tls-key-file", ca: "--tls-client-ca-file"}
+        return f"cannot read {flags.get(error.path, 'the TLS file')} {error.path}: {error.what}"
     if isinstance(error, OSError) and not isinstance(error, ssl.SSLError):
-        # ssl's load_cert_chain says "No such file or directory" without saying which file.
-        for flag, path in (("--tls-cert-file", cert), ("--tls-key-file", key), ("--tls-client-ca-file", ca)):
-            if path is None:
-                continue
-            try:
-                path.open("rb").close()
-            except OSError as unreadable:
-                return f"cannot read {flag} {path}: {unreadable.strerror or unreadable}"
-        return f"cannot read the TLS files ({cert}, {key}): {error.strerror or error}"
+        return f"cannot use the TLS files ({cert}, {key}): {error.strerror or error}"
     found = {path: _pem_kinds(path) for path in (cert, key, *([ca] if ca else []))}
     is_key = {kind for kind in found[cert] | found[key] if kind.endswith("PRIVATE KEY")}
 

@@ -174,11 +174,11 @@ def test_wrong_tls_files_are_named_with_what_they_should_hold(certs: Certs, rati
         ),
         (
             (certs.cert, tmp_path / "absent.pem"),
-            f"cannot read --tls-key-file {tmp_path / 'absent.pem'}: No such file or directory",
+            f"cannot read --tls-key-file {tmp_path / 'absent.pem'}: no such file",
         ),
         (
             (tmp_path / "gone.pem", certs.key),
-            f"cannot read --tls-cert-file {tmp_path / 'gone.pem'}: No such file or directory",
+            f"cannot read --tls-cert-file {tmp_path / 'gone.pem'}: no such file",
         ),
     ]
     for (cert, key), expected in cases:
@@ -339,3 +339,77 @@ def test_failures_spread_over_a_network_throttle_the_network_not_a_known_good_sc
 )
 def test_the_network_of_a_peer(peer: str, network: str) -> None:
     assert network_of(peer) == network
+
+
+def fifo_in_place_of(path: Path) -> None:
+    """A FIFO where the file was, as a misconfigured volume or a hostile neighbour leaves one."""
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("which", ["users", "cert", "key", "client-ca"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_a_credential_file_that_is_no_regular_file_stops_the_start_in_one_line(
+    which: str, kind: str, certs: Certs, users: Path, ratio_file: Path, tmp_path: Path
+) -> None:
+    # Each flag's file in turn: a FIFO (whose open would block the start for good), a link
+    # to /dev/zero (read until memory runs out), a directory. Exit 2, one line, at once.
+    files = {"users": users, "cert": certs.cert, "key": certs.key, "client-ca": certs.ca}
+    flags = {"users": "--basic-auth-file", "cert": "--tls-cert-file", "key": "--tls-key-file"}
+    target = tmp_path / f"bad-{which}"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dev-zero":
+        target.symlink_to("/dev/zero")
+    else:
+        target.mkdir()
+    files[which] = target
+    args = [
+        *tls_args(ratio_file, certs)[:3],
+        "--tls-cert-file",
+        str(files["cert"]),
+        "--tls-key-file",
+        str(files["key"]),
+    ]
+    args += ["--tls-client-ca-file", str(files["client-ca"]), "--basic-auth-file", str(files["users"])]
+    result = run_to_exit([*args, "--port", str(free_port())], timeout=20)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    what = {"fifo": "is a FIFO, not a regular file", "dev-zero": "is a character device, not a regular file"}
+    assert str(target) in lines[0] and what.get(kind, "is a directory, not a regular file") in lines[0], lines[0]
+    assert flags.get(which, "--tls-client-ca-file") in lines[0] or which == "users", lines[0]
+
+
+def test_credential_files_turned_fifo_or_endless_on_reload_keep_the_last_and_never_freeze_the_others(
+    certs: Certs, tmp_path: Path, ratio_file: Path
+) -> None:
+    users = tmp_path / "users"
+    users.write_text("alice:" + bcrypt.hashpw(b"first", bcrypt.gensalt(rounds=4)).decode() + "\n")
+    args = tls_args(ratio_file, certs, "--basic-auth-file", str(users))
+    with running_agent(*args, https_ca=certs.ca) as agent:
+        assert https_get(agent.url, certs.ca, ("alice", "first")) == 200
+        # The key becomes a FIFO: its reread must not block the thread the users file shares.
+        fifo_in_place_of(certs.key)
+        wait_until(lambda: credentials_errors(agent.url, certs.ca, ("alice", "first")) >= 1, what="the FIFO counted")
+        replace(users, "alice:" + bcrypt.hashpw(b"second", bcrypt.gensalt(rounds=4)).decode() + "\n")
+        wait_until(
+            lambda: (
+                https_get(agent.url, certs.ca, ("alice", "second")) == 200
+                and https_get(agent.url, certs.ca, ("alice", "first")) == 401
+            ),
+            what="the new users file in force while the key is a FIFO",
+        )
+        # The users file becomes a link to /dev/zero: refused, memory untouched, the last file kept.
+        before = credentials_errors(agent.url, certs.ca, ("alice", "second"))
+        users.unlink()
+        users.symlink_to("/dev/zero")
+        wait_until(
+            lambda: credentials_errors(agent.url, certs.ca, ("alice", "second")) > before, what="/dev/zero counted"
+        )
+        assert https_get(agent.url, certs.ca, ("alice", "second")) == 200, "the last good users file stays"
+        from testkit.procstat import rss_mib  # noqa: PLC0415
+
+        assert rss_mib(agent.process.pid) < 200, "the endless file was not read"
+        code, log = agent.stop()
+    assert code == 0
+    assert "is a FIFO, not a regular file" in log and "is a character device, not a regular file" in log, log

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from otel_vgpu.files import FileProblem, read_regular
 from otel_vgpu.gpu.backend import Device
 
 # A ratio file is one number; anything this large is not one, and reading it
@@ -72,27 +72,12 @@ def parse_ratio(text: str, source: str = "gpu_allocation.txt") -> float | None:
 def read_ratio(path: Path) -> float | None:
     """Read and parse the ratio file; every failure is a RatioFileError."""
     try:
-        # Non-blocking, and a regular file only: a FIFO or device in its
-        # place would otherwise block the sweep that reads it, for good.
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            mode = os.fstat(descriptor).st_mode
-            if stat.S_ISDIR(mode):
-                raise RatioFileError(f"{path}: is a directory, not a file; {_VALID}")
-            if not stat.S_ISREG(mode):
-                raise RatioFileError(f"{path}: not a regular file (a FIFO or a device, say); {_VALID}")
-            with os.fdopen(descriptor, "rb", closefd=False) as handle:
-                data = handle.read(MAX_FILE_BYTES + 1)
-        finally:
-            os.close(descriptor)
-    except FileNotFoundError:
-        raise RatioFileError(f"{path}: no such file; {_VALID}") from None
-    except IsADirectoryError:
-        raise RatioFileError(f"{path}: is a directory, not a file; {_VALID}") from None
-    except OSError as error:
-        raise RatioFileError(f"{path}: cannot be read ({error.strerror}); {_VALID}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise RatioFileError(f"{path}: larger than {MAX_FILE_BYTES} bytes, not a ratio file; {_VALID}")
+        # Non-blocking, a regular file only, under a bound (otel_vgpu/files.py): a FIFO
+        # in its place would otherwise block the sweep that reads it, for good.
+        data = read_regular(path, MAX_FILE_BYTES)
+    except FileProblem as problem:
+        what = f"{problem.what}, not a ratio file" if problem.what.startswith("is larger") else problem.what
+        raise RatioFileError(f"{path}: {what}; {_VALID}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -38,12 +38,16 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from otel_vgpu.files import FileProblem, read_regular
+
 log = logging.getLogger(__name__)
 
 _BCRYPT = re.compile(r"^\$2[aby]\$(?P<cost>\d{2})\$[./A-Za-z0-9]{53}$")
 _SHA256 = re.compile(r"^sha256:(?P<hex>[0-9a-fA-F]{64})$")
 _VALID = "expected user:hash, the hash bcrypt ($2b$<cost 04-31>$...) or sha256:<64 hex digits>"
 BCRYPT_MAX_PASSWORD_BYTES = 72
+# A users file of thousands of bcrypt lines is under 1 MiB; past that it is not one.
+MAX_USERS_FILE_BYTES = 1024 * 1024
 # A bcrypt check slower than this at start is worth a warning: each failed
 # login costs that much CPU until the peer is throttled.
 SLOW_CHECK_S = 0.1
@@ -101,11 +105,11 @@ def _cost(hashed: str) -> str:
 
 def load_users(path: Path) -> dict[str, str]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AuthFileError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise AuthFileError(f"{path}: cannot be read ({error})") from None
+        text = read_regular(path, MAX_USERS_FILE_BYTES).decode("utf-8")
+    except FileProblem as problem:
+        raise AuthFileError(str(problem)) from None
+    except UnicodeDecodeError as error:
+        raise AuthFileError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     users = parse_users(text, str(path))
     for user, hashed in users.items():
         # The hash must be one bcrypt can use: checked once, now, not on every request.

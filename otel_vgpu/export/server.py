@@ -28,6 +28,7 @@ import dataclasses
 import fcntl
 import gzip
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -48,6 +49,7 @@ from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict
 from otel_vgpu.export.exposition import Format, negotiate
 from otel_vgpu.export.memory import trim
 from otel_vgpu.export.telemetry import Telemetry
+from otel_vgpu.files import MAX_PEM_BYTES, read_regular
 from otel_vgpu.gpu.pidns import blind_message
 from otel_vgpu.wording import counted
 
@@ -340,14 +342,34 @@ def accepts_gzip(header: str) -> bool:
 
 def tls_context(cert_file: Path, key_file: Path, client_ca_file: Path | None) -> ssl.SSLContext:
     """A server context. With a client CA, a client certificate is asked for
-    and, if sent, must be signed by it; /metrics then requires one."""
+    and, if sent, must be signed by it; /metrics then requires one. The files
+    are read as every file the agent is given is (otel_vgpu/files.py), and
+    OpenSSL is handed their bytes, never the paths: it would open a FIFO and
+    wait. FileProblem names a file that cannot be read; ssl.SSLError, one
+    that does not hold what it should."""
+    cert = read_regular(cert_file, MAX_PEM_BYTES)
+    key = read_regular(key_file, MAX_PEM_BYTES)
+    client_ca = read_regular(client_ca_file, MAX_PEM_BYTES) if client_ca_file is not None else None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
-    if client_ca_file is not None:
-        context.load_verify_locations(client_ca_file)
+    with _in_memory(cert) as cert_path, _in_memory(key) as key_path:
+        context.load_cert_chain(cert_path, key_path)
+    if client_ca is not None:
+        context.load_verify_locations(cadata=client_ca.decode("latin-1"))
         context.verify_mode = ssl.CERT_OPTIONAL
     return context
+
+
+@contextlib.contextmanager
+def _in_memory(data: bytes) -> Iterator[str]:
+    """A path to `data` for OpenSSL's file loaders: an anonymous memory file (the
+    key is never written to a disk, and the root may be read-only)."""
+    descriptor = os.memfd_create("otel-vgpu-tls", os.MFD_CLOEXEC)
+    try:
+        os.write(descriptor, data)
+        yield f"/proc/self/fd/{descriptor}"
+    finally:
+        os.close(descriptor)
 
 
 class _HttpError(Exception):

@@ -22,6 +22,7 @@ import yaml
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.ratio import MAX_RATIO
+from otel_vgpu.files import FileProblem, read_regular
 from otel_vgpu.gpu.backend import ErrorCode
 
 BUILTIN = "builtin"
@@ -254,12 +255,16 @@ def load_scenario(source: str) -> Scenario:
         return parse_scenario(text, "builtin scenario")
     path = Path(source)
     try:
-        if path.stat().st_size > MAX_SCENARIO_BYTES:
-            raise ScenarioError(f"{path}: larger than {MAX_SCENARIO_BYTES} bytes; a scenario is a few kilobytes")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such scenario file") from None
-    except (OSError, UnicodeDecodeError) as error:
+        text = read_regular(path, MAX_SCENARIO_BYTES).decode("utf-8")
+    except FileProblem as problem:
+        if problem.what == "no such file":
+            raise ScenarioError(f"{path}: no such scenario file") from None
+        if problem.what.startswith("is larger"):
+            raise ScenarioError(
+                f"{path}: larger than {MAX_SCENARIO_BYTES} bytes; a scenario is a few kilobytes"
+            ) from None
+        raise ScenarioError(str(problem)) from None
+    except UnicodeDecodeError as error:
         raise ScenarioError(f"{path}: cannot be read ({error})") from None
     return parse_scenario(text, str(path))
 
