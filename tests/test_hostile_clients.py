@@ -811,3 +811,47 @@ def test_stopping_with_connections_mid_response_is_clean(tmp_path: Path) -> None
         assert target.process.returncode == 0, err
         errors = [line for line in err.splitlines() if " ERROR " in line or "Traceback" in line]
         assert errors == [], err
+
+
+def exchange(port: int, request: bytes, half_close: bool = False) -> bytes:
+    """Send one request, read until the agent closes (or a whole response with a body arrives)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while True:
+            got = sock.recv(1 << 20)
+            if not got:
+                return answer
+            answer += got
+            head, _, body = answer.partition(b"\r\n\r\n")
+            length = [line for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+            if length and len(body) >= int(length[0].split(b":")[1]):
+                return answer
+
+
+def test_requests_that_mean_metrics_get_metrics_and_half_closed_ones_their_answer(tmp_path: Path) -> None:
+    # --sweep-interval 0: each scrape outside --min-interval is a render, so a half-close meets one in flight.
+    with agent(tmp_path, "--sweep-interval", "0", "--min-interval", "0") as target:
+        wait_serving(target.url, target.process)
+        means_metrics = [
+            b"GET HTTP://x/metrics HTTP/1.1\r\nHost: x\r\n\r\n",  # the scheme is case-insensitive
+            b"GET hTTpS://x/metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /%6detrics HTTP/1.1\r\nHost: x\r\n\r\n",  # an escaped unreserved character is itself
+            b"GET /%6D%65trics HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",  # empty lines before the request line
+            b"\r\n\r\n\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        ]
+        for request in means_metrics:
+            answer = exchange(target.port, request)
+            assert answer.startswith(b"HTTP/1.1 200 ") and b"vgpu_pod_memory_used_bytes{" in answer, request
+        # empty lines and then the end of input: closed, and the agent is not left spinning on it
+        assert exchange(target.port, b"\r\n\r\n", half_close=True) == b""
+        # an escaped slash is no slash: /%2Fmetrics names another resource
+        assert exchange(target.port, b"GET /%2Fmetrics HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 404 ")
+        # The write side shut once the request is sent (HTTP/1.0 clients, nc -N, socat): the answer is owed.
+        for request in (b"GET /metrics HTTP/1.0\r\n\r\n", b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"):
+            for _ in range(5):
+                answer = exchange(target.port, request, half_close=True)
+                assert answer.startswith(b"HTTP/1.1 200 ") and b"vgpu_pod_memory_used_bytes{" in answer, answer[:100]

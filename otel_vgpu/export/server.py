@@ -29,6 +29,7 @@ import fcntl
 import gzip
 import logging
 import os
+import re
 import socket
 import ssl
 import struct
@@ -731,9 +732,14 @@ class Server:
     async def _answer(
         self, reader: asyncio.StreamReader, protocol: h11.Connection, request: Request
     ) -> Response | None:
-        """The endpoint's response, or None if the client closes first: its
-        render, still queued for a worker, is then dropped, so scrapers that
-        time out cannot leave a backlog of work nobody will read. What the
+        """The endpoint's response, or None if the connection is reset first:
+        its render, still queued for a worker, is then dropped, so scrapers
+        that give up cannot leave a backlog of work nobody will read. An end of
+        input is no such thing: HTTP/1.0 clients, `nc -N` and `socat` shut
+        their write side once the request is sent (a half-close), and a
+        request read whole is owed its response; the connection closes after
+        it. (A client that closed altogether fails the write instead, and
+        renders are shared, so the one it leaves costs no more.) What the
         client sends meanwhile (pipelined requests) is read only while h11's
         buffer has room for a request head: a client pipelining as fast as
         TCP allows fills its socket, not the agent's memory."""
@@ -745,11 +751,13 @@ class Server:
         try:
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
             if watch.done():
-                data = b"" if watch.exception() is not None else watch.result()
-                if not data and not work.done():
-                    work.cancel()
+                if watch.exception() is not None and not work.done():
+                    work.cancel()  # reset: nobody is there to read the answer
                     return None
-                protocol.receive_data(data)  # a pipelined request, answered next (or the close)
+                data = b"" if watch.exception() is not None else watch.result()
+                # A pipelined request, answered next; or b"", the end of input, after which
+                # h11 has the connection close once this response is sent.
+                protocol.receive_data(data)
             return await work
         finally:
             if not watch.done():
@@ -790,6 +798,13 @@ class Server:
             if deadline is None and data:
                 deadline = time.monotonic() + self.limits.head_deadline_s
             received += len(data)
+            if data and protocol.their_state is h11.IDLE and not protocol.trailing_data[0]:
+                # Empty lines before a request line are ignored (RFC 9112 2.2: a server
+                # "SHOULD ignore at least one"); h11 would answer them 400. They count
+                # against the head's bound all the same. (b"" is the end of input: h11's.)
+                data = data.lstrip(b"\r\n")
+                if not data:
+                    continue
             if received > self.limits.head_bytes:
                 # h11 bounds what it buffers unparsed; this bounds the head whole.
                 line_end = (bytes(protocol.trailing_data[0]) + data).find(b"\r\n")
@@ -895,10 +910,21 @@ def _request(event: h11.Request, peer: str, certificate: bool) -> Request:
         headers[key] = f"{headers[key]}, {decoded}" if key in headers else decoded
     target = event.target.decode("latin-1")
     path = target.split("?", 1)[0]
-    if path.startswith(("http://", "https://")):  # absolute form
+    if path[:8].lower().startswith(("http://", "https://")):  # absolute form; the scheme is case-insensitive
         path = "/" + path.split("/", 3)[3] if path.count("/") >= 3 else "/"
+    # Percent-encoded unreserved characters are the characters (RFC 3986 6.2.2.2): /%6detrics is /metrics.
+    path = _UNRESERVED_ESCAPE.sub(_unescape_unreserved, path)
     # Methods are case-sensitive (RFC 9110 9.1): `head` is no HEAD, and gets 405.
     return Request(event.method.decode("latin-1"), _normalise(path), headers, peer, certificate)
+
+
+_UNRESERVED_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def _unescape_unreserved(match: re.Match[str]) -> str:
+    char = chr(int(match.group(1), 16))
+    return char if char in _UNRESERVED else match.group(0)
 
 
 def _normalise(path: str) -> str:
