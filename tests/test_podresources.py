@@ -99,3 +99,52 @@ def test_a_kubelet_without_get_allocatable_still_lists(kubelet: KubeletDouble) -
     assert dict(got.placed) == {(UID, "main", "GPU-0000"): Grant(1.0)}
     assert got.replicas is None
     assert health.counts().get(Stage.POD_RESOURCES, 0) == 0
+
+
+def _frame(kind: int, payload: bytes = b"") -> bytes:
+    """An HTTP/2 frame on stream 0 (RFC 9113 4.1)."""
+    return len(payload).to_bytes(3, "big") + bytes([kind, 0]) + (0).to_bytes(4, "big") + payload
+
+
+def test_a_kubelet_that_sends_unknown_frames_fails_the_call_in_one_line_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A peer speaking HTTP/2 with a frame type grpclib does not handle (0xFA): its
+    # connection drops under the call, which says why, with no traceback logged.
+    import socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    path = tmp_path / "kubelet.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(4)
+    server.settimeout(10)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            with connection:
+                connection.recv(65536)  # the client's preface and request
+                connection.sendall(_frame(0x4) + _frame(0xFA, b"unknown"))  # SETTINGS, then the unknown frame
+                connection.recv(65536)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    health = Health()
+    allocation = KubeletAllocation(OnePod(), PodResourcesClient(path), health=health, poll_seconds=3600)
+    try:
+        with caplog.at_level("DEBUG"):
+            for _ in range(2):
+                allocation._poll()
+    finally:
+        allocation.stop()
+        stop.set()
+        server.close()
+    assert health.counts()[Stage.POD_RESOURCES] == 2
+    loud = [r for r in caplog.records if r.levelno >= 30]
+    assert len(loud) == 1 and "UnknownFrameReceived" in loud[0].getMessage(), [r.getMessage() for r in loud]
+    assert not [r for r in caplog.records if r.exc_info], "no traceback"

@@ -65,6 +65,12 @@ class PodResourcesClient:
         self._socket_path = socket_path
         self._timeout = timeout
         self._loop = asyncio.new_event_loop()
+        # What broke the connection under a call, for that call's one line: grpclib raises
+        # out of data_received on what it does not handle (an HTTP/2 frame of an unknown
+        # type, which RFC 9113 4.1 says to ignore), and asyncio would log that with two
+        # tracebacks before dropping the connection.
+        self._broken: str | None = None
+        self._loop.set_exception_handler(self._connection_broke)
         self._lock = threading.Lock()
 
         async def channel() -> Channel:
@@ -130,7 +136,19 @@ class PodResourcesClient:
             # A socket that is not there (yet), refused, or a connection dropped mid-call:
             # the next call connects again.
             self._channel.close()
-            raise PodResourcesError(f"{name} UNAVAILABLE: {type(error).__name__}: {error}") from None
+            why = self._broken or f"{type(error).__name__}: {error}"
+            raise PodResourcesError(f"{name} UNAVAILABLE: {why}") from None
+        finally:
+            self._broken = None
+
+    def _connection_broke(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if error is None:
+            loop.default_exception_handler(context)
+            return
+        detail = str(error)[:200]
+        self._broken = f"the kubelet's connection broke on what it sent ({type(error).__name__}: {detail})"
+        log.debug("pod-resources connection: %s: %r", context.get("message"), error)
 
     def close(self) -> None:
         with self._lock:
