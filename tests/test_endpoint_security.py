@@ -321,11 +321,42 @@ def test_failures_spread_over_a_network_throttle_the_network_not_a_known_good_sc
     # 20 addresses of 10.1.2.0/24, one wrong password each: no address reaches its own 5
     for host in range(1, 21):
         assert attempt(f"guess-{host}", f"10.1.2.{host}") is Verdict.DENY
-    assert attempt("another-guess", "10.1.2.77") is Verdict.THROTTLED, "the network is throttled"
-    assert attempt("another-guess", "10.1.3.77") is Verdict.DENY, "the next network is not"
+    assert attempt("guess-1-again", "10.1.2.1") is Verdict.THROTTLED, "the network is throttled for its failed peers"
+    # an address of the network that has not failed gets one check, and is then under the network's throttle
+    assert attempt("another-guess", "10.1.2.77") is Verdict.DENY
+    assert attempt("and-another", "10.1.2.77") is Verdict.THROTTLED
+    assert attempt("another-guess", "10.1.3.77") is Verdict.DENY, "the next network is not throttled"
     assert attempt("right", "10.1.2.200") is Verdict.ALLOW, "a credential that passed is not held up"
     now[0] += 61
-    assert attempt("yet-another", "10.1.2.77") is Verdict.DENY, "the throttle ends"
+    assert attempt("yet-another", "10.1.2.1") is Verdict.DENY, "the throttle ends"
+
+
+def test_a_repeated_known_bad_password_costs_its_sender_and_no_neighbour() -> None:
+    # A neighbour repeating one wrong password (answered from memory, no check) must
+    # not lock out a scraper of its /24 whose password is not remembered yet.
+    now = [1000.0]
+    auth = BasicAuth({"prometheus": f"sha256:{hashlib.sha256(b'right').hexdigest()}"}, clock=lambda: now[0])
+
+    def attempt(password: str, peer: str) -> Verdict:
+        header = "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()
+        verdict = auth.decide(header, peer)
+        return auth.verify(verdict) if isinstance(verdict, Attempt) else verdict
+
+    checks = 0
+    for _ in range(1000):
+        verdict = auth.decide("Basic " + base64.b64encode(b"prometheus:wrong").decode(), "10.1.2.7")
+        if isinstance(verdict, Attempt):
+            checks += 1
+            verdict = auth.verify(verdict)
+        assert verdict in (Verdict.DENY, Verdict.THROTTLED)
+    assert checks == 1, "a known-bad password is checked once"
+    assert attempt("anything", "10.1.2.7") is Verdict.THROTTLED, "its sender is throttled"
+    assert attempt("right", "10.1.2.8") is Verdict.ALLOW, "its neighbour's first attempt is checked, and passes"
+    # A network throttled by new wrong passwords from many of its addresses still lets a
+    # scraper that has not failed in with its first attempt.
+    for host in range(100, 130):
+        attempt(f"guess-{host}", f"10.1.2.{host}")
+    assert attempt("right", "10.1.2.9") is Verdict.ALLOW
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,8 @@ class Scraper:
     url: str
     context: ssl.SSLContext | None = None
     auth: str | None = None
+    source: str | None = None
+    """The address it connects from (127/8 has many), else the kernel's choice."""
     durations: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -70,10 +72,13 @@ class Scraper:
         host, port = self.url.split("//", 1)[1].split(":")
         started = time.monotonic()
         connection: http.client.HTTPConnection
+        source = (self.source, 0) if self.source else None
         if self.context is not None:
-            connection = http.client.HTTPSConnection(host, int(port), context=self.context, timeout=5)
+            connection = http.client.HTTPSConnection(
+                host, int(port), context=self.context, timeout=5, source_address=source
+            )
         else:
-            connection = http.client.HTTPConnection(host, int(port), timeout=5)
+            connection = http.client.HTTPConnection(host, int(port), timeout=5, source_address=source)
         try:
             connection.request("GET", "/metrics", headers={"Authorization": self.auth} if self.auth else {})
             response = connection.getresponse()
@@ -669,6 +674,52 @@ def test_wrong_passwords_from_many_addresses_cannot_shut_the_scraper_out(tmp_pat
         peak = attack_while_scraped(target, scraper, flood, baseline)
         assert_held(target, scraper, baseline, peak)
         assert 200 not in answers and 503 in answers, set(answers)
+
+
+def test_a_neighbour_repeating_a_known_bad_password_never_locks_out_a_scraper_of_its_network(
+    tmp_path: Path,
+) -> None:
+    # Five addresses of 127.0.0.0/24 repeat one wrong password as fast as answered (each
+    # answered from memory after its first check). A scraper of the same /24 whose password
+    # the agent has not seen yet (as after a restart) scrapes once a second beside them.
+    users = tmp_path / "users"
+    users.write_text("prometheus:" + bcrypt.hashpw(b"scrape-secret", bcrypt.gensalt(rounds=4)).decode() + "\n")
+    with agent(tmp_path, "--basic-auth-file", str(users)) as target:
+        wait_serving(target.url, target.process)
+        baseline = settle(target.pid)
+        credential = "Basic " + base64.b64encode(b"prometheus:scrape-secret").decode()
+        scraper = Scraper(target.url, auth=credential, source="127.0.0.50")
+        answers: list[int] = []
+        stop = time.monotonic() + 6
+        wrong = "Basic " + base64.b64encode(b"prometheus:the-same-wrong-one").decode()
+
+        def attacker(n: int) -> None:
+            import http.client  # noqa: PLC0415
+
+            while time.monotonic() < stop:
+                connection = http.client.HTTPConnection(
+                    "127.0.0.1", target.port, timeout=10, source_address=(f"127.0.0.{n + 2}", 0)
+                )
+                try:
+                    connection.request("GET", "/metrics", headers={"Authorization": wrong})
+                    answers.append(connection.getresponse().status)
+                except OSError:
+                    pass
+                finally:
+                    connection.close()
+
+        def attack() -> None:
+            time.sleep(1)  # the attack first, then the scraper's first attempt, unremembered
+            in_parallel(5, attacker)
+
+        attacker_thread = threading.Thread(target=attack, daemon=True)
+        attacker_thread.start()
+        wait_until(lambda: len(answers) > 50, what="the attack under way", timeout=30)
+        peak = attack_while_scraped(target, scraper, lambda: attacker_thread.join(timeout=30), baseline)
+        print(f"\n  {len(answers)} known-bad attempts: {sorted(set(answers))}")
+        assert_held(target, scraper, baseline, peak)
+        # the attacker's answers: refused, never an error (thousands of failures once overflowed the backoff)
+        assert len(scraper.durations) >= 4 and set(answers) <= {401, 429, 503} and 401 in answers
 
 
 def test_a_made_up_version_per_request_cannot_force_a_render_each(tmp_path: Path) -> None:

@@ -180,16 +180,27 @@ class BasicAuth:
                 self._passed.move_to_end(key)
                 return Verdict.ALLOW
             if key in self._failed:
-                self._note_failure(peer)
+                # Known to be wrong, so it costs no check: it counts against the peer that
+                # repeats it and no one else. Its network is throttled only by checks spent
+                # on new wrong passwords, which are what cost the bcrypt thread.
+                self._note_failure(peer, network=False)
                 return Verdict.DENY
             if self._throttled(peer):
                 return Verdict.THROTTLED
         return Attempt(key, password, hashed or self._decoy, hashed is not None, peer)
 
     def _throttled(self, peer: str) -> bool:
-        """The peer, or its network (/24, /64), is refused for now; the caller holds the lock."""
+        """The peer is refused for now: its own failures throttle it, and its network's
+        (/24, /64) throttle it once it has failed itself. A peer with no failure of its
+        own gets its check whatever its neighbours sent (a scraper whose password is not
+        remembered yet, after a restart), and one failure puts it under its network's
+        throttle: a source costs the bcrypt thread one check while its network is
+        throttled. The caller holds the lock."""
         now = self._clock()
-        return any(now < self._peers.get(who, (0, 0.0))[1] for who in (peer, network_of(peer)))
+        failures, until = self._peers.get(peer, (0, 0.0))
+        if now < until:
+            return True
+        return failures > 0 and now < self._peers.get(network_of(peer), (0, 0.0))[1]
 
     def verify(self, attempt: Attempt) -> Verdict:
         """The slow part: bcrypt (or SHA-256), then remembered either way."""
@@ -214,15 +225,21 @@ class BasicAuth:
             until = max(self._peers.get(who, (0, 0.0))[1] for who in (peer, network_of(peer)))
         return max(1, int(until - self._clock() + 0.999))
 
-    def _note_failure(self, peer: str) -> None:
-        """One more failure for `peer` and for its network; the caller holds the lock.
-        A network is throttled after NETWORK_FAILURES_BEFORE_THROTTLE: many addresses of
-        one /24 or /64 are one attacker as far as a bcrypt thread is concerned."""
-        for who, allowed in ((peer, FAILURES_BEFORE_THROTTLE), (network_of(peer), NETWORK_FAILURES_BEFORE_THROTTLE)):
+    def _note_failure(self, peer: str, network: bool = True) -> None:
+        """One more failure for `peer` and, with `network`, for its network; the caller
+        holds the lock. A network is throttled after NETWORK_FAILURES_BEFORE_THROTTLE:
+        many addresses of one /24 or /64 are one attacker as far as a bcrypt thread is
+        concerned."""
+        counted = [(peer, FAILURES_BEFORE_THROTTLE)]
+        if network:
+            counted.append((network_of(peer), NETWORK_FAILURES_BEFORE_THROTTLE))
+        for who, allowed in counted:
             failures, until = self._peers.pop(who, (0, 0.0))
             failures += 1
             if failures >= allowed:
-                wait = min(THROTTLE_MOST_S, THROTTLE_FIRST_S * 2 ** (failures - allowed))
+                # Doubling from the first wait up to the most; the exponent is bounded so that
+                # thousands of failures (a peer repeating one wrong password) never overflow it.
+                wait = min(THROTTLE_MOST_S, THROTTLE_FIRST_S * 2 ** min(failures - allowed, 32))
                 until = self._clock() + wait
             self._peers[who] = (failures, until)
         while len(self._peers) > CACHE_ENTRIES:
