@@ -906,3 +906,62 @@ def test_requests_that_mean_metrics_get_metrics_and_half_closed_ones_their_answe
             for _ in range(5):
                 answer = exchange(target.port, request, half_close=True)
                 assert answer.startswith(b"HTTP/1.1 200 ") and b"vgpu_pod_memory_used_bytes{" in answer, answer[:100]
+
+
+def keep_alive_flood(
+    port: int, count: int, source: str, established: threading.Event, stop: float, context: ssl.SSLContext | None
+) -> Callable[[], None]:
+    """`count` keep-alive connections from one address, each asking for /healthz every 0.2 s
+    (never quiet, never stalled: none sheddable by age); a shed one reconnects."""
+    import http.client  # noqa: PLC0415
+
+    connected: set[int] = set()
+
+    def client(n: int) -> None:
+        connection: http.client.HTTPConnection | None = None
+        while time.monotonic() < stop:
+            try:
+                if connection is None:
+                    if context is not None:
+                        connection = http.client.HTTPSConnection(
+                            "127.0.0.1", port, timeout=5, context=context, source_address=(source, 0)
+                        )
+                    else:
+                        connection = http.client.HTTPConnection(
+                            "127.0.0.1", port, timeout=5, source_address=(source, 0)
+                        )
+                connection.request("GET", "/healthz")
+                connection.getresponse().read()
+                connected.add(n)
+                if len(connected) >= count:
+                    established.set()
+            except (OSError, http.client.HTTPException):
+                if connection is not None:
+                    connection.close()
+                connection = None
+            time.sleep(0.2)
+        if connection is not None:
+            connection.close()
+
+    return lambda: in_parallel(count, client)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_one_address_keeping_every_connection_busy_cannot_keep_a_scraper_out(tmp_path: Path, tls: bool) -> None:
+    # 64 keep-alive connections from 127.0.0.2 hold the whole cap; a scraper from 127.0.0.50
+    # connects afresh each second. Over its share, the flood's connections waiting between
+    # requests are shed for it.
+    certs = make_certs(tmp_path / "pki") if tls else None
+    extra = ("--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key)) if certs else ()
+    with agent(tmp_path, *extra) as target:
+        context = ssl.create_default_context(cafile=str(certs.ca)) if certs else None
+        url = target.url.replace("http://", "https://") if tls else target.url
+        scraper = Scraper(url, context=context, source="127.0.0.50")
+        baseline = warm(scraper, target)
+        established = threading.Event()
+        flood = keep_alive_flood(
+            target.port, DEFAULT_LIMITS.connections, "127.0.0.2", established, time.monotonic() + 12, context
+        )
+        peak = attack_while_scraped(target, scraper, flood, baseline, established)
+        assert_held(target, scraper, baseline, peak)
+        assert len(scraper.durations) >= 4

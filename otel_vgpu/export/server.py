@@ -46,7 +46,7 @@ import h11
 
 from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict
+from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict, network_of
 from otel_vgpu.export.exposition import Format, negotiate
 from otel_vgpu.export.memory import trim
 from otel_vgpu.export.telemetry import Telemetry
@@ -108,6 +108,11 @@ class Limits:
     """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
     password_checks: int = 4
     """Password checks (bcrypt) running or queued at once; past that, 503 and the connection closed."""
+    address_share: float = 0.25
+    """The part of `connections` one client address may hold while others wait for a place:
+    past it, its connections waiting between requests are shed for them."""
+    network_share: float = 0.5
+    """The same for a client's network (/24, /64)."""
 
 
 DEFAULT_LIMITS = Limits()
@@ -418,6 +423,8 @@ class _Connection:
     writer: asyncio.StreamWriter
     reader: asyncio.StreamReader
     waiting_since: float
+    source: str = ""
+    """The peer's address; its network is network_of(source)."""
     waiting: bool = True
     """Idle, or receiving a request head: what the cap sheds first."""
     handshaking: bool = False
@@ -570,7 +577,31 @@ class Server:
         if old:
             return min(old, key=lambda entry: entry[:2])[2]
         stalled = [c for c in connections if c.stalled(now, self.limits.stall_s)]
-        return min(stalled, key=lambda c: c.writing_since or now) if stalled else None
+        if stalled:
+            return min(stalled, key=lambda c: c.writing_since or now)
+        return self._over_share()
+
+    def _over_share(self) -> _Connection | None:
+        """A connection of the address holding the most places, where that address holds
+        more than `address_share` of the cap, or its network (/24, /64) more than
+        `network_share`: one client keeping every connection busy (a keep-alive
+        request every 0.2 s on each, never quiet) cannot keep a scraper from elsewhere
+        out. Only one waiting between requests (nothing of a response is lost), the
+        quietest and oldest first. Behind one proxy every client is one address: the
+        share then sheds the proxy's own oldest waiting connection for its new one."""
+        limits = self.limits
+        by_address = collections.Counter(c.source for c in self.counters.connections)
+        by_network = collections.Counter(network_of(a) for a in by_address.elements())
+        over = {
+            address
+            for address, held in by_address.items()
+            if held > limits.connections * limits.address_share
+            or by_network[network_of(address)] > limits.connections * limits.network_share
+        }
+        candidates = [c for c in self.counters.connections if c.waiting and c.source in over and not c.handshaking]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda c: (-by_address[c.source], not c.quiet(), c.waiting_since))
 
     async def _admit(self) -> bool:
         """A place under the cap for a new connection: a free one, one a shed connection
@@ -646,13 +677,19 @@ class Server:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections = self.counters.connections
+        peer = writer.get_extra_info("peername")
         if not await self._admit():
             self.counters.refused += 1
-            await self._send_and_close(writer, text(503, "too many connections; try again\n"))
+            if self._ssl is None:
+                await self._send_and_close(writer, text(503, "too many connections; try again\n"))
+            else:
+                # Never clear text on a TLS port (a client would read it as a broken
+                # handshake, WRONG_VERSION_NUMBER): closed before the handshake, which a
+                # refused connection is not worth.
+                _close(writer)
             return
-        connection = _Connection(writer, reader, time.monotonic())
+        connection = _Connection(writer, reader, time.monotonic(), source=peer[0] if peer else "")
         connections.add(connection)
-        peer = writer.get_extra_info("peername")
         protocol = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.head_bytes)
         try:
             certificate = False

@@ -1,0 +1,82 @@
+"""Admission under the connection cap, in process with a stub endpoint and a cap of one:
+what a client that cannot have a place is told."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from otel_vgpu.export.server import Endpoint, Limits, Request, Response, Server, text, tls_context
+from testkit.agent import wait_until
+from testkit.certs import make_certs
+
+
+class Held:
+    """An endpoint whose every answer waits until released: its connection is busy, never sheddable."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.asked = threading.Event()
+
+    async def handle(self, request: Request) -> Response:
+        self.asked.set()
+        while not self.release.is_set():
+            await asyncio.sleep(0.02)
+        return text(200, "ok\n")
+
+    def close(self) -> None:
+        self.release.set()
+
+
+# One place, nobody waits for it, nothing is shed for age: the second client is refused.
+ONE_PLACE = Limits(connections=1, admit_queue=0, admit_wait_s=0.1, quiet_after_s=100, shed_after_s=100, stall_s=100)
+
+
+@pytest.fixture(params=[False, True], ids=["http", "https"])
+def busy_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Server, ssl.SSLContext | None]]:
+    endpoint = Held()
+    context = None
+    client = None
+    if request.param:
+        certs = make_certs(tmp_path / "pki")
+        context = tls_context(certs.cert, certs.key, None)
+        client = ssl.create_default_context(cafile=str(certs.ca))
+    server = Server("127.0.0.1", 0, cast(Endpoint, endpoint), context, limits=ONE_PLACE)
+    server.start()
+    try:
+        # The one place, taken by a request whose answer is held.
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+            held = client.wrap_socket(raw, server_hostname="localhost") if client else raw
+            held.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            wait_until(endpoint.asked.is_set, what="the first request being answered")
+            yield server, client
+            endpoint.release.set()
+    finally:
+        server.stop()
+
+
+def test_a_refused_connection_hears_503_in_clear_only_on_a_clear_port(
+    busy_server: tuple[Server, ssl.SSLContext | None],
+) -> None:
+    server, client = busy_server
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        if client is None:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 503 ")
+        else:
+            # A TLS client gets no clear-text bytes it would take for a broken handshake: the
+            # connection is closed before the handshake, and the client says so as a TLS client.
+            assert sock.recv(4096) == b""
+    if client is not None:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+            with pytest.raises((ssl.SSLError, ConnectionError, OSError)) as refused:
+                client.wrap_socket(raw, server_hostname="localhost")
+            assert "WRONG_VERSION_NUMBER" not in str(refused.value)
+    assert server.counters.refused >= 1
