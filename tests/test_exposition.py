@@ -206,3 +206,14 @@ def test_target_info_texts_do_not_grow_with_the_versions_clients_name(telemetry:
         fmt = negotiate(f"application/openmetrics-text; version=1.{n}.0")
         assert renderer.render(data, fmt).encode() == upstream(data, fmt)
     assert len(renderer._target) == 1
+
+
+def test_alternating_escapings_keep_each_ones_label_texts(telemetry: Telemetry) -> None:
+    renderer = Renderer()
+    data = collect(telemetry)
+    dots = negotiate("text/plain; version=1.0.0; escaping=dots")
+    renderer.render(data, TEXT)
+    renderer.render(data, dots)
+    escapings = {key[0] for key in renderer._labels}
+    assert escapings == {TEXT.escaping, dots.escaping}, "one render does not drop the other escaping's texts"
+    assert renderer.render(data, TEXT).encode() == upstream(data, TEXT)

@@ -965,3 +965,48 @@ def test_one_address_keeping_every_connection_busy_cannot_keep_a_scraper_out(tmp
         peak = attack_while_scraped(target, scraper, flood, baseline, established)
         assert_held(target, scraper, baseline, peak)
         assert len(scraper.durations) >= 4
+
+
+# Every body variant a client can ask for: OpenMetrics or the text format, four escapings, gzip or not.
+VARIANTS = [
+    (accept, encoding)
+    for escaping in ("underscores", "dots", "values", "allow-utf-8")
+    for accept in (
+        f"application/openmetrics-text;version=1.0.0;escaping={escaping}",
+        f"text/plain;version=1.0.0;escaping={escaping}",
+    )
+    for encoding in ("gzip", "identity")
+]
+
+
+def test_clients_cycling_every_body_variant_cost_an_encoding_each_not_a_scrape_its_second(tmp_path: Path) -> None:
+    # 16 clients, each cycling the 16 variants on a 384-pod node, as fast as answered.
+    import http.client  # noqa: PLC0415
+
+    assert len(VARIANTS) == 16
+    with agent(tmp_path, "--simulate", str(big_node(tmp_path))) as target:
+        scraper = Scraper(target.url)
+        baseline = warm(scraper, target)
+        answered: set[tuple[str, str]] = set()
+        stop = time.monotonic() + 8
+
+        def client(n: int) -> None:
+            i = n
+            while time.monotonic() < stop:
+                accept, encoding = VARIANTS[i % len(VARIANTS)]
+                i += 1
+                connection = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
+                try:
+                    connection.request("GET", "/metrics", headers={"Accept": accept, "Accept-Encoding": encoding})
+                    response = connection.getresponse()
+                    response.read()
+                    if response.status == 200:
+                        answered.add((response.getheader("Content-Type") or "", encoding))
+                except OSError:
+                    pass
+                finally:
+                    connection.close()
+
+        peak = attack_while_scraped(target, scraper, lambda: in_parallel(16, client), baseline)
+        assert_held(target, scraper, baseline, peak)
+        assert len(answered) == 16, answered

@@ -62,7 +62,9 @@ class Format:
     @property
     def body(self) -> tuple[bool, str]:
         """What the body depends on: clients that name other versions in Accept share it
-        (the Content-Type, which echoes the version, is set per response)."""
+        (the Content-Type, which echoes the version, is set per response). Each escaping
+        is its own body: the agent's names are legacy-valid, but target_info's labels are
+        the resource's attribute keys (`k8s.node.name`), which each escaping writes its way."""
         return self.openmetrics, self.escaping
 
 
@@ -173,6 +175,16 @@ class Renderer:
         self._labels: dict[tuple[str, tuple[str, ...]], dict[int, tuple[Mapping[str, Any], str]]] = {}
         # (id(resource), OpenMetrics or not, escaping) -> (the resource, its target_info text)
         self._target: dict[tuple[int, bool, str], tuple[Resource, str]] = {}
+        # Escapings rendered since the last collection, and in the one before it.
+        self._escapings: set[str] = set()
+        self._escapings_before: set[str] = set()
+
+    def new_collection(self) -> None:
+        """A new collection is being rendered: an escaping not asked for in the last one has
+        its label texts dropped (a client that alternated between escapings has gone)."""
+        keep = self._escapings | self._escapings_before
+        self._labels = {k: v for k, v in self._labels.items() if k[0] in keep}
+        self._escapings_before, self._escapings = self._escapings, set()
 
     def render(self, data: MetricsData | None, fmt: Format) -> str:
         """The exposition of one collection: target_info, then every metric, then `# EOF` in OpenMetrics."""
@@ -184,8 +196,12 @@ class Renderer:
                 for scope_metrics in resource_metrics.scope_metrics:
                     for metric in scope_metrics.metrics:
                         self._metric(metric, fmt, out, used)
-        # Only the label text of series that still exist is kept: ended pods' go.
-        self._labels = used
+        # Only the label text of series that still exist is kept: ended pods' go. The other
+        # escaping's texts stay for its next render (clients that alternate between dots
+        # and the rest would otherwise have every series' labels written anew each time).
+        escaping = fmt.escaping
+        self._escapings.add(escaping)
+        self._labels = {**{k: v for k, v in self._labels.items() if k[0] != escaping}, **used}
         if fmt.openmetrics:
             out.append("# EOF\n")
         return "".join(out)

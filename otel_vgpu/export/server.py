@@ -56,8 +56,10 @@ from otel_vgpu.wording import counted
 
 log = logging.getLogger(__name__)
 
-# Rendered bodies kept for the current snapshot: one per format and encoding asked for.
-MAX_KEPT_BODIES = 4
+# Rendered bodies kept for the current snapshot, one per format and encoding asked for: every
+# variant there is (OpenMetrics or not, four escapings, gzip or not), so that clients cycling
+# through them cost one encoding each per sweep, not one each per request.
+MAX_KEPT_BODIES = 16
 # The heap is trimmed at most this often, once this many connections have closed since the last trim.
 TRIM_EVERY_S = 5.0
 TRIM_AFTER_CLOSED = 32
@@ -279,6 +281,7 @@ class Endpoint:
 
     def _metrics(self, fmt: Format, compress: bool) -> tuple[Snapshot, Response]:
         self.renders += 1
+        # A gzip body is its snapshot's identity body compressed (telemetry keeps it).
         snapshot, body = self._telemetry.render_snapshot(fmt)
         if compress:
             headers = (("Content-Encoding", "gzip"),)

@@ -281,6 +281,8 @@ class Telemetry:
                 description=agent["vgpu.agent.export.failures"].description,
             )
         self._render_lock = threading.Lock()
+        self._encoded: tuple[Snapshot, Any, dict[tuple[bool, str], bytes]] | None = None
+        """The last snapshot, its collection and its bodies by format (under the render lock)."""
         self._labels_lock = threading.Lock()
         self._labels: tuple[Snapshot, list[dict[str, str]], list[dict[str, str]]] | None = None
         self._seed: tuple[Snapshot, dict[tuple[str, str], tuple[float, float | None, float]]] | None = None
@@ -319,10 +321,20 @@ class Telemetry:
         # the renderer's label texts see one collection at a time.
         with self.scope.collection(), self._render_lock:
             snapshot = self.scope.snapshot()
-            data = self.reader.collect_data()
-            self._prune(self.reader)
-            body = self._renderer.render(data, fmt)
-        return snapshot, self._process_metrics(fmt) + body.encode()
+            # One collection per snapshot, and one encoding per body it is asked in: the
+            # variants (OpenMetrics or not, four escapings, gzip) cost their encoding at
+            # most, never another run of every callback over the same rows.
+            done = self._encoded
+            if done is None or done[0] is not snapshot:
+                data = self.reader.collect_data()
+                self._prune(self.reader)
+                self._renderer.new_collection()
+                done = self._encoded = (snapshot, data, {})
+            body = done[2].get(fmt.body)
+            if body is None:
+                rendered = self._renderer.render(done[1], fmt).encode()
+                body = done[2][fmt.body] = self._process_metrics(fmt) + rendered
+        return snapshot, body
 
     def _process_metrics(self, fmt: Format) -> bytes:
         if fmt.openmetrics:
