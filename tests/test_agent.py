@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import gzip
+import os
 import shutil
 import signal
 import subprocess
@@ -118,6 +119,8 @@ def test_ratio_file_is_reloaded_and_bad_change_keeps_last_good(scenario_file: Pa
         assert exposition.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")[("trainer", "0")] == 2 * 80 * GIB / 4
 
         ratio_file.write_text("0\n")
+        # Changed longer ago than the settling time a write in place gets (allocation/ratio.py SETTLE_S).
+        os.utime(ratio_file, (time.time() - 10, time.time() - 10))
         first = agent.scrape()
         second = agent.scrape()
         code, err = agent.stop()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.allocation.ratio import MAX_FILE_BYTES, RatioFileError, RatioSource, parse_ratio, read_ratio
+from otel_vgpu.allocation.ratio import MAX_FILE_BYTES, SETTLE_S, RatioFileError, RatioSource, parse_ratio, read_ratio
 
 
 @pytest.mark.parametrize(
@@ -77,6 +77,35 @@ def test_unreadable_path(tmp_path: Path) -> None:
         read_ratio(tmp_path / "file" / "gpu_allocation.txt")
 
 
+def settled(path: Path) -> None:
+    """The file as it is when its last change is older than SETTLE_S."""
+    past = time.time() - SETTLE_S - 1
+    os.utime(path, (past, past))
+
+
+def test_a_file_written_in_place_is_not_reported_while_it_settles(tmp_path: Path) -> None:
+    # `echo 4 > gpu_allocation.txt` truncates, then writes: a refresh between the two
+    # sees an empty file. Within SETTLE_S of its change that is a write in progress.
+    path = tmp_path / "gpu_allocation.txt"
+    path.write_text("2\n")
+    settled(path)
+    source = RatioSource(path)
+    with path.open("w") as handle:  # truncated, the new value not written yet
+        handle.flush()
+        source.refresh()
+        assert (source.ratio, source.error) == (2.0, None), "not a failure yet"
+        handle.write("4\n")
+    source.refresh()
+    assert (source.ratio, source.error) == (4.0, None)
+    # Left empty: reported once it has been so for SETTLE_S, and the last good ratio kept.
+    path.write_text("")
+    source.refresh()
+    assert source.error is None
+    settled(path)
+    source.refresh()
+    assert source.ratio == 4.0 and source.error is not None and "no value" in str(source.error)
+
+
 def test_reload_keeps_last_good_ratio_and_recovers(tmp_path: Path) -> None:
     path = tmp_path / "gpu_allocation.txt"
     path.write_text("2\n")
@@ -90,6 +119,7 @@ def test_reload_keeps_last_good_ratio_and_recovers(tmp_path: Path) -> None:
     assert (source.ratio, source.error) == (4.0, None)
 
     path.write_text("zero\n")
+    settled(path)
     source.refresh()
     assert source.ratio == 4.0
     assert source.error is not None and "'zero' is not a number" in str(source.error)

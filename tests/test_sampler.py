@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -148,6 +149,8 @@ def test_bad_ratio_reload_keeps_last_good_and_counts(
     ratio_file.write_text("4\n")
     assert sampler.snapshot(0.0).gpus[0].vgpus == 4.0
     ratio_file.write_text("-1\n")
+    past = time.time() - 10  # a change older than the settling time a write in place gets
+    os.utime(ratio_file, (past, past))
     with caplog.at_level(logging.WARNING, logger="otel_vgpu"):
         for _ in range(3):
             snapshot = sampler.snapshot(0.0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,9 @@ from otel_vgpu.gpu.backend import Device
 MAX_FILE_BYTES = 64 * 1024
 AUTO = "auto"
 MAX_RATIO = 1024
+# A ratio file that reads bad within this long of its last change is taken for a write in
+# progress (an editor or `echo 4 >` writing in place), not yet for a bad file.
+SETTLE_S = 2.0
 _NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 _VALID = (
     f"expected one whole number from 1 to {MAX_RATIO} in ASCII digits, the vGPUs per physical GPU (for example 2), "
@@ -136,12 +140,20 @@ class RatioSource:
         stamp = self._stat()
         if stamp == self._stamp:
             return
-        self._stamp = stamp
         try:
-            self.ratio = read_ratio(self.path)
+            ratio = read_ratio(self.path)
         except RatioFileError as error:
+            if stamp is not None and time.time() - stamp.mtime_ns / 1e9 < SETTLE_S:
+                # Changed a moment ago: most likely written in place and caught between its
+                # truncation and its last write(). Not a failure yet: read again on the next
+                # refresh (the stamp is not taken), and only a file still bad SETTLE_S after
+                # its last change is reported, once.
+                return
+            self._stamp = stamp
             self.error = error
         else:
+            self._stamp = stamp
+            self.ratio = ratio
             self.error = None
             self.origin = str(self.path)
 
