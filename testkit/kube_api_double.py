@@ -115,6 +115,8 @@ class ApiState:
     forbidden: bool = False
     forbid_nodes: bool = False
     """Nodes answer 403, as under a ClusterRole without them."""
+    endless_watch_line: int = 0
+    """The next pods watch sends this many bytes with no newline (one line that never ends), then closes."""
     hang_watches: bool = False
     """Watches answer their headers, then nothing, and never end (a half-open connection)."""
     refuse_all: bool = False
@@ -316,6 +318,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        if state.endless_watch_line and resource == "pods":
+            left, state.endless_watch_line = state.endless_watch_line, 0
+            piece = b"x" * (1 << 20)
+            try:
+                while left > 0:
+                    self._chunk(piece[:left])
+                    left -= len(piece)
+            except OSError:
+                pass  # the client gave up on it, as it should
+            self.close_connection = True
+            return
         if state.hang_watches and resource == "pods":
             with state.condition:
                 generation = state.watch_generation

@@ -3,6 +3,7 @@ kubelet double (the real pod-resources gRPC), on the simulated GPU node."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -406,6 +407,39 @@ def test_a_hung_watch_is_abandoned_and_the_pods_listed_again(cluster: Cluster) -
         assert cluster.api.state.lists > lists
         code, err = agent.stop()
     assert code == 0 and "no word from the Kubernetes API watch" in err
+
+
+def test_a_watch_line_that_never_ends_is_cut_at_its_bound_and_the_pods_listed_again(cluster: Cluster) -> None:
+    from otel_vgpu.kubernetes.bounded import MAX_WATCH_LINE_BYTES  # noqa: PLC0415
+    from testkit.procstat import rss_mib  # noqa: PLC0415
+
+    with cluster.agent() as agent:
+        wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
+        before = rss_mib(agent.process.pid)
+        peak = [before]
+        done = threading.Event()
+
+        def watch_memory() -> None:
+            while not done.wait(0.02):
+                peak[0] = max(peak[0], rss_mib(agent.process.pid))
+
+        watcher = threading.Thread(target=watch_memory, daemon=True)
+        watcher.start()
+        lists = cluster.api.state.lists
+        cluster.api.state.endless_watch_line = 12 * MAX_WATCH_LINE_BYTES  # 96 MiB of one line
+        cluster.api.break_watches()
+        wait_until(lambda: cluster.api.state.endless_watch_line == 0, what="the endless line sent")
+        cluster.api.put(pod_object("web", "after-endless", "55555555-aaaa-4000-8000-000000000000", NODE))
+        cluster.kubelet.assign("web", "after-endless", {"main": [f"{U1}::7"]})
+        wait_for(agent, lambda e: ("web", "after-endless") in pods_of(e), timeout=30)
+        done.set()
+        watcher.join()
+        assert cluster.api.state.lists > lists, "listed again"
+        # Held to its bound (and a few copies of it), not the 96 MiB sent.
+        assert peak[0] < before + 5 * MAX_WATCH_LINE_BYTES / 2**20, (before, peak[0])
+        code, err = agent.stop()
+    assert code == 0
+    assert err.count(f"more than {MAX_WATCH_LINE_BYTES} bytes without a newline") == 1, err
 
 
 def test_phases_annotations_claims_and_replica_counts_through_the_real_protocols(

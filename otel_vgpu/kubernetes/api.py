@@ -210,4 +210,12 @@ def make_client(kubeconfig: Path | None, service_account_dir: Path) -> Any:
     from lightkube import Client, KubeConfig  # noqa: PLC0415
 
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account(service_account_dir)
-    return Client(config=config, timeout=httpx2.Timeout(10.0), trust_env=False)
+    client = Client(config=config, timeout=httpx2.Timeout(10.0), trust_env=False)
+    # lightkube reads a watch line by line (httpx2's iter_lines), each line whole before it
+    # parses it, with no bound: a watch line of 200 MB took 230 MiB. Its transport (the
+    # one lightkube's client adapter built, TLS and all) is wrapped to bound each line.
+    from otel_vgpu.kubernetes.bounded import MAX_WATCH_LINE_BYTES, BoundedWatchLines  # noqa: PLC0415
+
+    http = client._client._client
+    http._transport = BoundedWatchLines(http._transport, MAX_WATCH_LINE_BYTES)
+    return client
