@@ -22,6 +22,12 @@ class Certs:
     client_key: Path
 
 
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
 def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
@@ -66,16 +72,17 @@ def make_certs(directory: Path, common_name: str = "127.0.0.1") -> Certs:
         client_key=directory / "client.key",
     )
     paths.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "ca.key").write_bytes(
+        ca_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     for cert_path, key_path, leaf_cert, leaf_key in (
         (paths.cert, paths.key, cert, key),
         (paths.client_cert, paths.client_key, client_cert, client_key),
     ):
         cert_path.write_bytes(leaf_cert.public_bytes(serialization.Encoding.PEM))
-        key_path.write_bytes(
-            leaf_key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
+        key_path.write_bytes(_pem_key(leaf_key))
     return paths
 
 
@@ -105,3 +112,38 @@ def _leaf(
         .sign(ca_key, hashes.SHA256())
     )
     return key, cert
+
+
+def issue_client(
+    certs: Certs,
+    name: str,
+    usages: list[x509.ObjectIdentifier] | None,
+    ca: bool = False,
+    valid_days: float = 1.0,
+) -> tuple[Path, Path]:
+    """Another client certificate from `certs`' CA: with these extended key usages (None: no
+    such extension), marked a CA or not, valid for `valid_days` from now (negative: expired)."""
+    directory = certs.ca.parent
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_cert = x509.load_pem_x509_certificate(certs.ca.read_bytes())
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=2))
+        .not_valid_after(now + datetime.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+    )
+    if usages is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(_pem_key(key))
+    return cert_path, key_path

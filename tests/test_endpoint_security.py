@@ -116,6 +116,40 @@ def test_mutual_tls(certs: Certs, tmp_path: Path, ratio_file: Path) -> None:
         agent.stop()
 
 
+def test_what_a_client_certificate_needs(certs: Certs, tmp_path: Path, ratio_file: Path) -> None:
+    # What TLS client authentication checks (OpenSSL's ssl_client purpose, as Go's crypto/tls
+    # under Prometheus' exporter-toolkit does): a chain to the client CA, valid now, and, where
+    # the certificate names extended key usages, clientAuth among them (RFC 5280 4.2.1.12). A
+    # certificate naming none serves any purpose (RFC 5280); one marked a CA is accepted too:
+    # whoever holds a CA key under the client CA can issue a client certificate anyway.
+    from dataclasses import replace as with_client  # noqa: PLC0415
+
+    from cryptography.x509.oid import ExtendedKeyUsageOID  # noqa: PLC0415
+
+    from testkit.certs import issue_client  # noqa: PLC0415
+
+    client_auth, server_auth = ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH
+    cases = {
+        "client-auth": ([client_auth], False, 1.0, True),
+        "no-extended-key-usage": (None, False, 1.0, True),
+        "client-and-server-auth": ([server_auth, client_auth], False, 1.0, True),
+        "marked-a-ca": ([client_auth], True, 1.0, True),
+        "server-auth-only": ([server_auth], False, 1.0, False),
+        "expired": ([client_auth], False, -1.0, False),
+    }
+    args = tls_args(ratio_file, certs, "--tls-client-ca-file", str(certs.ca))
+    with running_agent(*args, https_ca=certs.ca, https_client=certs) as agent:
+        for name, (usages, ca, days, accepted) in cases.items():
+            cert, key = issue_client(certs, name, usages, ca=ca, valid_days=days)
+            client = with_client(certs, client_cert=cert, client_key=key)
+            if accepted:
+                assert https_get(agent.url, certs.ca, client=client) == 200, name
+            else:
+                with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+                    https_get(agent.url, certs.ca, client=client)
+        agent.stop()
+
+
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
