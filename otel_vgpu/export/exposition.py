@@ -18,6 +18,7 @@ and looked up by that dict's identity on every later scrape.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -109,6 +110,7 @@ def _parameters(tokens: Iterable[str]) -> tuple[str, str]:
     return version, escaping or om.UNDERSCORES
 
 
+_LEGACY_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _PLAIN_VERSION = re.compile(r"[0-9A-Za-z.+-]{1,32}")
 
 
@@ -179,12 +181,16 @@ class Renderer:
         self._escapings: set[str] = set()
         self._escapings_before: set[str] = set()
 
-    def new_collection(self) -> None:
-        """A new collection is being rendered: an escaping not asked for in the last one has
-        its label texts dropped (a client that alternated between escapings has gone)."""
+    def new_collection(self) -> bool:
+        """A new collection is being rendered: an escaping not asked for in the last two has
+        its label texts dropped (a client that alternated between escapings has gone).
+        True when some were."""
         keep = self._escapings | self._escapings_before
-        self._labels = {k: v for k, v in self._labels.items() if k[0] in keep}
+        kept = {k: v for k, v in self._labels.items() if k[0] in keep}
+        dropped = len(kept) != len(self._labels)
+        self._labels = kept
         self._escapings_before, self._escapings = self._escapings, set()
+        return dropped
 
     def render(self, data: MetricsData | None, fmt: Format) -> str:
         """The exposition of one collection: target_info, then every metric, then `# EOF` in OpenMetrics."""
@@ -199,9 +205,9 @@ class Renderer:
         # Only the label text of series that still exist is kept: ended pods' go. The other
         # escaping's texts stay for its next render (clients that alternate between dots
         # and the rest would otherwise have every series' labels written anew each time).
-        escaping = fmt.escaping
-        self._escapings.add(escaping)
-        self._labels = {**{k: v for k, v in self._labels.items() if k[0] != escaping}, **used}
+        # The label texts of other escapings than this render's stay too, for their next render.
+        written = {fmt.escaping} if fmt.escaping == om.DOTS else {fmt.escaping, om.UNDERSCORES}
+        self._labels = {**{k: v for k, v in self._labels.items() if k[0] not in written}, **used}
         if fmt.openmetrics:
             out.append("# EOF\n")
         return "".join(out)
@@ -235,7 +241,11 @@ class Renderer:
         for point in points:
             raw.update(point.attributes or ())
         names = tuple(sorted({sanitize_attribute(key) for key in raw}))
-        key = (escaping, names)
+        # Label names of Prometheus' legacy set are written alike by every escaping but dots:
+        # such a family's label texts are shared by underscores, values and allow-utf-8.
+        labelled = escaping if escaping == om.DOTS or not all(map(_LEGACY_NAME.fullmatch, names)) else om.UNDERSCORES
+        self._escapings.add(labelled)
+        key = (labelled, names)
         if family.kind == "histogram":
             for point in points:
                 self._histogram(out, family.name, names, escaping, cast(HistogramDataPoint, point))
@@ -248,7 +258,7 @@ class Renderer:
             if entry is None or entry[0] is not attributes:
                 entry = previous.get(id(attributes))
                 if entry is None or entry[0] is not attributes:
-                    entry = (attributes, _label_text(attributes, names, escaping))
+                    entry = (attributes, _label_text(attributes, names, labelled))
                 kept[id(attributes)] = entry
             out.append(f"{sample}{entry[1]} {_value(point.value)}\n")
 
@@ -309,5 +319,12 @@ def _label_text(attributes: Mapping[str, Any] | None, names: Sequence[str], esca
 def _label_text_of(labels: Mapping[str, str], escaping: str) -> str:
     if not labels:
         return ""
-    body = ",".join(f'{om.escape_label_name(k, escaping)}="{_escape_value(v)}"' for k, v in sorted(labels.items()))
+    body = ",".join(f'{_label_name(k, escaping)}="{_escape_value(v)}"' for k, v in sorted(labels.items()))
     return "{" + body + "}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _label_name(name: str, escaping: str) -> str:
+    """A label name as `escaping` writes it: a few names, written for every series, and
+    prometheus_client's escaping of one is half the cost of a series' label text."""
+    return str(om.escape_label_name(name, escaping))

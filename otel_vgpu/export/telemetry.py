@@ -38,6 +38,7 @@ from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.exposition import Format, Renderer
 from otel_vgpu.export.families import BY_NAME, Instrument, Kind, of_kind
+from otel_vgpu.export.memory import trim
 from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings, make_exporter
 from otel_vgpu.export.reader import ScrapeReader, no_exemplars
 from otel_vgpu.export.sdk_internals import (
@@ -328,7 +329,8 @@ class Telemetry:
             if done is None or done[0] is not snapshot:
                 data = self.reader.collect_data()
                 self._prune(self.reader)
-                self._renderer.new_collection()
+                if self._renderer.new_collection():
+                    trim()  # the label texts of escapings no longer asked for: their memory back
                 done = self._encoded = (snapshot, data, {})
             body = done[2].get(fmt.body)
             if body is None:
