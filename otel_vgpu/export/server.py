@@ -12,7 +12,9 @@ Every client is held to bounds, whoever it is and whatever it sends
   cut), and a connection that sends nothing is closed after `idle_s`;
 - at most `connections` connections are open; past that, the one that has
   waited longest for a request head (idle or trickling) is shed for the new
-  one, and if every connection is busy with a response the new one gets 503;
+  one, or one whose reader has stalled, or one waiting between requests from
+  an address (a network) holding more than its share of the cap; if none can
+  go, the new one gets 503 (on a TLS port, a close before the handshake);
 - only GET and HEAD (405 otherwise); HEAD gets the headers and no body;
   gzip as `Accept-Encoding` asks, q-values and case included;
 - with mutual TLS, a client certificate is asked for and checked in the
