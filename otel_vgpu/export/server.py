@@ -430,6 +430,8 @@ class _Connection:
     waiting_since: float
     source: str = ""
     """The peer's address; its network is network_of(source)."""
+    answered: int = 0
+    """Responses sent on it: a kept-alive connection has answered one at least."""
     waiting: bool = True
     """Idle, or receiving a request head: what the cap sheds first."""
     handshaking: bool = False
@@ -592,21 +594,30 @@ class Server:
         `network_share`: one client keeping every connection busy (a keep-alive
         request every 0.2 s on each, never quiet) cannot keep a scraper from elsewhere
         out. Only one waiting between requests (nothing of a response is lost), the
-        quietest and oldest first. Behind one proxy every client is one address: the
+        oldest first. Behind one proxy every client is one address: the
         share then sheds the proxy's own oldest waiting connection for its new one."""
         limits = self.limits
         by_address = collections.Counter(c.source for c in self.counters.connections)
-        by_network = collections.Counter(network_of(a) for a in by_address.elements())
+        network = {address: network_of(address) for address in by_address}
+        by_network: collections.Counter[str] = collections.Counter()
+        for address, held in by_address.items():
+            by_network[network[address]] += held
         over = {
             address
             for address, held in by_address.items()
             if held > limits.connections * limits.address_share
-            or by_network[network_of(address)] > limits.connections * limits.network_share
+            or by_network[network[address]] > limits.connections * limits.network_share
         }
-        candidates = [c for c in self.counters.connections if c.waiting and c.source in over and not c.handshaking]
+        # Only a kept-alive connection between its requests, with nothing of a next one
+        # unread: a new connection's first request is never taken from it, whoever sent it.
+        candidates = [
+            c
+            for c in self.counters.connections
+            if c.waiting and c.answered and c.source in over and not c.handshaking and c.quiet()
+        ]
         if not candidates:
             return None
-        return min(candidates, key=lambda c: (-by_address[c.source], not c.quiet(), c.waiting_since))
+        return min(candidates, key=lambda c: (-by_address[c.source], c.waiting_since))
 
     async def _admit(self) -> bool:
         """A place under the cap for a new connection: a free one, one a shed connection
@@ -737,6 +748,7 @@ class Server:
                     return
                 if not await self._send(writer, protocol, response, head=request.method == "HEAD", on=connection):
                     return
+                connection.answered += 1
                 if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
                     return  # HTTP/1.0 or Connection: close
                 protocol.start_next_cycle()
