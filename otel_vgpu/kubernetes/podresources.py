@@ -125,7 +125,7 @@ class PodResourcesClient:
         from h2.exceptions import H2Error  # noqa: PLC0415
 
         try:
-            return await method(request, timeout=self._timeout)
+            answer = await method(request, timeout=self._timeout)
         except GRPCError as error:
             if raw:
                 raise
@@ -136,10 +136,12 @@ class PodResourcesClient:
             # A socket that is not there (yet), refused, or a connection dropped mid-call:
             # the next call connects again.
             self._channel.close()
+            # What broke a connection stays the reason until a call succeeds: a call that
+            # finds the connection already gone says the same, and is logged as one kind.
             why = self._broken or f"{type(error).__name__}: {error}"
             raise PodResourcesError(f"{name} UNAVAILABLE: {why}") from None
-        finally:
-            self._broken = None
+        self._broken = None
+        return answer
 
     def _connection_broke(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         error = context.get("exception")
