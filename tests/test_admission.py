@@ -80,3 +80,22 @@ def test_a_refused_connection_hears_503_in_clear_only_on_a_clear_port(
                 client.wrap_socket(raw, server_hostname="localhost")
             assert "WRONG_VERSION_NUMBER" not in str(refused.value)
     assert server.counters.refused >= 1
+
+
+def test_accepted_connections_send_without_waiting_for_acks(tmp_path: Path) -> None:
+    # TCP_NODELAY on every accepted connection: a response's last piece goes out at once,
+    # not after the client's delayed ACK (about 40 ms on each back-to-back request).
+    endpoint = Held()
+    server = Server("127.0.0.1", 0, cast(Endpoint, endpoint), None, limits=ONE_PLACE)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            wait_until(endpoint.asked.is_set, what="the request being answered")
+            (connection,) = server.counters.connections
+            accepted = connection.writer.get_extra_info("socket")
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+            endpoint.release.set()
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+    finally:
+        server.stop()

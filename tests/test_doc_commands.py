@@ -39,6 +39,7 @@ SLOW_BENCHES = {
     "bench/sweep_cost.py": "about 3 minutes",
     "bench/soak.py": "over a minute",
     "bench/kube_client_cost.py": "needs the official Kubernetes client in its own venv (docs/kubernetes.md)",
+    "bench/wrk_keepalive.py": "needs wrk, Debian's package, which the suite does not install",
 }
 
 

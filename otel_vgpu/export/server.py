@@ -472,7 +472,11 @@ class Server:
     ) -> None:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         # Bound now, so a port in use fails the start (OSError reaches the caller).
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP said, not left 0: asyncio sets TCP_NODELAY on accepted connections
+        # only where sock.proto is IPPROTO_TCP (base_events._set_nodelay). Without it Nagle
+        # held each response's last piece for the client's delayed ACK: about 40 ms on
+        # every request after the first on a keep-alive connection.
+        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._socket.bind((address, port))
