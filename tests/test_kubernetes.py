@@ -405,6 +405,14 @@ def test_a_hung_watch_is_abandoned_and_the_pods_listed_again(cluster: Cluster) -
         cluster.kubelet.assign("web", "after-hang", {"main": [f"{U1}::6"]})
         wait_for(agent, lambda e: ("web", "after-hang") in pods_of(e), timeout=20)
         assert cluster.api.state.lists > lists
+
+        # The abandoned loop's thread, still inside its read of a watch the server never ends,
+        # is woken (its socket shut down) and ends, closing its own connection: closed from
+        # another thread, its descriptor would be free for the next socket while still read.
+        def loops() -> list[str]:
+            return [t.name for t in threading.enumerate() if t.name.startswith("kubernetes-pods-")]
+
+        wait_until(lambda: len(loops()) == 1, what="every abandoned loop's thread ended but the current one")
         code, err = agent.stop()
     assert code == 0 and "no word from the Kubernetes API watch" in err
 

@@ -217,5 +217,8 @@ def make_client(kubeconfig: Path | None, service_account_dir: Path) -> Any:
     from otel_vgpu.kubernetes.bounded import MAX_WATCH_LINE_BYTES, BoundedWatchLines  # noqa: PLC0415
 
     http = client._client._client
-    http._transport = BoundedWatchLines(http._transport, MAX_WATCH_LINE_BYTES)
+    transport = BoundedWatchLines(http._transport, MAX_WATCH_LINE_BYTES)
+    http._transport = transport
+    # How a list-and-watch loop that gives this client up wakes its reader (watch.py).
+    client.otel_vgpu_interrupt = transport.interrupt  # type: ignore[attr-defined]
     return client

@@ -10,7 +10,11 @@ broken watch: it logs one line, counts it, and lists again.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import httpx2
 
@@ -45,11 +49,13 @@ class _BoundedLines(httpx2.SyncByteStream):
 
 
 class BoundedWatchLines(httpx2.BaseTransport):
-    """`inner`, with each line of every watch response bounded to `most` bytes."""
+    """`inner`, with each line of every watch response bounded to `most` bytes, and a way
+    to wake the threads reading its watches (`interrupt`)."""
 
     def __init__(self, inner: httpx2.BaseTransport, most: int) -> None:
         self._inner = inner
         self._most = most
+        self._watches: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         response = self._inner.handle_request(request)
@@ -57,7 +63,20 @@ class BoundedWatchLines(httpx2.BaseTransport):
             stream = response.stream
             assert isinstance(stream, httpx2.SyncByteStream)
             response.stream = _BoundedLines(stream, self._most)
+            network = response.extensions.get("network_stream")
+            if network is not None:
+                self._watches.add(network)
         return response
+
+    def interrupt(self) -> None:
+        """Shut down the sockets of the watches being read: their readers wake with an end
+        of input and close them themselves. Closing them from here instead would free the
+        descriptor under a thread still inside a read, for the next socket the process
+        opens (a scraper's) to take: that thread's next read then takes its bytes."""
+        for network in list(self._watches):
+            sock = network.get_extra_info("socket")
+            with contextlib.suppress(OSError, AttributeError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         self._inner.close()

@@ -84,10 +84,7 @@ class ListWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        # The loop may be blocked in a watch's read, which closing the client
-        # does not interrupt; its thread is a daemon, so it is not waited for.
-        with contextlib.suppress(Exception):
-            self._client.close()
+        _give_up(self._client)
 
     def _begin(self) -> None:
         """A new list-and-watch loop on a new client; the previous loop's
@@ -98,8 +95,7 @@ class ListWatch:
             old, self._client = self._client, self._make_client()
             self._progress = time.monotonic()
         if old is not None:
-            with contextlib.suppress(Exception):
-                old.close()
+            _give_up(old)
         client = self._client
         threading.Thread(
             target=self._run, args=(client, generation), name=f"kubernetes-{self._what}-{generation}", daemon=True
@@ -122,6 +118,14 @@ class ListWatch:
         return generation == self._generation and not self._stop.is_set()
 
     def _run(self, client: Any, generation: int) -> None:
+        try:
+            self._loop(client, generation)
+        finally:
+            # Closed by the thread that reads it, once it has stopped reading (_give_up).
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def _loop(self, client: Any, generation: int) -> None:
         first, most = self._backoff.first, self._backoff.most
         backoff = first
         while self._current(generation):
@@ -165,6 +169,19 @@ class ListWatch:
                     return
                 self._progress = time.monotonic()
                 self._on_event(kind, obj)
+
+
+def _give_up(client: Any) -> None:
+    """Wake the loop reading `client` so that it ends and closes it itself. A client of
+    make_client's shuts its watches' sockets down; another (a test's) is closed here."""
+    if client is None:
+        return
+    interrupt = getattr(client, "otel_vgpu_interrupt", None)
+    with contextlib.suppress(Exception):
+        if interrupt is not None:
+            interrupt()
+        else:
+            client.close()
 
 
 class _Superseded(Exception):
