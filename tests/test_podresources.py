@@ -111,6 +111,7 @@ def test_a_kubelet_that_sends_unknown_frames_fails_the_call_in_one_line_counted(
 ) -> None:
     # A peer speaking HTTP/2 with a frame type grpclib does not handle (0xFA): its
     # connection drops under the call, which says why, with no traceback logged.
+    import contextlib  # noqa: PLC0415
     import socket  # noqa: PLC0415
     import threading  # noqa: PLC0415
 
@@ -121,15 +122,25 @@ def test_a_kubelet_that_sends_unknown_frames_fails_the_call_in_one_line_counted(
     server.settimeout(10)
     stop = threading.Event()
 
+    def answer(connection: socket.socket) -> None:
+        with connection:
+            connection.recv(65536)  # the client's preface and request
+            connection.sendall(_frame(0x4) + _frame(0xFA, b"unknown"))  # SETTINGS, then the unknown frame
+            # Then an end of output, and what the client sends read until it leaves: a close
+            # with its bytes unread would reset the connection before it reads the frame.
+            connection.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(OSError):
+                while connection.recv(65536):
+                    pass
+
     def serve() -> None:
+        # Each connection on a thread of its own: the next call is accepted at once.
         while not stop.is_set():
             try:
                 connection, _ = server.accept()
             except OSError:
                 return
-            with connection:
-                connection.recv(65536)  # the client's preface and request
-                connection.sendall(_frame(0x4) + _frame(0xFA, b"unknown"))  # SETTINGS, then the unknown frame
+            threading.Thread(target=answer, args=(connection,), daemon=True).start()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
