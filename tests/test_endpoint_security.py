@@ -342,14 +342,22 @@ def test_a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_keep
     assert log.count("the TLS certificate and key changed and cannot be used") == 1, log
 
 
-def test_failures_spread_over_a_network_throttle_the_network_not_a_known_good_scraper() -> None:
-    now = [1000.0]
-    auth = BasicAuth({"prometheus": f"sha256:{hashlib.sha256(b'right').hexdigest()}"}, clock=lambda: now[0])
+def attempts(auth: BasicAuth) -> Callable[[str, str], Verdict]:
+    """prometheus's login with a password from a peer, checked as the endpoint checks it."""
 
     def attempt(password: str, peer: str) -> Verdict:
         header = "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()
         verdict = auth.decide(header, peer)
         return auth.verify(verdict) if isinstance(verdict, Attempt) else verdict
+
+    return attempt
+
+
+def test_failures_spread_over_a_network_throttle_the_network_not_a_known_good_scraper() -> None:
+    now = [1000.0]
+    auth = BasicAuth({"prometheus": f"sha256:{hashlib.sha256(b'right').hexdigest()}"}, clock=lambda: now[0])
+
+    attempt = attempts(auth)
 
     assert attempt("right", "10.1.2.200") is Verdict.ALLOW  # the scraper's credential, remembered
     # 20 addresses of 10.1.2.0/24, one wrong password each: no address reaches its own 5
@@ -371,10 +379,7 @@ def test_a_repeated_known_bad_password_costs_its_sender_and_no_neighbour() -> No
     now = [1000.0]
     auth = BasicAuth({"prometheus": f"sha256:{hashlib.sha256(b'right').hexdigest()}"}, clock=lambda: now[0])
 
-    def attempt(password: str, peer: str) -> Verdict:
-        header = "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()
-        verdict = auth.decide(header, peer)
-        return auth.verify(verdict) if isinstance(verdict, Attempt) else verdict
+    attempt = attempts(auth)
 
     checks = 0
     for _ in range(1000):

@@ -259,16 +259,17 @@ def password_flood(
     count: int,
     user_of: Callable[[int, int], str],
     source_of: Callable[[int, int], str] = lambda n, i: "127.0.0.1",
+    password_of: Callable[[int, int], str] = lambda n, i: f"guess-{n}-{i}",
 ) -> Callable[[], None]:
-    """`count` clients sending wrong passwords (for `user_of(n, i)`, from `source_of(n, i)`)
-    until `stop`, each answer's status in `answers`."""
+    """`count` clients sending wrong passwords (`password_of(n, i)` for `user_of(n, i)`, from
+    `source_of(n, i)`) until `stop`, each answer's status in `answers`."""
     import http.client  # noqa: PLC0415
 
     def attacker(n: int) -> None:
         i = 0
         while time.monotonic() < stop:
             i += 1
-            wrong = "Basic " + base64.b64encode(f"{user_of(n, i)}:guess-{n}-{i}".encode()).decode()
+            wrong = "Basic " + base64.b64encode(f"{user_of(n, i)}:{password_of(n, i)}".encode()).decode()
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source_of(n, i), 0))
             try:
                 connection.request("GET", "/metrics", headers={"Authorization": wrong})
@@ -690,27 +691,19 @@ def test_a_neighbour_repeating_a_known_bad_password_never_locks_out_a_scraper_of
         credential = "Basic " + base64.b64encode(b"prometheus:scrape-secret").decode()
         scraper = Scraper(target.url, auth=credential, source="127.0.0.50")
         answers: list[int] = []
-        stop = time.monotonic() + 6
-        wrong = "Basic " + base64.b64encode(b"prometheus:the-same-wrong-one").decode()
-
-        def attacker(n: int) -> None:
-            import http.client  # noqa: PLC0415
-
-            while time.monotonic() < stop:
-                connection = http.client.HTTPConnection(
-                    "127.0.0.1", target.port, timeout=10, source_address=(f"127.0.0.{n + 2}", 0)
-                )
-                try:
-                    connection.request("GET", "/metrics", headers={"Authorization": wrong})
-                    answers.append(connection.getresponse().status)
-                except OSError:
-                    pass
-                finally:
-                    connection.close()
+        flood = password_flood(
+            target.port,
+            answers,
+            time.monotonic() + 6,
+            5,
+            lambda n, i: "prometheus",
+            lambda n, i: f"127.0.0.{n + 2}",
+            password_of=lambda n, i: "the-same-wrong-one",
+        )
 
         def attack() -> None:
             time.sleep(1)  # the attack first, then the scraper's first attempt, unremembered
-            in_parallel(5, attacker)
+            flood()
 
         attacker_thread = threading.Thread(target=attack, daemon=True)
         attacker_thread.start()
