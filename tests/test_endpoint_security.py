@@ -293,15 +293,20 @@ def credentials_errors(agent_url: str, ca: Path, auth: tuple[str, str]) -> float
     return float(found.group(1)) if found else 0.0
 
 
+def alice(password: str) -> str:
+    """A users file of one user, alice, with this password (bcrypt, the cheapest cost)."""
+    return "alice:" + bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode() + "\n"
+
+
 def test_a_revoked_password_stops_working_and_a_broken_users_file_keeps_the_last(
     certs: Certs, tmp_path: Path, ratio_file: Path
 ) -> None:
     users = tmp_path / "users"
-    users.write_text("alice:" + bcrypt.hashpw(b"old-password", bcrypt.gensalt(rounds=4)).decode() + "\n")
+    users.write_text(alice("old-password"))
     args = tls_args(ratio_file, certs, "--basic-auth-file", str(users))
     with running_agent(*args, https_ca=certs.ca) as agent:
         assert https_get(agent.url, certs.ca, ("alice", "old-password")) == 200
-        replace(users, "alice:" + bcrypt.hashpw(b"new-password", bcrypt.gensalt(rounds=4)).decode() + "\n")
+        replace(users, alice("new-password"))
         wait_until(
             lambda: (
                 https_get(agent.url, certs.ca, ("alice", "new-password")) == 200
@@ -454,14 +459,14 @@ def test_credential_files_turned_fifo_or_endless_on_reload_keep_the_last_and_nev
     certs: Certs, tmp_path: Path, ratio_file: Path
 ) -> None:
     users = tmp_path / "users"
-    users.write_text("alice:" + bcrypt.hashpw(b"first", bcrypt.gensalt(rounds=4)).decode() + "\n")
+    users.write_text(alice("first"))
     args = tls_args(ratio_file, certs, "--basic-auth-file", str(users))
     with running_agent(*args, https_ca=certs.ca) as agent:
         assert https_get(agent.url, certs.ca, ("alice", "first")) == 200
         # The key becomes a FIFO: its reread must not block the thread the users file shares.
         fifo_in_place_of(certs.key)
         wait_until(lambda: credentials_errors(agent.url, certs.ca, ("alice", "first")) >= 1, what="the FIFO counted")
-        replace(users, "alice:" + bcrypt.hashpw(b"second", bcrypt.gensalt(rounds=4)).decode() + "\n")
+        replace(users, alice("second"))
         wait_until(
             lambda: (
                 https_get(agent.url, certs.ca, ("alice", "second")) == 200
