@@ -13,8 +13,9 @@ from __future__ import annotations
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -23,26 +24,22 @@ from prometheus_client.registry import Collector
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.export.families import Family, Kind, of_kind
-from otel_vgpu.export.telemetry import ROW_VALUES, gpu_attributes, pod_attributes
+from otel_vgpu.export.families import GPU, POD, Family, of_kind
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import load_scenario
 
 
-def families(snapshot_rows: Iterable[object], specs: Iterable[Family], attributes: object) -> list[GaugeMetricFamily]:
-    rows = list(snapshot_rows)
+def families(rows: Sequence[Any], specs: Iterable[Family[Any]]) -> list[GaugeMetricFamily]:
     result = []
     for spec in specs:
         unit = {"By": "bytes"}.get(spec.unit, "")
         name = spec.name.replace(".", "_")
         family = GaugeMetricFamily(name, spec.description, unit=unit)
-        value_of = ROW_VALUES[spec.name]
         for row in rows:
-            value = value_of(row)
+            value = spec.value(row)
             if value is not None:
-                labels = attributes(row)  # type: ignore[operator]
-                family.add_sample(family.name, labels, float(value))
+                family.add_sample(family.name, dict(spec.kind.attributes(row)), float(value))
         result.append(family)
     return result
 
@@ -57,9 +54,7 @@ class Precomputed(Collector):
 
 def floor_registry(snapshot: Snapshot) -> CollectorRegistry:
     """The process metrics and the snapshot's families, made once, rendered on every collect."""
-    prepared = families(snapshot.pods, of_kind(Kind.POD), pod_attributes) + families(
-        snapshot.gpus, of_kind(Kind.GPU), gpu_attributes
-    )
+    prepared = families(snapshot.pods, of_kind(POD)) + families(snapshot.gpus, of_kind(GPU))
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
     registry.register(Precomputed(prepared))

@@ -8,6 +8,7 @@ from otel_vgpu.allocation.ratio import Ratios
 from otel_vgpu.allocation.shares import Allocation, Grant
 from otel_vgpu.collect.aggregate import GpuReading, GpuRow, PodRow, aggregate
 from otel_vgpu.gpu.backend import Device, GpuProcess
+from otel_vgpu.gpu.sampling import ProcessUse
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodMeta
 
@@ -15,6 +16,11 @@ GIB = 1024**3
 GPU0 = Device(0, "GPU-0", "H100", 80 * GIB, 40 * GIB, 0.7)
 GPU1 = Device(1, "GPU-1", "H100", 80 * GIB, 10 * GIB, 0.1)
 NAMES = {"uid-a": PodMeta("ml", "a"), "uid-b": PodMeta("web", "b")}
+
+
+def use(sm_by_pid: Mapping[int, float]) -> dict[int, ProcessUse]:
+    """Per-process figures of SM alone."""
+    return {pid: ProcessUse(sm=sm) for pid, sm in sm_by_pid.items()}
 
 
 def grants(
@@ -45,9 +51,9 @@ def test_pods_on_two_gpus_with_unattributed_memory() -> None:
         GpuReading(
             GPU0,
             [GpuProcess(1, 10 * GIB), GpuProcess(2, 5 * GIB), GpuProcess(3, 2 * GIB), GpuProcess(9, GIB)],
-            {1: 0.5, 2: 0.1},
+            use({1: 0.5, 2: 0.1}),
         ),
-        GpuReading(GPU1, [GpuProcess(4, 3 * GIB)], {4: 0.2}),
+        GpuReading(GPU1, [GpuProcess(4, 3 * GIB)], use({4: 0.2})),
     ]
     pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-a", "c2"), 3: PodRef("uid-b", None), 4: PodRef("uid-a", "c1")}
     gpus, rows = run(readings, pods, NAMES.get, grants({("uid-a", "", "GPU-0"): 2}), 4.0)
@@ -112,7 +118,7 @@ def test_memory_unavailable_counts_process_but_no_bytes() -> None:
 def test_failed_process_listing_reports_gpu_but_no_pods() -> None:
     gpus, rows = run([GpuReading(GPU0, None, None)], {}, NAMES.get, grants({("uid-a", "", "GPU-0"): 1}), 2.0)
     assert rows == ()
-    assert gpus[0].unattributed_memory is None and gpus[0].memory_total == 80 * GIB
+    assert gpus[0].unattributed_memory is None and gpus[0].device.memory_total == 80 * GIB
 
 
 def test_failed_utilization_leaves_sm_unknown_not_zero() -> None:
@@ -126,7 +132,7 @@ def test_two_uids_with_one_name_are_two_series_told_apart_by_pod_uid() -> None:
     # a StatefulSet pod and its terminating predecessor
     names = {"old": PodMeta("ml", "db-0", uid="old"), "new": PodMeta("ml", "db-0", uid="new")}
     _, rows = run(
-        [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB)], {1: 0.2, 2: 0.3})],
+        [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB)], use({1: 0.2, 2: 0.3}))],
         {1: PodRef("old", None), 2: PodRef("new", None)},
         names.get,
         Allocation(),
@@ -145,7 +151,7 @@ def test_a_static_pod_is_labelled_with_its_mirror_pods_uid() -> None:
 
 def test_sm_of_a_pod_is_capped_at_the_whole_gpu() -> None:
     _, rows = run(
-        [GpuReading(GPU0, [GpuProcess(1, 0), GpuProcess(2, 0)], {1: 0.7, 2: 0.6})],
+        [GpuReading(GPU0, [GpuProcess(1, 0), GpuProcess(2, 0)], use({1: 0.7, 2: 0.6}))],
         {1: PodRef("uid-a", None), 2: PodRef("uid-a", None)},
         NAMES.get,
         Allocation(),
@@ -175,7 +181,7 @@ def test_placed_shares_win_over_unplaced() -> None:
 
 def test_rows_per_container_with_names_from_the_directory() -> None:
     names = {"uid-a": PodMeta("ml", "a", containers={"c1": "trainer", "c2": "sidecar"})}
-    readings = [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB), GpuProcess(3, 4 * GIB)], {1: 0.5})]
+    readings = [GpuReading(GPU0, [GpuProcess(1, GIB), GpuProcess(2, 2 * GIB), GpuProcess(3, 4 * GIB)], use({1: 0.5}))]
     pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-a", "c2"), 3: PodRef("uid-a", "c9")}
     allocation = grants({("uid-a", "trainer", "GPU-0"): 2, ("uid-a", "idle", "GPU-0"): 1})
     _, rows = run(readings, pods, names.get, allocation, 4.0, by_container=True)
@@ -194,8 +200,10 @@ def test_a_pod_whose_allocation_is_known_holds_no_share_where_it_was_given_none(
     # uid-a was given GPU 0 and runs on GPU 1 too; uid-b was given nothing. Both
     # were listed by the kubelet (answered); uid-c was not: its allocation is unknown.
     readings = [
-        GpuReading(GPU0, [GpuProcess(1, 4 * GIB)], {1: 0.4}),
-        GpuReading(GPU1, [GpuProcess(2, GIB), GpuProcess(3, 2 * GIB), GpuProcess(4, GIB)], {2: 0.1, 3: 0.2, 4: 0.3}),
+        GpuReading(GPU0, [GpuProcess(1, 4 * GIB)], use({1: 0.4})),
+        GpuReading(
+            GPU1, [GpuProcess(2, GIB), GpuProcess(3, 2 * GIB), GpuProcess(4, GIB)], use({2: 0.1, 3: 0.2, 4: 0.3})
+        ),
     ]
     pods = {1: PodRef("uid-a", None), 2: PodRef("uid-a", None), 3: PodRef("uid-b", None), 4: PodRef("uid-c", None)}
     names = {**NAMES, "uid-c": PodMeta("web", "c")}

@@ -58,13 +58,13 @@ def test_the_builtin_node_adds_up_at_every_moment(tmp_path: Path) -> None:
                 rows = [row for row in snapshot.pods if row.gpu_index == gpu.index]
                 # what vgpu_gpu_sm_utilization_ratio publishes: the GPU's figure over the interval
                 published = gpu.interval_utilization
-                assert published is not None and gpu.utilization_window is not None
+                assert published is not None and gpu.device.utilization_window is not None
                 pods_sm = sum(row.sm_utilization or 0.0 for row in rows)
                 assert pods_sm <= published + 1e-9, (clock.t, gpu.index, pods_sm, published)
-                assert sum(row.memory_allocated for row in rows) <= gpu.memory_total, (clock.t, gpu.index)
+                assert sum(row.memory_allocated for row in rows) <= gpu.device.memory_total, (clock.t, gpu.index)
                 assert sum(row.shares for row in rows) <= scenario.ratio, (clock.t, gpu.index)
                 used = sum(row.memory_used for row in rows) + (gpu.unattributed_memory or 0)
-                assert used <= gpu.memory_total
+                assert used <= gpu.device.memory_total
             for row in snapshot.pods:
                 if row.vgpu_utilization is not None and row.vgpu_utilization > 1.0:
                     over_users.add(row.pod)
@@ -100,7 +100,7 @@ pods:
         node.close()
     sm = {row.pod: row.sm_utilization for row in snapshot.pods}
     assert sm["a"] == 0.9 / 1.5 and sm["b"] == 0.6 / 1.5
-    assert snapshot.gpus[0].utilization == 1.0
+    assert snapshot.gpus[0].device.utilization == 1.0
 
 
 def test_a_static_pods_uid_is_its_mirrors_as_the_api_gives_it(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from otel_vgpu.gpu.backend import UtilizationSample
-from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_sm_by_pid, window_start
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, ProcessUse, SamplingWindows, fit_under, mean_use_by_pid, window_start
 
 S = 1_000_000
 
@@ -30,11 +30,14 @@ def test_mean_per_pid_inside_the_window_only() -> None:
         UtilizationSample(2, 12 * S, 0.1),
         UtilizationSample(3, 9 * S, 1.0),  # before the window
     ]
-    assert mean_sm_by_pid(samples, since_us=10 * S) == {1: 0.5, 2: 0.1}
+    assert mean_use_by_pid(samples, since_us=10 * S) == {1: ProcessUse(0.5), 2: ProcessUse(0.1)}
 
 
 def test_out_of_range_values_are_clamped() -> None:
-    assert mean_sm_by_pid([UtilizationSample(1, 2, 1.7), UtilizationSample(2, 2, -0.1)], 1) == {1: 1.0, 2: 0.0}
+    assert mean_use_by_pid([UtilizationSample(1, 2, 1.7), UtilizationSample(2, 2, -0.1)], 1) == {
+        1: ProcessUse(1.0),
+        2: ProcessUse(0.0),
+    }
 
 
 def test_windows_are_per_gpu_and_forget_removed_gpus() -> None:
@@ -49,12 +52,13 @@ def test_windows_are_per_gpu_and_forget_removed_gpus() -> None:
 def test_processes_that_read_above_the_gpu_are_fitted_under_it_in_proportion() -> None:
     # A burst that just ended: the bursty process's last figure is high, the GPU's
     # mean over the window is not. The GPU's figure is the total, split as they read.
-    fitted = fit_under({1: 0.6, 2: 0.3}, 0.45)
-    assert sum(fitted.values()) == pytest.approx(0.45)
-    assert fitted[1] == pytest.approx(2 * fitted[2])
+    fitted = fit_under({1: ProcessUse(0.6), 2: ProcessUse(0.3)}, 0.45)
+    assert sum(use.sm for use in fitted.values()) == pytest.approx(0.45)
+    assert fitted[1].sm == pytest.approx(2 * fitted[2].sm)
 
 
 def test_processes_under_the_gpu_or_without_its_figure_are_left_as_read() -> None:
-    assert fit_under({1: 0.2, 2: 0.1}, 0.5) == {1: 0.2, 2: 0.1}
-    assert fit_under({1: 0.7}, None) == {1: 0.7}
-    assert fit_under({1: 0.0}, 0.0) == {1: 0.0}
+    read = {1: ProcessUse(0.2), 2: ProcessUse(0.1)}
+    assert fit_under(read, 0.5) == read
+    assert fit_under({1: ProcessUse(0.7)}, None) == {1: ProcessUse(0.7)}
+    assert fit_under({1: ProcessUse(0.0)}, 0.0) == {1: ProcessUse(0.0)}

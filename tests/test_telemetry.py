@@ -12,7 +12,7 @@ import pytest
 
 from otel_vgpu.export import telemetry as telemetry_module
 from otel_vgpu.export.exposition import TEXT
-from otel_vgpu.export.families import FAMILIES, Kind, of_kind
+from otel_vgpu.export.families import FAMILIES, GPU, POD, SEED, of_kind
 from otel_vgpu.export.sdk_internals import storage_matches
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
@@ -22,8 +22,8 @@ from testkit.promtext import Exposition, parse
 
 from .conftest import GIB, make_sampler
 
-POD_FAMILIES = [family.prometheus_name for family in of_kind(Kind.POD)]
-GPU_FAMILIES = [family.prometheus_name for family in of_kind(Kind.GPU)]
+POD_FAMILIES = [family.prometheus_name for family in of_kind(POD)]
+GPU_FAMILIES = [family.prometheus_name for family in of_kind(GPU)]
 # What the Python client adds beside the contract's families.
 CLIENT_FAMILIES = re.compile(r"^(process_|python_|target_info$)")
 
@@ -49,7 +49,7 @@ def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None
     sourced = {"vgpu.agent.export.failures", "vgpu.agent.pod_resources.up"}
     contract = {family.prometheus_name for family in FAMILIES if family.name not in sourced}
     assert {name.removesuffix("_total") for name in published} == {n.removesuffix("_total") for n in contract}
-    for family in (*of_kind(Kind.POD), *of_kind(Kind.GPU), *of_kind(Kind.SEED)):
+    for family in (*of_kind(POD), *of_kind(GPU), *of_kind(SEED)):
         series = exposition.series(family.prometheus_name)
         assert series, family.name
         for labels in series:

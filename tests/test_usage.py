@@ -6,17 +6,42 @@ import dataclasses
 import itertools
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow
 from otel_vgpu.collect.usage import MAX_GAP_S, EnergySplit, Pending, Usage, accumulate, note_interval, split_pending
+from otel_vgpu.gpu.backend import Device
+from otel_vgpu.gpu.sampling import ProcessUse
 
-GPU = GpuRow(0, "GPU-a", "H200", 140, 10, 0.5, 2.0, 0)
+GPU = GpuRow(
+    device=Device(index=0, uuid="GPU-a", model="H200", memory_total=140, memory_used=10, utilization=0.5),
+    vgpus=2.0,
+    unattributed_memory=0,
+)
+
+
+def gpu_with(gpu: GpuRow, **device: Any) -> GpuRow:
+    """`gpu` with its device's fields replaced as given."""
+    return dataclasses.replace(gpu, device=dataclasses.replace(gpu.device, **device))
 
 
 def pod(uid: str = "u1", sm: float | None = 0.25, memory: int = 100, container: str | None = None) -> PodRow:
-    return PodRow("ml", "trainer", uid, container, 0, "GPU-a", 1.0, memory, 70, sm, None, 1)
+    return PodRow(
+        namespace="ml",
+        pod="trainer",
+        pod_uid=uid,
+        container=container,
+        gpu_index=0,
+        gpu_uuid="GPU-a",
+        shares=1.0,
+        memory_used=memory,
+        memory_allocated=70,
+        use=None if sm is None else ProcessUse(sm=sm),
+        vgpu_utilization=None,
+        processes=1,
+    )
 
 
 def run(sweeps: list[tuple[float, list[PodRow], float | None]]) -> tuple[Usage, tuple[GpuRow, ...], tuple[PodRow, ...]]:
@@ -25,7 +50,7 @@ def run(sweeps: list[tuple[float, list[PodRow], float | None]]) -> tuple[Usage, 
     gpus: tuple[GpuRow, ...] = ()
     pods: tuple[PodRow, ...] = ()
     for at, rows, utilization in sweeps:
-        usage, gpus, pods = accumulate(usage, [dataclasses.replace(GPU, utilization=utilization)], rows, at)
+        usage, gpus, pods = accumulate(usage, [gpu_with(GPU, utilization=utilization)], rows, at)
     return usage, gpus, pods
 
 
@@ -115,11 +140,11 @@ def test_the_agent_counts_busy_seconds_at_its_own_cadence_without_scrapes(tmp_pa
 def test_the_gpu_counter_follows_its_own_samples_over_the_interval_not_the_last_period() -> None:
     # Bursty work sampled every 2 s: the last period read 1.0 (a burst), the window's samples 0.3.
     usage, _, _ = accumulate(Usage(), [GPU], [], 0.0)
-    bursty = dataclasses.replace(GPU, utilization=1.0, utilization_window=0.3)
+    bursty = gpu_with(GPU, utilization=1.0, utilization_window=0.3)
     _, gpus, _ = accumulate(usage, [bursty], [], 2.0)
     assert gpus[0].sm_busy_seconds == pytest.approx(0.6)
     # Without samples (an old driver), the last period's figure serves.
-    _, gpus, _ = accumulate(usage, [dataclasses.replace(GPU, utilization=1.0)], [], 2.0)
+    _, gpus, _ = accumulate(usage, [gpu_with(GPU, utilization=1.0)], [], 2.0)
     assert gpus[0].sm_busy_seconds == pytest.approx(2.0)
 
 
@@ -165,34 +190,34 @@ def test_idle_energy_goes_by_shares_and_active_energy_by_sm() -> None:
 
 
 def test_a_driver_reload_counts_from_zero_and_idle_power_is_learned() -> None:
-    gpu = dataclasses.replace(GPU, utilization=0.0, energy_mj=1_000_000)
+    gpu = gpu_with(GPU, utilization=0.0, energy_mj=1_000_000)
     usage, gpus, _ = accumulate(Usage(), [gpu], [], 0.0)
     assert gpus[0].energy_joules == 0.0
     # 2 s idle at 80 W: 160 J; the idle power learned is 80 W
-    usage, gpus, _ = accumulate(usage, [dataclasses.replace(gpu, energy_mj=1_160_000)], [], 2.0)
+    usage, gpus, _ = accumulate(usage, [gpu_with(gpu, energy_mj=1_160_000)], [], 2.0)
     assert gpus[0].energy_joules == pytest.approx(160.0) and usage.idle_watts["GPU-a"] == pytest.approx(80.0)
     # the driver reloaded: its counter reads 40 J since then
-    usage, gpus, _ = accumulate(usage, [dataclasses.replace(gpu, energy_mj=40_000)], [], 4.0)
+    usage, gpus, _ = accumulate(usage, [gpu_with(gpu, energy_mj=40_000)], [], 4.0)
     assert gpus[0].energy_joules == pytest.approx(200.0), "never backwards"
     # a GPU without a counter has no energy families
-    _, gpus, _ = accumulate(usage, [dataclasses.replace(gpu, energy_mj=None)], [], 6.0)
+    _, gpus, _ = accumulate(usage, [gpu_with(gpu, energy_mj=None)], [], 6.0)
     assert gpus[0].energy_joules is None
 
 
 def test_a_configured_idle_power_bills_shares_on_a_gpu_never_seen_idle() -> None:
     # Busy from the first sweep on: nothing to learn from. 2 s at 400 W, 100 W of it idle
     # as configured; ratio 2: the holder of one share running nothing gets 100 J.
-    busy = dataclasses.replace(GPU, utilization=0.5, utilization_window=0.5, energy_mj=0)
+    busy = gpu_with(GPU, utilization=0.5, utilization_window=0.5, energy_mj=0)
     holder, runner = shares("a", 1, 0.0), shares("b", 1, 0.5)
     learned, _, _ = accumulate(Usage(), [busy], [holder, runner], 0.0)
     configured, _, _ = accumulate(Usage(), [busy], [holder, runner], 0.0, idle_watts=100.0)
-    later = dataclasses.replace(busy, energy_mj=800_000)
+    later = gpu_with(busy, energy_mj=800_000)
     _, _, pods = accumulate(learned, [later], [holder, runner], 2.0)
     assert {row.pod_uid: row.energy_joules for row in pods}["a"] == 0.0, "nothing learned, nothing idle"
     usage, _, pods = accumulate(configured, [later], [holder, runner], 2.0, idle_watts=100.0)
     assert {row.pod_uid: row.energy_joules for row in pods} == pytest.approx({"a": 100.0, "b": 700.0})
     # an idle interval teaches nothing when the power is configured
-    idle = dataclasses.replace(GPU, utilization=0.0, utilization_window=0.0, energy_mj=900_000)
+    idle = gpu_with(GPU, utilization=0.0, utilization_window=0.0, energy_mj=900_000)
     usage, _, _ = accumulate(usage, [idle], [], 4.0, idle_watts=100.0)
     assert usage.idle_watts["GPU-a"] == 100.0
 
@@ -235,10 +260,10 @@ def sweeps_of(
     usage, out = Usage(), []
     for n, pods in enumerate(pods_each):
         read = n % read_every == 0
-        gpu = dataclasses.replace(
+        gpu = gpu_with(
             GPU, utilization=0.5, utilization_window=0.5, energy_mj=int(n * 2 * watts * 1000) if read else None
         )
-        gpu = dataclasses.replace(gpu, energy_skipped=not read)
+        gpu = gpu_with(gpu, energy_skipped=not read)
         usage, gpus, rows = accumulate(usage, [gpu], pods, n * 2.0, idle_watts=idle_watts)
         out.append((gpus, rows))
     return out

@@ -12,6 +12,7 @@ from otel_vgpu.allocation.ratio import Ratios
 from otel_vgpu.allocation.shares import Allocation, Grant
 from otel_vgpu.gpu.backend import Device, GpuProcess, MigDevice
 from otel_vgpu.gpu.pidns import BlindGpu
+from otel_vgpu.gpu.sampling import ProcessUse
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodMeta
 
@@ -19,47 +20,46 @@ from otel_vgpu.pods.directory import PodMeta
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """What one GPU gave in a sweep. None marks a call that failed or,
-    for `sm_by_pid`, a figure NVML cannot give per process (MIG, MPS)."""
+    for `use_by_pid`, figures NVML cannot give per process (MIG, MPS)."""
 
     device: Device
     processes: Sequence[GpuProcess] | None
-    sm_by_pid: Mapping[int, float] | None
+    use_by_pid: Mapping[int, ProcessUse] | None
+    """Each process's use over the window; a process absent from it was idle."""
     mps_servers: int = 0
     """MPS server processes on the GPU: its clients' SM samples go to them."""
 
 
 @dataclass(frozen=True, slots=True)
 class GpuRow:
-    index: int
-    uuid: str
-    model: str
-    memory_total: int
-    memory_used: int
-    utilization: float | None
-    """None where NVML cannot tell (MIG mode)."""
+    device: Device
+    """The GPU as read in the sweep (its memory, its own utilization, its energy counter)."""
     vgpus: float
     unattributed_memory: int | None
     """None when the GPU's processes could not be listed."""
     mps_servers: int = 0
-    utilization_window: float | None = None
-    """Mean of the GPU's own samples since the previous sweep; None where NVML gave none."""
     sm_busy_seconds: float | None = None
     """SM-busy seconds counted so far (collect/usage.py); None where the SM figure is unknown."""
-    energy_mj: int | None = None
-    """NVML's energy counter as read in this sweep; None where the GPU has none or it was not read."""
-    energy_skipped: bool = False
-    """The GPU has an energy counter that this sweep did not read."""
     energy_joules: float | None = None
     """Joules counted so far (collect/usage.py); None where the GPU has no energy counter."""
     energy_unattributed_joules: float | None = None
     """The part of them no pod was given."""
 
     @property
+    def index(self) -> int:
+        return self.device.index
+
+    @property
+    def uuid(self) -> str:
+        return self.device.uuid
+
+    @property
     def interval_utilization(self) -> float | None:
         """The GPU's SM figure over the interval since the previous sweep: the mean of its
         own samples where NVML gave them; else its last period's figure, which a sweep
-        every few seconds samples, not averages."""
-        return self.utilization_window if self.utilization_window is not None else self.utilization
+        every few seconds samples, not averages. None where NVML cannot tell (MIG mode)."""
+        window = self.device.utilization_window
+        return window if window is not None else self.device.utilization
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +77,9 @@ class PodRow:
     shares: float
     memory_used: int
     memory_allocated: int
-    sm_utilization: float | None
-    """Share of the physical GPU's SMs, 0-1; None when NVML could not tell."""
+    use: ProcessUse | None
+    """What its processes used of the GPU over the window, each figure 0-1; None where NVML
+    cannot tell per process (MIG, MPS, a GPU that does not report it)."""
     vgpu_utilization: float | None
     """SM use relative to the compute the pod was given: 1 = exactly its share."""
     processes: int
@@ -91,6 +92,11 @@ class PodRow:
     """The most memory its processes held at once, at sweep cadence, since the agent first saw the row."""
     energy_joules: float | None = None
     """The pod's part of its GPU's energy so far (collect/usage.py); None where it has none."""
+
+    @property
+    def sm_utilization(self) -> float | None:
+        """Share of the physical GPU's SMs, 0-1; None when NVML could not tell."""
+        return None if self.use is None else self.use.sm
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +124,7 @@ class _Row:
     pod_uid: str
     container: str
     memory_used: int = 0
-    sm: float = 0.0
+    use: ProcessUse = field(default_factory=ProcessUse)
     processes: int = 0
     keys: set[tuple[str, str]] = field(default_factory=set)
     """(pod UID, container label) behind this row: the keys of its grants."""
@@ -200,7 +206,8 @@ def aggregate(
                 ratio = ratios.of(unit.uuid)
                 for row in rows.values():
                     grant = _grant(row.keys, placed_here, unplaced, running_on, allocation.answered)
-                    sm = None if reading.sm_by_pid is None else min(1.0, row.sm)
+                    use = None if reading.use_by_pid is None else row.use.capped()
+                    sm = None if use is None else use.sm
                     compute = grant.compute if grant.compute is not None else grant.shares / ratio
                     memory = grant.memory if grant.memory is not None else grant.shares * unit.memory_total / ratio
                     pod_rows.append(
@@ -214,7 +221,7 @@ def aggregate(
                             shares=grant.shares,
                             memory_used=row.memory_used,
                             memory_allocated=int(memory),
-                            sm_utilization=sm,
+                            use=use,
                             vgpu_utilization=None if sm is None or compute <= 0 else sm / compute,
                             processes=row.processes,
                             mig_uuid=None if unit.mig is None else unit.mig.uuid,
@@ -223,15 +230,7 @@ def aggregate(
                     )
         gpu_rows.append(
             GpuRow(
-                index=device.index,
-                uuid=device.uuid,
-                model=device.model,
-                memory_total=device.memory_total,
-                memory_used=device.memory_used,
-                utilization=device.utilization,
-                utilization_window=device.utilization_window,
-                energy_mj=device.energy_mj,
-                energy_skipped=device.energy_skipped,
+                device=device,
                 vgpus=ratios.of(device.uuid),
                 unattributed_memory=unattributed,
                 mps_servers=reading.mps_servers,
@@ -300,8 +299,8 @@ def _unit_rows(
         row = row_for(labeller.key(ref))
         row.memory_used += used
         row.processes += 1
-        if reading.sm_by_pid is not None:
-            row.sm += reading.sm_by_pid.get(process.pid, 0.0)
+        if reading.use_by_pid is not None and (use := reading.use_by_pid.get(process.pid)) is not None:
+            row.use = row.use.plus(use)
     for key in placed_here:
         row_for(key)
     return rows, unattributed

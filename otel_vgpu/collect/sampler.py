@@ -22,7 +22,7 @@ from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
 from otel_vgpu.collect.usage import Usage, accumulate
 from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError
 from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_sm_by_pid
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_use_by_pid
 from otel_vgpu.health import SWEEP_STAGES, Health, Stage
 from otel_vgpu.pods.attribution import Attributor
 from otel_vgpu.pods.directory import PodDirectory
@@ -63,7 +63,7 @@ def with_mps(reading: GpuReading, commands: Mapping[int, str]) -> GpuReading:
     servers = sum(1 for p in reading.processes or () if commands.get(p.pid) == MPS_SERVER_COMMAND)
     if not servers:
         return reading
-    return GpuReading(reading.device, reading.processes, None, mps_servers=servers)
+    return dataclasses.replace(reading, use_by_pid=None, mps_servers=servers)
 
 
 class Sampler:
@@ -255,7 +255,10 @@ class Sampler:
             # What the driver hides is unknown, not zero: a blind GPU gets no
             # pod rows (no false idle allocations) and no unattributed figure.
             hidden = {gpu.uuid for gpu in blind}
-            readings = [GpuReading(r.device, None, None) if r.device.uuid in hidden else r for r in readings]
+            readings = [
+                dataclasses.replace(r, processes=None, use_by_pid=None) if r.device.uuid in hidden else r
+                for r in readings
+            ]
 
         pids = [p.pid for reading in readings for p in reading.processes or ()]
         attribution = self._attributor.attribute(pids)
@@ -290,14 +293,14 @@ class Sampler:
             processes = self._backend.processes(index)
         except GpuError as error:
             errors.add(Stage.PROCESSES, f"{index}:{error.code.value}", f"GPU {index}: {error}")
-            return GpuReading(device=device, processes=None, sm_by_pid=None)
+            return GpuReading(device=device, processes=None, use_by_pid=None)
         if device.mig_mode:
             # NVML has no per-process utilization under MIG: not an error.
-            return GpuReading(device=device, processes=processes, sm_by_pid=None)
+            return GpuReading(device=device, processes=processes, use_by_pid=None)
         unsupported_until = self._no_process_utilization.get(device.uuid)
         if unsupported_until is not None and self._clock() < unsupported_until:
             errors.ongoing.add((Stage.PROCESS_UTILIZATION, f"{index}:{ErrorCode.NOT_SUPPORTED.value}"))
-            return GpuReading(device=device, processes=processes, sm_by_pid=None)
+            return GpuReading(device=device, processes=processes, use_by_pid=None)
         now = self._backend.now_us()
         since = self._windows.start(device.uuid, now)
         try:
@@ -314,11 +317,11 @@ class Sampler:
                     )
                 self._no_process_utilization[device.uuid] = self._clock() + self._ask_again_s
             errors.add(Stage.PROCESS_UTILIZATION, f"{index}:{error.code.value}", f"GPU {index}: {error}")
-            return GpuReading(device=device, processes=processes, sm_by_pid=None)
+            return GpuReading(device=device, processes=processes, use_by_pid=None)
         self._windows.advance(device.uuid, now)
         self._no_process_utilization.pop(device.uuid, None)
-        sm_by_pid = fit_under(mean_sm_by_pid(samples, since), device.utilization_window)
-        return GpuReading(device=device, processes=processes, sm_by_pid=sm_by_pid)
+        use_by_pid = fit_under(mean_use_by_pid(samples, since), device.utilization_window)
+        return GpuReading(device=device, processes=processes, use_by_pid=use_by_pid)
 
     def _with_energy(self, index: int, device: Device, errors: _Errors) -> Device:
         """The device with its energy counter, read every `energy_every_s`: one read cost

@@ -213,7 +213,7 @@ def _energy(
         on_gpu.setdefault(row.gpu_uuid, []).append(row)
     for gpu in gpus:
         last = usage.energy_mj.get(gpu.uuid)
-        if gpu.energy_mj is None and not (gpu.energy_skipped and last is not None):
+        if gpu.device.energy_mj is None and not (gpu.device.energy_skipped and last is not None):
             continue  # no counter: no energy families
         mine = on_gpu.get(gpu.uuid, [])
         utilization = gpu.interval_utilization
@@ -228,15 +228,19 @@ def _energy(
         for row in mine:
             key = pod_key(row)
             pod_joules[key] = usage.pod_joules.get(key, 0.0)
-        if gpu.energy_mj is None:  # not read in this sweep: the interval waits for the next read
+        if gpu.device.energy_mj is None:  # not read in this sweep: the interval waits for the next read
             seen[gpu.uuid] = last or 0
             pending[gpu.uuid] = interval
             if watts is not None:
                 idle_watts[gpu.uuid] = watts
             continue
-        seen[gpu.uuid] = gpu.energy_mj
+        seen[gpu.uuid] = gpu.device.energy_mj
         # Below the last reading: the driver reloaded, its counter started again from 0.
-        joules = 0.0 if last is None else (gpu.energy_mj - last if gpu.energy_mj >= last else gpu.energy_mj) / 1000
+        joules = (
+            0.0
+            if last is None
+            else (gpu.device.energy_mj - last if gpu.device.energy_mj >= last else gpu.device.energy_mj) / 1000
+        )
         idle_throughout = interval.unknown_seconds == 0 and interval.peak_utilization < IDLE_UTILIZATION
         if configured is None and last is not None and interval.seconds > 0 and idle_throughout:
             drawn = joules / interval.seconds

@@ -1,28 +1,27 @@
-"""The metric contract, in one table: every family the agent publishes.
+"""The metric contract, in one table: every family the agent publishes, and how it is read.
 
 Each entry has its OpenTelemetry instrument name and UCUM unit, the kind of
-instrument, the labels of its series, and the Prometheus name a scrape shows
-(`prometheus_name`, the OpenTelemetry-to-Prometheus rules of
-opentelemetry-exporter-prometheus). The telemetry creates its instruments
-from this table; the tests and the README's metric tables are checked
-against it.
+instrument, its `Kind` (which rows of a collection it has a series for, and
+the labels of each), how its value is read from one of those rows, and the
+Prometheus name a scrape shows (`prometheus_name`, the OpenTelemetry-to-
+Prometheus rules of opentelemetry-exporter-prometheus). The telemetry builds
+every instrument from this table in one loop, as kube-state-metrics builds
+its families from `FamilyGenerator`s; the tests and the README's metric
+tables are checked against it. A new per-pod family is one entry here and
+the field of the row it reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any, Generic, TypeVar
 
+from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
 
-class Kind(str, Enum):
-    POD = "pod"
-    """Per (pod, GPU): one series per row of the snapshot's pods."""
-    GPU = "gpu"
-    """Per GPU."""
-    SEED = "seed"
-    """The original exporter's families, with --seed-metrics."""
-    AGENT = "agent"
-    """The agent itself."""
+MIB = 1024 * 1024
 
 
 class Instrument(str, Enum):
@@ -31,10 +30,119 @@ class Instrument(str, Enum):
     HISTOGRAM = "histogram"
 
 
+class Feature(str, Enum):
+    """What a family needs turned on, beside the agent itself."""
+
+    SEED_METRICS = "seed_metrics"
+    """--seed-metrics: the original exporter's families."""
+    OTLP = "otlp"
+    """The OTLP push."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What one collection reads: the sweep's snapshot and the agent's health."""
+
+    snapshot: Snapshot
+    health: Health
+
+
+@dataclass(frozen=True, slots=True)
+class SeedRow:
+    """The original exporter's values for one (pod, gpu_id) (`seed_rows`)."""
+
+    pod: str
+    gpu_id: str
+    memory_used_mib: float
+    sm_percent: float | None
+    """Percent x ratio; None where NVML cannot tell (MIG, MPS)."""
+    memory_allocated_mib: float
+
+
+Row = TypeVar("Row")
+
+
+@dataclass(frozen=True, slots=True)
+class Kind(Generic[Row]):
+    """A kind of series: the rows a collection has of it, and the labels of each row."""
+
+    name: str
+    labels: tuple[str, ...]
+    rows: Callable[[Observed], Sequence[Row]]
+    attributes: Callable[[Row], Mapping[str, str]]
+    per_snapshot: bool = True
+    """Its rows and their attributes follow from the snapshot alone: they are built once
+    per snapshot and shared by its families (five pod families read the same rows)."""
+
+
 POD_LABELS = ("namespace", "pod", "pod_uid", "gpu_id", "gpu_uuid")
 """Plus `container` with --by-container, and `mig_uuid`, `mig_profile` on a MIG device."""
 GPU_LABELS = ("gpu_id", "gpu_uuid", "gpu_model")
 SEED_LABELS = ("pod", "gpu_id")
+
+
+def pod_attributes(row: PodRow) -> dict[str, str]:
+    attributes = {
+        "namespace": row.namespace,
+        "pod": row.pod,
+        "pod_uid": row.pod_uid,
+        "gpu_id": str(row.gpu_index),
+        "gpu_uuid": row.gpu_uuid,
+    }
+    if row.container is not None:
+        attributes["container"] = row.container
+    if row.mig_uuid is not None:
+        attributes["mig_uuid"] = row.mig_uuid
+        attributes["mig_profile"] = row.mig_profile or ""
+    return attributes
+
+
+def gpu_attributes(row: GpuRow) -> dict[str, str]:
+    return {"gpu_id": str(row.index), "gpu_uuid": row.uuid, "gpu_model": row.device.model}
+
+
+def seed_rows(snapshot: Snapshot) -> tuple[SeedRow, ...]:
+    """The original exporter's three values per (pod, gpu_id). Its labels had no
+    namespace, so pods of one name in two namespaces add up, and no MIG device,
+    so a pod's MIG devices of one GPU add up."""
+    ratio = {gpu.index: gpu.vgpus for gpu in snapshot.gpus}
+    rows: dict[tuple[str, str], SeedRow] = {}
+    for row in snapshot.pods:
+        key = (row.pod, str(row.gpu_index))
+        sm = None if row.sm_utilization is None else row.sm_utilization * 100.0 * ratio.get(row.gpu_index, 1.0)
+        so_far = rows.get(key, SeedRow(*key, 0.0, 0.0, 0.0))
+        rows[key] = SeedRow(
+            *key,
+            memory_used_mib=so_far.memory_used_mib + row.memory_used / MIB,
+            sm_percent=None if so_far.sm_percent is None or sm is None else so_far.sm_percent + sm,
+            memory_allocated_mib=so_far.memory_allocated_mib + row.memory_allocated / MIB,
+        )
+    return tuple(rows.values())
+
+
+POD: Kind[PodRow] = Kind("pod", POD_LABELS, lambda seen: seen.snapshot.pods, pod_attributes)
+"""Per (pod, GPU or MIG device): one series per pod row of the snapshot."""
+GPU: Kind[GpuRow] = Kind("gpu", GPU_LABELS, lambda seen: seen.snapshot.gpus, gpu_attributes)
+"""Per GPU."""
+SEED: Kind[SeedRow] = Kind(
+    "seed", SEED_LABELS, lambda seen: seed_rows(seen.snapshot), lambda row: {"pod": row.pod, "gpu_id": row.gpu_id}
+)
+"""The original exporter's families, with --seed-metrics."""
+AGENT: Kind[Observed] = Kind("agent", (), lambda seen: (seen,), lambda _: {}, per_snapshot=False)
+"""The agent itself: one series, read from what the collection observed."""
+STAGES: Kind[tuple[Stage, int]] = Kind(
+    "stages",
+    ("stage",),
+    lambda seen: [(stage, seen.health.counts()[stage]) for stage in COLLECTION_STAGES],
+    lambda row: {"stage": row[0].value},
+    per_snapshot=False,
+)
+"""The agent's failures, one series per collection stage."""
+SWEEPS: Kind[float] = Kind("sweeps", (), lambda seen: seen.health.take_durations(), lambda _: {}, per_snapshot=False)
+"""The sweeps made since the last collection, one row each: taking them empties the list,
+so a histogram of this kind records each sweep once, at the start of a collection."""
+
+KINDS: tuple[Kind[Any], ...] = (POD, GPU, SEED, AGENT, STAGES, SWEEPS)
 
 # UCUM units and the suffix they give a Prometheus name, on a scrape and
 # through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
@@ -44,14 +152,20 @@ _UNIT_SUFFIXES = {"By": "bytes", "s": "seconds", "J": "joules", "1": "ratio"}
 
 
 @dataclass(frozen=True, slots=True)
-class Family:
+class Family(Generic[Row]):
     name: str
     """The OpenTelemetry instrument name (dotted), as pushed over OTLP."""
     unit: str
-    kind: Kind
+    kind: Kind[Row]
     description: str
+    value: Callable[[Row], float | None]
+    """Its value in one row of its kind; None: no series for that row."""
     instrument: Instrument = Instrument.GAUGE
-    labels: tuple[str, ...] = ()
+    needs: Feature | None = None
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.kind.labels
 
     @property
     def prometheus_name(self) -> str:
@@ -63,202 +177,227 @@ class Family:
         return f"{name}_total" if self.instrument is Instrument.COUNTER else name
 
 
-FAMILIES: tuple[Family, ...] = (
+def _answering(up: bool | None) -> float | None:
+    return None if up is None else float(up)
+
+
+# Left unannotated, so that each entry's `value` is type-checked against its kind's rows.
+_TABLE = (
     Family(
         "vgpu.pod.memory.used",
         "By",
-        Kind.POD,
+        POD,
         "GPU memory used by the pod's processes on this GPU (sum of NVML usedGpuMemory).",
-        labels=POD_LABELS,
+        value=lambda r: r.memory_used,
     ),
     Family(
         "vgpu.pod.memory.allocated",
         "By",
-        Kind.POD,
+        POD,
         "GPU memory the pod was given on this GPU or MIG device: what its allocator states (HAMi, DRA), "
         "else vGPU shares x the device's memory / ratio.",
-        labels=POD_LABELS,
+        value=lambda r: r.memory_allocated,
     ),
     Family(
         "vgpu.pod.sm.utilization",
         "1",
-        Kind.POD,
+        POD,
         "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1.",
-        labels=POD_LABELS,
+        value=lambda r: r.sm_utilization,
     ),
     Family(
         "vgpu.pod.vgpu.utilization",
         "1",
-        Kind.POD,
+        POD,
         "SM use relative to the compute the pod was given: sm x ratio / shares, or sm / the allocator's "
         "compute limit (1 = exactly its share).",
-        labels=POD_LABELS,
+        value=lambda r: r.vgpu_utilization,
     ),
     Family(
-        "vgpu.pod.processes", "{process}", Kind.POD, "Number of the pod's processes on this GPU.", labels=POD_LABELS
+        "vgpu.pod.processes",
+        "{process}",
+        POD,
+        "Number of the pod's processes on this GPU.",
+        value=lambda r: r.processes,
     ),
     Family(
         "vgpu.pod.sm.busy",
         "s",
-        Kind.POD,
+        POD,
         "SM-busy seconds of the pod's processes on this GPU: its SM share integrated over time at the agent's "
         "sweep cadence, so rate() over any window is its mean SM use there. Absent where per-pod SM is unknown "
         "(MIG, MPS); restarts from 0 for a pod seen anew.",
-        Instrument.COUNTER,
-        labels=POD_LABELS,
+        value=lambda r: r.sm_busy_seconds,
+        instrument=Instrument.COUNTER,
     ),
     Family(
         "vgpu.pod.energy",
         "J",
-        Kind.POD,
+        POD,
         "The pod's part of its GPU's energy: the GPU's idle power by the vGPU shares it holds, the rest by "
         "its SM share, interval by interval; with the GPU's unattributed joules, the pods' add up to the "
         "GPU's. Absent where per-pod SM is unknown (MIG, MPS) or the GPU has no energy counter.",
-        Instrument.COUNTER,
-        labels=POD_LABELS,
+        value=lambda r: r.energy_joules,
+        instrument=Instrument.COUNTER,
     ),
     Family(
         "vgpu.pod.memory.peak",
         "By",
-        Kind.POD,
+        POD,
         "The most GPU memory the pod's processes held at once on this GPU since the agent first saw them, read "
         "at sweep cadence: what to size a vGPU share against.",
-        labels=POD_LABELS,
+        value=lambda r: r.memory_peak,
     ),
-    Family("vgpu.gpu.memory.total", "By", Kind.GPU, "Physical memory of the GPU.", labels=GPU_LABELS),
+    Family(
+        "vgpu.gpu.memory.total",
+        "By",
+        GPU,
+        "Physical memory of the GPU.",
+        value=lambda g: g.device.memory_total,
+    ),
     Family(
         "vgpu.gpu.memory.used",
         "By",
-        Kind.GPU,
+        GPU,
         "Physical memory in use on the GPU (NVML device figure), including what the driver reserves, "
         "which no process holds.",
-        labels=GPU_LABELS,
+        value=lambda g: g.device.memory_used,
     ),
     Family(
         "vgpu.gpu.sm.utilization",
         "1",
-        Kind.GPU,
+        GPU,
         "Device utilization over the last sweep's interval (the mean of NVML's own samples), 0-1 (absent in MIG mode).",
-        labels=GPU_LABELS,
+        value=lambda g: g.interval_utilization,
     ),
     Family(
         "vgpu.gpu.sm.busy",
         "s",
-        Kind.GPU,
+        GPU,
         "SM-busy seconds of the GPU: its utilization integrated over time at the agent's sweep cadence "
         "(absent in MIG mode).",
-        Instrument.COUNTER,
-        labels=GPU_LABELS,
+        value=lambda g: g.sm_busy_seconds,
+        instrument=Instrument.COUNTER,
     ),
     Family(
         "vgpu.gpu.energy",
         "J",
-        Kind.GPU,
+        GPU,
         "Energy the GPU used, from NVML's counter (Volta and newer; a driver reload is counted from 0, "
         "not backwards). Absent where NVML has no energy counter.",
-        Instrument.COUNTER,
-        labels=GPU_LABELS,
+        value=lambda g: g.energy_joules,
+        instrument=Instrument.COUNTER,
     ),
     Family(
         "vgpu.gpu.energy.unattributed",
         "J",
-        Kind.GPU,
+        GPU,
         "The part of the GPU's energy given to no pod: idle power of the shares nobody holds, SM time no "
         "pod ran, and all of it where per-pod SM is unknown.",
-        Instrument.COUNTER,
-        labels=GPU_LABELS,
+        value=lambda g: g.energy_unattributed_joules,
+        instrument=Instrument.COUNTER,
     ),
     Family(
         "vgpu.gpu.vgpus",
         "{vgpu}",
-        Kind.GPU,
+        GPU,
         "vGPUs each physical GPU is presented as (the ratio in force).",
-        labels=GPU_LABELS,
+        value=lambda g: g.vgpus,
     ),
     Family(
         "vgpu.gpu.memory.unattributed",
         "By",
-        Kind.GPU,
+        GPU,
         "GPU memory of processes that belong to no pod.",
-        labels=GPU_LABELS,
+        value=lambda g: g.unattributed_memory,
     ),
     Family(
         "vgpu.gpu.mps.servers",
         "{server}",
-        Kind.GPU,
+        GPU,
         "MPS server processes on the GPU; above 0, NVML gives its clients' SM to the server, so the pod SM "
         "families are left out for this GPU.",
-        labels=GPU_LABELS,
+        value=lambda g: g.mps_servers,
     ),
     Family(
         "pod_gpu_memory_used",
         "",
-        Kind.SEED,
+        SEED,
         "GPU memory used by the pod in MiB (original exporter's family).",
-        labels=SEED_LABELS,
+        value=lambda s: s.memory_used_mib,
+        needs=Feature.SEED_METRICS,
     ),
     Family(
         "pod_gpu_sm_util",
         "",
-        Kind.SEED,
+        SEED,
         "Pod SM utilization in percent x ratio (original exporter's family).",
-        labels=SEED_LABELS,
+        value=lambda s: s.sm_percent,
+        needs=Feature.SEED_METRICS,
     ),
     Family(
         "pod_total_gpu_memory",
         "",
-        Kind.SEED,
+        SEED,
         "GPU memory allocated to the pod in MiB (original exporter's family).",
-        labels=SEED_LABELS,
+        value=lambda s: s.memory_allocated_mib,
+        needs=Feature.SEED_METRICS,
     ),
     Family(
         "vgpu.agent.collection.duration",
         "s",
-        Kind.AGENT,
+        SWEEPS,
         "Time one sweep of NVML, /proc and the sources took.",
-        Instrument.HISTOGRAM,
-    ),
-    Family(
-        "vgpu.agent.collection.errors",
-        "{error}",
-        Kind.AGENT,
-        "Failures during sweeps, by stage.",
-        Instrument.COUNTER,
-        labels=("stage",),
-    ),
-    Family(
-        "vgpu.agent.export.failures",
-        "{export}",
-        Kind.AGENT,
-        "OTLP exports that failed (with the push on).",
-        Instrument.COUNTER,
+        value=lambda seconds: seconds,
+        instrument=Instrument.HISTOGRAM,
     ),
     Family(
         "vgpu.agent.blind.gpus",
         "{gpu}",
-        Kind.AGENT,
+        AGENT,
         "GPUs in use whose processes NVML does not list to the agent, which is outside the host's PID namespace "
         "(hostPID missing); 0 when the agent sees every process.",
+        value=lambda seen: len(seen.snapshot.blind),
     ),
     Family(
         "vgpu.agent.driver.paused",
         "",
-        Kind.AGENT,
+        AGENT,
         "1 while NVML is released because the GPU Operator is upgrading this node's driver "
         "(a nvidia.com/gpu.deploy.* node label says paused-for-driver-upgrade); GPU and pod families are "
         "left out meanwhile. 0 otherwise.",
+        value=lambda seen: 1 if seen.snapshot.paused else 0,
     ),
     Family(
         "vgpu.agent.pod_resources.up",
         "",
-        Kind.AGENT,
+        AGENT,
         "1 when the last call to the kubelet's pod-resources API answered, 0 when it failed (shares then come "
         "from pod limits: no idle allocations, ratio auto reads 1); absent without the Kubernetes API or with "
         "--no-pod-resources.",
+        value=lambda seen: _answering(seen.health.answering(Stage.POD_RESOURCES)),
+    ),
+    Family(
+        "vgpu.agent.collection.errors",
+        "{error}",
+        STAGES,
+        "Failures during sweeps, by stage.",
+        value=lambda stage_count: stage_count[1],
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.agent.export.failures",
+        "{export}",
+        AGENT,
+        "OTLP exports that failed (with the push on).",
+        value=lambda seen: seen.health.counts()[Stage.EXPORT],
+        instrument=Instrument.COUNTER,
+        needs=Feature.OTLP,
     ),
 )
+FAMILIES: tuple[Family[Any], ...] = _TABLE
 BY_NAME = {family.name: family for family in FAMILIES}
 
 
-def of_kind(kind: Kind) -> tuple[Family, ...]:
+def of_kind(kind: Kind[Any]) -> tuple[Family[Any], ...]:
     return tuple(family for family in FAMILIES if family.kind is kind)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import (
     AlwaysOffExemplarFilter,
@@ -34,10 +35,10 @@ from prometheus_client import exposition as prometheus_text
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from otel_vgpu import __version__
-from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.exposition import Format, Renderer
-from otel_vgpu.export.families import BY_NAME, Instrument, Kind, of_kind
+from otel_vgpu.export.families import FAMILIES, Family, Feature, Instrument, Kind, Observed
 from otel_vgpu.export.memory import trim
 from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings, make_exporter
 from otel_vgpu.export.reader import ScrapeReader, no_exemplars
@@ -48,7 +49,7 @@ from otel_vgpu.export.sdk_internals import (
     storage_matches,
     use_ratio_suffix,
 )
-from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
+from otel_vgpu.health import Health
 
 log = logging.getLogger(__name__)
 
@@ -58,71 +59,6 @@ log = logging.getLogger(__name__)
 # collection (see _prune), so the limit bounds live series, not history.
 CARDINALITY_LIMIT = 65_536
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-MIB = 1024 * 1024
-
-
-# Each pod and GPU family's value in a snapshot row (families.py has the rest of the contract).
-ROW_VALUES: dict[str, Callable[[Any], float | None]] = {
-    "vgpu.pod.memory.used": lambda r: r.memory_used,
-    "vgpu.pod.memory.allocated": lambda r: r.memory_allocated,
-    "vgpu.pod.sm.utilization": lambda r: r.sm_utilization,
-    "vgpu.pod.vgpu.utilization": lambda r: r.vgpu_utilization,
-    "vgpu.pod.processes": lambda r: r.processes,
-    "vgpu.pod.sm.busy": lambda r: r.sm_busy_seconds,
-    "vgpu.pod.memory.peak": lambda r: r.memory_peak,
-    "vgpu.gpu.sm.busy": lambda g: g.sm_busy_seconds,
-    "vgpu.pod.energy": lambda r: r.energy_joules,
-    "vgpu.gpu.energy": lambda g: g.energy_joules,
-    "vgpu.gpu.energy.unattributed": lambda g: g.energy_unattributed_joules,
-    "vgpu.gpu.memory.total": lambda g: g.memory_total,
-    "vgpu.gpu.memory.used": lambda g: g.memory_used,
-    "vgpu.gpu.sm.utilization": lambda g: g.interval_utilization,
-    "vgpu.gpu.vgpus": lambda g: g.vgpus,
-    "vgpu.gpu.memory.unattributed": lambda g: g.unattributed_memory,
-    "vgpu.gpu.mps.servers": lambda g: g.mps_servers,
-}
-# Each seed family's place in seed_rows' values.
-SEED_POSITIONS = {"pod_gpu_memory_used": 0, "pod_gpu_sm_util": 1, "pod_total_gpu_memory": 2}
-
-
-def pod_attributes(row: PodRow) -> dict[str, str]:
-    attributes = {
-        "namespace": row.namespace,
-        "pod": row.pod,
-        "pod_uid": row.pod_uid,
-        "gpu_id": str(row.gpu_index),
-        "gpu_uuid": row.gpu_uuid,
-    }
-    if row.container is not None:
-        attributes["container"] = row.container
-    if row.mig_uuid is not None:
-        attributes["mig_uuid"] = row.mig_uuid
-        attributes["mig_profile"] = row.mig_profile or ""
-    return attributes
-
-
-def gpu_attributes(row: GpuRow) -> dict[str, str]:
-    return {"gpu_id": str(row.index), "gpu_uuid": row.uuid, "gpu_model": row.model}
-
-
-def seed_rows(snapshot: Snapshot) -> dict[tuple[str, str], tuple[float, float | None, float]]:
-    """The original exporter's three values per (pod, gpu_id): memory used
-    (MiB), SM utilization (percent x ratio; None where NVML cannot tell, as
-    under MIG or MPS) and allocated memory (MiB). Its labels had no
-    namespace, so pods of one name in two namespaces add up, and no MIG
-    device, so a pod's MIG devices of one GPU add up."""
-    ratio = {gpu.index: gpu.vgpus for gpu in snapshot.gpus}
-    rows: dict[tuple[str, str], tuple[float, float | None, float]] = {}
-    for row in snapshot.pods:
-        key = (row.pod, str(row.gpu_index))
-        used, sm, total = rows.get(key, (0.0, 0.0, 0.0))
-        pod_sm = None if row.sm_utilization is None else row.sm_utilization * 100.0 * ratio.get(row.gpu_index, 1.0)
-        rows[key] = (
-            used + row.memory_used / MIB,
-            None if sm is None or pod_sm is None else sm + pod_sm,
-            total + row.memory_allocated / MIB,
-        )
-    return rows
 
 
 class CollectionScope:
@@ -179,7 +115,7 @@ class Telemetry:
         fast_attribute_paths()
         self._health = health
         self._prune_works = True
-        self.scope = CollectionScope(sampler, min_interval, before=self._record_durations)
+        self.scope = CollectionScope(sampler, min_interval, before=self._record_histograms)
         # The process's own metrics (CPU, memory, file descriptors, the
         # runtime's GC), rendered by prometheus_client ahead of the SDK's.
         self.registry = CollectorRegistry(auto_describe=False)
@@ -237,73 +173,46 @@ class Telemetry:
             ],
         )
         meter = self.provider.get_meter("otel_vgpu", __version__)
-        for family in (*of_kind(Kind.POD), *of_kind(Kind.GPU)):
-            # Busy seconds are counters (cumulative monotonic sums over OTLP); the rest are gauges.
+        features = {Feature.SEED_METRICS} if seed_metrics else set()
+        if self.pusher is not None:
+            features.add(Feature.OTLP)
+        self._histograms: list[tuple[Family[Any], metrics.Histogram]] = []
+        for family in FAMILIES:
+            if family.needs is not None and family.needs not in features:
+                continue
+            if family.instrument is Instrument.HISTOGRAM:
+                # Recorded at the start of each collection (_record_histograms), from rows taken then.
+                histogram = meter.create_histogram(family.name, unit=family.unit, description=family.description)
+                self._histograms.append((family, histogram))
+                continue
+            # Counters (cumulative monotonic sums over OTLP) and gauges alike read their rows when collected.
             create = (
                 meter.create_observable_counter
                 if family.instrument is Instrument.COUNTER
                 else meter.create_observable_gauge
             )
-            create(
-                family.name,
-                [self._callback(family.name, family.kind)],
-                unit=family.unit,
-                description=family.description,
-            )
-        if seed_metrics:
-            for family in of_kind(Kind.SEED):
-                meter.create_observable_gauge(
-                    family.name, [self._seed_callback(family.name)], description=family.description
-                )
-        agent = BY_NAME
-        self._duration = meter.create_histogram(
-            "vgpu.agent.collection.duration",
-            unit=agent["vgpu.agent.collection.duration"].unit,
-            description=agent["vgpu.agent.collection.duration"].description,
-        )
-        agent_gauges = {
-            "vgpu.agent.blind.gpus": self._blind_callback,
-            "vgpu.agent.driver.paused": self._paused_callback,
-            "vgpu.agent.pod_resources.up": self._pod_resources_callback,
-        }
-        for name, gauge in agent_gauges.items():
-            meter.create_observable_gauge(name, [gauge], unit=agent[name].unit, description=agent[name].description)
-        meter.create_observable_counter(
-            "vgpu.agent.collection.errors",
-            [self._errors_callback],
-            unit=agent["vgpu.agent.collection.errors"].unit,
-            description=agent["vgpu.agent.collection.errors"].description,
-        )
-        if self.pusher is not None:
-            meter.create_observable_counter(
-                "vgpu.agent.export.failures",
-                [lambda options: [Observation(self._health.counts()[Stage.EXPORT])]],
-                unit=agent["vgpu.agent.export.failures"].unit,
-                description=agent["vgpu.agent.export.failures"].description,
-            )
+            create(family.name, [self._callback(family)], unit=family.unit, description=family.description)
         self._render_lock = threading.Lock()
         self._encoded: tuple[Snapshot, Any, dict[tuple[bool, str], bytes]] | None = None
         """The last snapshot, its collection and its bodies by format (under the render lock)."""
-        self._labels_lock = threading.Lock()
-        self._labels: tuple[Snapshot, list[dict[str, str]], list[dict[str, str]]] | None = None
-        self._seed: tuple[Snapshot, dict[tuple[str, str], tuple[float, float | None, float]]] | None = None
+        self._rows_lock = threading.Lock()
+        self._rows: tuple[Snapshot, dict[str, tuple[Sequence[Any], list[Mapping[str, str]]]]] | None = None
+        """The last snapshot's rows and their attributes, by kind."""
 
     def start(self) -> None:
         """Start pushing, where OTLP is on (scrapes need nothing started)."""
         if self.pusher is not None:
             self.pusher.start()
 
-    # --- the agent's own health ----------------------------------------------------
-
-    def _record_durations(self) -> None:
+    def _record_histograms(self) -> None:
         # Sweeps made since the last collection, whoever asked for them (a
         # readiness probe too), go into the histogram before it is read.
-        for seconds in self._health.take_durations():
-            self._duration.record(seconds)
-
-    def _errors_callback(self, options: CallbackOptions) -> Iterable[Observation]:
-        counts = self._health.counts()
-        return [Observation(counts[stage], {"stage": stage.value}) for stage in COLLECTION_STAGES]
+        observed = Observed(self.scope.snapshot(), self._health)
+        for family, histogram in self._histograms:
+            for row in family.kind.rows(observed):
+                value = family.value(row)
+                if value is not None:
+                    histogram.record(value, dict(family.kind.attributes(row)))
 
     # --- rendering -----------------------------------------------------------------
 
@@ -351,69 +260,36 @@ class Telemetry:
 
     # --- callbacks -----------------------------------------------------------------
 
-    def _callback(self, name: str, kind: Kind) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        value = ROW_VALUES[name]
-
+    def _callback(self, family: Family[Any]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            snapshot = self.scope.snapshot()
-            rows, attributes = self._labelled(snapshot, kind)
+            rows, attributes = self._rows_of(family.kind)
+            value = family.value
             observations = [
                 Observation(v, attrs)
                 for row, attrs in zip(rows, attributes, strict=True)
                 if (v := value(row)) is not None
             ]
-            self.scope.record(name, observations)
+            self.scope.record(family.name, observations)
             return observations
 
         return callback
 
-    def _paused_callback(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(1 if self.scope.snapshot().paused else 0)]
-
-    def _pod_resources_callback(self, options: CallbackOptions) -> Iterable[Observation]:
-        up = self._health.answering(Stage.POD_RESOURCES)
-        return [] if up is None else [Observation(1 if up else 0)]
-
-    def _blind_callback(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(len(self.scope.snapshot().blind))]
-
-    def _labelled(self, snapshot: Snapshot, kind: Kind) -> tuple[tuple[Any, ...], list[dict[str, str]]]:
-        """A snapshot's rows with their attributes, built once per snapshot
-        and shared by every family (five pod families read the same rows)."""
-        with self._labels_lock:
-            cached = self._labels
-            if cached is None or cached[0] is not snapshot:
-                cached = (
-                    snapshot,
-                    [pod_attributes(row) for row in snapshot.pods],
-                    [gpu_attributes(row) for row in snapshot.gpus],
-                )
-                self._labels = cached
-        if kind is Kind.POD:
-            return snapshot.pods, cached[1]
-        return snapshot.gpus, cached[2]
-
-    def _seed_rows(self, snapshot: Snapshot) -> dict[tuple[str, str], tuple[float, float | None, float]]:
-        """seed_rows once per snapshot: the three seed families read the same rows."""
-        with self._labels_lock:
-            if self._seed is None or self._seed[0] is not snapshot:
-                self._seed = (snapshot, seed_rows(snapshot))
-            return self._seed[1]
-
-    def _seed_callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        position = SEED_POSITIONS[name]
-
-        def callback(options: CallbackOptions) -> Iterable[Observation]:
-            rows = self._seed_rows(self.scope.snapshot())
-            observations = [
-                Observation(value, {"pod": pod, "gpu_id": gpu_id})
-                for (pod, gpu_id), values in rows.items()
-                if (value := values[position]) is not None
-            ]
-            self.scope.record(name, observations)
-            return observations
-
-        return callback
+    def _rows_of(self, kind: Kind[Any]) -> tuple[Sequence[Any], list[Mapping[str, str]]]:
+        """The rows of `kind` in this collection, with their attributes: built once per
+        snapshot and shared by the kind's families where they follow from the snapshot."""
+        observed = Observed(self.scope.snapshot(), self._health)
+        if not kind.per_snapshot:
+            rows = kind.rows(observed)
+            return rows, [kind.attributes(row) for row in rows]
+        with self._rows_lock:
+            cached = self._rows
+            if cached is None or cached[0] is not observed.snapshot:
+                cached = self._rows = (observed.snapshot, {})
+            built = cached[1].get(kind.name)
+            if built is None:
+                rows = kind.rows(observed)
+                built = cached[1][kind.name] = (rows, [kind.attributes(row) for row in rows])
+        return built
 
     def _prune(self, reader: Any) -> None:
         """Forget attribute sets that the last collection did not observe.

@@ -10,7 +10,8 @@ period in which the process ran: bench/results/h200-nvml-samples.md.)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from otel_vgpu.gpu.backend import UtilizationSample
 
@@ -25,8 +26,23 @@ def window_start(last_collected_us: int | None, now_us: int, min_window_us: int 
     return min(last_collected_us, floor)
 
 
-def mean_sm_by_pid(samples: Iterable[UtilizationSample], since_us: int) -> dict[int, float]:
-    """Mean SM utilization (0-1) per PID of the samples inside the window.
+@dataclass(frozen=True, slots=True)
+class ProcessUse:
+    """What one process (or a pod's processes together) used of a GPU over a window, each 0-1."""
+
+    sm: float = 0.0
+    """Share of the GPU's SMs."""
+
+    def plus(self, other: ProcessUse) -> ProcessUse:
+        return ProcessUse(sm=self.sm + other.sm)
+
+    def capped(self) -> ProcessUse:
+        """Each figure at most 1: processes that together ask for more than a whole GPU get all of it."""
+        return ProcessUse(sm=min(1.0, self.sm))
+
+
+def mean_use_by_pid(samples: Iterable[UtilizationSample], since_us: int) -> dict[int, ProcessUse]:
+    """Mean utilization (0-1) per PID of the samples inside the window.
 
     A PID without a sample in the window is absent: the caller reads it as
     idle. Values are clamped to 0-1, since drivers have been seen to report
@@ -39,10 +55,10 @@ def mean_sm_by_pid(samples: Iterable[UtilizationSample], since_us: int) -> dict[
             continue
         sums[sample.pid] = sums.get(sample.pid, 0.0) + sample.sm
         counts[sample.pid] = counts.get(sample.pid, 0) + 1
-    return {pid: min(1.0, max(0.0, total / counts[pid])) for pid, total in sums.items()}
+    return {pid: ProcessUse(sm=min(1.0, max(0.0, total / counts[pid]))) for pid, total in sums.items()}
 
 
-def fit_under(sm_by_pid: dict[int, float], gpu_window: float | None) -> dict[int, float]:
+def fit_under(use_by_pid: Mapping[int, ProcessUse], gpu_window: float | None) -> Mapping[int, ProcessUse]:
     """The processes' figures scaled, in proportion, so that together they are no more
     than the GPU's own figure over the window.
 
@@ -52,11 +68,11 @@ def fit_under(sm_by_pid: dict[int, float], gpu_window: float | None) -> dict[int
     their sum can read above what the GPU ran (bench/results/h200-nvml-samples.md).
     The GPU's figure is the total; the processes' figures are how it splits.
     """
-    total = sum(sm_by_pid.values())
+    total = sum(use.sm for use in use_by_pid.values())
     if gpu_window is None or total <= gpu_window or total <= 0:
-        return sm_by_pid
+        return use_by_pid
     scale = gpu_window / total
-    return {pid: sm * scale for pid, sm in sm_by_pid.items()}
+    return {pid: ProcessUse(sm=use.sm * scale) for pid, use in use_by_pid.items()}
 
 
 class SamplingWindows:
