@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import socket
 import ssl
 import threading
@@ -36,7 +35,6 @@ from otel_vgpu.allocation.shares import AllocationSource, UnknownAllocation
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_DRIVER_CHANGED, EXIT_NO_GPU, EXIT_USAGE, Config
 from otel_vgpu.export.auth import BasicAuth
-from otel_vgpu.files import MAX_PEM_BYTES, FileProblem, read_regular
 from otel_vgpu.gpu.backend import GpuBackend
 from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
@@ -105,8 +103,9 @@ class Agent:
             )
             self._watch_node()
             # Imported here so that a bad flag or file fails before the SDK loads.
+            from otel_vgpu.export.endpoint import Endpoint  # noqa: PLC0415
             from otel_vgpu.export.sdk_internals import SdkMismatch  # noqa: PLC0415
-            from otel_vgpu.export.server import Endpoint, Server  # noqa: PLC0415
+            from otel_vgpu.export.server import Server  # noqa: PLC0415
             from otel_vgpu.export.telemetry import Telemetry  # noqa: PLC0415
 
             try:
@@ -122,10 +121,11 @@ class Agent:
                 max(config.min_interval, 1.0),
                 auth,
                 client_certificates=config.tls_client_ca_file is not None,
+                limits=config.limits,
             )
             self._closers.append(endpoint.close)
             try:
-                self.server = Server(config.address, config.port, endpoint, ssl_context)
+                self.server = Server(config.address, config.port, endpoint, ssl_context, config.limits)
             except OSError as error:
                 where = f"{host_in_url(config.address)}:{config.port}"
                 hint = {
@@ -319,7 +319,7 @@ class Agent:
         """Reread the TLS files and the users file when they change (export/reload.py)."""
         from otel_vgpu.export.auth import load_users  # noqa: PLC0415
         from otel_vgpu.export.reload import CredentialWatch, Watched  # noqa: PLC0415
-        from otel_vgpu.export.server import tls_context  # noqa: PLC0415
+        from otel_vgpu.export.tls import server_context  # noqa: PLC0415
 
         config = self.config
         groups = []
@@ -327,10 +327,9 @@ class Agent:
         if cert is not None and key is not None:
 
             def load_tls() -> ssl.SSLContext:
-                try:
-                    return tls_context(cert, key, ca)
-                except (FileProblem, OSError, ssl.SSLError) as error:
-                    raise ValueError(tls_problem(config, error)) from None
+                context = server_context(config)
+                assert context is not None  # the files are given
+                return context
 
             paths = [cert, key, *([ca] if ca else [])]
             groups.append(Watched("the TLS certificate and key", paths, load_tls, self.server.use_tls))
@@ -370,18 +369,9 @@ class Agent:
 def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth | None]:
     """TLS and basic auth for the endpoint; ValueError with one line if unusable."""
     from otel_vgpu.export.auth import AuthFileError, load_users  # noqa: PLC0415
-    from otel_vgpu.export.server import tls_context  # noqa: PLC0415
+    from otel_vgpu.export.tls import server_context  # noqa: PLC0415
 
-    context = None
-    if (config.tls_cert_file is None) != (config.tls_key_file is None):
-        raise ValueError("--tls-cert-file and --tls-key-file go together")
-    if config.tls_client_ca_file is not None and config.tls_cert_file is None:
-        raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
-    if config.tls_cert_file is not None and config.tls_key_file is not None:
-        try:
-            context = tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
-        except (FileProblem, OSError, ssl.SSLError) as error:
-            raise ValueError(tls_problem(config, error)) from None
+    context = server_context(config)
     auth = None
     if config.basic_auth_file is not None:
         try:
@@ -389,45 +379,3 @@ def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth
         except AuthFileError as error:
             raise ValueError(str(error)) from None
     return context, auth
-
-
-def _pem_kinds(path: Path) -> set[str]:
-    """The kinds of PEM block in a file (`CERTIFICATE`, `PRIVATE KEY`, ...); empty if unreadable."""
-    try:
-        text = read_regular(path, MAX_PEM_BYTES).decode("latin-1")
-    except FileProblem:
-        return set()
-    return set(re.findall(r"-----BEGIN ([A-Z0-9 ]+)-----", text))
-
-
-def tls_problem(config: Config, error: Exception) -> str:
-    """One line saying which TLS file is wrong and what it should hold."""
-    cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
-    assert cert is not None and key is not None
-    if isinstance(error, FileProblem):
-        flags = {cert: "--tls-cert-file", key: "--tls-key-file", ca: "--tls-client-ca-file"}
-        return f"cannot read {flags.get(error.path, 'the TLS file')} {error.path}: {error.what}"
-    if isinstance(error, OSError) and not isinstance(error, ssl.SSLError):
-        return f"cannot use the TLS files ({cert}, {key}): {error.strerror or error}"
-    found = {path: _pem_kinds(path) for path in (cert, key, *([ca] if ca else []))}
-    is_key = {kind for kind in found[cert] | found[key] if kind.endswith("PRIVATE KEY")}
-
-    def holds(path: Path) -> str:
-        return ", ".join(sorted(found[path])) or "no PEM block"
-
-    if "CERTIFICATE" not in found[cert] and "CERTIFICATE" in found[key] and found[cert] & is_key:
-        return (
-            f"the TLS certificate and key are swapped: --tls-cert-file {cert} holds a private key and "
-            f"--tls-key-file {key} a certificate; give the certificate (BEGIN CERTIFICATE) to --tls-cert-file "
-            "and the key (BEGIN PRIVATE KEY) to --tls-key-file"
-        )
-    if "CERTIFICATE" not in found[cert]:
-        return f"--tls-cert-file {cert} holds {holds(cert)}; expected a PEM certificate (BEGIN CERTIFICATE)"
-    if not found[key] & is_key:
-        return f"--tls-key-file {key} holds {holds(key)}; expected a PEM private key (BEGIN PRIVATE KEY)"
-    if ca is not None and "CERTIFICATE" not in found[ca]:
-        return f"--tls-client-ca-file {ca} holds {holds(ca)}; expected the clients' CA certificate (BEGIN CERTIFICATE)"
-    reason = getattr(error, "reason", None) or str(error)
-    if reason == "KEY_VALUES_MISMATCH":
-        return f"--tls-key-file {key} is not the key of the certificate in --tls-cert-file {cert}"
-    return f"cannot use the TLS files {', '.join(str(p) for p in found)}: {error}"

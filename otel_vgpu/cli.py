@@ -5,19 +5,20 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_vgpu.agent import Agent, StartupError
-from otel_vgpu.config import EXIT_USAGE, ConfigError, parse_config
+from otel_vgpu.config import EXIT_USAGE, Config, ConfigError, parse_config
 from otel_vgpu.export.memory import quiet_collector, return_freed_memory
 
 log = logging.getLogger("otel_vgpu")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, adjust: Callable[[Config], Config] = lambda config: config) -> int:
+    """`adjust`: what becomes of the configuration the flags give (tests shorten its timers and limits)."""
     try:
-        config = parse_config(argv)
+        config = adjust(parse_config(argv))
     except ConfigError as error:
         print(f"otel-vgpu: error: {error} (see --help)", file=sys.stderr)
         return EXIT_USAGE

@@ -51,6 +51,50 @@ class Backoff:
 DEFAULT_BACKOFF = Backoff()
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    connections: int = 64
+    """Open connections at most (TLS handshakes in progress aside, each bounded by handshake_s)."""
+    head_bytes: int = 16 * 1024
+    """A request line and headers, together."""
+    head_deadline_s: float = 10.0
+    """From a request's first byte to the end of its head."""
+    idle_s: float = 30.0
+    """A connection that sends nothing for this long is closed."""
+    handshake_s: float = 10.0
+    write_s: float = 30.0
+    """To hand a response to a slow reader."""
+    workers: int = 4
+    """Threads rendering responses (sweeps are shared, so more would only queue on them)."""
+    shed_after_s: float = 1.0
+    """A connection that has waited this long for its request head may be shed, even if
+    some of it waits to be read (a trickler)."""
+    quiet_after_s: float = 0.25
+    """A connection that has sent nothing unread for this long may be shed: a client sends
+    its request (or ClientHello) right after connecting."""
+    backlog: int = 64
+    """Connections the loop accepts at a time: with `connections` and `admit_queue`, the
+    bound on open sockets (a shed one closes on the loop's next turn)."""
+    stuck_after_s: float = 120.0
+    """/healthz fails once a sweep has run this long: liveness restarts an agent stuck in a read."""
+    admit_wait_s: float = 2.0
+    """A new connection over the cap waits this long for a place before its 503."""
+    admit_queue: int = 128
+    """New connections waiting for a place at most; past that, 503 at once."""
+    stall_s: float = 2.0
+    """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
+    password_checks: int = 4
+    """Password checks (bcrypt) running or queued at once; past that, 503 and the connection closed."""
+    address_share: float = 0.25
+    """The part of `connections` one client address may hold while others wait for a place:
+    past it, its connections waiting between requests are shed for them."""
+    network_share: float = 0.5
+    """The same for a client's network (/24, /64)."""
+
+
+DEFAULT_LIMITS = Limits()
+
+
 # The ratio file's default place: the working directory, as the image and the repository have it.
 DEFAULT_ALLOCATION_FILE = Path("gpu_allocation.txt")
 
@@ -104,6 +148,8 @@ class Config:
     """How often the TLS files and the users file are looked at for a new version."""
     ask_again_s: float = 300.0
     """How long a GPU whose NVML cannot report per-process utilization is left alone before it is asked again."""
+    limits: Limits = field(default_factory=Limits)
+    """The endpoint's bounds on every client (export/server.py)."""
 
 
 # --- the flag table ------------------------------------------------------------------

@@ -47,6 +47,11 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "otel_vgpu", *args]
 
 
+def launched(*args: str) -> list[str]:
+    """The agent's command line through testkit.launch: its timers and limits from TESTKIT_CONFIG."""
+    return [sys.executable, "-m", "testkit.launch", *args]
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "NODE_NAME"}
     env.update(extra)

@@ -13,7 +13,11 @@ from typing import cast
 
 import pytest
 
-from otel_vgpu.export.server import Endpoint, Limits, Request, Response, Server, text, tls_context
+from otel_vgpu.config import Limits
+from otel_vgpu.export.endpoint import Endpoint
+from otel_vgpu.export.http import Request, Response, text
+from otel_vgpu.export.server import Server
+from otel_vgpu.export.tls import tls_context
 from testkit.agent import wait_until
 from testkit.certs import make_certs
 

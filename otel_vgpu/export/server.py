@@ -1,4 +1,4 @@
-"""The HTTP endpoint: /metrics for Prometheus, /healthz and /readyz for probes.
+"""The HTTP server: connections, their bounds, and TLS, for an application (endpoint.py).
 
 Every client is held to bounds, whoever it is and whatever it sends
 (`Limits`; the README and docs/reliability.md state them):
@@ -26,42 +26,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import fcntl
-import gzip
 import logging
-import os
-import re
 import socket
 import ssl
 import struct
 import termios
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, SupportsIndex
 
 import h11
 
-from otel_vgpu.collect.aggregate import Snapshot
-from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict, network_of
-from otel_vgpu.export.exposition import Format, negotiate
+from otel_vgpu.config import DEFAULT_LIMITS, Limits
+from otel_vgpu.export.auth import network_of
+from otel_vgpu.export.http import Application, Request, Response, request_of, text
 from otel_vgpu.export.memory import trim
-from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.files import MAX_PEM_BYTES, read_regular
-from otel_vgpu.gpu.pidns import blind_message
-from otel_vgpu.wording import counted
 
 log = logging.getLogger(__name__)
 
-# Rendered bodies kept for the current snapshot, one per format and encoding asked for: every
-# variant there is (OpenMetrics or not, four escapings, gzip or not), so that clients cycling
-# through them cost one encoding each per sweep, not one each per request.
-MAX_KEPT_BODIES = 16
 # The heap is trimmed at most this often, once this many connections have closed since the last trim.
 TRIM_EVERY_S = 5.0
 TRIM_AFTER_CLOSED = 32
@@ -76,311 +61,6 @@ LISTEN_QUEUE = 1024
 WRITE_CHUNK = 64 * 1024
 # An unexpected error of one kind is logged at most this often.
 UNEXPECTED_LOG_EVERY_S = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    connections: int = 64
-    """Open connections at most (TLS handshakes in progress aside, each bounded by handshake_s)."""
-    head_bytes: int = 16 * 1024
-    """A request line and headers, together."""
-    head_deadline_s: float = 10.0
-    """From a request's first byte to the end of its head."""
-    idle_s: float = 30.0
-    """A connection that sends nothing for this long is closed."""
-    handshake_s: float = 10.0
-    write_s: float = 30.0
-    """To hand a response to a slow reader."""
-    workers: int = 4
-    """Threads rendering responses (sweeps are shared, so more would only queue on them)."""
-    shed_after_s: float = 1.0
-    """A connection that has waited this long for its request head may be shed, even if
-    some of it waits to be read (a trickler)."""
-    quiet_after_s: float = 0.25
-    """A connection that has sent nothing unread for this long may be shed: a client sends
-    its request (or ClientHello) right after connecting."""
-    backlog: int = 64
-    """Connections the loop accepts at a time: with `connections` and `admit_queue`, the
-    bound on open sockets (a shed one closes on the loop's next turn)."""
-    stuck_after_s: float = 120.0
-    """/healthz fails once a sweep has run this long: liveness restarts an agent stuck in a read."""
-    admit_wait_s: float = 2.0
-    """A new connection over the cap waits this long for a place before its 503."""
-    admit_queue: int = 128
-    """New connections waiting for a place at most; past that, 503 at once."""
-    stall_s: float = 2.0
-    """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
-    password_checks: int = 4
-    """Password checks (bcrypt) running or queued at once; past that, 503 and the connection closed."""
-    address_share: float = 0.25
-    """The part of `connections` one client address may hold while others wait for a place:
-    past it, its connections waiting between requests are shed for them."""
-    network_share: float = 0.5
-    """The same for a client's network (/24, /64)."""
-
-
-DEFAULT_LIMITS = Limits()
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    method: str
-    path: str
-    headers: Mapping[str, str]
-    """Lower-case names; a repeated header's values joined with ", "."""
-    peer: str
-    client_certificate: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: str = "text/plain; charset=utf-8"
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-def text(status: int, body: str, *headers: tuple[str, str]) -> Response:
-    return Response(status, body.encode(), headers=headers)
-
-
-class Endpoint:
-    """What each path answers. Cheap answers come from the event loop; a
-    render, a sweep or a password check runs on its executor."""
-
-    def __init__(
-        self,
-        telemetry: Telemetry,
-        sampler: Sampler,
-        ready_max_age: float,
-        auth: BasicAuth | None = None,
-        client_certificates: bool = False,
-        limits: Limits = DEFAULT_LIMITS,
-    ) -> None:
-        self._telemetry = telemetry
-        self._sampler = sampler
-        self._ready_max_age = ready_max_age
-        self._auth = auth
-        self._client_certificates = client_certificates
-        self._limits = limits
-        self.workers = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="http-worker")
-        self._auth_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-auth")
-        self._checking = 0
-        """Password checks running or queued for the bcrypt thread."""
-        # Keyed by what the body depends on (OpenMetrics or not, escaping, gzip), never by
-        # what a client writes in Accept: a made-up version per request shares one render.
-        self._flights: dict[tuple[tuple[bool, str], bool, bool], _Flight] = {}
-        self._bodies: dict[tuple[tuple[bool, str], bool], tuple[Snapshot, Response]] = {}
-        self.renders = 0
-        """Bodies rendered (each shared by every scrape of its snapshot)."""
-
-    def use_auth(self, auth: BasicAuth) -> None:
-        """Users from a reread file, for the requests that follow (what the old ones had
-        remembered, passed or failed, goes with them: a revoked password stops working)."""
-        self._auth = auth
-
-    def close(self) -> None:
-        self.workers.shutdown(wait=False, cancel_futures=True)
-        self._auth_worker.shutdown(wait=False, cancel_futures=True)
-
-    async def handle(self, request: Request) -> Response:
-        loop = asyncio.get_running_loop()
-        if request.method not in ("GET", "HEAD"):
-            return text(405, "method not allowed; use GET\n", ("Allow", "GET, HEAD"))
-        path = request.path
-        if path == "/healthz":
-            stuck = self._sampler.stuck_for()
-            if stuck > self._limits.stuck_after_s:
-                return text(503, f"a sweep has been running for {stuck:.0f} s\n")
-            return text(200, "ok\n")
-        if path == "/readyz":
-            return await loop.run_in_executor(self.workers, self._ready)
-        if path == "/metrics":
-            refused = await self._refuse(request)
-            if refused is not None:
-                return refused
-            fmt = negotiate(request.headers.get("accept", ""))
-            compress = accepts_gzip(request.headers.get("accept-encoding", ""))
-            if no_cache(request.headers):
-                return _as(fmt, await self._shared(fmt, compress, fresh=True))
-            # Scrapes within --min-interval of each other share the sweep, and the body too.
-            cached = self._bodies.get((fmt.body, compress))
-            if cached is not None and cached[0] is self._sampler.fresh(self._telemetry.min_interval):
-                return _as(fmt, cached[1])
-            return _as(fmt, await self._shared(fmt, compress))
-        if path == "/":
-            return text(200, "otel-vgpu: /metrics (Prometheus), /healthz, /readyz\n")
-        return text(404, "not found; try /metrics\n")
-
-    async def _refuse(self, request: Request) -> Response | None:
-        """Why /metrics is not for this client, or None."""
-        if self._client_certificates and not request.client_certificate:
-            return text(403, "a client certificate signed by the configured CA is required\n")
-        auth = self._auth  # the users file may be reread meanwhile: one version per request
-        if auth is None:
-            return None
-        verdict = auth.decide(request.headers.get("authorization"), request.peer)
-        if isinstance(verdict, Attempt):
-            if self._checking >= self._limits.password_checks:
-                # The bcrypt thread's queue is full: no connection waits on it, holding a
-                # place under the cap. A credential that passed before never gets here.
-                return text(
-                    503, "too many password checks at once; try again\n", ("Retry-After", "1"), ("Connection", "close")
-                )
-            loop = asyncio.get_running_loop()
-            self._checking += 1
-            try:
-                verdict = await loop.run_in_executor(self._auth_worker, auth.verify, verdict)
-            finally:
-                self._checking -= 1
-        if verdict is Verdict.ALLOW:
-            return None
-        if verdict is Verdict.THROTTLED:
-            wait = str(auth.retry_after(request.peer))
-            return text(429, "too many failed logins; try again later\n", ("Retry-After", wait))
-        return text(401, "unauthorized\n", ("WWW-Authenticate", 'Basic realm="otel-vgpu"'))
-
-    async def _shared(self, fmt: Format, compress: bool, fresh: bool = False) -> Response:
-        """A /metrics response rendered for this scrape or one that arrived
-        while it was rendered, for the same format and encoding: N scrapers at
-        once cost one sweep and one render, and a joining scrape holds no
-        worker. The body is kept for the scrapes that follow until a new sweep
-        is due. `fresh` (Cache-Control: no-cache) skips the kept body and
-        joins only renders that skip it too."""
-        key = (fmt.body, compress, fresh)
-        flight = self._flights.get(key)
-        if flight is None or flight.future.cancelled():
-            loop = asyncio.get_running_loop()
-            flight = _Flight(loop.run_in_executor(self.workers, self._metrics, fmt, compress))
-            self._flights[key] = flight
-            flight.future.add_done_callback(lambda _: self._land(key, flight))
-        flight.waiters += 1
-        try:
-            return (await asyncio.shield(flight.future))[1]
-        except asyncio.CancelledError:
-            # The client left. A render nobody waits for any more is dropped
-            # while still queued for a worker.
-            if flight.waiters == 1 and not flight.future.done():
-                flight.future.cancel()
-            raise
-        finally:
-            flight.waiters -= 1
-
-    def _land(self, key: tuple[tuple[bool, str], bool, bool], flight: _Flight) -> None:
-        """On the loop, as a render ends: keep its body for its snapshot's scrapes."""
-        if self._flights.get(key) is flight:
-            del self._flights[key]
-        if flight.future.cancelled() or flight.future.exception() is not None:
-            return
-        snapshot, response = flight.future.result()
-        # Only bodies of this snapshot stay, and a few formats at most (a
-        # client may name any version in Accept).
-        bodies = {k: v for k, v in self._bodies.items() if v[0] is snapshot}
-        while len(bodies) >= MAX_KEPT_BODIES:
-            del bodies[next(iter(bodies))]
-        bodies[(key[0], key[1])] = (snapshot, response)
-        self._bodies = bodies
-
-    def _metrics(self, fmt: Format, compress: bool) -> tuple[Snapshot, Response]:
-        self.renders += 1
-        # A gzip body is its snapshot's identity body compressed (telemetry keeps it).
-        snapshot, body = self._telemetry.render_snapshot(fmt)
-        if compress:
-            headers = (("Content-Encoding", "gzip"),)
-            return snapshot, Response(200, gzip.compress(body, compresslevel=1), fmt.content_type, headers)
-        return snapshot, Response(200, body, fmt.content_type)
-
-    def _ready(self) -> Response:
-        # The probe itself may sweep: a node nobody scrapes yet must still
-        # become ready, or it would never be discovered and scraped.
-        snapshot = self._sampler.snapshot(self._ready_max_age)
-        if snapshot.ok and not snapshot.blind and snapshot.gpus:
-            return text(200, f"ready: {counted(len(snapshot.gpus), 'GPU')}\n")
-        if snapshot.paused:
-            reasons = f"NVML released while the GPU driver is upgraded (node label {snapshot.paused})"
-        elif snapshot.blind:
-            # Serving would publish a node with no pods on it: the pod is
-            # not ready until it shares the host's PID namespace.
-            reasons = blind_message(snapshot.blind)
-        else:
-            # Ready means at least one GPU is reported.
-            errors = "; ".join(message for _, message in snapshot.errors)
-            reasons = "no successful sweep" if not snapshot.ok else "no GPU reported"
-            reasons = f"{reasons}: {errors}" if errors else reasons
-        return text(503, f"not ready: {reasons}\n")
-
-
-def _as(fmt: Format, response: Response) -> Response:
-    """A shared body with the Content-Type this client's Accept asked for."""
-    if response.content_type == fmt.content_type:
-        return response
-    return dataclasses.replace(response, content_type=fmt.content_type)
-
-
-@dataclass(slots=True, eq=False)
-class _Flight:
-    future: asyncio.Future[tuple[Snapshot, Response]]
-    waiters: int = 0
-
-
-def no_cache(headers: Mapping[str, str]) -> bool:
-    """Whether the request asks for a fresh render (RFC 9111: Cache-Control no-cache, or
-    Pragma: no-cache from HTTP/1.0 clients)."""
-    directives = {d.strip().split("=", 1)[0].lower() for d in headers.get("cache-control", "").split(",")}
-    return "no-cache" in directives or "no-cache" in headers.get("pragma", "").lower()
-
-
-def accepts_gzip(header: str) -> bool:
-    """Whether an Accept-Encoding value accepts gzip (RFC 9110: names are
-    case-insensitive; q=0 means "not acceptable"; `*` stands for any other)."""
-    weights: dict[str, float] = {}
-    for item in header.split(","):
-        name, *params = (part.strip() for part in item.split(";"))
-        if not name:
-            continue
-        q = 1.0
-        for param in params:
-            key, _, value = param.partition("=")
-            if key.strip().lower() == "q":
-                try:
-                    q = float(value)
-                except ValueError:
-                    q = 0.0
-        weights[name.lower()] = q
-    weight = weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0)))
-    return weight > 0
-
-
-def tls_context(cert_file: Path, key_file: Path, client_ca_file: Path | None) -> ssl.SSLContext:
-    """A server context. With a client CA, a client certificate is asked for
-    and, if sent, must be signed by it; /metrics then requires one. The files
-    are read as every file the agent is given is (otel_vgpu/files.py), and
-    OpenSSL is handed their bytes, never the paths: it would open a FIFO and
-    wait. FileProblem names a file that cannot be read; ssl.SSLError, one
-    that does not hold what it should."""
-    cert = read_regular(cert_file, MAX_PEM_BYTES)
-    key = read_regular(key_file, MAX_PEM_BYTES)
-    client_ca = read_regular(client_ca_file, MAX_PEM_BYTES) if client_ca_file is not None else None
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    with _in_memory(cert) as cert_path, _in_memory(key) as key_path:
-        context.load_cert_chain(cert_path, key_path)
-    if client_ca is not None:
-        context.load_verify_locations(cadata=client_ca.decode("latin-1"))
-        context.verify_mode = ssl.CERT_OPTIONAL
-    return context
-
-
-@contextlib.contextmanager
-def _in_memory(data: bytes) -> Iterator[str]:
-    """A path to `data` for OpenSSL's file loaders: an anonymous memory file (the
-    key is never written to a disk, and the root may be read-only)."""
-    descriptor = os.memfd_create("otel-vgpu-tls", os.MFD_CLOEXEC)
-    try:
-        os.write(descriptor, data)
-        yield f"/proc/self/fd/{descriptor}"
-    finally:
-        os.close(descriptor)
 
 
 class _HttpError(Exception):
@@ -466,7 +146,7 @@ class Server:
         self,
         address: str,
         port: int,
-        endpoint: Endpoint,
+        endpoint: Application,
         ssl_context: ssl.SSLContext | None = None,
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
@@ -733,7 +413,7 @@ class Server:
                 if event is None:
                     return
                 connection.waiting = False
-                request = _request(event, peer[0] if peer else "", certificate)
+                request = request_of(event, peer[0] if peer else "", certificate)
                 if "content-length" in request.headers and "transfer-encoding" in request.headers:
                     # A request smuggling's shape: answered, then the connection closed (RFC 9112 6.1).
                     raise _HttpError(400, "Content-Length and Transfer-Encoding together")
@@ -960,45 +640,6 @@ def _unread_bytes(writer: asyncio.StreamWriter) -> int:
     return int(struct.unpack("i", raw)[0])
 
 
-def _request(event: h11.Request, peer: str, certificate: bool) -> Request:
-    headers: dict[str, str] = {}
-    for name, value in event.headers:
-        key = name.decode("latin-1").lower()
-        decoded = value.decode("latin-1")
-        headers[key] = f"{headers[key]}, {decoded}" if key in headers else decoded
-    target = event.target.decode("latin-1")
-    path = target.split("?", 1)[0]
-    if path[:8].lower().startswith(("http://", "https://")):  # absolute form; the scheme is case-insensitive
-        path = "/" + path.split("/", 3)[3] if path.count("/") >= 3 else "/"
-    # Percent-encoded unreserved characters are the characters (RFC 3986 6.2.2.2): /%6detrics is /metrics.
-    path = _UNRESERVED_ESCAPE.sub(_unescape_unreserved, path)
-    # Methods are case-sensitive (RFC 9110 9.1): `head` is no HEAD, and gets 405.
-    return Request(event.method.decode("latin-1"), _normalise(path), headers, peer, certificate)
-
-
-_UNRESERVED_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
-_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-
-
-def _unescape_unreserved(match: re.Match[str]) -> str:
-    char = chr(int(match.group(1), 16))
-    return char if char in _UNRESERVED else match.group(0)
-
-
-def _normalise(path: str) -> str:
-    """`/metrics/`, `//metrics`, `/./metrics` and `/a/../metrics` are `/metrics`."""
-    parts: list[str] = []
-    for part in path.split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if parts:
-                parts.pop()
-            continue
-        parts.append(part)
-    return "/" + "/".join(parts)
-
-
 def _quiet_exceptions(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """A client that drops or botches a connection (a TLS handshake to
     nowhere, a reset) is not the agent's error: debug, not a traceback."""
@@ -1007,6 +648,3 @@ def _quiet_exceptions(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) 
         log.debug("connection: %s", context.get("message"))
         return
     loop.default_exception_handler(context)
-
-
-Handler = Callable[[Request], Awaitable[Response]]
