@@ -73,8 +73,9 @@ class Limits:
     """A connection that has sent nothing unread for this long may be shed: a client sends
     its request (or ClientHello) right after connecting."""
     backlog: int = 64
-    """Connections the loop accepts at a time: with `connections` and `admit_queue`, the
-    bound on open sockets (a shed one closes on the loop's next turn)."""
+    """Sockets accepted and not yet admitted or refused, at most, and how many one turn of the
+    loop accepts: with `connections` and `admit_queue`, the bound on the sockets the agent
+    holds (256); a burst past it waits in the kernel's queue (export/server.py LISTEN_QUEUE)."""
     stuck_after_s: float = 120.0
     """/healthz fails once a sweep has run this long: liveness restarts an agent stuck in a read."""
     admit_wait_s: float = 2.0

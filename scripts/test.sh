@@ -7,13 +7,15 @@ cd "$(dirname "$0")/.."
 # Debian packages the tests run for real: Prometheus (the server scrapes the
 # agent end to end; promtool checks the exposition format and the alert rules),
 # podman, runc and debootstrap (the container image is built and run); and
-# graphviz (docs/architecture.svg is checked against its source).
+# graphviz (docs/architecture.svg is checked against its source); and iproute2 (ss reads
+# the listening socket's queue).
 packages=""
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || packages="$packages prometheus"
 command -v podman >/dev/null 2>&1 || packages="$packages podman"
 command -v runc >/dev/null 2>&1 || packages="$packages runc"
 command -v debootstrap >/dev/null 2>&1 || packages="$packages debootstrap"
 command -v dot >/dev/null 2>&1 || packages="$packages graphviz"
+command -v ss >/dev/null 2>&1 || packages="$packages iproute2"
 if [ -n "$packages" ]; then
     echo "installing Debian packages:$packages"
     sudo_cmd=""

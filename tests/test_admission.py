@@ -4,8 +4,10 @@ what a client that cannot have a place is told."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 from otel_vgpu.config import Limits
 from otel_vgpu.export.endpoint import Endpoint
 from otel_vgpu.export.http import Request, Response, text
-from otel_vgpu.export.server import Server
+from otel_vgpu.export.server import LISTEN_QUEUE, Server
 from otel_vgpu.export.tls import tls_context
 from testkit.agent import wait_until
 from testkit.certs import make_certs
@@ -84,6 +86,25 @@ def test_a_refused_connection_hears_503_in_clear_only_on_a_clear_port(
                 client.wrap_socket(raw, server_hostname="localhost")
             assert "WRONG_VERSION_NUMBER" not in str(refused.value)
     assert server.counters.refused >= 1
+
+
+def test_a_burst_of_connections_waits_in_the_kernels_queue_not_for_a_retransmission() -> None:
+    # The listening socket's queue holds LISTEN_QUEUE connections: a burst past the loop's
+    # accepts waits there, where a queue of `backlog` (asyncio's listen() as it starts
+    # serving) dropped every 65th SYN and made its connect wait out a 1 s retransmission.
+    ss = shutil.which("ss")
+    assert ss is not None, "ss (iproute2) reads a listening socket's queue"
+    server = Server("127.0.0.1", 0, cast(Endpoint, Held()), None)
+    server.start()
+    try:
+        listing = subprocess.run(
+            [ss, "-Hltn", f"sport = :{server.port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+        # For a listening socket, ss's Send-Q column is the queue's depth.
+        assert int(listing[2]) == min(LISTEN_QUEUE, somaxconn), listing
+    finally:
+        server.stop()
 
 
 def test_accepted_connections_send_without_waiting_for_acks(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ import struct
 import termios
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex
 
@@ -57,6 +57,8 @@ ADMIT_TICK_S = 0.05
 # Connections the kernel queues before the loop accepts them (their SYNs are not dropped in a
 # burst, so a scraper's connect does not wait out a retransmission); accepted, they count.
 LISTEN_QUEUE = 1024
+# How long accepting waits after the system ran out of descriptors or buffers.
+ACCEPT_RETRY_S = 1.0
 # A response is written this much at a time, each piece once the peer has taken the last.
 WRITE_CHUNK = 64 * 1024
 # An unexpected error of one kind is logged at most this often.
@@ -180,7 +182,12 @@ class Server:
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(_quiet_exceptions)
         self._started = threading.Event()
-        self._server: asyncio.AbstractServer | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._opening: set[asyncio.Task[None]] = set()
+        self._room: asyncio.Semaphore | None = None
+        """Sockets the loop may hold open: a place under the cap, in the admission queue, or
+        accepted and not yet admitted or refused (`Limits.backlog`). Past that, new connections
+        wait in the kernel's queue (LISTEN_QUEUE) until one closes."""
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
     @property
@@ -216,15 +223,15 @@ class Server:
         # not by the listener: a handshake in progress is then a connection
         # like any other, under the cap and shed first when idle, and the
         # memory of handshakes (a 256 KiB buffer each) is bounded by it.
-        self._server = loop.run_until_complete(
-            loop.create_server(protocol, sock=self._socket, backlog=self.limits.backlog)
-        )
+        limits = self.limits
+        self._room = asyncio.Semaphore(limits.connections + limits.admit_queue + limits.backlog)
+        self._socket.setblocking(False)
+        self._accepting = loop.create_task(self._accept(protocol))
         self._started.set()
         loop.call_later(TRIM_EVERY_S, self._trim_after_bursts)
         try:
             self._loop.run_forever()
         finally:
-            self._server.close()
             for connection in list(self.counters.connections):
                 connection.writer.transport.abort()
             # Cancel and wait out every connection's task, as asyncio.run does on
@@ -238,6 +245,49 @@ class Server:
                     asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), STOP_WAIT_S)
                 )
             self._loop.close()
+
+    async def _accept(self, protocol: Callable[[], asyncio.Protocol]) -> None:
+        """Accept connections while there is room for their sockets.
+
+        asyncio's own server (loop.create_server) accepts whenever the listening socket
+        is readable, however many sockets the loop holds, and listens with its `backlog`
+        as the kernel's queue: in a burst of a thousand connections, every 65th SYN was
+        dropped (its connect waited out a 1 s retransmission), and once the queue was
+        deeper the loop held 800 sockets at once. Here the kernel queues a burst
+        (LISTEN_QUEUE), and the loop takes from it what it has room for."""
+        assert self._room is not None
+        loop = asyncio.get_running_loop()
+        accepted = 0
+        while True:
+            await self._room.acquire()
+            try:
+                sock, _ = await loop.sock_accept(self._socket)
+            except OSError as error:
+                self._room.release()
+                if self._socket.fileno() < 0:
+                    return
+                # Out of descriptors or buffers (EMFILE, ENFILE, ENOBUFS, ENOMEM): wait, as
+                # asyncio's own accept does, rather than spin on the readable socket.
+                self._note_unexpected("accepting a connection", error)
+                await asyncio.sleep(ACCEPT_RETRY_S)
+                continue
+            opening = loop.create_task(self._open(loop, protocol, sock))
+            self._opening.add(opening)  # held until done: the loop keeps only weak references
+            opening.add_done_callback(self._opening.discard)
+            accepted += 1
+            if accepted % self.limits.backlog == 0:
+                await asyncio.sleep(0)  # a burst is taken `backlog` at a time, the loop's other work between
+
+    async def _open(
+        self, loop: asyncio.AbstractEventLoop, protocol: Callable[[], asyncio.Protocol], sock: socket.socket
+    ) -> None:
+        """The connection's transport and protocol; its handler (`_serve`) gives its room back."""
+        try:
+            await loop.connect_accepted_socket(protocol, sock)
+        except (OSError, RuntimeError):
+            sock.close()
+            if self._room is not None:
+                self._room.release()
 
     def _trim_after_bursts(self) -> None:
         """Once the connections of a burst have closed, give their memory back."""
@@ -372,8 +422,17 @@ class Server:
         # The task the protocol runs per connection. Stopping cancels it, and it then ends
         # normally, not cancelled: Python 3.11's StreamReaderProtocol calls task.exception()
         # when it is done, which raises on a cancelled task (logged at ERROR by the loop).
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._connection(reader, writer)
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._connection(reader, writer)
+        finally:
+            # The socket closes once what is written has gone (a close, never an abort,
+            # which would drop a last answer); its room is for the next connection.
+            transport = writer.transport
+            if transport is not None and not transport.is_closing():
+                transport.close()
+            if self._room is not None:
+                self._room.release()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections = self.counters.connections
