@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_validate import AGENT_PORT, NODE, POD_RESOURCES_DIR, REPLICAS, nvml_truth
 from bench.gpu_workloads import Cluster, Pod, Report, place, pod_harness, require_gpu, scrape, start_workload, stop_pods
-from otel_vgpu.collect.sampler import ENERGY_EVERY_S
+from otel_vgpu.collect.reading import ENERGY_EVERY_S
 from testkit.agent import wait_serving
 
 TOLERANCE = 0.05

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from otel_vgpu.allocation.ratio import RatioFileError, RatioSource
 from otel_vgpu.allocation.shares import AllocationSource, UnknownAllocation
+from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_DRIVER_CHANGED, EXIT_NO_GPU, EXIT_USAGE, Config
 from otel_vgpu.export.auth import BasicAuth
@@ -96,10 +97,11 @@ class Agent:
                 ratio=self.ratio,
                 health=self.health,
                 by_container=config.by_container,
-                ask_again_s=config.ask_again_s,
                 on_driver_changed=self._driver_changed,
                 idle_watts=config.gpu_idle_watts,
-                energy_every_s=config.energy_every_s,
+                reader=GpuReader(
+                    sources.backend, ask_again_s=config.ask_again_s, energy_every_s=config.energy_every_s
+                ),
             )
             self._watch_node()
             # Imported here so that a bad flag or file fails before the SDK loads.

@@ -144,7 +144,7 @@ class Config:
     first_sync_wait_s: float = 3.0
     """How long start-up waits for the first list of pods, so the first scrape has names."""
     energy_every_s: float = 10.0
-    """How often each GPU's energy counter is read (collect/sampler.py ENERGY_EVERY_S says why)."""
+    """How often each GPU's energy counter is read (collect/reading.py ENERGY_EVERY_S says why)."""
     credentials_check_s: float = 2.0
     """How often the TLS files and the users file are looked at for a new version."""
     ask_again_s: float = 300.0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from otel_vgpu.collect.aggregate import Snapshot
+from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError
 from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
@@ -202,7 +203,8 @@ def test_the_energy_counter_is_read_on_its_own_cadence_and_the_counters_hold_bet
 ) -> None:
     clock = [100.0]
     node = CountedEnergy(steady, tmp_path / "proc", clock=lambda: clock[0])
-    sampler = make_sampler(node, ratio_file, clock=lambda: clock[0], energy_every_s=10.0)
+    reader = GpuReader(node, clock=lambda: clock[0], energy_every_s=10.0)
+    sampler = make_sampler(node, ratio_file, clock=lambda: clock[0], reader=reader)
     gpus = len(steady.gpus)
     joules = []
     for _ in range(11):  # sweeps 2 s apart over 20 s: reads at 0, 10 and 20 s

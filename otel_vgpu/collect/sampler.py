@@ -14,41 +14,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
 from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
+from otel_vgpu.collect.reading import GpuReader, SweepErrors
 from otel_vgpu.collect.usage import Usage, accumulate
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError
+from otel_vgpu.gpu.backend import ErrorCode, GpuBackend, GpuError
 from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_use_by_pid
 from otel_vgpu.health import SWEEP_STAGES, Health, Stage
 from otel_vgpu.pods.attribution import Attributor
 from otel_vgpu.pods.directory import PodDirectory
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class _Errors:
-    """Failures of one sweep: (stage, kind) -> message."""
-
-    seen: dict[tuple[Stage, str], str] = field(default_factory=dict)
-    ongoing: set[tuple[Stage, str]] = field(default_factory=set)
-    """Failures still in force that this sweep did not ask about again: not counted, not recovered."""
-
-    def add(self, stage: Stage, kind: str, message: str) -> None:
-        self.seen.setdefault((stage, kind), message)
-
-
-# How long a GPU that answered NOT_SUPPORTED for per-process utilization is left alone.
-ASK_AGAIN_S = 300.0
-# How often each GPU's energy counter is read: a read costs more CPU than the rest of a
-# sweep of the GPU (3.9 ms on an H200, bench/results/h200-sweep-cost.md), and the energy
-# between reads is split over the sweeps it covers, so reading it every sweep buys nothing
-# but finer steps of the joules counters.
-ENERGY_EVERY_S = 10.0
 
 # The MPS server's command name: `nvidia-cuda-mps-server` cut to the
 # kernel's 15 characters (TASK_COMM_LEN), as /proc/<pid>/stat gives it.
@@ -79,19 +58,17 @@ class Sampler:
         by_container: bool = False,
         clock: Callable[[], float] = time.monotonic,
         host_pid_namespace: bool | None = None,
-        ask_again_s: float = ASK_AGAIN_S,
         on_driver_changed: Callable[[str], None] | None = None,
         idle_watts: float | None = None,
-        energy_every_s: float = ENERGY_EVERY_S,
+        reader: GpuReader | None = None,
     ) -> None:
         """`host_pid_namespace`: whether the agent shares the host's PID
         namespace (None: unknown); by default read from /proc/self/ns/pid.
-        `ask_again_s`: how long a GPU that cannot report per-process
-        utilization is left alone before it is asked again.
         `on_driver_changed`: called with a message when NVML's library no
         longer matches the loaded driver, which no retry can mend.
         `idle_watts`: every GPU's idle power, for the energy split; None: learned.
-        `energy_every_s`: how often each GPU's energy counter is read."""
+        `reader`: how each GPU is read (collect/reading.py); by default with its
+        default cadences and this sampler's clock."""
         self._backend = backend
         self._attributor = attributor
         self._directory = directory
@@ -100,12 +77,7 @@ class Sampler:
         self._health = health or Health()
         self._by_container = by_container
         self._clock = clock
-        self._windows = SamplingWindows()
-        # GPUs whose NVML cannot tell per-process utilization (vGPU guests,
-        # some older boards): left alone for `ask_again_s` after each NOT_SUPPORTED
-        # (a driver upgrade or a mode change can bring it), not an error each sweep.
-        self._no_process_utilization: dict[str, float] = {}
-        self._ask_again_s = ask_again_s
+        self._reader = reader or GpuReader(backend, clock)
         self._announced: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._generation = 0
@@ -117,11 +89,6 @@ class Sampler:
         self._paused: str | None = None
         self._usage = Usage()
         self._idle_watts = idle_watts
-        self._energy_every_s = energy_every_s
-        self._energy_read_at: dict[str, float] = {}
-        """When each GPU's energy counter was last read, by UUID; absent: never, or it has none."""
-        self._gpu_seen: dict[str, int] = {}
-        """The newest GPU utilization sample read, by GPU UUID."""
         self._on_driver_changed = on_driver_changed
         self.sweeps = 0
 
@@ -197,7 +164,7 @@ class Sampler:
             self._sweep_started = None
 
     def _sweep_from(self, started: float) -> Snapshot:
-        errors = _Errors()
+        errors = SweepErrors()
         self.sweeps += 1
         try:
             snapshot = self._collect(errors)
@@ -224,7 +191,7 @@ class Sampler:
             paused=snapshot.paused,
         )
 
-    def _collect(self, errors: _Errors) -> Snapshot:
+    def _collect(self, errors: SweepErrors) -> Snapshot:
         self._ratio.refresh()
         if self._ratio.error is not None:
             message = f"{self._ratio.error} (keeping ratio {self._ratio.describe()})"
@@ -246,10 +213,10 @@ class Sampler:
 
         readings: list[GpuReading] = []
         for index in range(count):
-            reading = self._read_gpu(index, errors)
+            reading = self._reader.read(index, errors)
             if reading is not None:
                 readings.append(reading)
-        self._windows.keep_only(reading.device.uuid for reading in readings)
+        self._reader.keep_only(reading.device.uuid for reading in readings)
         blind = blind_gpus([(r.device, r.processes) for r in readings], self._host_pid_namespace)
         if blind:
             # What the driver hides is unknown, not zero: a blind GPU gets no
@@ -282,86 +249,6 @@ class Sampler:
         )
         return Snapshot(taken_at=self._clock(), ok=True, gpus=gpus, pods=pods, blind=blind)
 
-    def _read_gpu(self, index: int, errors: _Errors) -> GpuReading | None:
-        try:
-            device = self._with_window(index, self._backend.device(index))
-        except GpuError as error:
-            errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: {error}")
-            return None
-        device = self._with_energy(index, device, errors)
-        try:
-            processes = self._backend.processes(index)
-        except GpuError as error:
-            errors.add(Stage.PROCESSES, f"{index}:{error.code.value}", f"GPU {index}: {error}")
-            return GpuReading(device=device, processes=None, use_by_pid=None)
-        if device.mig_mode:
-            # NVML has no per-process utilization under MIG: not an error.
-            return GpuReading(device=device, processes=processes, use_by_pid=None)
-        unsupported_until = self._no_process_utilization.get(device.uuid)
-        if unsupported_until is not None and self._clock() < unsupported_until:
-            errors.ongoing.add((Stage.PROCESS_UTILIZATION, f"{index}:{ErrorCode.NOT_SUPPORTED.value}"))
-            return GpuReading(device=device, processes=processes, use_by_pid=None)
-        now = self._backend.now_us()
-        since = self._windows.start(device.uuid, now)
-        try:
-            samples = self._backend.utilization_samples(index, since)
-        except GpuError as error:
-            if error.code is ErrorCode.NOT_SUPPORTED:
-                if device.uuid not in self._no_process_utilization:
-                    log.warning(
-                        "GPU %d (%s) cannot report per-process utilization; SM families omitted, asking again "
-                        "every %g s",
-                        index,
-                        device.uuid,
-                        self._ask_again_s,
-                    )
-                self._no_process_utilization[device.uuid] = self._clock() + self._ask_again_s
-            errors.add(Stage.PROCESS_UTILIZATION, f"{index}:{error.code.value}", f"GPU {index}: {error}")
-            return GpuReading(device=device, processes=processes, use_by_pid=None)
-        self._windows.advance(device.uuid, now)
-        self._no_process_utilization.pop(device.uuid, None)
-        use_by_pid = fit_under(mean_use_by_pid(samples, since), device.utilization_window)
-        return GpuReading(device=device, processes=processes, use_by_pid=use_by_pid)
-
-    def _with_energy(self, index: int, device: Device, errors: _Errors) -> Device:
-        """The device with its energy counter, read every `energy_every_s`: one read cost
-        3.9 ms of CPU on an H200, more than the rest of a sweep of that GPU together
-        (bench/results/h200-sweep-cost.md). Between reads the device is marked skipped,
-        and the sweeps wait to have the next read's energy split over them."""
-        read_at = self._energy_read_at.get(device.uuid)
-        now = self._clock()
-        if read_at is not None and now - read_at < self._energy_every_s:
-            return dataclasses.replace(device, energy_skipped=True)
-        try:
-            energy_mj = self._backend.energy(index)
-        except GpuError as error:
-            errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: energy counter: {error}")
-            return dataclasses.replace(device, energy_skipped=read_at is not None)
-        if energy_mj is None:
-            self._energy_read_at.pop(device.uuid, None)
-            return device
-        self._energy_read_at[device.uuid] = now
-        return dataclasses.replace(device, energy_mj=energy_mj)
-
-    def _with_window(self, index: int, device: Device) -> Device:
-        """The device with the mean of its own utilization samples since its previous
-        sweep: what its busy seconds are counted from, since the last period's figure,
-        sampled every few seconds, would alias against bursty work. Without samples
-        (an old driver, MIG) the last period's figure serves."""
-        if device.mig_mode:
-            return device
-        now = self._backend.now_us()
-        since = self._gpu_seen.get(device.uuid, now - MIN_WINDOW_US)
-        try:
-            samples = self._backend.gpu_utilization_samples(index, since)
-        except GpuError:
-            return device
-        fresh = [value for stamp, value in samples if stamp > since]
-        if not fresh:
-            return device
-        self._gpu_seen[device.uuid] = max(stamp for stamp, _ in samples)
-        return dataclasses.replace(device, utilization_window=sum(fresh) / len(fresh))
-
     def _announce(self, readings: list[GpuReading]) -> None:
         """Say once per GPU why its pods have no SM figures (MIG mode, an MPS server)."""
         for reading in readings:
@@ -388,7 +275,7 @@ class Sampler:
         if snapshot.ok:
             self._blind_uuids = uuids
 
-    def _report(self, errors: _Errors) -> None:
+    def _report(self, errors: SweepErrors) -> None:
         """Count every failure; log each kind once, when it starts and when it ends."""
         for (stage, kind), message in errors.seen.items():
             # An unexpected exception logged its traceback already.

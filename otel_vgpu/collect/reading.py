@@ -1,0 +1,159 @@
+"""How each GPU is read in a sweep: the policy that decides, per GPU, what to ask NVML.
+
+- per-process utilization over the window since that GPU's last sweep, and the
+  GPU's own samples over the same window, so that the processes can be fitted
+  under the GPU (gpu/sampling.py);
+- a GPU that answers NOT_SUPPORTED for per-process utilization is left alone
+  for `ask_again_s`, not failed every sweep;
+- the energy counter is read every `energy_every_s`, not every sweep.
+
+State is kept per GPU UUID (indexes can change across a driver reload). A
+fake backend tests it (tests/test_reading.py); the sampler keeps the cache,
+the driver pause and the reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from otel_vgpu.collect.aggregate import GpuReading
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_use_by_pid
+from otel_vgpu.health import Stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SweepErrors:
+    """Failures of one sweep: (stage, kind) -> message."""
+
+    seen: dict[tuple[Stage, str], str] = field(default_factory=dict)
+    ongoing: set[tuple[Stage, str]] = field(default_factory=set)
+    """Failures still in force that this sweep did not ask about again: not counted, not recovered."""
+
+    def add(self, stage: Stage, kind: str, message: str) -> None:
+        self.seen.setdefault((stage, kind), message)
+
+
+# How long a GPU that answered NOT_SUPPORTED for per-process utilization is left alone.
+ASK_AGAIN_S = 300.0
+# How often each GPU's energy counter is read: a read costs more CPU than the rest of a
+# sweep of the GPU (3.9 ms on an H200, bench/results/h200-sweep-cost.md), and the energy
+# between reads is split over the sweeps it covers, so reading it every sweep buys nothing
+# but finer steps of the joules counters.
+ENERGY_EVERY_S = 10.0
+
+
+class GpuReader:
+    """Reads GPUs as the policy above says, keeping what it needs from one sweep to the next."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        clock: Callable[[], float] = time.monotonic,
+        ask_again_s: float = ASK_AGAIN_S,
+        energy_every_s: float = ENERGY_EVERY_S,
+    ) -> None:
+        self._backend = backend
+        self._clock = clock
+        self._ask_again_s = ask_again_s
+        self._energy_every_s = energy_every_s
+        self._windows = SamplingWindows()
+        # GPUs whose NVML cannot tell per-process utilization (vGPU guests,
+        # some older boards): left alone for `ask_again_s` after each NOT_SUPPORTED
+        # (a driver upgrade or a mode change can bring it), not an error each sweep.
+        self._no_process_utilization: dict[str, float] = {}
+        self._energy_read_at: dict[str, float] = {}
+        """When each GPU's energy counter was last read, by UUID; absent: never, or it has none."""
+        self._gpu_seen: dict[str, int] = {}
+        """The newest GPU utilization sample read, by GPU UUID."""
+
+    def keep_only(self, gpu_uuids: Iterable[str]) -> None:
+        """Forget the GPUs that are gone (their windows restart if they come back)."""
+        self._windows.keep_only(gpu_uuids)
+
+    def read(self, index: int, errors: SweepErrors) -> GpuReading | None:
+        """GPU `index` as this sweep reads it; None where the device itself could not be read."""
+        try:
+            device = self._with_window(index, self._backend.device(index))
+        except GpuError as error:
+            errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: {error}")
+            return None
+        device = self._with_energy(index, device, errors)
+        try:
+            processes = self._backend.processes(index)
+        except GpuError as error:
+            errors.add(Stage.PROCESSES, f"{index}:{error.code.value}", f"GPU {index}: {error}")
+            return GpuReading(device=device, processes=None, use_by_pid=None)
+        if device.mig_mode:
+            # NVML has no per-process utilization under MIG: not an error.
+            return GpuReading(device=device, processes=processes, use_by_pid=None)
+        unsupported_until = self._no_process_utilization.get(device.uuid)
+        if unsupported_until is not None and self._clock() < unsupported_until:
+            errors.ongoing.add((Stage.PROCESS_UTILIZATION, f"{index}:{ErrorCode.NOT_SUPPORTED.value}"))
+            return GpuReading(device=device, processes=processes, use_by_pid=None)
+        now = self._backend.now_us()
+        since = self._windows.start(device.uuid, now)
+        try:
+            samples = self._backend.utilization_samples(index, since)
+        except GpuError as error:
+            if error.code is ErrorCode.NOT_SUPPORTED:
+                if device.uuid not in self._no_process_utilization:
+                    log.warning(
+                        "GPU %d (%s) cannot report per-process utilization; SM families omitted, asking again "
+                        "every %g s",
+                        index,
+                        device.uuid,
+                        self._ask_again_s,
+                    )
+                self._no_process_utilization[device.uuid] = self._clock() + self._ask_again_s
+            errors.add(Stage.PROCESS_UTILIZATION, f"{index}:{error.code.value}", f"GPU {index}: {error}")
+            return GpuReading(device=device, processes=processes, use_by_pid=None)
+        self._windows.advance(device.uuid, now)
+        self._no_process_utilization.pop(device.uuid, None)
+        use_by_pid = fit_under(mean_use_by_pid(samples, since), device.utilization_window)
+        return GpuReading(device=device, processes=processes, use_by_pid=use_by_pid)
+
+    def _with_energy(self, index: int, device: Device, errors: SweepErrors) -> Device:
+        """The device with its energy counter, read every `energy_every_s`: one read cost
+        3.9 ms of CPU on an H200, more than the rest of a sweep of that GPU together
+        (bench/results/h200-sweep-cost.md). Between reads the device is marked skipped,
+        and the sweeps wait to have the next read's energy split over them."""
+        read_at = self._energy_read_at.get(device.uuid)
+        now = self._clock()
+        if read_at is not None and now - read_at < self._energy_every_s:
+            return dataclasses.replace(device, energy_skipped=True)
+        try:
+            energy_mj = self._backend.energy(index)
+        except GpuError as error:
+            errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: energy counter: {error}")
+            return dataclasses.replace(device, energy_skipped=read_at is not None)
+        if energy_mj is None:
+            self._energy_read_at.pop(device.uuid, None)
+            return device
+        self._energy_read_at[device.uuid] = now
+        return dataclasses.replace(device, energy_mj=energy_mj)
+
+    def _with_window(self, index: int, device: Device) -> Device:
+        """The device with the mean of its own utilization samples since its previous
+        sweep: what its busy seconds are counted from, since the last period's figure,
+        sampled every few seconds, would alias against bursty work. Without samples
+        (an old driver, MIG) the last period's figure serves."""
+        if device.mig_mode:
+            return device
+        now = self._backend.now_us()
+        since = self._gpu_seen.get(device.uuid, now - MIN_WINDOW_US)
+        try:
+            samples = self._backend.gpu_utilization_samples(index, since)
+        except GpuError:
+            return device
+        fresh = [value for stamp, value in samples if stamp > since]
+        if not fresh:
+            return device
+        self._gpu_seen[device.uuid] = max(stamp for stamp, _ in samples)
+        return dataclasses.replace(device, utilization_window=sum(fresh) / len(fresh))
