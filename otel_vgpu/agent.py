@@ -99,9 +99,7 @@ class Agent:
                 by_container=config.by_container,
                 on_driver_changed=self._driver_changed,
                 idle_watts=config.gpu_idle_watts,
-                reader=GpuReader(
-                    sources.backend, ask_again_s=config.ask_again_s, energy_every_s=config.energy_every_s
-                ),
+                reader=GpuReader(sources.backend, ask_again_s=config.ask_again_s, energy_every_s=config.energy_every_s),
             )
             self._watch_node()
             # Imported here so that a bad flag or file fails before the SDK loads.

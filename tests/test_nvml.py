@@ -102,6 +102,7 @@ class FakeNvml:
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
 
     def nvmlDeviceGetMigMode(self, handle: str) -> tuple[int, int]:
+        self.calls.append("mig_mode")
         if handle != "handle1":
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
@@ -412,3 +413,51 @@ def test_a_gpus_uuid_and_name_are_asked_once_per_session() -> None:
     backend.device_count()
     backend.device(0)
     assert nvml.calls.count("uuid") == asked[0] + 1
+
+
+def test_what_a_gpu_lacks_is_asked_once_per_session_and_again_after_a_new_one() -> None:
+    # GPU 0 has no MIG (NOT_SUPPORTED): asked once, not every sweep, until NVML is
+    # initialised anew (a driver upgrade may bring what it lacked).
+    nvml, clock = FakeNvml(), Clock()
+    backend = NvmlBackend(nvml, clock=clock)
+    for _ in range(3):
+        assert backend.device(0).migs == ()
+        assert backend.device(1).migs != ()
+    assert nvml.calls.count("mig_mode") == 1 + 3, "GPU 0 once, GPU 1 (in MIG mode) each time"
+    nvml.fail["count"] = pynvml.NVML_ERROR_UNINITIALIZED
+    with pytest.raises(GpuError):
+        backend.device_count()
+    del nvml.fail["count"]
+    clock.now += 1.1
+    backend.device_count()
+    nvml.calls.clear()
+    backend.device(0)
+    assert nvml.calls.count("mig_mode") == 1
+
+
+class NoMpsNvml(FakeNvml):
+    """An nvidia-ml-py from before nvmlDeviceGetMPSComputeRunningProcesses."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "nvmlDeviceGetMPSComputeRunningProcesses":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_a_library_without_the_mps_listing_lists_the_others() -> None:
+    nvml = NoMpsNvml()
+    backend = NvmlBackend(nvml)
+    backend.device(0)
+    assert sorted(p.pid for p in backend.processes(0)) == [10, 11, 12]
+    assert sorted(p.pid for p in backend.processes(0)) == [10, 11, 12]
+
+
+def test_a_failure_that_is_no_absence_still_fails_the_call() -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    nvml.fail["energy"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    with pytest.raises(GpuError) as caught:
+        backend.energy(0)
+    assert caught.value.code is ErrorCode.GPU_IS_LOST
+    del nvml.fail["energy"]
+    assert backend.energy(0) == nvml.energy_mj, "a lost GPU is not taken for one without a counter"

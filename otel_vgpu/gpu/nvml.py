@@ -48,6 +48,15 @@ def _load_pynvml() -> ModuleType:
 SESSION_LOST = frozenset({ErrorCode.UNINITIALIZED, ErrorCode.DRIVER_NOT_LOADED, ErrorCode.LIB_RM_VERSION_MISMATCH})
 # Errors that mean this machine cannot use NVML at all.
 NO_LIBRARY = frozenset({ErrorCode.LIBRARY_NOT_FOUND, ErrorCode.FUNCTION_NOT_FOUND})
+# What NVML answers for a call this driver (FUNCTION_NOT_FOUND: an older library) or
+# this GPU (NOT_SUPPORTED: no counter, no MIG, a vGPU guest) does not have.
+ABSENT = frozenset({ErrorCode.NOT_SUPPORTED, ErrorCode.FUNCTION_NOT_FOUND})
+# What NVML answers for samples when none is newer than asked (all idle, not a failure),
+# and for a MIG slot that holds no device.
+NO_SAMPLES = EMPTY = frozenset({ErrorCode.NOT_FOUND})
+# Any failure: for figures that only name a device better, which NVML may refuse an
+# unprivileged caller.
+ANY_ERROR = frozenset(ErrorCode)
 # nvmlSamplingType_t's NVML_GPU_UTILIZATION_SAMPLES (nvml.h).
 GPU_UTILIZATION_SAMPLES = 1
 # A listing NVML sized, then found too small because processes started in
@@ -76,17 +85,17 @@ class NvmlBackend:
         """(UUID, name) by index: fixed while the NVML session lives (a GPU's index can
         change only across a re-initialisation, which forgets them); two driver calls
         fewer per GPU and sweep."""
-        self._no_energy: set[int] = set()
+        self._lacking: set[tuple[str, object]] = set()
+        """(function, key) of the calls this NVML session lacks (`_query`): not asked again until
+        it is initialised anew (a driver upgrade can bring them)."""
         self._mig_handles: dict[int, list[tuple[Any, str | None]]] = {}
         self._mig_static: dict[str, tuple[str, int | None, int | None, int | None]] = {}
         # Compute, graphics and (where the library has it) MPS client processes.
         self._listings = [
             self._nvml.nvmlDeviceGetComputeRunningProcesses,
             self._nvml.nvmlDeviceGetGraphicsRunningProcesses,
+            getattr(self._nvml, "nvmlDeviceGetMPSComputeRunningProcesses", _absent),
         ]
-        mps = getattr(self._nvml, "nvmlDeviceGetMPSComputeRunningProcesses", None)
-        if mps is not None:
-            self._listings.append(mps)
         self._ready = False
         self._released = False
         self._first_backoff, self._max_backoff = backoff.first, backoff.most
@@ -126,7 +135,7 @@ class NvmlBackend:
         self._backoff = min(self._max_backoff, self._backoff * 2)
 
     def _forget_handles(self) -> None:
-        self._no_energy.clear()
+        self._lacking.clear()
         self._handles.clear()
         self._minors.clear()
         self._identities.clear()
@@ -189,34 +198,23 @@ class NvmlBackend:
     def _energy(self, index: int, handle: Any) -> int | None:
         """nvmlDeviceGetTotalEnergyConsumption; a GPU without the counter (before Volta, some
         vGPU guests) is not asked again in this NVML session."""
-        if index in self._no_energy:
-            return None
-        try:
-            return int(self._call(self._nvml.nvmlDeviceGetTotalEnergyConsumption, handle))
-        except GpuError as error:
-            if error.code not in (ErrorCode.NOT_SUPPORTED, ErrorCode.FUNCTION_NOT_FOUND):
-                raise
-            self._no_energy.add(index)
-            log.info("GPU %d has no energy counter (%s): its energy families are left out", index, error.code.value)
-            return None
+        energy = self._query(
+            self._nvml.nvmlDeviceGetTotalEnergyConsumption,
+            handle,
+            default=None,
+            remember=index,
+            say=f"GPU {index} has no energy counter: its energy families are left out",
+        )
+        return None if energy is None else int(energy)
 
     def _utilization(self, handle: Any) -> float | None:
-        try:
-            rates = self._call(self._nvml.nvmlDeviceGetUtilizationRates, handle)
-        except GpuError as error:
-            if error.code is ErrorCode.NOT_SUPPORTED:
-                return None
-            raise
-        return float(rates.gpu) / 100.0
+        rates = self._query(self._nvml.nvmlDeviceGetUtilizationRates, handle, default=None)
+        return None if rates is None else float(rates.gpu) / 100.0
 
     def _minor_number(self, index: int, handle: Any) -> int | None:
         if index not in self._minors:
-            try:
-                self._minors[index] = int(self._call(self._nvml.nvmlDeviceGetMinorNumber, handle))
-            except GpuError as error:
-                if error.code is not ErrorCode.NOT_SUPPORTED:
-                    raise
-                self._minors[index] = None
+            minor = self._query(self._nvml.nvmlDeviceGetMinorNumber, handle, default=None)
+            self._minors[index] = None if minor is None else int(minor)
         return self._minors[index]
 
     def _migs(self, index: int, handle: Any) -> tuple[MigDevice, ...]:
@@ -225,22 +223,15 @@ class NvmlBackend:
         handle NVML lists processes only to a privileged caller."""
         nvml = self._nvml
         self._mig_handles[index] = []
-        try:
-            current, _pending = self._call(nvml.nvmlDeviceGetMigMode, handle)
-        except GpuError as error:
-            if error.code in (ErrorCode.NOT_SUPPORTED, ErrorCode.FUNCTION_NOT_FOUND):  # a GPU without MIG
-                return ()
-            raise
-        if current != nvml.NVML_DEVICE_MIG_ENABLE:
+        # A GPU without MIG (or a driver without the call) is not asked again this session.
+        mode = self._query(nvml.nvmlDeviceGetMigMode, handle, default=None, remember=index)
+        if mode is None or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
             return ()
         migs = []
         for slot in range(int(self._call(nvml.nvmlDeviceGetMaxMigDeviceCount, handle))):
-            try:
-                mig = self._call(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
-            except GpuError as error:
-                if error.code is ErrorCode.NOT_FOUND:  # an empty slot
-                    continue
-                raise
+            mig = self._query(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot, default=None, absent=EMPTY)
+            if mig is None:
+                continue
             uuid = _text(self._call(nvml.nvmlDeviceGetUUID, mig))
             memory = self._call(nvml.nvmlDeviceGetMemoryInfo, mig)
             static = self._mig_static.get(uuid)
@@ -268,16 +259,18 @@ class NvmlBackend:
         unprivileged caller; they are then unknown, not an error."""
         nvml = self._nvml
         profile = mig_profile(_text(self._call(nvml.nvmlDeviceGetName, mig)))
-        try:
-            gpu_instance = int(self._call(nvml.nvmlDeviceGetGpuInstanceId, mig))
-        except GpuError:
+        gpu_instance = self._query(nvml.nvmlDeviceGetGpuInstanceId, mig, default=None, absent=ANY_ERROR)
+        if gpu_instance is None:
             return profile, None, None, None
-        try:
-            instance = self._call(nvml.nvmlDeviceGetGpuInstanceById, parent, gpu_instance)
-            info = self._call(nvml.nvmlGpuInstanceGetInfo, instance)
-        except GpuError:
-            return profile, gpu_instance, None, None
-        return profile, gpu_instance, int(info.profileId), int(info.placement.start)
+        instance = self._query(nvml.nvmlDeviceGetGpuInstanceById, parent, gpu_instance, default=None, absent=ANY_ERROR)
+        info = (
+            None
+            if instance is None
+            else self._query(nvml.nvmlGpuInstanceGetInfo, instance, default=None, absent=ANY_ERROR)
+        )
+        if info is None:
+            return profile, int(gpu_instance), None, None
+        return profile, int(gpu_instance), int(info.profileId), int(info.placement.start)
 
     def processes(self, index: int) -> list[GpuProcess]:
         handle = self._handle(index)
@@ -298,13 +291,10 @@ class NvmlBackend:
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         handle = self._handle(index)
-        try:
-            samples = self._call(self._nvml.nvmlDeviceGetProcessUtilization, handle, since_us)
-        except GpuError as error:
-            # NOT_FOUND: no process had a sample since `since_us`, i.e. all idle.
-            if error.code is ErrorCode.NOT_FOUND:
-                return []
-            raise
+        # NOT_FOUND: no process had a sample since `since_us`, i.e. all idle.
+        samples = self._query(
+            self._nvml.nvmlDeviceGetProcessUtilization, handle, since_us, default=[], absent=NO_SAMPLES
+        )
         return [
             UtilizationSample(
                 pid=int(sample.pid),
@@ -318,12 +308,14 @@ class NvmlBackend:
         """nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES): a sample each period NVML keeps
         (200 ms on an H200), the percent of it in which a kernel ran."""
         handle = self._handle(index)
-        try:
-            _, samples = self._call(self._nvml.nvmlDeviceGetSamples, handle, GPU_UTILIZATION_SAMPLES, since_us)
-        except GpuError as error:
-            if error.code is ErrorCode.NOT_FOUND:  # no sample since then
-                return []
-            raise
+        _, samples = self._query(
+            self._nvml.nvmlDeviceGetSamples,
+            handle,
+            GPU_UTILIZATION_SAMPLES,
+            since_us,
+            default=(None, []),
+            absent=NO_SAMPLES,
+        )
         return [(int(sample.timeStamp), min(1.0, float(sample.sampleValue.uiVal) / 100.0)) for sample in samples]
 
     def now_us(self) -> int:
@@ -342,20 +334,44 @@ class NvmlBackend:
         return handle
 
     def _listing(self, function: Any, handle: Any) -> Any:
+        # A driver without the graphics or MPS listing (the compute one it has): the other
+        # lists serve, and it is not asked again this session.
+        absent = frozenset() if function is self._listings[0] else ABSENT
         for attempt in range(LISTING_ATTEMPTS):
             try:
-                return self._call(function, handle)
+                return self._query(function, handle, default=[], absent=absent, remember="")
             except GpuError as error:
-                if function is not self._listings[0] and error.code in (
-                    ErrorCode.NOT_SUPPORTED,
-                    ErrorCode.FUNCTION_NOT_FOUND,
-                ):
-                    # A driver without the MPS listing: the other lists serve.
-                    self._listings.remove(function)
-                    return []
                 if error.code is not ErrorCode.INSUFFICIENT_SIZE or attempt == LISTING_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _query(
+        self,
+        function: Any,
+        *args: Any,
+        default: Any,
+        absent: frozenset[ErrorCode] = ABSENT,
+        remember: object = None,
+        say: str | None = None,
+    ) -> Any:
+        """`function(*args)`, or `default` where NVML answers one of `absent` (the call this
+        driver or GPU does not have, by default). With `remember` (a key: the GPU's index, or
+        "" for the whole driver), the absence is noted for this NVML session and the call not
+        made again; `say` is logged once when it is. Any other failure raises GpuError, as
+        `_call` does: one declaration per call that may be missing, as nvitop's nvmlQuery
+        does with `default=` and its UNKNOWN_FUNCTIONS."""
+        name = getattr(function, "__name__", repr(function))
+        if remember is not None and (name, remember) in self._lacking:
+            return default
+        try:
+            return self._call(function, *args)
+        except GpuError as error:
+            if error.code not in absent:
+                raise
+            if remember is not None:
+                self._lacking.add((name, remember))
+                log.info("%s", say or f"NVML lacks {name} here ({error.code.value}); what it gives is left out")
+            return default
 
     def _call(self, function: Any, *args: Any) -> Any:
         try:
@@ -365,6 +381,11 @@ class NvmlBackend:
             if code in SESSION_LOST:
                 self._session_lost()
             raise GpuError(code, _describe(error)) from None
+
+
+def _absent(*args: Any) -> Any:
+    """Where the library has no such function at all: what calling it would raise."""
+    raise GpuError(ErrorCode.FUNCTION_NOT_FOUND, "not in this nvidia-ml-py")
 
 
 def mig_profile(name: str) -> str:
