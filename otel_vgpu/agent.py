@@ -43,6 +43,7 @@ from otel_vgpu.pods.directory import PodDirectory, UnresolvedDirectory
 from otel_vgpu.wording import counted, host_in_url
 
 if TYPE_CHECKING:
+    from otel_vgpu.kubernetes.watch import WatchSettings
     from otel_vgpu.sim.scenario import Scenario
 
 log = logging.getLogger("otel_vgpu")
@@ -73,7 +74,8 @@ class Agent:
         self.stopping = threading.Event()
         """Set when the agent should stop: a signal, or a driver it cannot use any more."""
         self.exit_status = 0
-        self._new_client: Callable[[], Any] | None = None
+        self._watching: WatchSettings | None = None
+        """The Kubernetes API's client and timers, shared by the watches (None without the API)."""
         self._scenario = self._load_scenario()
         self.ratio = self._ratio_source()
         from otel_vgpu.export.otlp import settings_from  # noqa: PLC0415
@@ -276,6 +278,7 @@ class Agent:
 
         from otel_vgpu.kubernetes.api import KubePodDirectory, make_client  # noqa: PLC0415
         from otel_vgpu.kubernetes.podresources import KubeletAllocation, PodResourcesClient  # noqa: PLC0415
+        from otel_vgpu.kubernetes.watch import WatchSettings  # noqa: PLC0415
 
         def new_client() -> Any:
             return make_client(config.kubeconfig, config.service_account_dir)
@@ -285,18 +288,17 @@ class Agent:
         except Exception as error:  # lightkube raises several kinds for a bad config
             where = config.kubeconfig or config.service_account_dir
             raise StartupError(f"cannot use the Kubernetes configuration in {where}: {error}", EXIT_USAGE) from None
-        directory = KubePodDirectory(
+        self._watching = WatchSettings(
             new_client,
             sources.node_name,
-            config.gpu_resources,
             self.health,
             watch_seconds=config.kube_watch_seconds,
             backoff=config.kube_backoff,
             watch_grace_s=config.kube_watch_grace_s,
         )
+        directory = KubePodDirectory(self._watching, config.gpu_resources)
         directory.start()
         self._closers.append(directory.stop)
-        self._new_client = new_client
         if not directory.wait_synced(config.first_sync_wait_s):
             log.warning("no answer from the Kubernetes API yet; pods show their UIDs until it answers")
         sources.directory = directory
@@ -347,21 +349,11 @@ class Agent:
     def _watch_node(self) -> None:
         """With the Kubernetes API: this node's labels, so that NVML is let go
         of while the GPU Operator upgrades the driver (kubernetes/node.py)."""
-        if self._new_client is None:
+        if self._watching is None:
             return
         from otel_vgpu.kubernetes.node import NodeWatch  # noqa: PLC0415
 
-        config = self.config
-        watch = NodeWatch(
-            self._new_client,
-            self.node_name,
-            on_pause=self.sampler.pause,
-            on_resume=self.sampler.resume,
-            health=self.health,
-            watch_seconds=config.kube_watch_seconds,
-            backoff=config.kube_backoff,
-            watch_grace_s=config.kube_watch_grace_s,
-        )
+        watch = NodeWatch(self._watching, on_pause=self.sampler.pause, on_resume=self.sampler.resume)
         watch.start()
         self._closers.append(watch.stop)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,9 @@ from typing import Any
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.shares import counted
-from otel_vgpu.config import DEFAULT_BACKOFF, DEFAULT_RESOURCES, Backoff
-from otel_vgpu.health import Health, Stage
-from otel_vgpu.kubernetes.watch import WATCH_SECONDS, ListWatch, report_failure
+from otel_vgpu.config import DEFAULT_RESOURCES
+from otel_vgpu.health import Stage
+from otel_vgpu.kubernetes.watch import ListWatch, WatchSettings, report_failure
 from otel_vgpu.pods.directory import PodMeta, StatedGrant
 
 log = logging.getLogger(__name__)
@@ -103,24 +103,19 @@ class KubePodDirectory:
 
     def __init__(
         self,
-        make_client: Callable[[], Any],
-        node_name: str,
+        settings: WatchSettings,
         resources: Iterable[str] = DEFAULT_RESOURCES,
-        health: Health | None = None,
-        watch_seconds: int = WATCH_SECONDS,
-        backoff: Backoff = DEFAULT_BACKOFF,
-        watch_grace_s: float = 5.0,
     ) -> None:
         from lightkube.resources.core_v1 import Pod  # noqa: PLC0415
 
-        self._node = node_name
+        node_name = self._node = settings.node_name
         self._resources = tuple(resources)
-        self._health = health or Health()
+        self._health = settings.health
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}  # by API UID
         self._by_cgroup: dict[str, PodMeta] = {}
         self._loop = ListWatch(
-            make_client,
+            settings,
             Pod,
             what="pods",
             fields={"spec.nodeName": node_name},
@@ -128,11 +123,7 @@ class KubePodDirectory:
             on_list=self._listed,
             on_event=self._changed,
             on_failure=self._failed,
-            health=self._health,
             stage=Stage.KUBERNETES,
-            watch_seconds=watch_seconds,
-            backoff=backoff,
-            watch_grace_s=watch_grace_s,
         )
 
     # --- PodDirectory --------------------------------------------------------

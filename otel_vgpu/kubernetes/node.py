@@ -24,9 +24,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
-from otel_vgpu.health import Health, Stage
-from otel_vgpu.kubernetes.watch import WATCH_SECONDS, ListWatch, report_failure
+from otel_vgpu.health import Stage
+from otel_vgpu.kubernetes.watch import ListWatch, WatchSettings, report_failure
 
 log = logging.getLogger(__name__)
 
@@ -49,24 +48,19 @@ class NodeWatch:
 
     def __init__(
         self,
-        make_client: Callable[[], Any],
-        node_name: str,
+        settings: WatchSettings,
         on_pause: Callable[[str], None],
         on_resume: Callable[[], None],
-        health: Health | None = None,
-        watch_seconds: int = WATCH_SECONDS,
-        backoff: Backoff = DEFAULT_BACKOFF,
-        watch_grace_s: float = 5.0,
     ) -> None:
         from lightkube.resources.core_v1 import Node  # noqa: PLC0415
 
-        self._node = node_name
+        node_name = self._node = settings.node_name
         self._on_pause = on_pause
         self._on_resume = on_resume
-        self._health = health or Health()
+        self._health = settings.health
         self._paused: str | None = None
         self._loop = ListWatch(
-            make_client,
+            settings,
             Node,
             what="node",
             fields={"metadata.name": node_name},
@@ -74,11 +68,7 @@ class NodeWatch:
             on_list=self._listed,
             on_event=self._changed,
             on_failure=self._failed,
-            health=self._health,
             stage=Stage.NODE,
-            watch_seconds=watch_seconds,
-            backoff=backoff,
-            watch_grace_s=watch_grace_s,
         )
 
     def start(self) -> None:

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
@@ -32,10 +33,26 @@ log = logging.getLogger(__name__)
 WATCH_SECONDS = 300
 
 
+@dataclass(frozen=True, slots=True)
+class WatchSettings:
+    """What every watch of this node's objects shares: the API client, the node, where its
+    failures are counted, and its timers."""
+
+    make_client: Callable[[], Any]
+    node_name: str
+    health: Health = field(default_factory=Health)
+    watch_seconds: int = WATCH_SECONDS
+    """What the API server is asked to keep a watch open for."""
+    backoff: Backoff = DEFAULT_BACKOFF
+    """Between lists of a failing API."""
+    watch_grace_s: float = 5.0
+    """A watch silent for 1.2 x watch_seconds plus this long is taken for hung."""
+
+
 class ListWatch:
     def __init__(
         self,
-        make_client: Callable[[], Any],
+        settings: WatchSettings,
         resource: Any,
         *,
         what: str,
@@ -44,15 +61,13 @@ class ListWatch:
         on_list: Callable[[list[Any]], None],
         on_event: Callable[[str, Any], None],
         on_failure: Callable[[Exception], None],
-        health: Health,
         stage: Stage,
-        watch_seconds: int = WATCH_SECONDS,
-        backoff: Backoff = DEFAULT_BACKOFF,
-        watch_grace_s: float = 5.0,
     ) -> None:
         """`resource`: the lightkube class (Pod, Node); `what` names the
         selection in logs and thread names; `stage` is where a hung watch is
         counted (failures are the owner's to report, through `on_failure`)."""
+        make_client, health = settings.make_client, settings.health
+        watch_seconds, backoff, watch_grace_s = settings.watch_seconds, settings.backoff, settings.watch_grace_s
         self._make_client = make_client
         self._resource = resource
         self._what = what
