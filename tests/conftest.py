@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario, parse_scenario
+from testkit.agent import ROOT
 
 GIB = 1024**3
 MIB = 1024**2
@@ -125,10 +127,40 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     )
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    return config.pluginmanager.hasplugin("dsession") and not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist, the controller builds the image unless scripts/test.sh already
+    does (nothing of the session is collected there yet: it builds when the image tests are
+    among the paths asked for), and names the build's folder to the workers, which it starts
+    after this hook."""
+    from testkit.image_build import SHARED_BUILD, start_build  # noqa: PLC0415
+
+    config = session.config
+    if not _xdist_controller(config) or os.environ.get(SHARED_BUILD):
+        return
+    image_tests = ROOT / "tests" / "test_image.py"
+    here = config.invocation_params.dir
+    asked = [(here / str(arg).split("::", 1)[0]).resolve() for arg in config.args] or [ROOT / "tests"]
+    if any(path == image_tests or path in image_tests.parents for path in asked):
+        os.environ[SHARED_BUILD] = str(start_build().work)
+        _build["started"] = True
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _xdist_controller(session.config) and _build["started"]:
+        from testkit.image_build import SHARED_BUILD, start_build  # noqa: PLC0415
+
+        os.environ.pop(SHARED_BUILD, None)
+        start_build().clean()
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Start the image build with the first test past the hostile-client ones."""
     if _build["wanted"] and not _build["started"] and item.path.name != QUIET_FIRST:
         _build["started"] = True
-        from .image_build import start_build  # noqa: PLC0415
+        from testkit.image_build import start_build  # noqa: PLC0415
 
         start_build()

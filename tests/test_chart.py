@@ -19,10 +19,9 @@ import pytest
 import yaml
 
 from testkit.agent import ROOT
-
-from .helm import CHART, FLAVOURS, NAMESPACE, RELEASE, chart_daemonset, docs, flavour_args, helm, template
-from .helm import values_file as ci_values
-from .test_kustomize import OVERLAYS, render, validate_strictly
+from testkit.helm import CHART, FLAVOURS, NAMESPACE, RELEASE, chart_daemonset, docs, flavour_args, helm, template
+from testkit.helm import values_file as ci_values
+from testkit.manifests import OVERLAYS, render, validate_strictly
 
 # Helm's standard labels, which kustomize's objects do not carry, and kustomize's
 # part-of, which the chart's selectors leave out (they name the release instead).

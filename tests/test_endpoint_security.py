@@ -249,7 +249,7 @@ def test_the_tls_overlays_probes_pass_with_mutual_tls_on(certs: Certs, ratio_fil
     """The probes as the `tls` overlay renders them (HTTPS, the kubelet sends
     no client certificate and checks none) against an agent that also
     requires client certificates on /metrics."""
-    from .test_kustomize import daemonset  # noqa: PLC0415
+    from testkit.manifests import daemonset  # noqa: PLC0415
 
     container = daemonset("tls")["spec"]["template"]["spec"]["containers"][0]
     probes = [container["livenessProbe"]["httpGet"], container["readinessProbe"]["httpGet"]]

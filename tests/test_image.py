@@ -16,9 +16,8 @@ import pytest
 
 from otel_vgpu.sim.scenario import BUILTIN, load_scenario
 from testkit.agent import ROOT, free_port, get, tool
+from testkit.image_build import ULIMITS, Podman, start_build
 from testkit.promtext import parse
-
-from .image_build import ULIMITS, Podman, start_build
 
 
 def test_hadolint_finds_nothing() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from testkit.agent import ROOT
@@ -97,4 +98,41 @@ def test_tests_and_benchmarks_share_testkit_and_never_import_each_other() -> Non
         for path in (ROOT / folder).glob("*.py"):
             if top_imports(path) & forbidden:
                 crossing.append(str(path.relative_to(ROOT)))
+    assert crossing == []
+
+
+def named_modules(text: str) -> set[str]:
+    """The module paths a layout document names in backticks."""
+    return set(re.findall(r"`((?:otel_vgpu|testkit)/[\w/]+\.py)`", text))
+
+
+def test_the_layout_names_every_module_and_only_those() -> None:
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    modules_here = {
+        str(path.relative_to(ROOT))
+        for folder in ("otel_vgpu", "testkit")
+        for path in (ROOT / folder).rglob("*.py")
+        if path.name not in ("__init__.py", "__main__.py") and "_pb2" not in path.name
+    }
+    named = named_modules(layout)
+    assert sorted(modules_here - named) == [], "modules docs/layout.md does not name"
+    assert sorted(named - modules_here) == [], "names in docs/layout.md that are no module"
+
+
+def test_the_layout_check_sees_a_missing_module() -> None:
+    assert named_modules("| `otel_vgpu/a.py` | x |\n`testkit/b/c.py` and otel_vgpu/d.py") == {
+        "otel_vgpu/a.py",
+        "testkit/b/c.py",
+    }
+
+
+def test_no_test_module_imports_another() -> None:
+    # Helpers two test files need live in testkit/; a test module imports only conftest.
+    crossing = []
+    for path in (ROOT / "tests").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level > 0 and node.module != "conftest":
+                crossing.append(f"{path.name} imports .{node.module}")
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tests"):
+                crossing.append(f"{path.name} imports {node.module}")
     assert crossing == []

@@ -12,9 +12,9 @@ import pytest
 
 from testkit.agent import clean_env, get, running_agent, wait_for
 from testkit.otlp_names import prometheus_label, prometheus_name
+from testkit.rotel import running_rotel
 
 from .conftest import GIB
-from .rotel import running_rotel
 
 
 def base_args(scenario_file: Path, ratio_file: Path, *extra: str) -> list[str]:

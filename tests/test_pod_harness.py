@@ -24,15 +24,14 @@ import pytest
 
 from testkit.agent import free_port, get, wait_serving
 from testkit.certs import make_certs
+from testkit.helm import flavour_args, template
 from testkit.kube_api_double import KubeApiDouble
+from testkit.kube_node import NODE, SCENARIO, U0, U1, populate
 from testkit.kubelet_double import KubeletDouble
+from testkit.manifests import KUBELET_ROOTS, rendered_text
 from testkit.pod_harness import Cluster as HarnessCluster
 from testkit.pod_harness import Pod, PodHarness
 from testkit.promtext import Exposition, parse
-
-from .helm import flavour_args, template
-from .test_kubernetes import NODE, SCENARIO, U0, U1, populate
-from .test_kustomize import KUBELET_ROOTS, rendered_text
 
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 # What a time-slicing config of 4 replicas makes the device plugin advertise:

@@ -16,10 +16,10 @@ import yaml
 
 from testkit.agent import ROOT, running_agent, wait_until
 from testkit.certs import make_certs
+from testkit.manifests import one, render
+from testkit.prometheus import podmonitor_scrape_config, running_prometheus
 
 from .conftest import GIB
-from .prometheus import podmonitor_scrape_config, running_prometheus
-from .test_kustomize import one, render
 
 RULES = ROOT / "deploy" / "prometheus" / "otel-vgpu-rules.yaml"
 RULE_TESTS = ROOT / "tests" / "rules" / "otel-vgpu-rules.test.yaml"

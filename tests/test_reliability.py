@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from otel_vgpu.sim.scenario import BUILTIN, load_scenario
-from testkit.agent import get, running_agent, wait_for
+from testkit.agent import get, running_agent, wait_for, wait_until
 from testkit.promtext import Exposition, parse
 from testkit.soak import alive_at_one_moment, run_soak
 
@@ -73,8 +73,12 @@ def test_driver_away_mid_run_serves_no_stale_figures_and_recovers(tmp_path: Path
     assert code == 0
 
 
+# How long each sweep takes in the slow-sweep test: scrapers give up in half of it.
+SLOW_SWEEP_S = 0.4
+
+
 def test_slow_sweeps_do_not_pile_up_under_concurrent_scrapes(tmp_path: Path, ratio_file: Path) -> None:
-    scenario = write(tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, delay_s: 1.0}\n")
+    scenario = write(tmp_path, TWO_GPUS + f"faults:\n  - {{call: device_count, delay_s: {SLOW_SWEEP_S}}}\n")
     args = ["--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
     with running_agent(*args) as agent:
         stop = threading.Event()
@@ -83,7 +87,7 @@ def test_slow_sweeps_do_not_pile_up_under_concurrent_scrapes(tmp_path: Path, rat
         def scraper() -> None:
             while not stop.is_set():
                 try:
-                    get(f"{agent.url}/metrics", timeout=0.5)  # gives up before the sweep ends
+                    get(f"{agent.url}/metrics", timeout=SLOW_SWEEP_S / 2)  # gives up before the sweep ends
                 except OSError:
                     timeouts.append(1)
 
@@ -91,7 +95,8 @@ def test_slow_sweeps_do_not_pile_up_under_concurrent_scrapes(tmp_path: Path, rat
         started = time.monotonic()
         for thread in threads:
             thread.start()
-        time.sleep(3)  # the length of the load, not a wait for anything
+        # The load lasts until every scraper has given up on a sweep four times over.
+        wait_until(lambda: len(timeouts) >= 4 * len(threads), what="the scrapers timing out", timeout=60)
         stop.set()
         for thread in threads:
             thread.join()
@@ -100,8 +105,8 @@ def test_slow_sweeps_do_not_pile_up_under_concurrent_scrapes(tmp_path: Path, rat
         sweeps = next(iter(agent.scrape().series("vgpu_agent_collection_duration_seconds_count").values()))
         agent.stop()
     assert timeouts, "the scrapers did time out"
-    # one sweep at a time, each 1 s: never more than the time allows
-    assert sweeps <= elapsed / 1.0 + 4, (sweeps, elapsed)
+    # one sweep at a time, each SLOW_SWEEP_S: never more than the time allows
+    assert sweeps <= elapsed / SLOW_SWEEP_S + 4, (sweeps, elapsed)
 
 
 def test_sixty_four_concurrent_scrapers(tmp_path: Path, ratio_file: Path) -> None:
@@ -215,11 +220,12 @@ def test_ratio_rewritten_during_scrapes_is_always_a_valid_ratio(ratio_file: Path
 
 
 def test_sigterm_during_a_sweep_exits_cleanly(tmp_path: Path, ratio_file: Path) -> None:
-    scenario = write(tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, delay_s: 2.0, from_s: 1.0}\n")
+    # Every sweep is slow from the start: the agent's own first sweep is in its slow call
+    # while the scrape below waits for it.
+    scenario = write(tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, delay_s: 2.0}\n")
     with running_agent(
         "--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"
     ) as agent:
-        time.sleep(1.2)
         outcome: list[str] = []
 
         def scrape_until_cut() -> None:

@@ -101,7 +101,8 @@ def test_peak_memory_is_the_most_held_at_once_per_container() -> None:
 
 
 def test_the_agent_counts_busy_seconds_at_its_own_cadence_without_scrapes(tmp_path: Path, ratio_file: Path) -> None:
-    # One pod at half the SMs of GPU 0, nothing on GPU 1; sweeps every 0.2 s, scrapes 4 s apart.
+    # One pod at half the SMs of GPU 0, nothing on GPU 1; sweeps every 0.1 s, and two scrapes
+    # eight of them apart. Each scrape sweeps (--min-interval 0): its figures are as of its time.
     from testkit.agent import agent_in_process  # noqa: PLC0415
 
     scenario = tmp_path / "node.yaml"
@@ -109,11 +110,12 @@ def test_the_agent_counts_busy_seconds_at_its_own_cadence_without_scrapes(tmp_pa
         "gpus: [{memory: 80GiB}, {memory: 80GiB}]\n"
         "pods:\n  - {namespace: ml, name: trainer-0, processes: [{gpu: 0, memory: 8GiB, sm: 0.5}]}\n"
     )
-    args = ("--simulate", str(scenario), "--allocation-file", str(ratio_file), "--sweep-interval", "0.2")
+    args = ("--simulate", str(scenario), "--allocation-file", str(ratio_file))
+    timing = ("--sweep-interval", "0.1", "--min-interval", "0")
     # the energy counter read every sweep here (every 10 s on a node)
-    with agent_in_process(*args, env={}, energy_every_s=0.0) as agent:
+    with agent_in_process(*args, *timing, env={}, energy_every_s=0.0) as agent:
         first, started = agent.scrape(), time.monotonic()
-        time.sleep(4)
+        agent.wait_sweeps(8)
         second, ended = agent.scrape(), time.monotonic()
         code, _ = agent.stop()
     assert code == 0
@@ -234,13 +236,13 @@ def test_a_configured_idle_power_reaches_the_holder_of_a_share_on_a_busy_gpu(tmp
         "  - {namespace: ml, name: trainer-0, shares: {0: 1}, processes: [{gpu: 0, memory: 8GiB, sm: 1.0}]}\n"
         "  - {namespace: ml, name: standby-0, shares: {0: 1}}\n"
     )
-    args = ("--simulate", str(scenario), "--allocation-file", str(ratio_file), "--sweep-interval", "0.2")
+    args = ("--simulate", str(scenario), "--allocation-file", str(ratio_file), "--sweep-interval", "0.1")
 
     def standby_part(*extra: str) -> float:
         """The standby pod's part of the GPU's energy between two scrapes (the same sweeps')."""
         with agent_in_process(*args, *extra, env={}, energy_every_s=0.0) as agent:
             first = agent.scrape()
-            time.sleep(2)
+            agent.wait_sweeps(8)
             second = agent.scrape()
         standby = [e.by("vgpu_pod_energy_joules_total", "pod").get(("standby-0",), 0.0) for e in (first, second)]
         gpu = [e.by("vgpu_gpu_energy_joules_total", "gpu_id")[("0",)] for e in (first, second)]

@@ -1,27 +1,36 @@
 """The container image, built once per test session in the background.
 
-Building it takes a minute and a half (a Debian root from debootstrap, then
-the two-stage build), almost all of it waiting on the network and the disk.
-conftest.py starts the build as soon as the tests are collected, niced, and
-puts the image tests last, so the build runs while the other tests do.
+Building it takes about two minutes (a Debian root from debootstrap, then the
+two-stage build: scripts/build-test-image.sh), most of it waiting on the
+network and the disk. scripts/test.sh starts it first, before it installs
+anything, and names its folder (SHARED_BUILD): the image tests wait for the
+build's mark there. Without it, the xdist controller starts the build as the
+session starts, or a single pytest process as soon as the tests are
+collected, niced, with the image tests last, so the build runs while the
+other tests do. One build a session: no worker builds a second image.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from testkit.agent import ROOT
 
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # The sandbox refuses the default rlimits runc asks for.
 ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 TAG = "localhost/otel-vgpu:test"
 # The build yields the processor to the tests that run meanwhile.
 NICE = ("nice", "-n", "15")
+# The environment variable that names a build started by another process of the session.
+SHARED_BUILD = "TESTKIT_IMAGE_DIR"
+# The marks a finished build leaves in its folder (scripts/build-test-image.sh).
+BUILT, FAILED = "built", "failed"
 
 
 class Podman:
@@ -55,11 +64,15 @@ class Podman:
 class ImageBuild:
     """The image build on its own thread; `result()` waits for it."""
 
-    def __init__(self) -> None:
-        self.work = Path(tempfile.mkdtemp(prefix="otel-vgpu-image-"))
+    def __init__(self, work: Path | None = None) -> None:
+        """`work`: the folder of a build another process of the session runs, to wait for."""
+        self.shared = work is not None
+        self.work = work or Path(tempfile.mkdtemp(prefix="otel-vgpu-image-"))
         self.podman = Podman(self.work)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._build, name="image-build", daemon=True)
+        self._thread = threading.Thread(
+            target=self._wait if self.shared else self._build, name="image-build", daemon=True
+        )
 
     def start(self) -> ImageBuild:
         self._thread.start()
@@ -73,40 +86,38 @@ class ImageBuild:
         return self.podman, TAG
 
     def clean(self) -> None:
+        if self.shared:
+            return  # whoever started the build cleans it
         self._thread.join(60)
         self.podman("rm", "--all", "--force", check=False)
         self.podman("rmi", "--all", "--force", check=False)
         shutil.rmtree(self.work, ignore_errors=True)
 
     def _build(self) -> None:
-        try:
-            debootstrap = shutil.which("debootstrap")
-            assert debootstrap, "debootstrap is installed by scripts/test.sh"
-            rootfs = self.work / "rootfs"
-            subprocess.run(
-                [*NICE, debootstrap, "--variant=minbase", "--include=python3,python3-venv", "bookworm",
-                 str(rootfs), "http://deb.debian.org/debian"],
-                check=True,
-                capture_output=True,
-                timeout=900,
-            )  # fmt: skip
-            tarball = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True).stdout
-            self.podman("import", "-", "localhost/otel-vgpu-test-base:latest", stdin=tarball)
-            shutil.rmtree(rootfs, ignore_errors=True)
-            self.podman(
-                "build", "--network", "host", *ULIMITS, "-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-                "--build-arg", "BASE_IMAGE=localhost/otel-vgpu-test-base:latest", "-t", TAG, str(ROOT),
-            )  # fmt: skip
-        except BaseException as error:  # handed to the test that waits for it
-            self._error = error
+        # One build, the script's: scripts/test.sh runs it before the tests start.
+        subprocess.run([str(ROOT / "scripts" / "build-test-image.sh"), str(self.work)], check=False, timeout=1500)
+        self._wait()
+
+    def _wait(self) -> None:
+        """For a build another process runs: its mark, polled."""
+        deadline = time.monotonic() + 1200
+        while time.monotonic() < deadline:
+            if (self.work / BUILT).exists():
+                return
+            if (self.work / FAILED).exists():
+                self._error = AssertionError(f"the image build failed: {(self.work / FAILED).read_text()}")
+                return
+            time.sleep(0.5)
+        self._error = AssertionError("the image build did not finish")
 
 
 _build: ImageBuild | None = None
 
 
 def start_build() -> ImageBuild:
-    """The session's build, started on first call."""
+    """The session's build, started on first call (or the one another process started)."""
     global _build
     if _build is None:
-        _build = ImageBuild().start()
+        shared = os.environ.get(SHARED_BUILD)
+        _build = ImageBuild(Path(shared) if shared else None).start()
     return _build

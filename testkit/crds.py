@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import yaml
 
-CRDS = Path(__file__).parent / "data" / "crds"
+CRDS = Path(__file__).resolve().parents[1] / "tests" / "data" / "crds"
 
 
 def json_schema(node: Any) -> Any:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the container image the tests run (tests/test_image.py) into its own podman
+# storage under WORK: a Debian root from debootstrap imported as the base, then the
+# Dockerfile's two stages. Leaves WORK/built (the tag) or WORK/failed (the log's tail).
+# scripts/test.sh starts it first, in the background and niced, so that it builds while
+# the rest installs and runs; testkit/image_build.py waits for its mark.
+#   scripts/build-test-image.sh WORK
+set -uo pipefail
+work=${1:?usage: scripts/build-test-image.sh WORK}
+root=$(cd "$(dirname "$0")/.." && pwd)
+tag=localhost/otel-vgpu:test
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
+mkdir -p "$work"
+log="$work/build.log"
+podman=(nice -n 15 podman --root "$work/storage" --runroot "$work/run" --runtime runc --storage-driver vfs)
+build() {
+    nice -n 15 debootstrap --variant=minbase --include=python3,python3-venv bookworm "$work/rootfs" \
+        http://deb.debian.org/debian &&
+        tar -C "$work/rootfs" -c . | "${podman[@]}" import - localhost/otel-vgpu-test-base:latest &&
+        rm -rf "$work/rootfs" &&
+        # The sandbox refuses the default rlimits runc asks for (testkit/image_build.py ULIMITS).
+        "${podman[@]}" build --network host --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
+            -v "$ca_bundle:$ca_bundle:ro" --build-arg BASE_IMAGE=localhost/otel-vgpu-test-base:latest \
+            -t "$tag" "$root"
+}
+if build >"$log" 2>&1; then
+    echo "$tag" >"$work/built"
+else
+    tail -c 4000 "$log" >"$work/failed"
+fi

