@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from otel_vgpu.sim.node import PROC_TREE_PREFIX
 from testkit.agent import agent_in_process, clean_env, free_port, get, run_to_exit, running_agent, wait_until
 
 from .conftest import GIB, MIB, STEADY
@@ -240,6 +241,15 @@ def test_simulate_from_elsewhere_uses_the_scenarios_ratio(tmp_path: Path, monkey
         assert set(agent.scrape().by("vgpu_gpu_vgpus", "gpu_id").values()) == {4.0}
 
 
+def orphaned_proc_trees() -> set[Path]:
+    """Simulated proc trees whose agent has exited: each is named after the PID that made it
+    (agents of other tests, running meanwhile, own theirs)."""
+    trees = Path("/dev/shm").glob(f"{PROC_TREE_PREFIX}*")
+    return {
+        tree for tree in trees if not Path(f"/proc/{tree.name.removeprefix(PROC_TREE_PREFIX).split('-')[0]}").exists()
+    }
+
+
 @pytest.mark.parametrize(
     ("args", "env", "fragment"),
     [
@@ -265,12 +275,12 @@ def test_simulate_from_elsewhere_uses_the_scenarios_ratio(tmp_path: Path, monkey
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], env: dict[str, str], fragment: str) -> None:
-    before = set(Path("/dev/shm").glob("otel-vgpu-proc-*"))
+    before = orphaned_proc_trees()
     result = run_to_exit(["--simulate", *args], env=clean_env(**env))
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert fragment in result.stderr
-    assert set(Path("/dev/shm").glob("otel-vgpu-proc-*")) <= before, "the simulated proc tree is left behind"
+    assert orphaned_proc_trees() <= before, "the simulated proc tree is left behind"
 
 
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGUSR2"])

@@ -7,8 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from otel_vgpu.allocation.ratio import Ratios
 from otel_vgpu.allocation.shares import Allocation, Grant
 from otel_vgpu.collect.aggregate import GpuReading, GpuRow, PodRow, aggregate
-from otel_vgpu.gpu.backend import Device, GpuProcess
-from otel_vgpu.gpu.sampling import ProcessUse
+from otel_vgpu.gpu.backend import Device, GpuProcess, ProcessUse
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodMeta
 

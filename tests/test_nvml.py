@@ -17,6 +17,7 @@ from otel_vgpu.gpu.backend import (
     ErrorCode,
     GpuError,
     GpuProcess,
+    ProcessUse,
     UtilizationSample,
 )
 from otel_vgpu.gpu.nvml import NvmlBackend, NvmlUnavailable
@@ -232,7 +233,7 @@ def test_compute_and_graphics_merge_and_unknown_memory_is_none() -> None:
 def test_samples_are_converted_and_not_found_means_idle() -> None:
     nvml = FakeNvml()
     backend = NvmlBackend(nvml)
-    assert backend.utilization_samples(0, 99) == [UtilizationSample(10, 123, 0.42)]
+    assert backend.utilization_samples(0, 99) == [UtilizationSample(10, 123, ProcessUse(0.42))]
     assert nvml.since == [99]
     nvml.fail["utilization"] = pynvml.NVML_ERROR_NOT_FOUND
     assert backend.utilization_samples(0, 100) == []

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from otel_vgpu.collect.reading import GpuReader, SweepErrors
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample
-from otel_vgpu.gpu.sampling import MIN_WINDOW_US, ProcessUse
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, ProcessUse, UtilizationSample
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US
 from otel_vgpu.health import Stage
 
 S = 1_000_000
@@ -82,7 +82,10 @@ def test_each_sweep_reads_the_window_since_the_last_and_never_less_than_a_second
 
 def test_the_processes_are_fitted_under_the_gpus_own_samples_of_the_window() -> None:
     backend, clock = FakeBackend(), [0.0]
-    backend.samples = [UtilizationSample(1, 100 * S - 10, 0.6), UtilizationSample(2, 100 * S - 10, 0.3)]
+    backend.samples = [
+        UtilizationSample(1, 100 * S - 10, ProcessUse(0.6)),
+        UtilizationSample(2, 100 * S - 10, ProcessUse(0.3)),
+    ]
     backend.gpu_samples = [(100 * S - 20, 0.4), (100 * S - 10, 0.5)]
     reading = reader_of(backend, clock).read(0, SweepErrors())
     assert reading is not None and reading.use_by_pid is not None

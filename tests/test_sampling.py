@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_vgpu.gpu.backend import UtilizationSample
-from otel_vgpu.gpu.sampling import MIN_WINDOW_US, ProcessUse, SamplingWindows, fit_under, mean_use_by_pid, window_start
+from otel_vgpu.gpu.backend import ProcessUse, UtilizationSample
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_use_by_pid, window_start
 
 S = 1_000_000
 
@@ -24,17 +24,19 @@ def test_close_collections_still_look_back_one_second() -> None:
 
 def test_mean_per_pid_inside_the_window_only() -> None:
     samples = [
-        UtilizationSample(1, 10 * S, 0.9),  # at the window's start: excluded
-        UtilizationSample(1, 11 * S, 0.4),
-        UtilizationSample(1, 12 * S, 0.6),
-        UtilizationSample(2, 12 * S, 0.1),
-        UtilizationSample(3, 9 * S, 1.0),  # before the window
+        UtilizationSample(1, 10 * S, ProcessUse(0.9)),  # at the window's start: excluded
+        UtilizationSample(1, 11 * S, ProcessUse(0.4)),
+        UtilizationSample(1, 12 * S, ProcessUse(0.6)),
+        UtilizationSample(2, 12 * S, ProcessUse(0.1)),
+        UtilizationSample(3, 9 * S, ProcessUse(1.0)),  # before the window
     ]
     assert mean_use_by_pid(samples, since_us=10 * S) == {1: ProcessUse(0.5), 2: ProcessUse(0.1)}
 
 
 def test_out_of_range_values_are_clamped() -> None:
-    assert mean_use_by_pid([UtilizationSample(1, 2, 1.7), UtilizationSample(2, 2, -0.1)], 1) == {
+    assert mean_use_by_pid(
+        [UtilizationSample(1, 2, ProcessUse(1.7)), UtilizationSample(2, 2, ProcessUse(-0.1))], 1
+    ) == {
         1: ProcessUse(1.0),
         2: ProcessUse(0.0),
     }

@@ -12,8 +12,7 @@ import pytest
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow
 from otel_vgpu.collect.usage import MAX_GAP_S, EnergySplit, Pending, Usage, accumulate, note_interval, split_pending
-from otel_vgpu.gpu.backend import Device
-from otel_vgpu.gpu.sampling import ProcessUse
+from otel_vgpu.gpu.backend import Device, ProcessUse
 
 GPU = GpuRow(
     device=Device(index=0, uuid="GPU-a", model="H200", memory_total=140, memory_used=10, utilization=0.5),

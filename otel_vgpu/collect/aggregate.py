@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 
 from otel_vgpu.allocation.ratio import Ratios
 from otel_vgpu.allocation.shares import Allocation, Grant
-from otel_vgpu.gpu.backend import Device, GpuProcess, MigDevice
+from otel_vgpu.gpu.backend import Device, GpuProcess, MigDevice, ProcessUse
 from otel_vgpu.gpu.pidns import BlindGpu
-from otel_vgpu.gpu.sampling import ProcessUse
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodMeta
 

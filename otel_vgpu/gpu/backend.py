@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Protocol
 
@@ -68,12 +68,36 @@ class GpuProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessUse:
+    """What one process (or a pod's processes together) used of a GPU over a period, each
+    figure 0-1. A figure added here is summed per pod, averaged over windows and capped
+    like the others (gpu/sampling.py, collect/aggregate.py), whatever it measures."""
+
+    sm: float = 0.0
+    """Share of the GPU's SMs."""
+
+    def plus(self, other: ProcessUse) -> ProcessUse:
+        return ProcessUse(**{f: getattr(self, f) + getattr(other, f) for f in USE_FIGURES})
+
+    def capped(self) -> ProcessUse:
+        """Each figure at most 1: processes that together ask for more than a whole GPU get all of it."""
+        return ProcessUse(**{f: min(1.0, getattr(self, f)) for f in USE_FIGURES})
+
+
+USE_FIGURES = tuple(f.name for f in fields(ProcessUse))
+
+
+@dataclass(frozen=True, slots=True)
 class UtilizationSample:
     pid: int
     timestamp_us: int
     """CPU wall-clock time of the sample, in microseconds."""
-    sm: float
-    """SM utilization of the process over the sample period, 0-1."""
+    use: ProcessUse
+    """What the process used over the sample's period."""
+
+    @property
+    def sm(self) -> float:
+        return self.use.sm
 
 
 class ErrorCode(str, Enum):

@@ -25,6 +25,7 @@ from otel_vgpu.gpu.backend import (
     GpuError,
     GpuProcess,
     MigDevice,
+    ProcessUse,
     UtilizationSample,
 )
 
@@ -299,7 +300,7 @@ class NvmlBackend:
             UtilizationSample(
                 pid=int(sample.pid),
                 timestamp_us=int(sample.timeStamp),
-                sm=float(sample.smUtil) / 100.0,
+                use=ProcessUse(sm=float(sample.smUtil) / 100.0),
             )
             for sample in samples
         ]

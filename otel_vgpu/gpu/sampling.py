@@ -10,10 +10,10 @@ period in which the process ran: bench/results/h200-nvml-samples.md.)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
-from otel_vgpu.gpu.backend import UtilizationSample
+from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse, UtilizationSample
 
 MIN_WINDOW_US = 1_000_000
 
@@ -26,36 +26,25 @@ def window_start(last_collected_us: int | None, now_us: int, min_window_us: int 
     return min(last_collected_us, floor)
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessUse:
-    """What one process (or a pod's processes together) used of a GPU over a window, each 0-1."""
-
-    sm: float = 0.0
-    """Share of the GPU's SMs."""
-
-    def plus(self, other: ProcessUse) -> ProcessUse:
-        return ProcessUse(sm=self.sm + other.sm)
-
-    def capped(self) -> ProcessUse:
-        """Each figure at most 1: processes that together ask for more than a whole GPU get all of it."""
-        return ProcessUse(sm=min(1.0, self.sm))
-
-
 def mean_use_by_pid(samples: Iterable[UtilizationSample], since_us: int) -> dict[int, ProcessUse]:
-    """Mean utilization (0-1) per PID of the samples inside the window.
+    """Mean utilization (0-1) per PID of the samples inside the window, figure by figure.
 
     A PID without a sample in the window is absent: the caller reads it as
     idle. Values are clamped to 0-1, since drivers have been seen to report
     more than 100 %.
     """
-    sums: dict[int, float] = {}
+    sums: dict[int, ProcessUse] = {}
     counts: dict[int, int] = {}
     for sample in samples:
         if sample.timestamp_us <= since_us:
             continue
-        sums[sample.pid] = sums.get(sample.pid, 0.0) + sample.sm
+        so_far = sums.get(sample.pid)
+        sums[sample.pid] = sample.use if so_far is None else so_far.plus(sample.use)
         counts[sample.pid] = counts.get(sample.pid, 0) + 1
-    return {pid: ProcessUse(sm=min(1.0, max(0.0, total / counts[pid]))) for pid, total in sums.items()}
+    return {
+        pid: ProcessUse(**{f: min(1.0, max(0.0, getattr(total, f) / counts[pid])) for f in USE_FIGURES})
+        for pid, total in sums.items()
+    }
 
 
 def fit_under(use_by_pid: Mapping[int, ProcessUse], gpu_window: float | None) -> Mapping[int, ProcessUse]:
@@ -72,7 +61,7 @@ def fit_under(use_by_pid: Mapping[int, ProcessUse], gpu_window: float | None) ->
     if gpu_window is None or total <= gpu_window or total <= 0:
         return use_by_pid
     scale = gpu_window / total
-    return {pid: ProcessUse(sm=use.sm * scale) for pid, use in use_by_pid.items()}
+    return {pid: dataclasses.replace(use, sm=use.sm * scale) for pid, use in use_by_pid.items()}
 
 
 class SamplingWindows:

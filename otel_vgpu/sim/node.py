@@ -33,7 +33,15 @@ from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import parse_hami
 from otel_vgpu.allocation.shares import Allocation, ClaimAssignment, DeviceAssignment, KubeletView, from_kubelet
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample
+from otel_vgpu.gpu.backend import (
+    Device,
+    ErrorCode,
+    GpuError,
+    GpuProcess,
+    MigDevice,
+    ProcessUse,
+    UtilizationSample,
+)
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods.directory import PodMeta, StaticDirectory
 from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers
@@ -128,7 +136,10 @@ class SimulatedNode:
         # What the driver hides from this caller: every simulated process, or none.
         self._hidden = scenario.driver.pid_namespace_filter and not host_pid_namespace
         self._owns_root = proc_root is None
-        self.proc_root = proc_root or Path(tempfile.mkdtemp(prefix="otel-vgpu-proc-", dir=_memory_backed_tmp()))
+        # Named after the process that made it, so that one left behind names its owner.
+        self.proc_root = proc_root or Path(
+            tempfile.mkdtemp(prefix=f"{PROC_TREE_PREFIX}{os.getpid()}-", dir=_memory_backed_tmp())
+        )
         self._clock = clock
         self._wall_clock_us = wall_clock_us
         self._started = clock()
@@ -342,7 +353,7 @@ class SimulatedNode:
                 # Under MPS, NVML gives the server all its clients' SM and the clients none.
                 sm = sum(shares_at[stamp]) if servers else shares_at[stamp][position]
                 if sm > 0:  # NVML keeps a process's sample of the last period it ran in
-                    samples.append(UtilizationSample(process.pid, stamp, sm))
+                    samples.append(UtilizationSample(process.pid, stamp, ProcessUse(sm=sm)))
                     break
         return samples
 
@@ -552,6 +563,9 @@ def _mig_device(mig: MigSpec, processes: list[_Process]) -> MigDevice:
         profile_id=mig.profile_id,
         placement_start=mig.placement_start,
     )
+
+
+PROC_TREE_PREFIX = "otel-vgpu-proc-"
 
 
 def _memory_backed_tmp() -> str | None:
