@@ -61,6 +61,22 @@ CARDINALITY_LIMIT = 65_536
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+def agent_resource(node_name: str) -> Resource:
+    """Who the figures are from. OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over the
+    defaults. A node agent's host is its node (in a pod, the host name is the pod's); the node
+    also tells one agent's series from another's on the OTLP path where nothing else does
+    (the manifests set the pod's UID)."""
+    return Resource.create(
+        {
+            "service.name": "otel-vgpu",
+            "service.version": __version__,
+            "service.instance.id": node_name or socket.gethostname(),
+            "k8s.node.name": node_name,
+            "host.name": node_name or socket.gethostname(),
+        }
+    ).merge(OTELResourceDetector().detect())
+
+
 class CollectionScope:
     """One snapshot per reader collection, shared by every callback in it."""
 
@@ -130,19 +146,6 @@ class Telemetry:
         }
         self.reader = ScrapeReader(cardinality_limits=limits)
         self._renderer = Renderer()
-        # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over the defaults.
-        # A node agent's host is its node (in a pod, the host name is the
-        # pod's); the node also tells one agent's series from another's on
-        # the OTLP path where nothing else does (the manifests set the pod's UID).
-        resource = Resource.create(
-            {
-                "service.name": "otel-vgpu",
-                "service.version": __version__,
-                "service.instance.id": node_name or socket.gethostname(),
-                "k8s.node.name": node_name,
-                "host.name": node_name or socket.gethostname(),
-            }
-        ).merge(OTELResourceDetector().detect())
         readers: list[MetricReader] = [self.reader]
         self.pusher: OtlpPusher | None = None
         if otlp is not None:
@@ -156,7 +159,7 @@ class Telemetry:
             )
             readers.append(self.pusher)
         self.provider = MeterProvider(
-            resource=resource,
+            resource=agent_resource(node_name),
             metric_readers=readers,
             # Gauges of GPU state have no traces to link to; sampling exemplars
             # would cost a reservoir per series per collection for nothing.
@@ -172,18 +175,27 @@ class Telemetry:
                 ),
             ],
         )
-        meter = self.provider.get_meter("otel_vgpu", __version__)
         features = {Feature.SEED_METRICS} if seed_metrics else set()
         if self.pusher is not None:
             features.add(Feature.OTLP)
-        self._histograms: list[tuple[Family[Any], metrics.Histogram]] = []
+        self._histograms = self._instruments(self.provider.get_meter("otel_vgpu", __version__), features)
+        self._render_lock = threading.Lock()
+        self._encoded: tuple[Snapshot, Any, dict[tuple[bool, str], bytes]] | None = None
+        """The last snapshot, its collection and its bodies by format (under the render lock)."""
+        self._rows_lock = threading.Lock()
+        self._rows: tuple[Snapshot, dict[str, tuple[Sequence[Any], list[Mapping[str, str]]]]] | None = None
+        """The last snapshot's rows and their attributes, by kind."""
+
+    def _instruments(self, meter: metrics.Meter, features: set[Feature]) -> list[tuple[Family[Any], metrics.Histogram]]:
+        """Every family of the contract that `features` allow, as an instrument; the histograms
+        returned, which are recorded at the start of each collection (`_record_histograms`)."""
+        histograms = []
         for family in FAMILIES:
             if family.needs is not None and family.needs not in features:
                 continue
             if family.instrument is Instrument.HISTOGRAM:
-                # Recorded at the start of each collection (_record_histograms), from rows taken then.
                 histogram = meter.create_histogram(family.name, unit=family.unit, description=family.description)
-                self._histograms.append((family, histogram))
+                histograms.append((family, histogram))
                 continue
             # Counters (cumulative monotonic sums over OTLP) and gauges alike read their rows when collected.
             create = (
@@ -192,12 +204,7 @@ class Telemetry:
                 else meter.create_observable_gauge
             )
             create(family.name, [self._callback(family)], unit=family.unit, description=family.description)
-        self._render_lock = threading.Lock()
-        self._encoded: tuple[Snapshot, Any, dict[tuple[bool, str], bytes]] | None = None
-        """The last snapshot, its collection and its bodies by format (under the render lock)."""
-        self._rows_lock = threading.Lock()
-        self._rows: tuple[Snapshot, dict[str, tuple[Sequence[Any], list[Mapping[str, str]]]]] | None = None
-        """The last snapshot's rows and their attributes, by kind."""
+        return histograms
 
     def start(self) -> None:
         """Start pushing, where OTLP is on (scrapes need nothing started)."""
