@@ -92,6 +92,14 @@ while True:
             torch.cuda.synchronize()
             steps += 1
         time.sleep(max(0.0, period - (time.monotonic() - start)))
+    elif mode == "copy":  # memory-bound: device-to-device copies of 2 GiB, SMs nearly idle
+        if "src" not in globals():
+            src = torch.empty(2**31, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+        for _ in range(10):
+            dst.copy_(src)
+        torch.cuda.synchronize()
+        steps += 10
     else:
         time.sleep(0.5)
     note()
@@ -148,9 +156,10 @@ def start_workload(
     mode: str, gib: float, env: dict[str, str] | None = None, burst_ms: float = 100.0
 ) -> subprocess.Popen[str]:
     """A PyTorch process on the GPU `env`'s CUDA_VISIBLE_DEVICES names (default: CUDA's first):
-    `busy`, `bursty` (kernels for `burst_ms` of each second), `steady` (that share of every
-    100 ms) or idle, holding `gib` GiB. With WORK_FILE in `env`, it writes there, twice a
-    second, "<unix time> <GPU seconds of work done>" (steps times one step's solo time)."""
+    `busy` (bf16 matrix products), `copy` (device-to-device copies of 2 GiB: memory-bound),
+    `bursty` (kernels for `burst_ms` of each second), `steady` (that share of every 100 ms)
+    or idle, holding `gib` GiB. With WORK_FILE in `env`, it writes there, twice a second,
+    "<unix time> <GPU seconds of work done>" (steps times one step's solo time)."""
     process = subprocess.Popen(
         [sys.executable, "-c", WORKLOAD, mode, str(gib), str(burst_ms)],
         stdout=subprocess.PIPE,
