@@ -86,6 +86,17 @@ class Agent:
         except ValueError as error:
             raise StartupError(str(error), EXIT_USAGE) from None
         self.otlp = otlp
+        from otel_vgpu.export.families import reads_of, selected  # noqa: PLC0415
+
+        self.families, unmatched = selected(config.metric_allowlist, config.metric_denylist)
+        for pattern in unmatched:
+            flag = "--metric-allowlist" if pattern in config.metric_allowlist else "--metric-denylist"
+            log.warning(
+                "%s pattern %r names no family (matched against the whole name, e.g. vgpu_pod_energy.* or "
+                "vgpu\\.pod\\.energy); docs/metrics.md lists them",
+                flag,
+                pattern,
+            )
         sources = self._gpu_sources()
         self._closers.append(sources.backend.close)
         self.node_name = sources.node_name
@@ -101,7 +112,12 @@ class Agent:
                 by_container=config.by_container,
                 on_driver_changed=self._driver_changed,
                 idle_watts=config.gpu_idle_watts,
-                reader=GpuReader(sources.backend, ask_again_s=config.ask_again_s, energy_every_s=config.energy_every_s),
+                reader=GpuReader(
+                    sources.backend,
+                    ask_again_s=config.ask_again_s,
+                    energy_every_s=config.energy_every_s,
+                    reads=reads_of(self.families),
+                ),
             )
             self._watch_node()
             # Imported here so that a bad flag or file fails before the SDK loads.
@@ -112,7 +128,13 @@ class Agent:
 
             try:
                 self.telemetry = Telemetry(
-                    self.sampler, self.health, config.min_interval, self.node_name, config.seed_metrics, otlp=otlp
+                    self.sampler,
+                    self.health,
+                    config.min_interval,
+                    self.node_name,
+                    config.seed_metrics,
+                    otlp=otlp,
+                    families=self.families,
                 )
             except SdkMismatch as error:
                 raise StartupError(str(error), EXIT_USAGE) from None

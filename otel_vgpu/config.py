@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -149,6 +150,10 @@ class Config:
     """How often the TLS files and the users file are looked at for a new version."""
     ask_again_s: float = 300.0
     """How long a GPU whose NVML cannot report per-process utilization is left alone before it is asked again."""
+    metric_allowlist: tuple[str, ...] = ()
+    """Patterns of the families to publish; empty: all."""
+    metric_denylist: tuple[str, ...] = ()
+    """Patterns of the families not to publish."""
     limits: Limits = field(default_factory=Limits)
     """The endpoint's bounds on every client (export/server.py)."""
 
@@ -179,6 +184,20 @@ def _log_level(text: str) -> str:
     if text.lower() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"invalid log level {text!r}: expected one of {', '.join(LOG_LEVELS)}")
     return text.lower()
+
+
+def _patterns(text: str) -> tuple[str, ...]:
+    """Comma-separated regular expressions over family names, as kube-state-metrics takes them."""
+    patterns = tuple(part.strip() for part in text.split(",") if part.strip())
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise argparse.ArgumentTypeError(
+                f"invalid pattern {pattern!r}: {error}; expected comma-separated regular expressions over family "
+                "names, e.g. vgpu_pod_energy.*"
+            ) from None
+    return patterns
 
 
 def _path(text: str) -> Path | None:
@@ -333,6 +352,22 @@ FLAGS: tuple[Flag, ...] = (
         metavar="NAME",
     ),
     Flag(
+        "--metric-allowlist",
+        "publish only the families these comma-separated regular expressions name (each matched against the "
+        "whole Prometheus or OpenTelemetry name), on the scrape and the OTLP push alike; a call to NVML that "
+        "only turned-off families need is not made",
+        "OTEL_VGPU_METRIC_ALLOWLIST",
+        _patterns,
+        metavar="PATTERNS",
+    ),
+    Flag(
+        "--metric-denylist",
+        "publish every family but those these patterns name (not with --metric-allowlist)",
+        "OTEL_VGPU_METRIC_DENYLIST",
+        _patterns,
+        metavar="PATTERNS",
+    ),
+    Flag(
         "--by-container",
         "add a container label to the per-pod families",
         "OTEL_VGPU_BY_CONTAINER",
@@ -456,6 +491,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         values[_FIELD_OF.get(flag.dest, flag.dest)] = tuple(given) if isinstance(given, list) else given
     if not values.get("node_name"):
         values["node_name"] = env.get("NODE_NAME", "")
+    if values.get("metric_allowlist") and values.get("metric_denylist"):
+        raise ConfigError("--metric-allowlist and --metric-denylist are mutually exclusive, as kube-state-metrics' are")
     for name in values.get("gpu_resources", ()):
         if name in NOT_DEVICE_COUNTS:
             raise ConfigError(

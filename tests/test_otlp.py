@@ -231,3 +231,31 @@ def test_the_translation_follows_prometheus() -> None:
     assert prometheus_name("network.io", "By/s", "Gauge") == "network_io_bytes_per_second"
     assert prometheus_name("cpu.usage", "1", "Sum") == "cpu_usage_total"
     assert prometheus_label("k8s.node.name") == "k8s_node_name"
+
+
+def test_the_lists_of_families_apply_to_the_push_as_to_the_scrape(
+    tmp_path: Path, scenario_file: Path, ratio_file: Path
+) -> None:
+    # One allowlist, of a Prometheus name and a dotted OpenTelemetry name: the push and the
+    # scrape carry those two of the agent's GPU and pod families, and nothing else of them.
+    with running_rotel(tmp_path) as rotel:
+        args = base_args(
+            scenario_file,
+            ratio_file,
+            "--otlp-endpoint",
+            rotel.http_url,
+            "--otlp-protocol",
+            "http/protobuf",
+            "--otlp-interval",
+            "0.5",
+            "--metric-allowlist",
+            r"vgpu_pod_memory_used_bytes,vgpu\.gpu\.memory\.total",
+        )
+        with running_agent(*args) as agent:
+            batches = rotel.wait_for_batches(2)
+            scraped = agent.scrape()
+            agent.stop()
+    pushed = {name for name in batches[-1].metrics if name.startswith(("vgpu.pod.", "vgpu.gpu."))}
+    assert pushed == {"vgpu.pod.memory.used", "vgpu.gpu.memory.total"}
+    served = {name for name in scraped.types if name.startswith(("vgpu_pod_", "vgpu_gpu_"))}
+    assert served == {"vgpu_pod_memory_used_bytes", "vgpu_gpu_memory_total_bytes"}

@@ -2,71 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from otel_vgpu.collect.reading import GpuReader, SweepErrors
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, ProcessUse, UtilizationSample
+from otel_vgpu.gpu.backend import MigDevice, ProcessUse, UtilizationSample
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
 from otel_vgpu.health import Stage
+from testkit.fake_gpu import FakeBackend, asked
 
 S = 1_000_000
 GIB = 1024**3
 
 
-@dataclass
-class FakeBackend:
-    """One GPU with two processes; the calls it was asked, and what it answers."""
-
-    now: int = 100 * S
-    samples: list[UtilizationSample] = field(default_factory=list)
-    gpu_samples: list[tuple[int, float]] = field(default_factory=list)
-    unsupported: bool = False
-    migs: tuple[MigDevice, ...] = ()
-    energy_mj: int | None = 5_000
-    calls: list[tuple[str, int]] = field(default_factory=list)
-    """(call, since_us) of the sample reads; (call, 0) of the others."""
-
-    def device_count(self) -> int:
-        return 1
-
-    def device(self, index: int) -> Device:
-        return Device(index, "GPU-a", "H200", 141 * GIB, 10 * GIB, 0.5, migs=self.migs)
-
-    def energy(self, index: int) -> int | None:
-        self.calls.append(("energy", 0))
-        return self.energy_mj
-
-    def processes(self, index: int) -> list[GpuProcess]:
-        return [GpuProcess(1, GIB), GpuProcess(2, GIB)]
-
-    def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
-        self.calls.append(("processes", since_us))
-        if self.unsupported:
-            raise GpuError(ErrorCode.NOT_SUPPORTED, "not supported")
-        return [s for s in self.samples if s.timestamp_us > since_us]
-
-    def gpu_utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
-        self.calls.append(("gpu", since_us))
-        return [(t, v) for t, v in self.gpu_samples if t > since_us]
-
-    def now_us(self) -> int:
-        return self.now
-
-    def release(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def reader_of(backend: FakeBackend, clock: list[float], **policy: float) -> GpuReader:
+def reader_of(backend: FakeBackend, clock: list[float], **policy: Any) -> GpuReader:
     return GpuReader(backend, clock=lambda: clock[0], **policy)
-
-
-def asked(backend: FakeBackend, call: str) -> list[int]:
-    return [since for name, since in backend.calls if name == call]
 
 
 def test_each_sweep_reads_the_window_since_the_last_and_never_less_than_a_second() -> None:

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 
 from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError
@@ -49,6 +50,18 @@ ASK_AGAIN_S = 300.0
 ENERGY_EVERY_S = 10.0
 
 
+class Read(str, Enum):
+    """What a sweep may read of a GPU beside its device figures and processes: each only
+    where a family the agent publishes needs it (export/families.py says which)."""
+
+    PROCESS_USE = "process_use"
+    """Per-process utilization samples."""
+    GPU_SAMPLES = "gpu_samples"
+    """The GPU's own utilization samples over the window."""
+    ENERGY = "energy"
+    """The energy counter."""
+
+
 class GpuReader:
     """Reads GPUs as the policy above says, keeping what it needs from one sweep to the next."""
 
@@ -58,8 +71,11 @@ class GpuReader:
         clock: Callable[[], float] = time.monotonic,
         ask_again_s: float = ASK_AGAIN_S,
         energy_every_s: float = ENERGY_EVERY_S,
+        reads: frozenset[Read] = frozenset(Read),
     ) -> None:
+        """`reads`: what beside the device and its processes is read; the rest is never asked."""
         self._backend = backend
+        self._reads = reads
         self._clock = clock
         self._ask_again_s = ask_again_s
         self._energy_every_s = energy_every_s
@@ -80,18 +96,21 @@ class GpuReader:
     def read(self, index: int, errors: SweepErrors) -> GpuReading | None:
         """GPU `index` as this sweep reads it; None where the device itself could not be read."""
         try:
-            device = self._with_window(index, self._backend.device(index))
+            device = self._backend.device(index)
         except GpuError as error:
             errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return None
-        device = self._with_energy(index, device, errors)
+        if Read.GPU_SAMPLES in self._reads:
+            device = self._with_window(index, device)
+        if Read.ENERGY in self._reads:
+            device = self._with_energy(index, device, errors)
         try:
             processes = self._backend.processes(index)
         except GpuError as error:
             errors.add(Stage.PROCESSES, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=None, use_by_pid=None)
-        if device.mig_mode:
-            # NVML has no per-process utilization under MIG: not an error.
+        if device.mig_mode or Read.PROCESS_USE not in self._reads:
+            # NVML has no per-process utilization under MIG: not an error. Or no family needs it.
             return GpuReading(device=device, processes=processes, use_by_pid=None)
         unsupported_until = self._no_process_utilization.get(device.uuid)
         if unsupported_until is not None and self._clock() < unsupported_until:

@@ -13,12 +13,14 @@ the field of the row it reads.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.collect.reading import Read
 from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
 
 MIB = 1024 * 1024
@@ -162,6 +164,9 @@ class Family(Generic[Row]):
     """Its value in one row of its kind; None: no series for that row."""
     instrument: Instrument = Instrument.GAUGE
     needs: Feature | None = None
+    reads: frozenset[Read] = frozenset()
+    """What a sweep reads only for families like this one (the energy counter, the samples):
+    with every such family turned off, it is not read."""
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -175,6 +180,11 @@ class Family(Generic[Row]):
         if suffix and not name.endswith(f"_{suffix}"):
             name = f"{name}_{suffix}"
         return f"{name}_total" if self.instrument is Instrument.COUNTER else name
+
+
+# Per-process figures are fitted under the GPU's own samples; the energy split needs both.
+_USE = frozenset({Read.PROCESS_USE, Read.GPU_SAMPLES})
+_SPLIT = frozenset(Read)
 
 
 def _answering(up: bool | None) -> float | None:
@@ -204,6 +214,7 @@ _TABLE = (
         POD,
         "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1.",
         value=lambda r: r.sm_utilization,
+        reads=_USE,
     ),
     Family(
         "vgpu.pod.vgpu.utilization",
@@ -212,6 +223,7 @@ _TABLE = (
         "SM use relative to the compute the pod was given: sm x ratio / shares, or sm / the allocator's "
         "compute limit (1 = exactly its share).",
         value=lambda r: r.vgpu_utilization,
+        reads=_USE,
     ),
     Family(
         "vgpu.pod.processes",
@@ -228,6 +240,7 @@ _TABLE = (
         "sweep cadence, so rate() over any window is its mean SM use there. Absent where per-pod SM is unknown "
         "(MIG, MPS); restarts from 0 for a pod seen anew.",
         value=lambda r: r.sm_busy_seconds,
+        reads=_USE,
         instrument=Instrument.COUNTER,
     ),
     Family(
@@ -238,6 +251,7 @@ _TABLE = (
         "its SM share, interval by interval; with the GPU's unattributed joules, the pods' add up to the "
         "GPU's. Absent where per-pod SM is unknown (MIG, MPS) or the GPU has no energy counter.",
         value=lambda r: r.energy_joules,
+        reads=_SPLIT,
         instrument=Instrument.COUNTER,
     ),
     Family(
@@ -269,6 +283,7 @@ _TABLE = (
         GPU,
         "Device utilization over the last sweep's interval (the mean of NVML's own samples), 0-1 (absent in MIG mode).",
         value=lambda g: g.interval_utilization,
+        reads=frozenset({Read.GPU_SAMPLES}),
     ),
     Family(
         "vgpu.gpu.sm.busy",
@@ -277,6 +292,7 @@ _TABLE = (
         "SM-busy seconds of the GPU: its utilization integrated over time at the agent's sweep cadence "
         "(absent in MIG mode).",
         value=lambda g: g.sm_busy_seconds,
+        reads=frozenset({Read.GPU_SAMPLES}),
         instrument=Instrument.COUNTER,
     ),
     Family(
@@ -286,6 +302,7 @@ _TABLE = (
         "Energy the GPU used, from NVML's counter (Volta and newer; a driver reload is counted from 0, "
         "not backwards). Absent where NVML has no energy counter.",
         value=lambda g: g.energy_joules,
+        reads=frozenset({Read.ENERGY}),
         instrument=Instrument.COUNTER,
     ),
     Family(
@@ -295,6 +312,7 @@ _TABLE = (
         "The part of the GPU's energy given to no pod: idle power of the shares nobody holds, SM time no "
         "pod ran, and all of it where per-pod SM is unknown.",
         value=lambda g: g.energy_unattributed_joules,
+        reads=_SPLIT,
         instrument=Instrument.COUNTER,
     ),
     Family(
@@ -333,6 +351,7 @@ _TABLE = (
         SEED,
         "Pod SM utilization in percent x ratio (original exporter's family).",
         value=lambda s: s.sm_percent,
+        reads=_USE,
         needs=Feature.SEED_METRICS,
     ),
     Family(
@@ -401,3 +420,26 @@ BY_NAME = {family.name: family for family in FAMILIES}
 
 def of_kind(kind: Kind[Any]) -> tuple[Family[Any], ...]:
     return tuple(family for family in FAMILIES if family.kind is kind)
+
+
+def selected(allow: Sequence[str] = (), deny: Sequence[str] = ()) -> tuple[tuple[Family[Any], ...], list[str]]:
+    """The families `allow` keeps (all, when empty) less those `deny` names, and the patterns
+    that name no family. A pattern is a regular expression matched against the whole of a
+    family's Prometheus name or its OpenTelemetry name, as kube-state-metrics'
+    --metric-allowlist and --metric-denylist match theirs."""
+
+    def named(pattern: str, family: Family[Any]) -> bool:
+        return bool(re.fullmatch(pattern, family.prometheus_name) or re.fullmatch(pattern, family.name))
+
+    unmatched = [p for p in (*allow, *deny) if not any(named(p, family) for family in FAMILIES)]
+    kept = tuple(
+        family
+        for family in FAMILIES
+        if (not allow or any(named(p, family) for p in allow)) and not any(named(p, family) for p in deny)
+    )
+    return kept, unmatched
+
+
+def reads_of(families: Sequence[Family[Any]]) -> frozenset[Read]:
+    """What sweeps must read for `families`: the union of what each needs."""
+    return frozenset(read for family in families for read in family.reads)

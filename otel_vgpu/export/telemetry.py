@@ -124,7 +124,9 @@ class Telemetry:
         node_name: str,
         seed_metrics: bool,
         otlp: OtlpSettings | None = None,
+        families: Sequence[Family[Any]] = FAMILIES,
     ) -> None:
+        """`families`: those of the contract to publish (--metric-allowlist, --metric-denylist)."""
         # Before anything is built on them: the private parts this relies on.
         check_versions()
         use_ratio_suffix()
@@ -178,7 +180,8 @@ class Telemetry:
         features = {Feature.SEED_METRICS} if seed_metrics else set()
         if self.pusher is not None:
             features.add(Feature.OTLP)
-        self._histograms = self._instruments(self.provider.get_meter("otel_vgpu", __version__), features)
+        meter = self.provider.get_meter("otel_vgpu", __version__)
+        self._histograms = self._instruments(meter, families, features)
         self._render_lock = threading.Lock()
         self._encoded: tuple[Snapshot, Any, dict[tuple[bool, str], bytes]] | None = None
         """The last snapshot, its collection and its bodies by format (under the render lock)."""
@@ -186,11 +189,13 @@ class Telemetry:
         self._rows: tuple[Snapshot, dict[str, tuple[Sequence[Any], list[Mapping[str, str]]]]] | None = None
         """The last snapshot's rows and their attributes, by kind."""
 
-    def _instruments(self, meter: metrics.Meter, features: set[Feature]) -> list[tuple[Family[Any], metrics.Histogram]]:
-        """Every family of the contract that `features` allow, as an instrument; the histograms
-        returned, which are recorded at the start of each collection (`_record_histograms`)."""
+    def _instruments(
+        self, meter: metrics.Meter, families: Sequence[Family[Any]], features: set[Feature]
+    ) -> list[tuple[Family[Any], metrics.Histogram]]:
+        """Each of `families` that `features` allow, as an instrument; the histograms returned,
+        which are recorded at the start of each collection (`_record_histograms`)."""
         histograms = []
-        for family in FAMILIES:
+        for family in families:
             if family.needs is not None and family.needs not in features:
                 continue
             if family.instrument is Instrument.HISTOGRAM:

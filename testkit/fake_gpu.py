@@ -1,0 +1,61 @@
+"""A GPU backend double for the reading policy's tests: one GPU with two processes, which
+answers what it is set to and counts the calls it was asked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample
+
+S = 1_000_000
+GIB = 1024**3
+
+
+@dataclass
+class FakeBackend:
+    """One GPU with two processes; the calls it was asked, and what it answers."""
+
+    now: int = 100 * S
+    samples: list[UtilizationSample] = field(default_factory=list)
+    gpu_samples: list[tuple[int, float]] = field(default_factory=list)
+    unsupported: bool = False
+    migs: tuple[MigDevice, ...] = ()
+    energy_mj: int | None = 5_000
+    calls: list[tuple[str, int]] = field(default_factory=list)
+    """(call, since_us) of the sample reads; (call, 0) of the others."""
+
+    def device_count(self) -> int:
+        return 1
+
+    def device(self, index: int) -> Device:
+        return Device(index, "GPU-a", "H200", 141 * GIB, 10 * GIB, 0.5, migs=self.migs)
+
+    def energy(self, index: int) -> int | None:
+        self.calls.append(("energy", 0))
+        return self.energy_mj
+
+    def processes(self, index: int) -> list[GpuProcess]:
+        return [GpuProcess(1, GIB), GpuProcess(2, GIB)]
+
+    def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
+        self.calls.append(("processes", since_us))
+        if self.unsupported:
+            raise GpuError(ErrorCode.NOT_SUPPORTED, "not supported")
+        return [s for s in self.samples if s.timestamp_us > since_us]
+
+    def gpu_utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
+        self.calls.append(("gpu", since_us))
+        return [(t, v) for t, v in self.gpu_samples if t > since_us]
+
+    def now_us(self) -> int:
+        return self.now
+
+    def release(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def asked(backend: FakeBackend, call: str) -> list[int]:
+    return [since for name, since in backend.calls if name == call]

@@ -1,0 +1,82 @@
+"""--metric-allowlist and --metric-denylist: which families they keep, what sweeps then read,
+and how a bad or idle pattern is answered (the push's side: tests/test_otlp.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
+from otel_vgpu.config import ConfigError, parse_config
+from otel_vgpu.export.families import FAMILIES, reads_of, selected
+from testkit.agent import run_to_exit, running_agent
+from testkit.fake_gpu import FakeBackend, asked
+
+
+def names(families: object) -> set[str]:
+    return {family.prometheus_name for family in families}  # type: ignore[attr-defined]
+
+
+def test_a_denylist_drops_what_its_patterns_name_whole_and_nothing_else() -> None:
+    kept, unmatched = selected(deny=["vgpu_pod_energy.*", r"vgpu\.gpu\.energy"])
+    dropped = names(FAMILIES) - names(kept)
+    assert dropped == {"vgpu_pod_energy_joules_total", "vgpu_gpu_energy_joules_total"}
+    assert unmatched == []
+    # Matched against the whole name: a prefix alone names nothing.
+    assert selected(deny=["vgpu_pod"])[1] == ["vgpu_pod"]
+
+
+def test_an_allowlist_keeps_only_what_it_names_and_says_which_patterns_name_nothing() -> None:
+    kept, unmatched = selected(allow=["vgpu_gpu_.*", "nothing_at_all"])
+    assert names(kept) and all(name.startswith("vgpu_gpu_") for name in names(kept))
+    assert unmatched == ["nothing_at_all"]
+
+
+def test_what_sweeps_read_follows_the_families_kept() -> None:
+    assert reads_of(FAMILIES) == frozenset(Read)
+    no_energy, _ = selected(deny=[".*energy.*"])
+    assert Read.ENERGY not in reads_of(no_energy) and Read.PROCESS_USE in reads_of(no_energy)
+    memory_only, _ = selected(allow=["vgpu_pod_memory.*", "vgpu_gpu_memory.*"])
+    assert reads_of(memory_only) == frozenset()
+
+
+def test_a_family_turned_off_costs_no_nvml_call_it_alone_needed() -> None:
+    backend, clock = FakeBackend(), [0.0]
+    memory_only, _ = selected(allow=["vgpu_pod_memory.*", "vgpu_gpu_memory.*"])
+    reader = GpuReader(backend, clock=lambda: clock[0], energy_every_s=0.0, reads=reads_of(memory_only))
+    for _ in range(3):
+        reading = reader.read(0, SweepErrors())
+        assert reading is not None and reading.processes and reading.use_by_pid is None
+    assert asked(backend, "energy") == asked(backend, "processes") == asked(backend, "gpu") == []
+
+
+def test_patterns_come_from_the_flag_or_its_twin_and_a_bad_one_is_one_line() -> None:
+    config = parse_config(["--metric-denylist", "a.*, b"], {})
+    assert config.metric_denylist == ("a.*", "b")
+    assert parse_config([], {"OTEL_VGPU_METRIC_ALLOWLIST": "x"}).metric_allowlist == ("x",)
+    with pytest.raises(ConfigError, match=r"OTEL_VGPU_METRIC_DENYLIST: invalid pattern '\[': .*regular expressions"):
+        parse_config([], {"OTEL_VGPU_METRIC_DENYLIST": "["})
+    with pytest.raises(ConfigError, match="mutually exclusive"):
+        parse_config(["--metric-allowlist", "a"], {"OTEL_VGPU_METRIC_DENYLIST": "b"})
+    result = run_to_exit(["--simulate", "--metric-allowlist", "vgpu_(pod"])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "otel-vgpu: error: argument --metric-allowlist: invalid pattern 'vgpu_(pod': missing ), unterminated "
+        "subpattern at position 5; expected comma-separated regular expressions over family names, e.g. "
+        "vgpu_pod_energy.* (see --help)"
+    ]
+
+
+def test_the_scrape_leaves_out_the_denied_families_and_a_pattern_naming_none_is_said_once(
+    scenario_file: Path, ratio_file: Path
+) -> None:
+    args = ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file)]
+    with running_agent(*args, "--metric-denylist", "vgpu_pod_energy.*,vgpu_gpu_energy.*,vgpu_typo.*") as agent:
+        served = agent.scrape()
+        code, log = agent.stop()
+    assert code == 0
+    assert not {name for name in served.types if "energy" in name}
+    assert served.series("vgpu_pod_memory_used_bytes") and served.series("vgpu_pod_sm_utilization_ratio")
+    warned = [line for line in log.splitlines() if "names no family" in line]
+    assert len(warned) == 1 and "--metric-denylist pattern 'vgpu_typo.*'" in warned[0], log
