@@ -312,8 +312,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, resource: str, since: int, timeout: float) -> None:
         state = self.state
-        if resource == "pods":
-            state.watches += 1
+        with state.condition:
+            # Counted and joined to the present generation at once: a watch the tests see
+            # counted is one break_watches() breaks.
+            generation = state.watch_generation
+            if resource == "pods":
+                state.watches += 1
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
@@ -331,14 +335,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if state.hang_watches and resource == "pods":
             with state.condition:
-                generation = state.watch_generation
                 while state.watch_generation == generation:
                     state.condition.wait(0.5)
             self.close_connection = True
             return
         deadline = time.monotonic() + timeout
-        with state.condition:
-            generation = state.watch_generation
         sent = since
         while True:
             with state.condition:

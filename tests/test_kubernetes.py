@@ -234,13 +234,16 @@ def test_refused_token_leaves_uids_and_says_what_is_needed(cluster: Cluster) -> 
 def test_watch_410_and_broken_stream_relist(cluster: Cluster) -> None:
     with cluster.agent() as agent:
         wait_for(agent, lambda e: ("ml", "trainer-7f9c") in pods_of(e))
-        lists = cluster.api.state.lists
+        lists, watches = cluster.api.state.lists, cluster.api.state.watches
         cluster.api.compact()
         cluster.api.put(pod_object("web", "after-410", "11111111-aaaa-4000-8000-000000000000", NODE))
         cluster.kubelet.assign("web", "after-410", {"main": [f"{U0}::5"]})
         wait_for(agent, lambda e: ("web", "after-410") in pods_of(e))
         assert cluster.api.state.lists > lists, "410 Gone must lead to a new list"
 
+        # The watch that follows the new list is open before it is broken (else the next pod
+        # could arrive on a watch started after the break, with no list in between).
+        wait_until(lambda: cluster.api.state.watches > watches, what="the watch after the new list")
         lists = cluster.api.state.lists
         cluster.api.break_watches()
         cluster.api.put(pod_object("web", "after-break", "22222222-aaaa-4000-8000-000000000000", NODE))
