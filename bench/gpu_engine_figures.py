@@ -99,20 +99,17 @@ def main() -> int:
         while time.monotonic() < deadline:
             time.sleep(0.5)
             now = int(time.time() * 1e6)
-            v1, err = attempt(partial(pynvml.nvmlDeviceGetProcessUtilization, handle, since))
-            if err:
-                errors.setdefault("nvmlDeviceGetProcessUtilization", err)
-            for sample in v1 or ():
-                if sample.pid in pids:
-                    for f in FIGURES_V1:
-                        seen_v1[pids[sample.pid]][f].append(int(getattr(sample, f)))
-            v2, err = attempt(partial(pynvml.nvmlDeviceGetProcessesUtilizationInfo, handle, since))
-            if err:
-                errors.setdefault("nvmlDeviceGetProcessesUtilizationInfo", err)
-            for sample in v2 or ():
-                if sample.pid in pids:
-                    for f in FIGURES_V2:
-                        seen_v2[pids[sample.pid]][f].append(int(getattr(sample, f)))
+            for function, figures, seen in (
+                (pynvml.nvmlDeviceGetProcessUtilization, FIGURES_V1, seen_v1),
+                (pynvml.nvmlDeviceGetProcessesUtilizationInfo, FIGURES_V2, seen_v2),
+            ):
+                got, err = attempt(partial(function, handle, since))
+                if err:
+                    errors.setdefault(function.__name__, err)
+                for sample in got or ():
+                    if sample.pid in pids:
+                        for f in figures:
+                            seen[pids[sample.pid]][f].append(int(getattr(sample, f)))
             for kind, sampling in gpu_types.items():
                 got, err = attempt(partial(pynvml.nvmlDeviceGetSamples, handle, sampling, gpu_since[kind]))
                 if err:

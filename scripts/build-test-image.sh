@@ -3,16 +3,28 @@
 # storage under WORK: a Debian root from debootstrap imported as the base, then the
 # Dockerfile's two stages. Leaves WORK/built (the tag) or WORK/failed (the log's tail).
 # scripts/test.sh starts it first, in the background and niced, so that it builds while
-# the rest installs and runs; testkit/image_build.py waits for its mark.
-#   scripts/build-test-image.sh WORK
+# the rest installs and runs; testkit/image_build.py waits for its mark. With --clean,
+# removes WORK's containers, images and the folder itself.
+#   scripts/build-test-image.sh [--clean] WORK
 set -uo pipefail
-work=${1:?usage: scripts/build-test-image.sh WORK}
+clean=false
+if [ "${1:-}" = "--clean" ]; then
+    clean=true
+    shift
+fi
+work=${1:?usage: scripts/build-test-image.sh [--clean] WORK}
 root=$(cd "$(dirname "$0")/.." && pwd)
 tag=localhost/otel-vgpu:test
 ca_bundle=/etc/ssl/certs/ca-certificates.crt
 mkdir -p "$work"
 log="$work/build.log"
 podman=(nice -n 15 podman --root "$work/storage" --runroot "$work/run" --runtime runc --storage-driver vfs)
+if $clean; then
+    "${podman[@]}" rm --all --force >/dev/null 2>&1
+    "${podman[@]}" rmi --all --force >/dev/null 2>&1
+    rm -rf "$work"
+    exit 0
+fi
 build() {
     nice -n 15 debootstrap --variant=minbase --include=python3,python3-venv bookworm "$work/rootfs" \
         http://deb.debian.org/debian &&

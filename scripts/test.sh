@@ -36,10 +36,7 @@ if [ "$#" -eq 0 ]; then
     cleanup() {
         kill -- "-$build_pid" 2>/dev/null || true
         wait "$build_pid" 2>/dev/null || true
-        local podman=(podman --root "$image_dir/storage" --runroot "$image_dir/run" --runtime runc --storage-driver vfs)
-        "${podman[@]}" rm --all --force >/dev/null 2>&1 || true
-        "${podman[@]}" rmi --all --force >/dev/null 2>&1 || true
-        rm -rf "$image_dir"
+        scripts/build-test-image.sh --clean "$image_dir"
     }
     trap cleanup EXIT
 fi

@@ -27,6 +27,7 @@ ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 TAG = "localhost/otel-vgpu:test"
 # The build yields the processor to the tests that run meanwhile.
 NICE = ("nice", "-n", "15")
+BUILD_SCRIPT = ROOT / "scripts" / "build-test-image.sh"
 # The environment variable that names a build started by another process of the session.
 SHARED_BUILD = "TESTKIT_IMAGE_DIR"
 # The marks a finished build leaves in its folder (scripts/build-test-image.sh).
@@ -89,13 +90,11 @@ class ImageBuild:
         if self.shared:
             return  # whoever started the build cleans it
         self._thread.join(60)
-        self.podman("rm", "--all", "--force", check=False)
-        self.podman("rmi", "--all", "--force", check=False)
-        shutil.rmtree(self.work, ignore_errors=True)
+        subprocess.run([str(BUILD_SCRIPT), "--clean", str(self.work)], check=False, timeout=300)
 
     def _build(self) -> None:
         # One build, the script's: scripts/test.sh runs it before the tests start.
-        subprocess.run([str(ROOT / "scripts" / "build-test-image.sh"), str(self.work)], check=False, timeout=1500)
+        subprocess.run([str(BUILD_SCRIPT), str(self.work)], check=False, timeout=1500)
         self._wait()
 
     def _wait(self) -> None:

@@ -66,9 +66,7 @@ class ListWatch:
         """`resource`: the lightkube class (Pod, Node); `what` names the
         selection in logs and thread names; `stage` is where a hung watch is
         counted (failures are the owner's to report, through `on_failure`)."""
-        make_client, health = settings.make_client, settings.health
-        watch_seconds, backoff, watch_grace_s = settings.watch_seconds, settings.backoff, settings.watch_grace_s
-        self._make_client = make_client
+        self._settings = settings
         self._resource = resource
         self._what = what
         self._fields = dict(fields)
@@ -76,10 +74,7 @@ class ListWatch:
         self._on_list = on_list
         self._on_event = on_event
         self._on_failure = on_failure
-        self._health = health
         self._stage = stage
-        self._watch_seconds = watch_seconds
-        self._backoff = backoff
         self._client: Any = None
         self._generation = 0
         self._progress = time.monotonic()
@@ -90,7 +85,7 @@ class ListWatch:
         # A list or watch event must come within this long, or the watch is
         # taken for hung: the loop lists again on a new connection. On a
         # quiet node that is one extra list every few minutes.
-        self._silence_limit = watch_seconds * 1.2 + watch_grace_s
+        self._silence_limit = settings.watch_seconds * 1.2 + settings.watch_grace_s
         self._watchdog = threading.Thread(target=self._watch_the_watch, name=f"watchdog-{what}", daemon=True)
 
     def start(self) -> None:
@@ -107,7 +102,7 @@ class ListWatch:
         with self._lock:
             self._generation += 1
             generation = self._generation
-            old, self._client = self._client, self._make_client()
+            old, self._client = self._client, self._settings.make_client()
             self._progress = time.monotonic()
         if old is not None:
             _give_up(old)
@@ -119,9 +114,9 @@ class ListWatch:
     def _watch_the_watch(self) -> None:
         while not self._stop.wait(min(5.0, self._silence_limit / 4)):
             silent = time.monotonic() - self._progress
-            if self.synced.is_set() and not self._health.failing(self._stage) and silent > self._silence_limit:
+            if self.synced.is_set() and not self._settings.health.failing(self._stage) and silent > self._silence_limit:
                 # Counted and logged each time: a hung watch is an event, not an outage.
-                self._health.count(self._stage)
+                self._settings.health.count(self._stage)
                 log.warning(
                     "no word from the Kubernetes API watch of %s for %.0f s; listing again on a new connection",
                     self._what,
@@ -141,7 +136,7 @@ class ListWatch:
                 client.close()
 
     def _loop(self, client: Any, generation: int) -> None:
-        first, most = self._backoff.first, self._backoff.most
+        first, most = self._settings.backoff.first, self._settings.backoff.most
         backoff = first
         while self._current(generation):
             try:
@@ -176,7 +171,7 @@ class ListWatch:
             namespace=self._namespace,
             fields=self._fields,
             resource_version=version,
-            server_timeout=self._watch_seconds,
+            server_timeout=self._settings.watch_seconds,
         )
         for kind, obj in events:
             with self._lock:
