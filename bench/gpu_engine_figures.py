@@ -10,8 +10,9 @@ driver has it (R550 and newer), `nvmlDeviceGetProcessesUtilizationInfo` (those a
 jpgUtil, ofaUtil), beside the GPU's own samples (`nvmlDeviceGetSamples` with
 NVML_GPU, MEMORY, ENC, DEC, JPG and OFA_UTILIZATION_SAMPLES). Then: how many samples each
 buffer holds and over how long (asked since 0), how NVML says a GPU has no encoder
-(`nvmlDeviceGetEncoderCapacity`, `nvmlDeviceGetEncoderUtilization`), and the CPU time of
-each call, the mean of 200.
+(`nvmlDeviceGetEncoderCapacity`, `nvmlDeviceGetEncoderUtilization`) and what engines each
+GPU-instance profile holds (`nvmlDeviceGetGpuInstanceProfileInfo`, read-only: no MIG
+setting is touched), and the CPU time of each call, the mean of 200.
 
 Run as root, with PyTorch and CUDA, from the repository root:
 
@@ -195,6 +196,27 @@ def main() -> int:
         for name, call in engine_calls.items():
             value, err = attempt(call)
             lines.append(f"- `{name}`: {err or value}")
+        mode, err = attempt(lambda: pynvml.nvmlDeviceGetMigMode(handle))
+        lines.extend(
+            [
+                "",
+                f"The engines each GPU-instance profile holds (`nvmlDeviceGetGpuInstanceProfileInfo`, v2), "
+                f"MIG mode (current, pending) {err or mode}:",
+                "",
+                "| profile | id | name | slices | SMs | decoders | encoders | JPEG | OFA |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+        )
+        for profile in range(getattr(pynvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0x12)):
+            info, err = attempt(partial(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, profile))
+            if err:
+                lines.append(f"| {profile} | {err} | | | | | | | |")
+                continue
+            name = info.name.decode() if isinstance(info.name, bytes) else info.name
+            lines.append(
+                f"| {profile} | {info.id} | {name} | {info.sliceCount} | {info.multiprocessorCount} | "
+                f"{info.decoderCount} | {info.encoderCount} | {info.jpegCount} | {info.ofaCount} |"
+            )
 
         lines.extend(["", "### CPU per call, three processes running (mean of 200)", ""])
         since = int(time.time() * 1e6) - 2_000_000
@@ -208,6 +230,10 @@ def main() -> int:
                 for kind, sampling in gpu_types.items()
             },
             "nvmlDeviceGetUtilizationRates": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle),
+            "nvmlDeviceGetDecoderUtilization": lambda: pynvml.nvmlDeviceGetDecoderUtilization(handle),
+            "nvmlDeviceGetGpuInstanceProfileInfo(7 slices)": lambda: pynvml.nvmlDeviceGetGpuInstanceProfileInfo(
+                handle, pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE
+            ),
         }
         for name, cost in costs.items():
             lines.append(f"- `{name}`: {cpu_ms(cost):.2f} ms")

@@ -116,6 +116,7 @@ class Agent:
                     sources.backend,
                     ask_again_s=config.ask_again_s,
                     energy_every_s=config.energy_every_s,
+                    engine_every_s=config.engine_every_s,
                     reads=reads_of(self.families),
                 ),
             )

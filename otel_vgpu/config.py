@@ -146,6 +146,8 @@ class Config:
     """How long start-up waits for the first list of pods, so the first scrape has names."""
     energy_every_s: float = 10.0
     """How often each GPU's energy counter is read (collect/reading.py ENERGY_EVERY_S says why)."""
+    engine_every_s: float = 10.0
+    """How long each GPU's engine windows last (collect/reading.py ENGINE_EVERY_S says why)."""
     credentials_check_s: float = 2.0
     """How often the TLS files and the users file are looked at for a new version."""
     ask_again_s: float = 300.0

@@ -21,6 +21,10 @@ class FakeBackend:
     unsupported: bool = False
     migs: tuple[MigDevice, ...] = ()
     energy_mj: int | None = 5_000
+    engines: frozenset[str] = frozenset()
+    """The engines beside SM the GPU has."""
+    engine_samples: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """The GPU's own samples of each engine."""
     calls: list[tuple[str, int]] = field(default_factory=list)
     """(call, since_us) of the sample reads; (call, 0) of the others."""
 
@@ -28,7 +32,7 @@ class FakeBackend:
         return 1
 
     def device(self, index: int) -> Device:
-        return Device(index, "GPU-a", "H200", 141 * GIB, 10 * GIB, 0.5, migs=self.migs)
+        return Device(index, "GPU-a", "H200", 141 * GIB, 10 * GIB, 0.5, migs=self.migs, engines=self.engines)
 
     def energy(self, index: int) -> int | None:
         self.calls.append(("energy", 0))
@@ -43,9 +47,10 @@ class FakeBackend:
             raise GpuError(ErrorCode.NOT_SUPPORTED, "not supported")
         return [s for s in self.samples if s.timestamp_us > since_us]
 
-    def gpu_utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
-        self.calls.append(("gpu", since_us))
-        return [(t, v) for t, v in self.gpu_samples if t > since_us]
+    def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
+        self.calls.append(("gpu" if figure == "sm" else f"gpu:{figure}", since_us))
+        samples = self.gpu_samples if figure == "sm" else self.engine_samples.get(figure, [])
+        return [(t, v) for t, v in samples if t > since_us]
 
     def now_us(self) -> int:
         return self.now

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from otel_vgpu.allocation.ratio import RatioSource
+from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
@@ -23,7 +25,7 @@ MIB = 1024**2
 # Two GPUs, constant values, so every figure can be worked out by hand.
 STEADY = """
 gpus:
-  - {model: NVIDIA H100 80GB HBM3, memory: 80GiB, uuid: GPU-00000000-0000-0000-0000-000000000000}
+  - {model: NVIDIA H100 80GB HBM3, memory: 80GiB, uuid: GPU-00000000-0000-0000-0000-000000000000, lacks: [encoder]}
   - {model: NVIDIA H100 80GB HBM3, memory: 80GiB, uuid: GPU-11111111-1111-1111-1111-111111111111}
 pods:
   - namespace: ml
@@ -31,14 +33,14 @@ pods:
     cgroup: {version: 2, driver: systemd, runtime: containerd, qos: guaranteed}
     shares: {0: 2, 1: 1}
     processes:
-      - {gpu: 0, memory: 10GiB, sm: 0.5}
+      - {gpu: 0, memory: 10GiB, sm: 0.5, memory_copy: 0.3}
       - {gpu: 0, memory: 2GiB, sm: 0.1, container: sidecar}
       - {gpu: 1, memory: 4GiB, sm: 0.25}
   - namespace: web
     name: api
     cgroup: {version: 1, driver: cgroupfs, runtime: docker, qos: burstable}
     processes:
-      - {gpu: 1, memory: 3GiB, sm: 0.0}
+      - {gpu: 1, memory: 3GiB, sm: 0.0, decoder: 0.4, encoder: 0.2}
   - namespace: web
     name: idle
     cgroup: {version: 2, driver: systemd, runtime: crio, qos: besteffort}
@@ -96,7 +98,9 @@ def make_sampler(
     by_container: bool = False,
     **extra: Any,
 ) -> Sampler:
-    """A sampler of `node`; `extra`: Sampler's other keywords (clock, energy_every_s...)."""
+    """A sampler of `node`; `extra`: Sampler's other keywords (clock, reader...). Its engine
+    windows close at every sweep after the first, so that two sweeps show every family."""
+    extra.setdefault("reader", GpuReader(node, clock=extra.get("clock", time.monotonic), engine_every_s=0.0))
     return Sampler(
         node,
         attributor=Attributor(ProcReader(node.proc_root)),

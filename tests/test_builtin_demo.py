@@ -48,7 +48,7 @@ def test_the_builtin_node_adds_up_at_every_moment(tmp_path: Path) -> None:
     clock = Clock()
     node, sampler = on_a_clock(scenario, tmp_path, clock)
     over_users: set[str] = set()
-    moments = 0
+    moments = windows = 0
     try:
         for _ in range(int(CYCLE_S / STEP_S)):
             clock.t += STEP_S
@@ -65,15 +65,29 @@ def test_the_builtin_node_adds_up_at_every_moment(tmp_path: Path) -> None:
                 assert sum(row.shares for row in rows) <= scenario.ratio, (clock.t, gpu.index)
                 used = sum(row.memory_used for row in rows) + (gpu.unattributed_memory or 0)
                 assert used <= gpu.device.memory_total
+                # Each engine: the pods under the GPU's figure of the same window; none lacking.
+                assert "encoder" not in gpu.engine_utilization
+                for engine, figure in gpu.engine_utilization.items():
+                    pods_engine = sum(row.engine_utilization.get(engine, 0.0) for row in rows)
+                    assert pods_engine <= figure + 1e-9, (clock.t, gpu.index, engine, pods_engine, figure)
+                    windows += 1
             for row in snapshot.pods:
                 if row.vgpu_utilization is not None and row.vgpu_utilization > 1.0:
                     over_users.add(row.pod)
+            by_pod = {row.pod: row.engine_utilization for row in snapshot.pods}
+            if by_pod["llm-server-7d9f8c6b5-x2k4p"]:
+                # The memory-bound pod, and the one that lives on the decoders.
+                memory = {pod: figures.get("memory_copy", 0.0) for pod, figures in by_pod.items()}
+                assert max(memory, key=memory.__getitem__) == "llm-server-7d9f8c6b5-x2k4p"
+                decoder = {pod: figures.get("decoder", 0.0) for pod, figures in by_pod.items()}
+                assert [pod for pod, figure in decoder.items() if figure > 0] == ["video-analytics-5c8d7"]
             notebook = [row for row in snapshot.pods if row.pod == "notebook-alice"]
             assert notebook and notebook[0].vgpu_utilization is not None and notebook[0].vgpu_utilization > 1.0
             moments += 1
     finally:
         node.close()
     assert moments == CYCLE_S / STEP_S
+    assert windows > 4 * 4 * 4  # engine windows closed on every GPU, four engines each
     assert over_users == {"notebook-alice"}
     # And it needs no scaling: no GPU's processes ask for more SM than it has.
     assert max(sm_asked(scenario).values()) <= 1.0

@@ -13,6 +13,10 @@ from otel_vgpu.export.families import FAMILIES, reads_of, selected
 from testkit.agent import run_to_exit, running_agent
 from testkit.fake_gpu import FakeBackend, asked
 
+# The memory families, by bytes; and every family of an engine beside SM.
+MEMORY_ONLY = "vgpu_(pod|gpu)_memory_.*_bytes"
+ENGINE_FAMILIES = "vgpu_(pod|gpu)_(memory_copy|encoder|decoder|jpeg|optical_flow)_.*"
+
 
 def names(families: object) -> set[str]:
     return {family.prometheus_name for family in families}  # type: ignore[attr-defined]
@@ -37,13 +41,15 @@ def test_what_sweeps_read_follows_the_families_kept() -> None:
     assert reads_of(FAMILIES) == frozenset(Read)
     no_energy, _ = selected(deny=[".*energy.*"])
     assert Read.ENERGY not in reads_of(no_energy) and Read.PROCESS_USE in reads_of(no_energy)
-    memory_only, _ = selected(allow=["vgpu_pod_memory.*", "vgpu_gpu_memory.*"])
+    memory_only, _ = selected(allow=[MEMORY_ONLY])
     assert reads_of(memory_only) == frozenset()
+    no_engines, _ = selected(deny=[ENGINE_FAMILIES])
+    assert reads_of(no_engines) == frozenset(Read) - {Read.ENGINE_SAMPLES}
 
 
 def test_a_family_turned_off_costs_no_nvml_call_it_alone_needed() -> None:
     backend, clock = FakeBackend(), [0.0]
-    memory_only, _ = selected(allow=["vgpu_pod_memory.*", "vgpu_gpu_memory.*"])
+    memory_only, _ = selected(allow=[MEMORY_ONLY])
     reader = GpuReader(backend, clock=lambda: clock[0], energy_every_s=0.0, reads=reads_of(memory_only))
     for _ in range(3):
         reading = reader.read(0, SweepErrors())

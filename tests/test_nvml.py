@@ -7,12 +7,13 @@ the error classes are nvidia-ml-py's own, raised the way NVML raises them.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pynvml
 import pytest
 
 from otel_vgpu.gpu.backend import (
+    ENGINES,
     NVML_RETURN_VALUES,
     ErrorCode,
     GpuError,
@@ -20,7 +21,7 @@ from otel_vgpu.gpu.backend import (
     ProcessUse,
     UtilizationSample,
 )
-from otel_vgpu.gpu.nvml import NvmlBackend, NvmlUnavailable
+from otel_vgpu.gpu.nvml import SAMPLING_TYPES, NvmlBackend, NvmlUnavailable
 
 
 class FakeNvml:
@@ -37,10 +38,11 @@ class FakeNvml:
             SimpleNamespace(pid=12, usedGpuMemory=5),
         ]
         self.mps: list[Any] = []
-        self.samples: list[Any] = [SimpleNamespace(pid=10, timeStamp=123, smUtil=42)]
+        self.samples: list[Any] = [SimpleNamespace(pid=10, timeStamp=123, smUtil=42, memUtil=17, encUtil=0, decUtil=3)]
         self.gpu_samples: list[tuple[int, int]] = [(100, 30), (300, 90), (500, 120)]
         self.energy_mj = 123_456
         self.since: list[int] = []
+        self.sampling_types: list[int] = []
         self.shutdown = False
         self.calls: list[str] = []
         self.fail_times: dict[str, tuple[int, int]] = {}  # call -> (code, how many more times)
@@ -142,7 +144,7 @@ class FakeNvml:
 
     def nvmlDeviceGetSamples(self, handle: str, sampling_type: int, since: int) -> tuple[int, list[Any]]:
         self._check("gpu_samples")
-        assert sampling_type == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        self.sampling_types.append(sampling_type)
         samples = [SimpleNamespace(timeStamp=t, sampleValue=SimpleNamespace(uiVal=v)) for t, v in self.gpu_samples]
         return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, [s for s in samples if s.timeStamp > since]
 
@@ -233,10 +235,98 @@ def test_compute_and_graphics_merge_and_unknown_memory_is_none() -> None:
 def test_samples_are_converted_and_not_found_means_idle() -> None:
     nvml = FakeNvml()
     backend = NvmlBackend(nvml)
-    assert backend.utilization_samples(0, 99) == [UtilizationSample(10, 123, ProcessUse(0.42))]
+    assert backend.utilization_samples(0, 99) == [
+        UtilizationSample(10, 123, ProcessUse(0.42, memory_copy=0.17, decoder=0.03))
+    ]
     assert nvml.since == [99]
     nvml.fail["utilization"] = pynvml.NVML_ERROR_NOT_FOUND
     assert backend.utilization_samples(0, 100) == []
+
+
+class NvmlR550(FakeNvml):
+    """A driver with the newer per-process call (JPEG and optical flow) and GPU-instance
+    profiles that hold the H200's engines as its NVML listed them: no encoder
+    (bench/results/h200-engine-figures.md)."""
+
+    NVML_GPU_INSTANCE_PROFILE_COUNT = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+    # (decoders, encoders, JPEG, optical flow) of the profiles NVML answered on the H200.
+    PROFILES: ClassVar = {0: (1, 0, 1, 0), 4: (7, 0, 7, 1), 7: (1, 0, 1, 1)}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.v2: list[Any] = [
+            SimpleNamespace(pid=10, timeStamp=123, smUtil=42, memUtil=17, encUtil=0, decUtil=3, jpgUtil=25, ofaUtil=50)
+        ]
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: str, since: int) -> list[Any]:
+        self._check("utilization_v2")
+        return self.v2
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: str, profile: int) -> Any:
+        self._check("profile")
+        if profile not in self.PROFILES:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        dec, enc, jpg, ofa = self.PROFILES[profile]
+        return SimpleNamespace(decoderCount=dec, encoderCount=enc, jpegCount=jpg, ofaCount=ofa)
+
+
+def test_the_newer_per_process_call_gives_jpeg_and_optical_flow_and_the_older_serves_where_it_is_missing() -> None:
+    nvml = NvmlR550()
+    backend = NvmlBackend(nvml)
+    use = ProcessUse(0.42, memory_copy=0.17, decoder=0.03, jpeg=0.25, optical_flow=0.5)
+    assert backend.utilization_samples(0, 99) == [UtilizationSample(10, 123, use)]
+    assert "utilization" not in nvml.calls
+    assert backend.device(0).engines == {"memory_copy", "decoder", "jpeg", "optical_flow"}
+    # A driver before R550: the older call, asked alone from then on, and no JPEG or optical flow.
+    nvml.fail["utilization_v2"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert backend.utilization_samples(0, 99) == [UtilizationSample(10, 123, ProcessUse(0.42, 0.17, decoder=0.03))]
+    backend.utilization_samples(0, 99)
+    assert nvml.calls.count("utilization_v2") == 2 and nvml.calls.count("utilization") == 2
+    assert backend.device(0).engines == {"memory_copy", "decoder"}
+    # Idle under the newer call too.
+    nvml.fail = {"utilization": pynvml.NVML_ERROR_NOT_FOUND}
+    assert backend.utilization_samples(0, 99) == []
+
+
+def test_engines_come_from_the_gpu_instance_profiles_asked_once_per_session() -> None:
+    nvml = NvmlR550()
+    backend = NvmlBackend(nvml)
+    # The H200's profiles hold no encoder: NVML's encoder calls answer alike on it, the profiles do not.
+    assert backend.device(0).engines == {"memory_copy", "decoder", "jpeg", "optical_flow"}
+    asked = nvml.calls.count("profile")
+    assert asked == pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+    backend.device(0)
+    assert nvml.calls.count("profile") == asked
+    # In MIG mode no engine figure is read per process at all.
+    assert backend.device(1).engines == frozenset()
+
+
+def test_a_gpu_without_profiles_has_the_engines_whose_calls_nvml_answers() -> None:
+    class NoMig(FakeNvml):
+        def nvmlDeviceGetEncoderUtilization(self, handle: str) -> list[int]:
+            return [0, 100_000]
+
+        def nvmlDeviceGetDecoderUtilization(self, handle: str) -> list[int]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    assert NvmlBackend(NoMig()).device(0).engines == {"memory_copy", "encoder"}
+
+
+def test_each_figure_is_read_from_its_own_buffer() -> None:
+    assert SAMPLING_TYPES == {
+        "sm": pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+        "memory_copy": pynvml.NVML_MEMORY_UTILIZATION_SAMPLES,
+        "encoder": pynvml.NVML_ENC_UTILIZATION_SAMPLES,
+        "decoder": pynvml.NVML_DEC_UTILIZATION_SAMPLES,
+        "jpeg": pynvml.NVML_JPG_UTILIZATION_SAMPLES,
+        "optical_flow": pynvml.NVML_OFA_UTILIZATION_SAMPLES,
+    }
+    assert set(SAMPLING_TYPES) == {"sm", *ENGINES}
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    for figure in SAMPLING_TYPES:
+        backend.gpu_utilization_samples(0, 0, figure)
+    assert nvml.sampling_types == list(SAMPLING_TYPES.values())
 
 
 @pytest.mark.parametrize(

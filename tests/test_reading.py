@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from otel_vgpu.collect.reading import GpuReader, SweepErrors
+from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
 from otel_vgpu.gpu.backend import MigDevice, ProcessUse, UtilizationSample
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
 from otel_vgpu.health import Stage
@@ -111,3 +111,62 @@ def test_errors_of_a_sweep_keep_the_first_message_of_each_kind() -> None:
     errors.add(Stage.DEVICE, "0:GPU_IS_LOST", "second")
     assert errors.seen == {(Stage.DEVICE, "0:GPU_IS_LOST"): "first"}
     assert ProcessUse(0.5).plus(ProcessUse(0.75)).capped() == ProcessUse(1.0)
+
+
+def engine_reader(clock: list[float]) -> tuple[FakeBackend, GpuReader]:
+    backend = FakeBackend(engines=frozenset({"memory_copy", "decoder", "jpeg"}))
+    backend.engine_samples = {
+        "memory_copy": [(100 * S + k * S // 5, 0.5) for k in range(1, 100)],
+        "decoder": [(100 * S + k * S // 5, 0.25) for k in range(1, 100)],
+    }
+    return backend, reader_of(backend, clock, engine_every_s=10.0)
+
+
+def sweep_at(backend: FakeBackend, reader: GpuReader, clock: list[float], at: float) -> Any:
+    clock[0] = at
+    backend.now = 100 * S + int(at * S)
+    reading = reader.read(0, SweepErrors())
+    assert reading is not None
+    return reading.device
+
+
+def test_an_engine_window_closes_every_engine_every_s_with_the_gpus_mean_since_it_opened() -> None:
+    clock = [0.0]
+    backend, reader = engine_reader(clock)
+    backend.samples = [UtilizationSample(1, 100 * S + 1, ProcessUse(0.5, memory_copy=0.4, decoder=0.2))]
+    opened = sweep_at(backend, reader, clock, 0.0)
+    assert opened.engine_window is None  # the first sweep opens the window
+    backend.samples = [UtilizationSample(1, 100 * S + 5 * S, ProcessUse(0.5, memory_copy=0.4, decoder=0.2))]
+    assert sweep_at(backend, reader, clock, 5.0).engine_window is None
+    closed = sweep_at(backend, reader, clock, 10.0)
+    # Each engine the processes used is read from its own buffer since the window opened;
+    # JPEG, which nobody used, is 0 without a read; the GPU's encoder it lacks is not asked.
+    assert closed.engine_window == {"memory_copy": 0.5, "decoder": 0.25, "jpeg": 0.0}
+    assert asked(backend, "gpu:memory_copy") == asked(backend, "gpu:decoder") == [100 * S]
+    assert asked(backend, "gpu:jpeg") == asked(backend, "gpu:encoder") == []
+    # The next window starts where this one ended, and reads nothing until it closes.
+    assert sweep_at(backend, reader, clock, 12.0).engine_window is None
+    assert len(asked(backend, "gpu:memory_copy")) == 1
+
+
+def test_an_engine_no_process_used_in_a_window_costs_no_read() -> None:
+    clock = [0.0]
+    backend, reader = engine_reader(clock)
+    backend.samples = [UtilizationSample(1, 100 * S + 1, ProcessUse(0.5))]  # SM only
+    for at in (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0):
+        device = sweep_at(backend, reader, clock, at)
+    assert device.engine_window == {"memory_copy": 0.0, "decoder": 0.0, "jpeg": 0.0}
+    assert [name for name, _ in backend.calls if name.startswith("gpu:")] == []
+
+
+def test_engine_windows_are_not_kept_where_their_families_are_off_or_under_mig() -> None:
+    clock = [0.0]
+    backend = FakeBackend(engines=frozenset({"memory_copy"}))
+    backend.samples = [UtilizationSample(1, 100 * S + 1, ProcessUse(0.5, memory_copy=0.5))]
+    reader = reader_of(backend, clock, engine_every_s=0.0, reads=frozenset(Read) - {Read.ENGINE_SAMPLES})
+    assert all(sweep_at(backend, reader, clock, at).engine_window is None for at in (0.0, 1.0, 2.0))
+    mig = MigDevice("MIG-a", "3g.71gb", 71 * GIB, GIB)
+    backend = FakeBackend(engines=frozenset({"memory_copy"}), migs=(mig,))
+    reader = reader_of(backend, clock, engine_every_s=0.0)
+    assert all(sweep_at(backend, reader, clock, at).engine_window is None for at in (0.0, 1.0, 2.0))
+    assert [name for name, _ in backend.calls if name.startswith("gpu:")] == []

@@ -43,6 +43,11 @@ class GpuRow:
     """Joules counted so far (collect/usage.py); None where the GPU has no energy counter."""
     energy_unattributed_joules: float | None = None
     """The part of them no pod was given."""
+    engine_utilization: Mapping[str, float] = field(default_factory=dict)
+    """The GPU's own figure of each of its engines over its last closed engine window
+    (collect/engines.py); an engine it lacks, or before a window closed, has none."""
+    engine_busy_seconds: Mapping[str, float] = field(default_factory=dict)
+    """Each engine's busy seconds counted so far."""
 
     @property
     def index(self) -> int:
@@ -91,11 +96,24 @@ class PodRow:
     """The most memory its processes held at once, at sweep cadence, since the agent first saw the row."""
     energy_joules: float | None = None
     """The pod's part of its GPU's energy so far (collect/usage.py); None where it has none."""
+    engine_utilization: Mapping[str, float] = field(default_factory=dict)
+    """Each engine's figure over its GPU's last closed engine window, fitted under the GPU's
+    (collect/engines.py); none where per-process figures are unknown or the GPU lacks the engine."""
+    engine_busy_seconds: Mapping[str, float] = field(default_factory=dict)
+    """Each engine's busy seconds counted so far."""
 
     @property
     def sm_utilization(self) -> float | None:
         """Share of the physical GPU's SMs, 0-1; None when NVML could not tell."""
         return None if self.use is None else self.use.sm
+
+
+PodKey = tuple[str, str, str, str]
+"""(pod UID, container or "", GPU UUID, MIG UUID or ""): what the counters carried from sweep to sweep are keyed by."""
+
+
+def pod_key(row: PodRow) -> PodKey:
+    return (row.pod_uid, row.container or "", row.gpu_uuid, row.mig_uuid or "")
 
 
 @dataclass(frozen=True, slots=True)

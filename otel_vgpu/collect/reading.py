@@ -5,7 +5,11 @@
   under the GPU (gpu/sampling.py);
 - a GPU that answers NOT_SUPPORTED for per-process utilization is left alone
   for `ask_again_s`, not failed every sweep;
-- the energy counter is read every `energy_every_s`, not every sweep.
+- the energy counter is read every `energy_every_s`, not every sweep;
+- the GPU's own samples of its other engines (memory copy, the video engines) are
+  read when an engine window closes, every `engine_every_s`, and only those of an
+  engine some process used in the window (collect/engines.py carries the pods'
+  figures to the close).
 
 State is kept per GPU UUID (indexes can change across a driver reload). A
 fake backend tests it (tests/test_reading.py); the sampler keeps the cache,
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from otel_vgpu.collect.aggregate import GpuReading
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError, ProcessUse
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_use_by_pid
 from otel_vgpu.health import Stage
 
@@ -48,6 +52,21 @@ ASK_AGAIN_S = 300.0
 # between reads is split over the sweeps it covers, so reading it every sweep buys nothing
 # but finer steps of the joules counters.
 ENERGY_EVERY_S = 10.0
+# How long an engine window lasts. Each read of one of the GPU's sample buffers costs
+# 2.7 ms of CPU on an H200, as much as the rest of a sweep of the GPU, and each buffer
+# holds its last 14 s (71 samples 200 ms apart: bench/results/h200-engine-figures.md):
+# read every 10 s, a buffer still holds every sample since the last read, so the windows
+# lose nothing of the GPU's figure, at a fifth of the reads a sweep every 2 s would make.
+ENGINE_EVERY_S = 10.0
+
+
+@dataclass(slots=True)
+class _EngineWindow:
+    """A GPU's open engine window: since when, and which engines its processes used in it."""
+
+    opened: float
+    since_us: int
+    busy: set[str] = field(default_factory=set)
 
 
 class Read(str, Enum):
@@ -60,6 +79,8 @@ class Read(str, Enum):
     """The GPU's own utilization samples over the window."""
     ENERGY = "energy"
     """The energy counter."""
+    ENGINE_SAMPLES = "engine_samples"
+    """The GPU's own samples of its engines beside SM, when an engine window closes."""
 
 
 class GpuReader:
@@ -72,6 +93,7 @@ class GpuReader:
         ask_again_s: float = ASK_AGAIN_S,
         energy_every_s: float = ENERGY_EVERY_S,
         reads: frozenset[Read] = frozenset(Read),
+        engine_every_s: float = ENGINE_EVERY_S,
     ) -> None:
         """`reads`: what beside the device and its processes is read; the rest is never asked."""
         self._backend = backend
@@ -88,10 +110,15 @@ class GpuReader:
         """When each GPU's energy counter was last read, by UUID; absent: never, or it has none."""
         self._gpu_seen: dict[str, int] = {}
         """The newest GPU utilization sample read, by GPU UUID."""
+        self._engine_every_s = engine_every_s
+        self._engine_windows: dict[str, _EngineWindow] = {}
+        """Each GPU's open engine window, by UUID."""
 
     def keep_only(self, gpu_uuids: Iterable[str]) -> None:
         """Forget the GPUs that are gone (their windows restart if they come back)."""
-        self._windows.keep_only(gpu_uuids)
+        keep = set(gpu_uuids)
+        self._windows.keep_only(keep)
+        self._engine_windows = {uuid: w for uuid, w in self._engine_windows.items() if uuid in keep}
 
     def read(self, index: int, errors: SweepErrors) -> GpuReading | None:
         """GPU `index` as this sweep reads it; None where the device itself could not be read."""
@@ -136,7 +163,35 @@ class GpuReader:
         self._windows.advance(device.uuid, now)
         self._no_process_utilization.pop(device.uuid, None)
         use_by_pid = fit_under(mean_use_by_pid(samples, since), device.utilization_window)
+        if Read.ENGINE_SAMPLES in self._reads and device.engines:
+            device = self._with_engine_window(index, device, use_by_pid.values(), now)
         return GpuReading(device=device, processes=processes, use_by_pid=use_by_pid)
+
+    def _with_engine_window(self, index: int, device: Device, uses: Iterable[ProcessUse], now_us: int) -> Device:
+        """The device with the GPU's own figure of each engine over the window that closes in
+        this sweep, if one does. The buffer of an engine that no process used in the window
+        is not read: NVML splits an engine's time among the processes that ran on it, so none
+        having any means the engine was idle, and the GPU's figure is 0."""
+        window = self._engine_windows.get(device.uuid)
+        if window is None:
+            self._engine_windows[device.uuid] = _EngineWindow(self._clock(), now_us)
+            return device
+        window.busy.update(e for use in uses for e in device.engines if getattr(use, e) > 0)
+        if self._clock() - window.opened < self._engine_every_s:
+            return device
+        means: dict[str, float] = {}
+        for engine in sorted(device.engines):
+            if engine not in window.busy:
+                means[engine] = 0.0
+                continue
+            try:
+                samples = self._backend.gpu_utilization_samples(index, window.since_us, engine)
+            except GpuError:
+                continue  # unknown for this window: the pods' figures stand unfitted
+            fresh = [value for stamp, value in samples if stamp > window.since_us]
+            means[engine] = sum(fresh) / len(fresh) if fresh else 0.0
+        self._engine_windows[device.uuid] = _EngineWindow(self._clock(), now_us)
+        return dataclasses.replace(device, engine_window=means)
 
     def _with_energy(self, index: int, device: Device, errors: SweepErrors) -> Device:
         """The device with its energy counter, read every `energy_every_s`: one read cost

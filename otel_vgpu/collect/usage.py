@@ -42,18 +42,13 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from otel_vgpu.collect.aggregate import GpuRow, PodRow
+from otel_vgpu.collect import engines as engine_windows
+from otel_vgpu.collect.aggregate import GpuRow, PodKey, PodRow, pod_key
+from otel_vgpu.collect.engines import Engines
 
 MAX_GAP_S = 10.0
 # A GPU under this utilization over an interval is idle: its power then is its idle power.
 IDLE_UTILIZATION = 0.01
-
-PodKey = tuple[str, str, str, str]
-"""(pod UID, container or "", GPU UUID, MIG UUID or "")."""
-
-
-def pod_key(row: PodRow) -> PodKey:
-    return (row.pod_uid, row.container or "", row.gpu_uuid, row.mig_uuid or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +69,8 @@ class Usage:
     pod_joules: dict[PodKey, float] = field(default_factory=dict)
     pending: dict[str, Pending] = field(default_factory=dict)
     """By GPU UUID: the sweeps since its energy counter was last read."""
+    engines: Engines = field(default_factory=Engines)
+    """The other engines' figures and counters, over engine windows (collect/engines.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +172,7 @@ def accumulate(
         elif busy_so_far is not None:
             pod_busy[key] = busy_so_far  # held while the figure is unknown; not exported
     energy = _energy(usage, gpus, pods, seconds, idle_watts)
+    engines = engine_windows.step(usage.engines, gpus, pods, keys, seconds)
     # One replace per row: on a node of hundreds of pods, replace() was a quarter of a sweep.
     new_gpus = tuple(
         dataclasses.replace(
@@ -182,6 +180,8 @@ def accumulate(
             sm_busy_seconds=gpu_busy.get(gpu.uuid) if gpu.interval_utilization is not None else None,
             energy_joules=energy.gpu_joules.get(gpu.uuid),
             energy_unattributed_joules=energy.unattributed_joules.get(gpu.uuid),
+            engine_utilization=engines.gpu_now.get(gpu.uuid, {}),
+            engine_busy_seconds=engines.gpu_busy.get(gpu.uuid, {}),
         )
         for gpu in gpus
     )
@@ -191,10 +191,14 @@ def accumulate(
             memory_peak=pod_peak[key],
             sm_busy_seconds=pod_busy.get(key) if row.sm_utilization is not None else None,
             energy_joules=energy.pod_joules.get(key),
+            engine_utilization=engines.pod_now.get(key, {}) if row.use is not None else {},
+            engine_busy_seconds=engines.pod_busy.get(key, {}) if row.use is not None else {},
         )
         for key, row in zip(keys, pods, strict=True)
     )
-    counters = dataclasses.replace(energy, at=now, gpu_busy=gpu_busy, pod_busy=pod_busy, pod_peak=pod_peak)
+    counters = dataclasses.replace(
+        energy, at=now, gpu_busy=gpu_busy, pod_busy=pod_busy, pod_peak=pod_peak, engines=engines
+    )
     return counters, new_gpus, new_pods
 
 

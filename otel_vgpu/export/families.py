@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.reading import Read
+from otel_vgpu.gpu.backend import ENGINES
 from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
 
 MIB = 1024 * 1024
@@ -184,11 +185,87 @@ class Family(Generic[Row]):
 
 # Per-process figures are fitted under the GPU's own samples; the energy split needs both.
 _USE = frozenset({Read.PROCESS_USE, Read.GPU_SAMPLES})
-_SPLIT = frozenset(Read)
+_SPLIT = frozenset({Read.PROCESS_USE, Read.GPU_SAMPLES, Read.ENERGY})
 
 
 def _answering(up: bool | None) -> float | None:
     return None if up is None else float(up)
+
+
+# The engines beside SM (`ENGINES`): what each one's figure is, for the help texts.
+_ENGINE_MEANING = {
+    "memory_copy": "the time device memory was being read or written (NVML memUtil): high for a memory-bound "
+    "pod, such as an LLM decoding",
+    "encoder": "the video encoders' (NVENC) time",
+    "decoder": "the video decoders' (NVDEC) time",
+    "jpeg": "the JPEG decoders' (NVJPG) time (drivers R550 and newer)",
+    "optical_flow": "the optical-flow accelerator's (OFA) time (drivers R550 and newer)",
+}
+_ENGINE_WINDOW = "over its GPU's last engine window (about 10 s, closed at a sweep), 0-1 of the physical GPU's engine"
+_ENGINE_ABSENT = (
+    "Absent on a GPU without that engine, where per-pod figures are unknown (MIG, MPS: NVML gives them to "
+    "no pod or to the MPS server), and until the first window closes."
+)
+_ENGINE_READS = frozenset({Read.PROCESS_USE, Read.ENGINE_SAMPLES})
+
+
+def _pod_engine(engine: str) -> Callable[[PodRow], float | None]:
+    return lambda r: r.engine_utilization.get(engine)
+
+
+def _pod_engine_busy(engine: str) -> Callable[[PodRow], float | None]:
+    return lambda r: r.engine_busy_seconds.get(engine)
+
+
+def _gpu_engine(engine: str) -> Callable[[GpuRow], float | None]:
+    return lambda g: g.engine_utilization.get(engine)
+
+
+def _gpu_engine_busy(engine: str) -> Callable[[GpuRow], float | None]:
+    return lambda g: g.engine_busy_seconds.get(engine)
+
+
+def _engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Family[GpuRow], Family[GpuRow]]:
+    """The four families of one engine: per pod and per GPU, a gauge and a busy-seconds counter."""
+    meaning = _ENGINE_MEANING[engine]
+    return (
+        Family(
+            f"vgpu.pod.{engine}.utilization",
+            "1",
+            POD,
+            f"The pod's share of {meaning}, {_ENGINE_WINDOW}; the pods' sum is at most the GPU's. {_ENGINE_ABSENT}",
+            value=_pod_engine(engine),
+            reads=_ENGINE_READS,
+        ),
+        Family(
+            f"vgpu.pod.{engine}.busy",
+            "s",
+            POD,
+            f"Busy seconds of the pod on {meaning}: its figure integrated over each engine window, so rate() over "
+            f"any range is its mean use there. {_ENGINE_ABSENT} Restarts from 0 for a pod seen anew.",
+            value=_pod_engine_busy(engine),
+            reads=_ENGINE_READS,
+            instrument=Instrument.COUNTER,
+        ),
+        Family(
+            f"vgpu.gpu.{engine}.utilization",
+            "1",
+            GPU,
+            f"The GPU's own figure of {meaning}, the mean of NVML's samples {_ENGINE_WINDOW}. Absent on a GPU "
+            "without that engine, in MIG mode, and until the first window closes.",
+            value=_gpu_engine(engine),
+            reads=_ENGINE_READS,
+        ),
+        Family(
+            f"vgpu.gpu.{engine}.busy",
+            "s",
+            GPU,
+            f"Busy seconds of the GPU on {meaning}: its figure integrated over each engine window.",
+            value=_gpu_engine_busy(engine),
+            reads=_ENGINE_READS,
+            instrument=Instrument.COUNTER,
+        ),
+    )
 
 
 # Left unannotated, so that each entry's `value` is type-checked against its kind's rows.
@@ -262,6 +339,7 @@ _TABLE = (
         "at sweep cadence: what to size a vGPU share against.",
         value=lambda r: r.memory_peak,
     ),
+    *(family for engine in ENGINES for family in _engine_families(engine) if family.kind is POD),
     Family(
         "vgpu.gpu.memory.total",
         "By",
@@ -295,6 +373,7 @@ _TABLE = (
         reads=frozenset({Read.GPU_SAMPLES}),
         instrument=Instrument.COUNTER,
     ),
+    *(family for engine in ENGINES for family in _engine_families(engine) if family.kind is GPU),
     Family(
         "vgpu.gpu.energy",
         "J",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Protocol
@@ -51,6 +52,12 @@ class Device:
     energy_skipped: bool = False
     """The GPU has an energy counter that this sweep did not read (it is read less often
     than the sweeps run: one read costs more than the rest of a sweep)."""
+    engines: frozenset[str] = frozenset()
+    """Which of `ENGINES` the GPU has and the driver reports per process: an H200 has no
+    encoder, and a driver before R550 gives no JPEG or optical-flow figure per process."""
+    engine_window: Mapping[str, float] | None = None
+    """The mean of the GPU's own samples of each of its engines over the engine window that
+    closed in this sweep, 0-1 (collect/reading.py fills it in); None in a sweep that closed none."""
 
     @property
     def mig_mode(self) -> bool:
@@ -70,11 +77,22 @@ class GpuProcess:
 @dataclass(frozen=True, slots=True)
 class ProcessUse:
     """What one process (or a pod's processes together) used of a GPU over a period, each
-    figure 0-1. A figure added here is summed per pod, averaged over windows and capped
-    like the others (gpu/sampling.py, collect/aggregate.py), whatever it measures."""
+    figure 0-1, as NVML's per-process samples give them. A figure added here is summed per
+    pod, averaged over windows and capped like the others (gpu/sampling.py,
+    collect/aggregate.py), whatever it measures."""
 
     sm: float = 0.0
-    """Share of the GPU's SMs."""
+    """Share of the GPU's SMs (smUtil)."""
+    memory_copy: float = 0.0
+    """Share of the time device memory was being read or written (memUtil)."""
+    encoder: float = 0.0
+    """Share of the video encoders' time (NVENC, encUtil)."""
+    decoder: float = 0.0
+    """Share of the video decoders' time (NVDEC, decUtil)."""
+    jpeg: float = 0.0
+    """Share of the JPEG decoders' time (NVJPG, jpgUtil; R550 and newer)."""
+    optical_flow: float = 0.0
+    """Share of the optical-flow accelerator's time (OFA, ofaUtil; R550 and newer)."""
 
     def plus(self, other: ProcessUse) -> ProcessUse:
         return ProcessUse(**{f: getattr(self, f) + getattr(other, f) for f in USE_FIGURES})
@@ -85,6 +103,9 @@ class ProcessUse:
 
 
 USE_FIGURES = tuple(f.name for f in fields(ProcessUse))
+ENGINES = tuple(f for f in USE_FIGURES if f != "sm")
+"""The figures beside SM, each of one engine of the GPU: per pod over engine windows
+(collect/engines.py), and only on a GPU that has the engine (`Device.engines`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +196,8 @@ class GpuBackend(Protocol):
         """Per-process samples newer than `since_us`; empty when there are none."""
         ...
 
-    def gpu_utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
-        """The GPU's own utilization samples newer than `since_us`: (timestamp, 0-1)."""
+    def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
+        """The GPU's own samples of `figure` (SM, or one of `ENGINES`) newer than `since_us`: (timestamp, 0-1)."""
         ...
 
     def now_us(self) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
 from otel_vgpu.gpu.backend import (
+    ENGINES,
     NVML_RETURN_VALUES,
     Device,
     ErrorCode,
@@ -58,8 +59,18 @@ NO_SAMPLES = EMPTY = frozenset({ErrorCode.NOT_FOUND})
 # Any failure: for figures that only name a device better, which NVML may refuse an
 # unprivileged caller.
 ANY_ERROR = frozenset(ErrorCode)
-# nvmlSamplingType_t's NVML_GPU_UTILIZATION_SAMPLES (nvml.h).
-GPU_UTILIZATION_SAMPLES = 1
+# nvmlSamplingType_t (nvml.h): the GPU's own sample buffer of each figure.
+SAMPLING_TYPES = {"sm": 1, "memory_copy": 2, "encoder": 3, "decoder": 4, "jpeg": 8, "optical_flow": 9}
+# Each video engine: its count in a GPU-instance profile (nvmlGpuInstanceProfileInfo_v2_t),
+# and the call that gives its utilization.
+ENGINE_FIELDS = {
+    "encoder": ("encoderCount", "nvmlDeviceGetEncoderUtilization"),
+    "decoder": ("decoderCount", "nvmlDeviceGetDecoderUtilization"),
+    "jpeg": ("jpegCount", "nvmlDeviceGetJpgUtilization"),
+    "optical_flow": ("ofaCount", "nvmlDeviceGetOfaUtilization"),
+}
+# What only the per-process call of R550 and newer (nvmlDeviceGetProcessesUtilizationInfo) gives.
+V2_ONLY = frozenset({"jpeg", "optical_flow"})
 # A listing NVML sized, then found too small because processes started in
 # between: asked again this many times.
 LISTING_ATTEMPTS = 3
@@ -89,6 +100,8 @@ class NvmlBackend:
         self._lacking: set[tuple[str, object]] = set()
         """(function, key) of the calls this NVML session lacks (`_query`): not asked again until
         it is initialised anew (a driver upgrade can bring them)."""
+        self._engines: dict[int, frozenset[str]] = {}
+        """The engines each GPU has, by index: fixed while the NVML session lives."""
         self._mig_handles: dict[int, list[tuple[Any, str | None]]] = {}
         self._mig_static: dict[str, tuple[str, int | None, int | None, int | None]] = {}
         # Compute, graphics and (where the library has it) MPS client processes.
@@ -140,6 +153,7 @@ class NvmlBackend:
         self._handles.clear()
         self._minors.clear()
         self._identities.clear()
+        self._engines.clear()
         self._mig_handles.clear()
         self._mig_static.clear()
 
@@ -184,6 +198,7 @@ class NvmlBackend:
             utilization=None if migs else self._utilization(handle),
             minor_number=self._minor_number(index, handle),
             migs=migs,
+            engines=frozenset() if migs else self._engines_of(index, handle),
         )
 
     def energy(self, index: int) -> int | None:
@@ -211,6 +226,46 @@ class NvmlBackend:
     def _utilization(self, handle: Any) -> float | None:
         rates = self._query(self._nvml.nvmlDeviceGetUtilizationRates, handle, default=None)
         return None if rates is None else float(rates.gpu) / 100.0
+
+    def _engines_of(self, index: int, handle: Any) -> frozenset[str]:
+        """Which of `ENGINES` GPU `index` has and the driver reports per process.
+
+        NVML answers the video engines' calls alike on a GPU that has the engine and on
+        one that has none (an H200 reads encoder 0, capacity 100: bench/results/
+        h200-engine-figures.md). A GPU that can be partitioned (MIG: A100, A30, H100, H200,
+        B200) tells what it holds through its GPU-instance profiles, whatever its MIG mode:
+        the largest profile holds every engine, so a count of 0 in all of them means no
+        such engine (the H200's: 7 decoders, 7 JPEG, 1 optical flow, 0 encoders). On a
+        GPU without profiles (T4, L4, A10, L40S) NVML's word is taken: an engine whose
+        utilization call is not supported is absent. Memory copy is on every GPU."""
+        engines = self._engines.get(index)
+        if engines is None:
+            counts = self._profile_engine_counts(handle)
+            if not counts:
+                counts = {
+                    engine: int(self._query(getattr(self._nvml, call, _absent), handle, default=None) is not None)
+                    for engine, (_, call) in ENGINE_FIELDS.items()
+                }
+            engines = self._engines[index] = frozenset(e for e in ENGINES if counts.get(e, 1) > 0)
+        if ("nvmlDeviceGetProcessesUtilizationInfo", index) in self._lacking or not hasattr(
+            self._nvml, "nvmlDeviceGetProcessesUtilizationInfo"
+        ):
+            return engines - V2_ONLY
+        return engines
+
+    def _profile_engine_counts(self, handle: Any) -> dict[str, int]:
+        """The most of each video engine a GPU-instance profile of this GPU holds; {} where NVML
+        has no profile for it (no MIG, or a driver without the call). Asked once per session."""
+        counts: dict[str, int] = {}
+        profiles = int(getattr(self._nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))
+        function = getattr(self._nvml, "nvmlDeviceGetGpuInstanceProfileInfo", _absent)
+        for profile in range(profiles):
+            info = self._query(function, handle, profile, default=None, absent=ANY_ERROR)
+            if info is None:
+                continue
+            for engine, (field, _) in ENGINE_FIELDS.items():
+                counts[engine] = max(counts.get(engine, 0), int(getattr(info, field)))
+        return counts
 
     def _minor_number(self, index: int, handle: Any) -> int | None:
         if index not in self._minors:
@@ -291,28 +346,36 @@ class NvmlBackend:
         return list(merged.values())
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
+        """Per-process samples from nvmlDeviceGetProcessesUtilizationInfo where the driver has
+        it (R550 and newer: JPEG and optical flow beside the rest), else from
+        nvmlDeviceGetProcessUtilization; the two cost the same (2.7 ms on an H200)."""
         handle = self._handle(index)
-        # NOT_FOUND: no process had a sample since `since_us`, i.e. all idle.
-        samples = self._query(
-            self._nvml.nvmlDeviceGetProcessUtilization, handle, since_us, default=[], absent=NO_SAMPLES
-        )
+        v2 = getattr(self._nvml, "nvmlDeviceGetProcessesUtilizationInfo", None)
+        samples = None
+        try:
+            if v2 is not None:
+                # A driver or GPU without it: noted for this session, the older call serves.
+                samples = self._query(v2, handle, since_us, default=None, remember=index)
+            if samples is None:
+                samples = self._call(self._nvml.nvmlDeviceGetProcessUtilization, handle, since_us)
+        except GpuError as error:
+            if error.code in NO_SAMPLES:  # no process had a sample since `since_us`: all idle
+                return []
+            raise
         return [
-            UtilizationSample(
-                pid=int(sample.pid),
-                timestamp_us=int(sample.timeStamp),
-                use=ProcessUse(sm=float(sample.smUtil) / 100.0),
-            )
+            UtilizationSample(pid=int(sample.pid), timestamp_us=int(sample.timeStamp), use=_use(sample))
             for sample in samples
         ]
 
-    def gpu_utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
-        """nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES): a sample each period NVML keeps
-        (200 ms on an H200), the percent of it in which a kernel ran."""
+    def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
+        """nvmlDeviceGetSamples of `figure`'s buffer (NVML_GPU_UTILIZATION_SAMPLES for SM, MEMORY,
+        ENC, DEC, JPG, OFA for the engines): a sample each period NVML keeps (200 ms on an
+        H200, 71 of them: 14 s), the percent of it in which that engine was busy."""
         handle = self._handle(index)
         _, samples = self._query(
             self._nvml.nvmlDeviceGetSamples,
             handle,
-            GPU_UTILIZATION_SAMPLES,
+            SAMPLING_TYPES[figure],
             since_us,
             default=(None, []),
             absent=NO_SAMPLES,
@@ -387,6 +450,18 @@ class NvmlBackend:
 def _absent(*args: Any) -> Any:
     """Where the library has no such function at all: what calling it would raise."""
     raise GpuError(ErrorCode.FUNCTION_NOT_FOUND, "not in this nvidia-ml-py")
+
+
+def _use(sample: Any) -> ProcessUse:
+    """One per-process sample's figures, 0-1; JPEG and optical flow only in the newer call's."""
+    return ProcessUse(
+        sm=float(sample.smUtil) / 100.0,
+        memory_copy=float(sample.memUtil) / 100.0,
+        encoder=float(sample.encUtil) / 100.0,
+        decoder=float(sample.decUtil) / 100.0,
+        jpeg=float(getattr(sample, "jpgUtil", 0)) / 100.0,
+        optical_flow=float(getattr(sample, "ofaUtil", 0)) / 100.0,
+    )
 
 
 def mig_profile(name: str) -> str:

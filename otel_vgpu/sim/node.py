@@ -25,7 +25,7 @@ import time
 import uuid as uuidlib
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -34,6 +34,8 @@ from otel_vgpu.allocation.hami import parse_hami
 from otel_vgpu.allocation.shares import Allocation, ClaimAssignment, DeviceAssignment, KubeletView, from_kubelet
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import (
+    ENGINES,
+    USE_FIGURES,
     Device,
     ErrorCode,
     GpuError,
@@ -115,6 +117,12 @@ class _Process:
     cgroup: str
     mig: str | None = None
     command: str = "python3"
+    engines: dict[str, Callable[[float], float]] = field(default_factory=dict)
+    """Its use of each other engine over time, 0-1; absent: none."""
+
+    def wave(self, figure: str) -> Callable[[float], float]:
+        """Its use of `figure` (SM, or one of `ENGINES`) over time."""
+        return self.sm if figure == "sm" else self.engines.get(figure, _IDLE)
 
 
 class SimulatedNode:
@@ -307,6 +315,7 @@ class SimulatedNode:
             utilization=None if migs else busy,
             minor_number=gpu.minor,
             migs=migs,
+            engines=frozenset() if migs else gpu.engines,
         )
 
     def energy(self, index: int) -> int:
@@ -340,7 +349,7 @@ class SimulatedNode:
         servers = [p for p in everyone if p.command == MPS_SERVER and p.pid in visible]
         latest = self._latest_period()
         stamps = [latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)]
-        shares_at = {latest: sm_shares([p.sm for p in everyone], self._scenario_time(latest))}
+        uses_at: dict[int, list[ProcessUse]] = {}
         samples = []
         for position, process in enumerate(everyone):
             if process.pid not in visible or (servers and process is not servers[0]):
@@ -348,21 +357,22 @@ class SimulatedNode:
             for stamp in stamps:
                 if stamp <= since_us:
                     break
-                if stamp not in shares_at:
-                    shares_at[stamp] = sm_shares([p.sm for p in everyone], self._scenario_time(stamp))
-                # Under MPS, NVML gives the server all its clients' SM and the clients none.
-                sm = sum(shares_at[stamp]) if servers else shares_at[stamp][position]
-                if sm > 0:  # NVML keeps a process's sample of the last period it ran in
-                    samples.append(UtilizationSample(process.pid, stamp, ProcessUse(sm=sm)))
+                if stamp not in uses_at:
+                    uses_at[stamp] = uses(everyone, self._scenario_time(stamp))
+                # Under MPS, NVML gives the server all its clients' use and the clients none.
+                use = _total(uses_at[stamp]) if servers else uses_at[stamp][position]
+                if any(getattr(use, f) > 0 for f in USE_FIGURES):  # NVML keeps the last period it ran in
+                    samples.append(UtilizationSample(process.pid, stamp, use))
                     break
         return samples
 
-    def gpu_utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
-        """The GPU's figure for each period on the simulated driver's grid since `since_us`."""
+    def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
+        """The GPU's figure for each period on the simulated driver's grid since `since_us`;
+        an engine the GPU lacks reads 0, as NVML's buffers of one do."""
         self._maybe_fail("gpu_utilization_samples", index)
         if self.scenario.gpus[index].migs:
             raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no device utilization in MIG mode")
-        mine = [p.sm for p in self._processes if p.gpu == index]
+        mine = [p.wave(figure) for p in self._processes if p.gpu == index]
         latest = self._latest_period()
         stamps = [latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)]
         return [
@@ -422,6 +432,7 @@ class SimulatedNode:
                         cgroup=cgroup_file(pod.cgroup, pod.uid, cid),
                         mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
                         command=spec.command,
+                        engines={engine: _clamped(wave.at) for engine, wave in spec.engines.items()},
                     )
                 )
         processes.extend(self._churn_at(t))
@@ -436,6 +447,7 @@ class SimulatedNode:
                     sm=_clamped(host.sm.at),
                     cgroup=host.cgroup + "\n",
                     command=host.command,
+                    engines={engine: _clamped(wave.at) for engine, wave in host.engines.items()},
                 )
             )
         return processes
@@ -577,6 +589,23 @@ def _memory_backed_tmp() -> str | None:
 
 def _constant(value: float) -> Callable[[float], float]:
     return lambda t: value
+
+
+_IDLE = _constant(0.0)
+
+
+def uses(processes: Sequence[_Process], t: float) -> list[ProcessUse]:
+    """Each process's use of its GPU at `t`, every figure shared out as `sm_shares` shares SM."""
+    used = ("sm", *(e for e in ENGINES if any(e in p.engines for p in processes)))
+    shares = {figure: sm_shares([p.wave(figure) for p in processes], t) for figure in used}
+    return [ProcessUse(**{figure: shares[figure][k] for figure in used}) for k in range(len(processes))]
+
+
+def _total(uses: Sequence[ProcessUse]) -> ProcessUse:
+    total = ProcessUse()
+    for use in uses:
+        total = total.plus(use)
+    return total
 
 
 def sm_shares(sms: Sequence[Callable[[float], float]], t: float) -> list[float]:

@@ -23,7 +23,7 @@ from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.ratio import MAX_RATIO
 from otel_vgpu.files import FileProblem, read_regular
-from otel_vgpu.gpu.backend import ErrorCode
+from otel_vgpu.gpu.backend import ENGINES, ErrorCode
 
 BUILTIN = "builtin"
 MAX_SCENARIO_BYTES = 1024 * 1024
@@ -88,6 +88,8 @@ class GpuSpec:
     replicas: int | None = None
     """Replicas the device plugin advertises for this GPU (GetAllocatableResources); None: it advertises none."""
     migs: tuple[MigSpec, ...] = ()
+    engines: frozenset[str] = frozenset(ENGINES)
+    """The engines beside SM it has: all but those its `lacks` names (an H200 has no encoder)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,8 @@ class ProcessSpec:
     """The MIG device of the GPU it runs on, by position in the GPU's `mig` list."""
     command: str = "python3"
     """The command name /proc/<pid>/stat shows (nvidia-cuda-mps for an MPS server)."""
+    engines: dict[str, Wave] = field(default_factory=dict)
+    """What it uses of the GPU's other engines, 0-1 each, by engine (`ENGINES`); absent: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +160,11 @@ class HostProcessSpec:
     sm: Wave
     cgroup: str
     command: str = "python3"
+    engines: dict[str, Wave] = field(default_factory=dict)
 
 
+# The engines a GPU may lack (every GPU has memory).
+VIDEO_ENGINES = tuple(e for e in ENGINES if e != "memory_copy")
 FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples")
 # The ratio of a scenario that states none, and of the built-in node.
 DEFAULT_RATIO = 2.0
@@ -402,7 +409,7 @@ class _Reader:
                 )
             uids[pod.uid] = i
         hosts = tuple(
-            self.host_process(raw, f"host_processes[{i}]", len(gpus))
+            self.host_process(raw, f"host_processes[{i}]", gpus)
             for i, raw in enumerate(
                 self.sequence(top.get("host_processes"), "host_processes", _line(top, "host_processes"))
             )
@@ -529,7 +536,7 @@ class _Reader:
 
     def gpu(self, raw: Any, index: int) -> GpuSpec:
         where = f"gpus[{index}]"
-        gpu = self.mapping(raw, where, 0, {"model", "memory", "uuid", "minor", "replicas", "mig"})
+        gpu = self.mapping(raw, where, 0, {"model", "memory", "uuid", "minor", "replicas", "mig", "lacks"})
         model = str(gpu.get("model", "NVIDIA H100 80GB HBM3"))
         memory = self.size(gpu.get("memory", "80GiB"), f"{where}.memory", _line(gpu, "memory"))
         if memory <= 0:
@@ -544,7 +551,16 @@ class _Reader:
             self.mig(m, f"{where}.mig[{k}]", uuid, k, memory)
             for k, m in enumerate(self.sequence(gpu.get("mig"), f"{where}.mig", _line(gpu, "mig")))
         )
-        return GpuSpec(index, uuid, model, memory, minor=minor, replicas=replicas, migs=migs)
+        lacks = self.sequence(gpu.get("lacks"), f"{where}.lacks", _line(gpu, "lacks"))
+        for k, engine in enumerate(lacks):
+            if engine not in VIDEO_ENGINES:
+                raise self.fail(
+                    f"{where}.lacks[{k}]",
+                    _line(gpu, "lacks"),
+                    f"{engine!r} is not an engine a GPU may lack; valid: {', '.join(VIDEO_ENGINES)}",
+                )
+        engines = frozenset(ENGINES) - frozenset(lacks)
+        return GpuSpec(index, uuid, model, memory, minor=minor, replicas=replicas, migs=migs, engines=engines)
 
     def mig(self, raw: Any, where: str, parent: str, position: int, parent_memory: int) -> MigSpec:
         spec = self.mapping(
@@ -727,6 +743,7 @@ class _Reader:
 
     def process(self, raw: Any, where: str, gpus: tuple[GpuSpec, ...]) -> ProcessSpec:
         proc, gpu, memory, sm = self.gpu_process(raw, where, len(gpus), "container", "mig", "command")
+        engines = self.engine_waves(proc, where, gpus[gpu])
         mig = proc.get("mig")
         migs = len(gpus[gpu].migs)
         if migs and mig is None:
@@ -741,18 +758,39 @@ class _Reader:
             container=str(proc.get("container", "main")),
             mig=mig,
             command=str(proc.get("command", "python3"))[:15],
+            engines=engines,
         )
 
-    def host_process(self, raw: Any, where: str, gpu_count: int) -> HostProcessSpec:
-        proc, gpu, memory, sm = self.gpu_process(raw, where, gpu_count, "cgroup", "command")
+    def host_process(self, raw: Any, where: str, gpus: tuple[GpuSpec, ...]) -> HostProcessSpec:
+        proc, gpu, memory, sm = self.gpu_process(raw, where, len(gpus), "cgroup", "command")
         cgroup = str(proc.get("cgroup", "0::/system.slice/nvidia-persistenced.service"))
         return HostProcessSpec(
-            gpu=gpu, memory=memory, sm=sm, cgroup=cgroup, command=str(proc.get("command", "python3"))[:15]
+            gpu=gpu,
+            memory=memory,
+            sm=sm,
+            cgroup=cgroup,
+            command=str(proc.get("command", "python3"))[:15],
+            engines=self.engine_waves(proc, where, gpus[gpu]),
         )
+
+    def engine_waves(self, proc: _LineDict, where: str, gpu: GpuSpec) -> dict[str, Wave]:
+        """A process's use of its GPU's other engines; one its GPU lacks is an error."""
+        waves = {}
+        for engine in ENGINES:
+            if engine not in proc:
+                continue
+            if engine not in gpu.engines:
+                raise self.fail(
+                    f"{where}.{engine}",
+                    _line(proc, engine),
+                    f"GPU {gpu.index} has no {engine} (its lacks names it)",
+                )
+            waves[engine] = self.wave(proc[engine], f"{where}.{engine}", _line(proc, engine), size=False)
+        return waves
 
     def gpu_process(self, raw: Any, where: str, gpu_count: int, *extra: str) -> tuple[_LineDict, int, Wave, Wave]:
         """What a pod's process and a host process have in common: GPU, memory, SM."""
-        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", *extra})
+        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", *ENGINES, *extra})
         return (
             proc,
             self.gpu_index(proc, where, gpu_count),
