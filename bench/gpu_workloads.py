@@ -100,6 +100,14 @@ while True:
             dst.copy_(src)
         torch.cuda.synchronize()
         steps += 10
+    elif mode == "jpeg":  # JPEG decoding on the GPU (nvJPEG), 32 frames of 1080p a batch
+        if "frames" not in globals():
+            import torchvision
+            frame = (torch.rand(3, 1080, 1920) * 255).to(torch.uint8)
+            frames = [torchvision.io.encode_jpeg(frame)] * 32
+        torchvision.io.decode_jpeg(frames, device="cuda")
+        torch.cuda.synchronize()
+        steps += 1
     else:
         time.sleep(0.5)
     note()
@@ -157,9 +165,10 @@ def start_workload(
 ) -> subprocess.Popen[str]:
     """A PyTorch process on the GPU `env`'s CUDA_VISIBLE_DEVICES names (default: CUDA's first):
     `busy` (bf16 matrix products), `copy` (device-to-device copies of 2 GiB: memory-bound),
-    `bursty` (kernels for `burst_ms` of each second), `steady` (that share of every 100 ms)
-    or idle, holding `gib` GiB. With WORK_FILE in `env`, it writes there, twice a second,
-    "<unix time> <GPU seconds of work done>" (steps times one step's solo time)."""
+    `bursty` (kernels for `burst_ms` of each second), `steady` (that share of every 100 ms),
+    `jpeg` (JPEG decoding with nvJPEG) or idle, holding `gib` GiB. With WORK_FILE in `env`, it
+    writes there, twice a second, "<unix time> <GPU seconds of work done>" (steps times one
+    step's solo time)."""
     process = subprocess.Popen(
         [sys.executable, "-c", WORKLOAD, mode, str(gib), str(burst_ms)],
         stdout=subprocess.PIPE,

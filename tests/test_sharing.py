@@ -27,7 +27,8 @@ def scraped(scenario: str, ratio: str, tmp_path: Path, *extra: str) -> Iterator[
     ratio_file = tmp_path / "gpu_allocation.txt"
     ratio_file.write_text(ratio + "\n")
     args = ["--simulate", str(SCENARIOS / scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
-    with agent_in_process(*args, "--no-kubernetes", *extra, env=clean_env()) as agent:
+    # Engine windows close at every sweep after the first: the second scrape has them.
+    with agent_in_process(*args, "--no-kubernetes", *extra, env=clean_env(), engine_every_s=0.0) as agent:
         agent.scrape()
         exposition = agent.scrape()  # the second: what holds once the agent runs
         yield exposition, agent.logged()
@@ -42,6 +43,11 @@ def test_mps_leaves_pod_sm_out_and_credits_nobody_with_the_clients_work(tmp_path
     assert not [key for key in exposition.by("vgpu_pod_vgpu_utilization_ratio", "gpu_id") if key == ("0",)]
     assert exposition.by("vgpu_gpu_sm_utilization_ratio", "gpu_id")[("0",)] == pytest.approx(0.75)
     assert exposition.by("vgpu_gpu_mps_servers", "gpu_id") == {("0",): 1, ("1",): 0}
+    # The video engines likewise: no pod on the MPS GPU has a figure; the GPU's own stay.
+    assert set(exposition.by("vgpu_pod_decoder_utilization_ratio", "pod", "gpu_id")) == {("alone", "1")}
+    assert set(exposition.by("vgpu_pod_decoder_busy_seconds_total", "pod", "gpu_id")) == {("alone", "1")}
+    assert set(exposition.by("vgpu_gpu_decoder_utilization_ratio", "gpu_id")) == {("0",), ("1",)}
+    assert set(exposition.by("vgpu_gpu_memory_copy_utilization_ratio", "gpu_id")) == {("0",), ("1",)}
     memory = exposition.by("vgpu_pod_memory_used_bytes", "pod", "gpu_id")
     assert memory[("client-busy-a", "0")] == 10 * GIB
     assert memory[("client-idle", "0")] == 2 * GIB
@@ -75,6 +81,10 @@ def test_mig_devices_are_their_own_allocation_with_no_sm(strategy: str, tmp_path
     # NVML has no per-process SM under MIG, nor device utilization for a GPU in MIG mode.
     assert exposition.by("vgpu_pod_sm_utilization_ratio", "pod") == {("whole",): pytest.approx(0.3)}
     assert set(exposition.by("vgpu_gpu_sm_utilization_ratio", "gpu_id")) == {("1",)}
+    # Nor any engine figure, the pods' or the GPU's, on a GPU in MIG mode.
+    for engine in ("memory_copy", "decoder", "jpeg"):
+        assert set(exposition.by(f"vgpu_gpu_{engine}_utilization_ratio", "gpu_id")) == {("1",)}, engine
+    assert set(exposition.by("vgpu_pod_decoder_utilization_ratio", "pod")) == {("whole",)}
     assert exposition.by("vgpu_gpu_memory_total_bytes", "gpu_id")[("0",)] == 80 * GIB
 
 

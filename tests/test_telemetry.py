@@ -56,6 +56,10 @@ def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None
         for labels in series:
             assert {k for k, _ in labels} == set(family.labels), family.name
     assert len(exposition.series(GPU_FAMILIES[0])) == 2
+    # GPU 0 has no encoder (the scenario's lacks): no encoder family for it or its pods.
+    assert set(exposition.by("vgpu_gpu_encoder_utilization_ratio", "gpu_id")) == {("1",)}
+    assert {gpu for _, gpu in exposition.by("vgpu_pod_encoder_busy_seconds_total", "pod", "gpu_id")} == {"1"}
+    assert {gpu for _, gpu in exposition.by("vgpu_pod_decoder_busy_seconds_total", "pod", "gpu_id")} == {"0", "1"}
     for name, text in exposition.help.items():
         assert text, f"{name} has no description"
     assert exposition.types["vgpu_agent_collection_duration_seconds"] == "histogram"

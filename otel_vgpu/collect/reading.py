@@ -58,6 +58,8 @@ ENERGY_EVERY_S = 10.0
 # read every 10 s, a buffer still holds every sample since the last read, so the windows
 # lose nothing of the GPU's figure, at a fifth of the reads a sweep every 2 s would make.
 ENGINE_EVERY_S = 10.0
+# A window closes at the first sweep this far into `engine_every_s`.
+CLOSE_EARLY = 0.95
 
 
 @dataclass(slots=True)
@@ -177,7 +179,10 @@ class GpuReader:
             self._engine_windows[device.uuid] = _EngineWindow(self._clock(), now_us)
             return device
         window.busy.update(e for use in uses for e in device.engines if getattr(use, e) > 0)
-        if self._clock() - window.opened < self._engine_every_s:
+        # A sweep a little early still closes the window: at a 2 s cadence one at 9.99 s
+        # would otherwise stretch it to 12 s, and the counters, which step at each close,
+        # would step unevenly.
+        if self._clock() - window.opened < self._engine_every_s * CLOSE_EARLY:
             return device
         means: dict[str, float] = {}
         for engine in sorted(device.engines):

@@ -194,8 +194,8 @@ def _answering(up: bool | None) -> float | None:
 
 # The engines beside SM (`ENGINES`): what each one's figure is, for the help texts.
 _ENGINE_MEANING = {
-    "memory_copy": "the time device memory was being read or written (NVML memUtil): high for a memory-bound "
-    "pod, such as an LLM decoding",
+    "memory_copy": "the time device memory was being read or written (NVML's MEMORY samples): high on a GPU "
+    "whose pods are bound by memory bandwidth, such as LLMs decoding",
     "encoder": "the video encoders' (NVENC) time",
     "decoder": "the video decoders' (NVDEC) time",
     "jpeg": "the JPEG decoders' (NVJPG) time (drivers R550 and newer)",
@@ -207,6 +207,14 @@ _ENGINE_ABSENT = (
     "no pod or to the MPS server), and until the first window closes."
 )
 _ENGINE_READS = frozenset({Read.PROCESS_USE, Read.ENGINE_SAMPLES})
+POD_ENGINES = tuple(e for e in ENGINES if e != "memory_copy")
+"""The engines published per pod. Not memory copy: NVML's per-process `memUtil` is the GPU's
+memory figure split among the processes by their share of SM time, not what each moved. On
+an H200, a memory-bound and a compute-bound process time-sliced together each read 0.61 to
+0.67 of its SM figure (the GPU's memory was at 0.64), where alone they read 1.00 and 0.29
+(bench/results/h200-engines.md): a pod's figure says no more than its SM share does, and
+would read a compute-bound pod as memory-bound as its neighbour. The GPU's own memory-copy
+figure is measured, and published."""
 
 
 def _pod_engine(engine: str) -> Callable[[PodRow], float | None]:
@@ -339,7 +347,7 @@ _TABLE = (
         "at sweep cadence: what to size a vGPU share against.",
         value=lambda r: r.memory_peak,
     ),
-    *(family for engine in ENGINES for family in _engine_families(engine) if family.kind is POD),
+    *(family for engine in POD_ENGINES for family in _engine_families(engine) if family.kind is POD),
     Family(
         "vgpu.gpu.memory.total",
         "By",
