@@ -158,7 +158,7 @@ def proof(args: argparse.Namespace, cluster: Cluster, tmp: Path, repo: Path) -> 
         url = f"http://127.0.0.1:{AGENT_PORT}"
         wait_serving(url, agent.start(), agent.log.read_text, timeout=60)
         deadline = time.monotonic() + 60
-        while not read(url).pods["decoder"].keys() >= {p.name for p in pods}:
+        while not read(url).pods["jpeg"].keys() >= {p.name for p in pods}:
             if time.monotonic() > deadline:
                 raise SystemExit("no engine window closed within 60 s:\n" + agent.log.read_text()[-2000:])
             time.sleep(1)
@@ -286,6 +286,11 @@ def proof(args: argparse.Namespace, cluster: Cluster, tmp: Path, repo: Path) -> 
             lines.append(f"- GPU {engine}: rate of busy seconds {rate:.3f}, mean of its gauge {mean:.3f}")
         lines.append("")
         check(worst <= TOLERANCE, f"every counter's rate is within {TOLERANCE} of its gauge's mean (worst {worst:.3f})")
+        unused = [e for e in engines if e != "memory_copy" and not any(r.gpu[e] > 0 for r in readings)]
+        check(
+            bool(unused) and not any(r.pods[e] for r in readings for e in unused),
+            f"no pod has a family of an engine nobody used on the GPU ({', '.join(unused)}); the GPU's reads 0",
+        )
         lacking = [e for e in ENGINES if e not in engines]
         prefixes = tuple(f"vgpu_{kind}_{e}_" for kind in ("pod", "gpu") for e in lacking)
         present = [f for f in last.families if f.startswith(prefixes)] if prefixes else []

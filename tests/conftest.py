@@ -33,14 +33,14 @@ pods:
     cgroup: {version: 2, driver: systemd, runtime: containerd, qos: guaranteed}
     shares: {0: 2, 1: 1}
     processes:
-      - {gpu: 0, memory: 10GiB, sm: 0.5, memory_copy: 0.3}
+      - {gpu: 0, memory: 10GiB, sm: 0.5, memory_copy: 0.3, decoder: 0.1, jpeg: 0.05}
       - {gpu: 0, memory: 2GiB, sm: 0.1, container: sidecar}
       - {gpu: 1, memory: 4GiB, sm: 0.25}
   - namespace: web
     name: api
     cgroup: {version: 1, driver: cgroupfs, runtime: docker, qos: burstable}
     processes:
-      - {gpu: 1, memory: 3GiB, sm: 0.0, decoder: 0.4, encoder: 0.2}
+      - {gpu: 1, memory: 3GiB, sm: 0.0, decoder: 0.4, encoder: 0.2, optical_flow: 0.1}
   - namespace: web
     name: idle
     cgroup: {version: 2, driver: systemd, runtime: crio, qos: besteffort}

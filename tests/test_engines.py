@@ -102,3 +102,18 @@ def test_the_rows_carry_the_figures_of_the_last_closed_window() -> None:
     assert gpus[0].engine_busy_seconds == pytest.approx({"memory_copy": 5.0, "decoder": 2.0})
     _, _, pods = accumulate(usage, [gpu()], [pod("a", None)], now=12.0)
     assert pods[0].engine_utilization == {} and pods[0].engine_busy_seconds == {}
+
+
+def test_the_pods_of_a_gpu_get_an_engine_only_once_it_has_been_used_there() -> None:
+    llm = pod("llm", ProcessUse(0.9, memory_copy=0.8))
+    state = run(Engines(), {"memory_copy": 0.9, "decoder": 0.0}, [llm], 10.0)
+    # Nobody decoded: no decoder figure for the pods, the GPU's own reads 0.
+    assert state.pod_now[pod_key(llm)] == pytest.approx({"memory_copy": 0.8})
+    assert "decoder" not in state.pod_busy[pod_key(llm)] and state.gpu_now["GPU-a"]["decoder"] == 0.0
+    video = pod("video", ProcessUse(0.1, decoder=0.5))
+    state = run(state, {"memory_copy": 0.9, "decoder": 0.5}, [llm, video], 10.0)
+    assert state.pod_now[pod_key(llm)]["decoder"] == 0.0 and state.pod_now[pod_key(video)]["decoder"] == 0.5
+    # Used once, kept: the decoder going idle again leaves every pod its figure, at 0.
+    state = run(state, {"memory_copy": 0.9, "decoder": 0.0}, [llm], 10.0)
+    assert state.pod_now[pod_key(llm)]["decoder"] == 0.0
+    assert state.pod_busy[pod_key(llm)]["decoder"] == 0.0

@@ -46,7 +46,8 @@ def test_mps_leaves_pod_sm_out_and_credits_nobody_with_the_clients_work(tmp_path
     # The video engines likewise: no pod on the MPS GPU has a figure; the GPU's own stay.
     assert set(exposition.by("vgpu_pod_decoder_utilization_ratio", "pod", "gpu_id")) == {("alone", "1")}
     assert set(exposition.by("vgpu_pod_decoder_busy_seconds_total", "pod", "gpu_id")) == {("alone", "1")}
-    assert set(exposition.by("vgpu_gpu_decoder_utilization_ratio", "gpu_id")) == {("0",), ("1",)}
+    decoders = exposition.by("vgpu_gpu_decoder_utilization_ratio", "gpu_id")
+    assert decoders == {("0",): pytest.approx(0.3), ("1",): pytest.approx(0.2)}  # a client decodes on GPU 0
     assert set(exposition.by("vgpu_gpu_memory_copy_utilization_ratio", "gpu_id")) == {("0",), ("1",)}
     memory = exposition.by("vgpu_pod_memory_used_bytes", "pod", "gpu_id")
     assert memory[("client-busy-a", "0")] == 10 * GIB

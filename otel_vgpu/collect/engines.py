@@ -16,7 +16,11 @@ per-process figures times the sweep's seconds. When the window closes:
 
 A pod whose per-process figures are unknown (MIG, MPS) gets none, and its counters are
 held, not exported, as its SM ones are; a pod seen anew starts from 0; an engine the GPU
-does not have (`Device.engines`) has no figure at all. Pure: no NVML, no clock.
+does not have (`Device.engines`) has no figure at all. The pods of a GPU get an engine's
+figures only once the engine has been used there, by the GPU's figure or a pod's, since
+the agent started: on a GPU of LLM servers nobody decodes video, and four engines' gauges
+and counters at 0 for every pod would double its series for nothing (the GPU's own
+figure, one series, says 0). Pure: no NVML, no clock.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from otel_vgpu.collect.aggregate import GpuRow, PodKey, PodRow
 
 Figures = Mapping[str, float]
 """An engine's figure by engine name (`ENGINES`)."""
+_NONE: dict[str, float] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,8 @@ class Engines:
     pod_busy: dict[PodKey, Figures] = field(default_factory=dict)
     gpu_now: dict[str, Figures] = field(default_factory=dict)
     gpu_busy: dict[str, Figures] = field(default_factory=dict)
+    used: dict[str, frozenset[str]] = field(default_factory=dict)
+    """By GPU UUID: the engines used there since the agent started, which its pods get figures of."""
 
 
 def fitted(pods: Mapping[PodKey, Figures], gpu: Figures) -> dict[PodKey, dict[str, float]]:
@@ -71,10 +78,14 @@ def step(
         window_seconds = engines.open_seconds.get(uuid, 0.0) + seconds
         pending: dict[PodKey, dict[str, float]] = {}
         for key, row in known.get(uuid, ()):
-            so_far = engines.pending.get(key, {})
+            so_far = engines.pending.get(key, _NONE)
             use = row.use
             assert use is not None
-            pending[key] = {e: so_far.get(e, 0.0) + getattr(use, e) * seconds for e in names}
+            # Only what the pod used: most pods use no engine beside SM, and a node has hundreds.
+            added = {e: value * seconds for e in names if (value := getattr(use, e)) > 0}
+            pending[key] = (
+                {e: so_far.get(e, 0.0) + added.get(e, 0.0) for e in so_far.keys() | added} if added else so_far
+            )
         closed = gpu.device.engine_window
         if closed is None or window_seconds <= 0:
             after.open_seconds[uuid] = window_seconds
@@ -83,12 +94,16 @@ def step(
             continue
         means = {key: {e: total / window_seconds for e, total in figures.items()} for key, figures in pending.items()}
         now = fitted(means, closed)
+        used = after.used[uuid] = engines.used.get(uuid, frozenset()) | {
+            e for figures in (closed, *means.values()) for e, value in figures.items() if value > 0
+        }
         after.open_seconds[uuid] = 0.0
         after.gpu_now[uuid] = dict(closed)
         after.gpu_busy[uuid] = _added(engines.gpu_busy.get(uuid, {}), closed, window_seconds)
         for key, figures in now.items():
-            after.pod_now[key] = figures
-            after.pod_busy[key] = _added(engines.pod_busy.get(key, {}), figures, window_seconds)
+            mine = {e: figures.get(e, 0.0) for e in used}
+            after.pod_now[key] = mine
+            after.pod_busy[key] = _added(engines.pod_busy.get(key, {}), mine, window_seconds)
     # Pods whose figures are unknown this sweep keep their counters, unexported; pods gone are dropped.
     for key, row in zip(keys, pods, strict=True):
         if row.use is None and key in engines.pod_busy:
@@ -98,6 +113,8 @@ def step(
 
 def _carry(before: Engines, after: Engines, uuid: str, keys: Sequence[PodKey]) -> None:
     """A GPU whose window stays open keeps its last closed window's figures and counters."""
+    if uuid in before.used:
+        after.used[uuid] = before.used[uuid]
     if uuid in before.gpu_now:
         after.gpu_now[uuid] = before.gpu_now[uuid]
         after.gpu_busy[uuid] = before.gpu_busy[uuid]

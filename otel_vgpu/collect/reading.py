@@ -185,15 +185,17 @@ class GpuReader:
         if self._clock() - window.opened < self._engine_every_s * CLOSE_EARLY:
             return device
         means: dict[str, float] = {}
+        # Never over less than the last second, as SM's windows: NVML's samples are 200 ms apart.
+        since = min(window.since_us, now_us - MIN_WINDOW_US)
         for engine in sorted(device.engines):
             if engine not in window.busy:
                 means[engine] = 0.0
                 continue
             try:
-                samples = self._backend.gpu_utilization_samples(index, window.since_us, engine)
+                samples = self._backend.gpu_utilization_samples(index, since, engine)
             except GpuError:
                 continue  # unknown for this window: the pods' figures stand unfitted
-            fresh = [value for stamp, value in samples if stamp > window.since_us]
+            fresh = [value for stamp, value in samples if stamp > since]
             means[engine] = sum(fresh) / len(fresh) if fresh else 0.0
         self._engine_windows[device.uuid] = _EngineWindow(self._clock(), now_us)
         return dataclasses.replace(device, engine_window=means)

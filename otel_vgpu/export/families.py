@@ -210,8 +210,8 @@ _ENGINE_READS = frozenset({Read.PROCESS_USE, Read.ENGINE_SAMPLES})
 POD_ENGINES = tuple(e for e in ENGINES if e != "memory_copy")
 """The engines published per pod. Not memory copy: NVML's per-process `memUtil` is the GPU's
 memory figure split among the processes by their share of SM time, not what each moved. On
-an H200, a memory-bound and a compute-bound process time-sliced together each read 0.61 to
-0.67 of its SM figure (the GPU's memory was at 0.64), where alone they read 1.00 and 0.29
+an H200, a memory-bound and a compute-bound process time-sliced together each read 0.64 to
+0.67 of its SM figure (the GPU's memory was at 0.65), where alone they read 1.00 and 0.29
 (bench/results/h200-engines.md): a pod's figure says no more than its SM share does, and
 would read a compute-bound pod as memory-bound as its neighbour. The GPU's own memory-copy
 figure is measured, and published."""
