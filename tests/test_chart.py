@@ -216,6 +216,21 @@ def test_the_values_each_render_does_what_it_says() -> None:
     assert "affinity" not in chart_daemonset(*EXTRA_RENDERS["all-nodes"])["spec"]["template"]["spec"]
 
 
+def test_the_lists_of_families_become_the_agents_flags_and_both_at_once_are_refused() -> None:
+    def args(*values: str) -> list[str]:
+        (container,) = chart_daemonset(*values)["spec"]["template"]["spec"]["containers"]
+        return [a for a in container["args"] if a.startswith("--metric-")]
+
+    assert args() == []
+    assert args("--set-json", 'metricAllowlist=["vgpu_pod_.*","vgpu_gpu_memory_.*"]') == [
+        "--metric-allowlist=vgpu_pod_.*,vgpu_gpu_memory_.*"
+    ]
+    engines = "vgpu_(pod|gpu)_(memory_copy|encoder|decoder|jpeg|optical_flow)_.*"
+    assert args("--set-json", f'metricDenylist=["{engines}"]') == [f"--metric-denylist={engines}"]
+    both = helm("template", RELEASE, CHART, "--set", "metricAllowlist={a}", "--set", "metricDenylist={b}")
+    assert both.returncode != 0 and "metricAllowlist and metricDenylist are mutually exclusive" in both.stderr
+
+
 # Bad values: refused by the schema at lint, template and install, with the value's path and what is valid.
 BAD_VALUES = [
     (("--set", "ratio=1.5"), "at '/ratio'", "^(auto|[1-9][0-9]*)$"),
@@ -228,6 +243,7 @@ BAD_VALUES = [
     (("--set", "prometheus.podMonitor.intervall=30s"), "at '/prometheus/podMonitor'", "'intervall' not allowed"),
     (("--set", "service.internalTrafficPolicy=Nearest"), "at '/service/internalTrafficPolicy'", "'Cluster', 'Local'"),
     (("--set", "kubelet.rootDir=var/lib/kubelet"), "at '/kubelet/rootDir'", "'^/'"),
+    (("--set-json", 'metricDenylist=["a,b"]'), "at '/metricDenylist/0'", "'^[^,]+$'"),
 ]
 
 
