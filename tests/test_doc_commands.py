@@ -10,7 +10,7 @@ What runs here, and how:
   cluster's custom kinds listed: the chart renders with those values and flags;
 - `.venv/bin/pytest ...`: its selection, collected (the suite runs the tests themselves);
 - `.venv/bin/python bench/...` of the scripts that need no GPU: as written (those that
-  repeat a measurement many times for its figures with fewer repeats, SCALED), except
+  repeat a measurement many times for its figures with fewer repeats and pods, SCALED), except
   those whose full run takes minutes (SLOW_BENCHES), which answer `--help`: that proves
   they start with the packages the README installs; bench/README.md quotes their figures.
 The rest (a cluster, a GPU node, an image registry, the suite itself) are checked
@@ -43,9 +43,9 @@ SLOW_BENCHES = {
 }
 
 
-# Benchmarks run as written with fewer repeats of their measurement: the flags appended
+# Benchmarks run as written with fewer repeats of their measurement, on a smaller node: the flags appended
 # (argparse takes the last), so that every flag the docs show still runs.
-SCALED = {"bench/scrape_profile.py": ["--runs", "3"]}
+SCALED = {"bench/scrape_profile.py": ["--runs", "3", "--pods", "40"]}
 
 
 def how(command: DocCommand) -> str:
