@@ -432,3 +432,13 @@ def test_the_readmes_own_kustomization_renders_a_cluster_with_features(tmp_path:
     assert {"DaemonSet", "PodMonitor", "PrometheusRule", "NetworkPolicy"} <= kinds
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert ("kubernetes.azure.com/accelerator", "In", ("nvidia",)) in terms_of(pod)
+
+
+def test_strict_validation_refuses_what_the_api_would(tmp_path: Path) -> None:
+    # A field the API does not know, and a value of the wrong type: each named with its object.
+    unknown = rendered_text("base").replace("hostPID: true", "hostPID: true\n      hostPIDs: true", 1)
+    with pytest.raises(AssertionError, match=r"DaemonSet .*hostPIDs"):
+        validate_strictly(unknown, tmp_path / "unknown.yaml")
+    wrong = rendered_text("base").replace("hostPID: true", "hostPID: yes-please", 1)
+    with pytest.raises(AssertionError, match=r"DaemonSet .*yes-please"):
+        validate_strictly(wrong, tmp_path / "wrong.yaml")
