@@ -3,6 +3,10 @@
 # all: lint, format, types, unit, integration and end-to-end tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Bytecode is written, whatever the machine says (PYTHONDONTWRITEBYTECODE=1 here, and uv
+# compiles none): otherwise each of the hundreds of agents the tests start compiles its
+# imports anew, 0.3 s of CPU more a start (0.76 s against 0.49 s).
+unset PYTHONDONTWRITEBYTECODE
 
 # Debian packages the tests run for real: Prometheus (the server scrapes the
 # agent end to end; promtool checks the exposition format and the alert rules),
