@@ -55,34 +55,24 @@ python3 -m venv .venv
 .venv/bin/python scripts/install-helm.py .venv/bin
 echo "test.sh: installed at ${SECONDS} s"
 
-# Lint, format and types, niced, beside the tests (their output after the tests'); either
-# failing fails the run.
-start_lint() {
-    lint_log=$(mktemp)
-    (nice -n 15 .venv/bin/ruff check . && nice -n 15 .venv/bin/ruff format --check . && nice -n 15 .venv/bin/mypy) \
-        >"$lint_log" 2>&1 &
-    lint_pid=$!
-}
+# Lint, format and types beside the tests (their output after the tests'); either failing fails the run.
+lint_log=$(mktemp)
+(nice -n 10 .venv/bin/ruff check . && nice -n 10 .venv/bin/ruff format --check . && nice -n 10 .venv/bin/mypy) \
+    >"$lint_log" 2>&1 &
+lint_pid=$!
 # The tests in parallel, a file per worker at a time (pytest-xdist): most of a test's time
 # is an agent, Prometheus or helm starting, not this process's CPU. The hostile-client tests
-# time legitimate scrapes under attack, as on a node whose agent has its CPU to itself: they
-# run after the rest, alone but for what is niced 15 (lint, and the image build finishing on
-# the core they leave); beside the rest of the suite, even niced, one of them saw a
-# legitimate scrape refused (a 503). The image's own test runs last, once it is built: in
-# the parallel run it had held the run's end until the build was done.
+# time legitimate scrapes under attack: they run after the others, alone, on a quiet machine
+# (the image built by then), as they would on a node whose agent has its CPU to itself. Beside
+# the rest of the suite, even niced, one of them saw a legitimate scrape refused (a 503).
 tests=0
 if [ "$#" -eq 0 ]; then
     hostile=tests/test_hostile_clients.py
-    image=tests/test_image.py
-    .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile --ignore "$hostile" --ignore "$image" || tests=$?
-    echo "test.sh: the suite but the hostile-client and image tests done at ${SECONDS} s"
-    start_lint
+    .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile --ignore "$hostile" || tests=$?
+    echo "test.sh: the suite but the hostile-client tests done at ${SECONDS} s"
     .venv/bin/pytest "$hostile" || tests=$?
     echo "test.sh: the hostile-client tests done at ${SECONDS} s"
-    .venv/bin/pytest "$image" || tests=$?
-    echo "test.sh: the image tests done at ${SECONDS} s"
 else
-    start_lint
     .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile "$@" || tests=$?
 fi
 lint=0
