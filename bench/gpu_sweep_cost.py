@@ -30,8 +30,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_bench import agent_command, wait_for
-from bench.gpu_workloads import free_port, publish, require_gpu, scrape, start_workload
-from testkit.procstat import cpu_seconds, rss_mib
+from bench.gpu_workloads import cpu_while_scraped, free_port, publish, require_gpu, start_workload
+from testkit.procstat import rss_mib
 
 SCRAPE_EVERY_S = 15.0
 
@@ -42,15 +42,7 @@ def cost(command: list[str], url: str, seconds: float) -> tuple[float, float]:
     try:
         wait_for(url, process)
         time.sleep(2)
-        cpu_before, started = cpu_seconds(process.pid), time.monotonic()
-        next_scrape = started
-        while (now := time.monotonic()) - started < seconds:
-            if now >= next_scrape:
-                scrape(url)
-                next_scrape += SCRAPE_EVERY_S
-            time.sleep(0.2)
-        wall = time.monotonic() - started
-        return 100 * (cpu_seconds(process.pid) - cpu_before) / wall, rss_mib(process.pid)
+        return cpu_while_scraped(process.pid, url, seconds, SCRAPE_EVERY_S), rss_mib(process.pid)
     finally:
         process.terminate()
         process.wait(timeout=15)

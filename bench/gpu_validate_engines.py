@@ -34,23 +34,30 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_validate import AGENT_PORT, NODE, POD_RESOURCES_DIR, nvml_truth
-from bench.gpu_workloads import WORKLOAD, Cluster, Pod, Report, place, require_gpu, scrape, stop_pods
+from bench.gpu_workloads import (
+    Cluster,
+    Pod,
+    Report,
+    cpu_while_scraped,
+    place,
+    pod_harness,
+    require_gpu,
+    scrape,
+    start_workloads,
+    stop_pods,
+)
 from otel_vgpu.gpu.backend import ENGINES
 from testkit.agent import wait_serving
-from testkit.procstat import cpu_seconds
 
 TOLERANCE = 0.05
 SCRAPE_EVERY_S = 15.0
@@ -84,34 +91,6 @@ def read(url: str) -> Reading:
     return Reading(at, gauges, busy, gpu_gauges, gpu_busy, set(samples))
 
 
-def harness(manifest: Path, directory: Path, cluster: Cluster, code: Path) -> Any:
-    """The pod harness for `manifest`, running the agent from `code` (a directory holding `otel_vgpu`)."""
-    from testkit.pod_harness import Cluster as HarnessCluster  # noqa: PLC0415
-    from testkit.pod_harness import Pod as HarnessPod  # noqa: PLC0415
-    from testkit.pod_harness import PodHarness  # noqa: PLC0415
-
-    return PodHarness(
-        manifest,
-        directory,
-        HarnessPod(node=NODE),
-        HarnessCluster("127.0.0.1", cluster.api.port, cluster.token, cluster.ca_crt),
-        python_path=(str(code), *os.environ.get("PYTHONPATH", "").split(":")),
-    )
-
-
-def start_many(modes: list[str], gib: float) -> list[subprocess.Popen[str]]:
-    """CUDA processes started together (each PyTorch start takes seconds), ready when returned."""
-    processes = [
-        subprocess.Popen([sys.executable, "-c", WORKLOAD, mode, str(gib)], stdout=subprocess.PIPE, text=True)
-        for mode in modes
-    ]
-    for process, mode in zip(processes, modes, strict=True):
-        assert process.stdout is not None
-        if process.stdout.readline().strip() != "ready":
-            raise SystemExit(f"workload {mode} did not start")
-    return processes
-
-
 def nvml_per_process(pids: dict[int, str]) -> tuple[dict[str, dict[str, float]], float]:
     """NVML's own latest per-process figures of the last 2 s (smUtil, memUtil, jpgUtil; 0-1) for
     `pids`, by name, and the GPU's MEMORY samples' mean over them: read here as root, beside the agent."""
@@ -137,7 +116,7 @@ def nvml_per_process(pids: dict[int, str]) -> tuple[dict[str, dict[str, float]],
         pynvml.nvmlShutdown()
 
 
-def proof(args: argparse.Namespace, cluster: Cluster, tmp: Path, repo: Path) -> Report:
+def proof(args: argparse.Namespace, cluster: Cluster, tmp: Path) -> Report:
     report = Report()
     lines, check = report.lines, report.check
     compute = Pod("ml", "compute-0", "systemd", "guaranteed")
@@ -149,12 +128,12 @@ def proof(args: argparse.Namespace, cluster: Cluster, tmp: Path, repo: Path) -> 
     cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
     agent = None
     try:
-        for pod, process in zip(pods, start_many(["busy", "copy", "idle", "jpeg"], 2.0), strict=True):
+        for pod, process in zip(pods, start_workloads(["busy", "copy", "idle", "jpeg"], 2.0), strict=True):
             place(pod, process)
         for n, pod in enumerate(pods):
             cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
         pids = {pod.processes[0].pid: pod.name for pod in pods}
-        agent = harness(args.pod, tmp / "pod", cluster, repo)
+        agent = pod_harness(args.pod, tmp / "pod", cluster, NODE)
         url = f"http://127.0.0.1:{AGENT_PORT}"
         wait_serving(url, agent.start(), agent.log.read_text, timeout=60)
         deadline = time.monotonic() + 60
@@ -305,7 +284,7 @@ def proof(args: argparse.Namespace, cluster: Cluster, tmp: Path, repo: Path) -> 
     return report
 
 
-def cost(args: argparse.Namespace, cluster: Cluster, tmp: Path, repo: Path) -> Report:
+def cost(args: argparse.Namespace, cluster: Cluster, tmp: Path) -> Report:
     report = Report()
     lines = report.lines
     _, _, model, gpu_uuid, driver = nvml_truth()
@@ -314,7 +293,7 @@ def cost(args: argparse.Namespace, cluster: Cluster, tmp: Path, repo: Path) -> R
     cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
     modes = [("busy", "copy", "idle")[n % 3] for n in range(len(pods) * per_pod)]
     try:
-        processes = start_many(modes, 0.25)
+        processes = start_workloads(modes, 0.25)
         for n, process in enumerate(processes):
             place(pods[n // per_pod], process)
         for n, pod in enumerate(pods):
@@ -322,20 +301,13 @@ def cost(args: argparse.Namespace, cluster: Cluster, tmp: Path, repo: Path) -> R
         url = f"http://127.0.0.1:{AGENT_PORT}"
         figures: dict[str, list[float]] = {"before": [], "now": []}
         for round_ in range(args.rounds):
-            for label, code in (("before", args.before.resolve()), ("now", repo)):
-                agent = harness(args.pod, tmp / f"{label}-{round_}", cluster, code)
+            for label, code in (("before", args.before), ("now", None)):
+                agent = pod_harness(args.pod, tmp / f"{label}-{round_}", cluster, NODE, code=code)
                 try:
                     wait_serving(url, agent.start(), agent.log.read_text, timeout=60)
                     time.sleep(12)  # past the first engine window
-                    pid = agent.agent_pid()
-                    before, started = cpu_seconds(pid), time.monotonic()
-                    next_scrape = started
-                    while (now := time.monotonic()) - started < args.cost_seconds:
-                        if now >= next_scrape:
-                            scrape(f"{url}/metrics")
-                            next_scrape += SCRAPE_EVERY_S
-                        time.sleep(0.2)
-                    figures[label].append(100 * (cpu_seconds(pid) - before) / (time.monotonic() - started))
+                    cpu = cpu_while_scraped(agent.agent_pid(), f"{url}/metrics", args.cost_seconds, SCRAPE_EVERY_S)
+                    figures[label].append(cpu)
                 finally:
                     agent.stop()
         lines += [
@@ -372,11 +344,10 @@ def main() -> int:
     if args.part == "cost" and (args.before is None or not (args.before / "otel_vgpu").is_dir()):
         parser.error("--part cost needs --before DIR, a directory holding the earlier otel_vgpu package")
     require_gpu()
-    repo = Path(__file__).resolve().parents[1]
     tmp = Path(tempfile.mkdtemp(prefix="gpu-engines-", dir="/var/tmp"))
     cluster = Cluster(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     try:
-        report = proof(args, cluster, tmp, repo) if args.part == "proof" else cost(args, cluster, tmp, repo)
+        report = proof(args, cluster, tmp) if args.part == "proof" else cost(args, cluster, tmp)
     finally:
         cluster.stop()
     title = "Memory copy and the video engines per pod" if args.part == "proof" else "What the engine families cost"

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit.agent import free_port, wait_serving
+from testkit.procstat import cpu_seconds
 
 __all__ = [
     "CGROUP_ROOT",
@@ -30,6 +32,7 @@ __all__ = [
     "Pod",
     "Report",
     "Samples",
+    "cpu_while_scraped",
     "free_port",
     "place",
     "pod_harness",
@@ -37,6 +40,8 @@ __all__ = [
     "scrape",
     "start_agent",
     "start_pods",
+    "start_workload",
+    "start_workloads",
     "stop_agent",
     "stop_pods",
 ]
@@ -169,16 +174,28 @@ def start_workload(
     `jpeg` (JPEG decoding with nvJPEG) or idle, holding `gib` GiB. With WORK_FILE in `env`, it
     writes there, twice a second, "<unix time> <GPU seconds of work done>" (steps times one
     step's solo time)."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", WORKLOAD, mode, str(gib), str(burst_ms)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    assert process.stdout is not None
-    if process.stdout.readline().strip() != "ready":
-        raise SystemExit(f"workload {mode} {gib} GiB did not start")
-    return process
+    return start_workloads([mode], gib, env, burst_ms)[0]
+
+
+def start_workloads(
+    modes: list[str], gib: float, env: dict[str, str] | None = None, burst_ms: float = 100.0
+) -> list[subprocess.Popen[str]]:
+    """`start_workload` for each of `modes`, started together (a PyTorch start takes seconds),
+    each ready when returned."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKLOAD, mode, str(gib), str(burst_ms)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        for mode in modes
+    ]
+    for process, mode in zip(processes, modes, strict=True):
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "ready":
+            raise SystemExit(f"workload {mode} {gib} GiB did not start")
+    return processes
 
 
 def start_pods(pods: list[Pod]) -> None:
@@ -283,9 +300,12 @@ class Cluster:
         self.api.stop()
 
 
-def pod_harness(manifest: Path, directory: Path, cluster: Cluster, node: str, drop_host_pid: bool = False) -> Any:
+def pod_harness(
+    manifest: Path, directory: Path, cluster: Cluster, node: str, drop_host_pid: bool = False, code: Path | None = None
+) -> Any:
     """testkit/pod_harness.py's agent for `manifest`, against `cluster`'s doubles, with this
-    environment's packages and the repository on its path."""
+    environment's packages and the repository on its path; with `code`, a directory holding
+    another version's `otel_vgpu`, that version first."""
     from testkit.pod_harness import Cluster as HarnessCluster  # noqa: PLC0415
     from testkit.pod_harness import Pod as HarnessPod  # noqa: PLC0415
     from testkit.pod_harness import PodHarness  # noqa: PLC0415
@@ -295,7 +315,11 @@ def pod_harness(manifest: Path, directory: Path, cluster: Cluster, node: str, dr
         directory,
         HarnessPod(node=node),
         HarnessCluster("127.0.0.1", cluster.api.port, cluster.token, cluster.ca_crt),
-        python_path=(*os.environ.get("PYTHONPATH", "").split(":"), str(Path(__file__).resolve().parents[1])),
+        python_path=(
+            *([str(code.resolve())] if code is not None else []),
+            *os.environ.get("PYTHONPATH", "").split(":"),
+            str(Path(__file__).resolve().parents[1]),
+        ),
         drop_host_pid=drop_host_pid,
     )
 
@@ -331,6 +355,19 @@ def start_agent(cluster: Cluster, port: int, ratio: float, *extra: str) -> subpr
     )
     wait_serving(f"http://127.0.0.1:{port}", agent)
     return agent
+
+
+def cpu_while_scraped(pid: int, url: str, seconds: float, every: float = 15.0) -> float:
+    """The CPU process `pid` uses over `seconds`, in percent of a core, while `url` is scraped
+    every `every` seconds, as Prometheus would."""
+    before, started = cpu_seconds(pid), time.monotonic()
+    next_scrape = started
+    while (now := time.monotonic()) - started < seconds:
+        if now >= next_scrape:
+            scrape(url)
+            next_scrape += every
+        time.sleep(0.2)
+    return 100 * (cpu_seconds(pid) - before) / (time.monotonic() - started)
 
 
 def publish(title: str, lines: list[str], out: Path | None) -> None:

@@ -203,8 +203,9 @@ _ENGINE_MEANING = {
 }
 _ENGINE_WINDOW = "over its GPU's last engine window (about 10 s, closed at a sweep), 0-1 of the physical GPU's engine"
 _ENGINE_ABSENT = (
-    "Absent on a GPU without that engine, where per-pod figures are unknown (MIG, MPS: NVML gives them to "
-    "no pod or to the MPS server), and until the first window closes."
+    "Absent on a GPU without that engine, on one where no process has used it since the agent started, where "
+    "per-pod figures are unknown (MIG, MPS: NVML gives them to no pod or to the MPS server), and until the first "
+    "window closes."
 )
 _ENGINE_READS = frozenset({Read.PROCESS_USE, Read.ENGINE_SAMPLES})
 POD_ENGINES = tuple(e for e in ENGINES if e != "memory_copy")
