@@ -303,7 +303,7 @@ class SimulatedNode:
         self._maybe_fail("device", index)
         gpu = self.scenario.gpus[index]
         mine = [p for p in self._processes if p.gpu == index]
-        busy = sum(sm_shares([p.sm for p in mine], self._scenario_time(self._latest_period())))
+        busy = sum(shares([p.sm for p in mine], self._scenario_time(self._latest_period())))
         migs = tuple(_mig_device(mig, [p for p in mine if p.mig == mig.uuid]) for mig in gpu.migs)
         return Device(
             index=index,
@@ -328,8 +328,7 @@ class SimulatedNode:
             latest = self._latest_period()
             periods = max(1, min(ENERGY_PERIODS_KEPT, round((now - last) * 1e6 / SAMPLE_PERIOD_US)))
             busy = [
-                min(1.0, sum(sm_shares(mine, self._scenario_time(latest - k * SAMPLE_PERIOD_US))))
-                for k in range(periods)
+                min(1.0, sum(shares(mine, self._scenario_time(latest - k * SAMPLE_PERIOD_US)))) for k in range(periods)
             ]
             watts = IDLE_WATTS + (FULL_WATTS - IDLE_WATTS) * sum(busy) / len(busy)
             self._energy_mj[index] += watts * (now - last) * 1000
@@ -376,7 +375,7 @@ class SimulatedNode:
         latest = self._latest_period()
         stamps = [latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)]
         return [
-            (stamp, min(1.0, sum(sm_shares(mine, self._scenario_time(stamp)))))
+            (stamp, min(1.0, sum(shares(mine, self._scenario_time(stamp)))))
             for stamp in reversed(stamps)
             if stamp > since_us
         ]
@@ -595,10 +594,10 @@ _IDLE = _constant(0.0)
 
 
 def uses(processes: Sequence[_Process], t: float) -> list[ProcessUse]:
-    """Each process's use of its GPU at `t`, every figure shared out as `sm_shares` shares SM."""
+    """Each process's use of its GPU at `t`, each figure shared out by `shares`."""
     used = ("sm", *(e for e in ENGINES if any(e in p.engines for p in processes)))
-    shares = {figure: sm_shares([p.wave(figure) for p in processes], t) for figure in used}
-    return [ProcessUse(**{figure: shares[figure][k] for figure in used}) for k in range(len(processes))]
+    by_figure = {figure: shares([p.wave(figure) for p in processes], t) for figure in used}
+    return [ProcessUse(**{figure: by_figure[figure][k] for figure in used}) for k in range(len(processes))]
 
 
 def _total(uses: Sequence[ProcessUse]) -> ProcessUse:
@@ -608,11 +607,11 @@ def _total(uses: Sequence[ProcessUse]) -> ProcessUse:
     return total
 
 
-def sm_shares(sms: Sequence[Callable[[float], float]], t: float) -> list[float]:
-    """The processes' SM utilization at `t` on one GPU. A GPU has all of its SMs to
-    give and no more: where the scenario asks for more in all, each gets its part
-    of the whole, as time-slicing would share it."""
-    wanted = [sm(t) for sm in sms]
+def shares(waves: Sequence[Callable[[float], float]], t: float) -> list[float]:
+    """The processes' use of one engine of a GPU (its SMs, or another) at `t`. A GPU has
+    all of the engine to give and no more: where the scenario asks for more in all, each
+    gets its part of the whole, as time-slicing would share it."""
+    wanted = [wave(t) for wave in waves]
     total = sum(wanted)
     return wanted if total <= 1.0 else [v / total for v in wanted]
 
