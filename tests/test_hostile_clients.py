@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import select
 import socket
 import ssl
 import struct
@@ -66,6 +67,15 @@ FD_SLACK = LIMITS.connections + LIMITS.admit_queue + 3 * LIMITS.backlog + 16
 def unread(sock: socket.socket) -> int:
     """Bytes the kernel holds received on `sock` and not read yet."""
     return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
+
+
+def open_to_agent(socks: list[socket.socket]) -> int:
+    """How many of `socks` the agent has neither closed, refused (its 503 waits unread), nor
+    shed: in a siege, those it holds under its cap or has yet to take from its queues."""
+    poller = select.poll()
+    for sock in socks:
+        poller.register(sock, select.POLLIN | select.POLLRDHUP)
+    return len(socks) - len(poller.poll(0))
 
 
 def threads(pid: int) -> int:
@@ -233,9 +243,10 @@ def hold_connections(
     scraper: Scraper,
     first_bytes: Callable[[int], bytes] = lambda i: b"",
 ) -> None:
-    """Open `count` connections, each sent `first_bytes(i)` (if any) as it opens; wait until they
-    are the oldest waiting (the cap sheds those first), say so on `held`, hold them through the
-    siege while the scraper scrapes through it, then close them."""
+    """Open `count` connections, each sent `first_bytes(i)` (if any) as it opens; wait until the
+    agent has taken or turned away each (a loaded machine takes a second over a thousand) and
+    those it holds are the oldest waiting (the cap sheds those first), say so on `held`, hold
+    them through the siege while the scraper scrapes through it, then close them."""
     socks = []
     try:
         for i in range(count):
@@ -245,6 +256,7 @@ def hold_connections(
             if data:
                 with contextlib.suppress(OSError):  # refused past the cap: closed under it
                     sock.sendall(data)
+        wait_until(lambda: open_to_agent(socks) <= LIMITS.connections, what="every connection taken or refused")
         time.sleep(LIMITS.shed_after_s + 0.25)
         held.set()
         scraper.scraped_through()
