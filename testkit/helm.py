@@ -8,9 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from testkit.agent import ROOT, tool
+from testkit.yamldocs import documents
 
 CHART = ROOT / "charts" / "otel-vgpu"
 RELEASE = NAMESPACE = "otel-vgpu"
@@ -58,7 +57,7 @@ def flavour_args(flavour: str) -> tuple[str, ...]:
 
 
 def docs(text: str) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(text) if doc]
+    return documents(text)
 
 
 def chart_daemonset(*args: str) -> dict[str, Any]:

@@ -45,9 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from testkit.procstat import children
+from testkit.yamldocs import documents
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -56,7 +55,7 @@ CONTAINER_NAME = "otel-vgpu"
 
 def load_daemonset(manifest: Path) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
     """The DaemonSet's pod spec and the ConfigMaps' data, by name, from rendered YAML."""
-    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    docs = documents(manifest.read_text())
     daemonsets = [d for d in docs if d["kind"] == "DaemonSet"]
     if len(daemonsets) != 1:
         raise SystemExit(f"{manifest}: expected one DaemonSet, found {len(daemonsets)}")

@@ -30,6 +30,7 @@ from testkit.manifests import (
     rendered_text,
     validate_strictly,
 )
+from testkit.yamldocs import documents
 
 # Overlays that knowingly differ from the base's security context, and why
 # (each says so in its kustomization.yaml).
@@ -427,7 +428,7 @@ def test_the_readmes_own_kustomization_renders_a_cluster_with_features(tmp_path:
     (tmp_path / "kustomize").symlink_to(KUSTOMIZE)
     (tmp_path / "my-cluster").mkdir()
     (tmp_path / "my-cluster" / "kustomization.yaml").write_text(block.group(1))
-    docs = [d for d in yaml.safe_load_all(rendered_text(tmp_path / "my-cluster")) if d]
+    docs = documents(rendered_text(tmp_path / "my-cluster"))
     kinds = {d["kind"] for d in docs}
     assert {"DaemonSet", "PodMonitor", "PrometheusRule", "NetworkPolicy"} <= kinds
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
