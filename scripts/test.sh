@@ -68,14 +68,17 @@ tests=0
 if [ "$#" -eq 0 ]; then
     hostile=tests/test_hostile_clients.py
     hostile_log=$(mktemp)
-    .venv/bin/pytest "$hostile" >"$hostile_log" 2>&1 &
+    (
+        .venv/bin/pytest "$hostile" && rc=0 || rc=$?
+        echo "test.sh: the hostile-client tests done at ${SECONDS} s"
+        exit "$rc"
+    ) >"$hostile_log" 2>&1 &
     hostile_pid=$!
     nice -n 10 .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile --ignore "$hostile" || tests=$?
     echo "test.sh: the suite but the hostile-client tests done at ${SECONDS} s"
     wait "$hostile_pid" || tests=$?
     cat "$hostile_log"
     rm -f "$hostile_log"
-    echo "test.sh: the hostile-client tests done at ${SECONDS} s"
 else
     .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile "$@" || tests=$?
 fi
