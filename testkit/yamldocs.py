@@ -1,4 +1,4 @@
-"""YAML documents as the tests read them: rendered manifests, charts and rules."""
+"""YAML documents as the tests read them: rendered kustomize targets and charts."""
 
 from __future__ import annotations
 
@@ -15,8 +15,3 @@ LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def documents(text: str) -> list[dict[str, Any]]:
     """The non-empty documents of a multi-document YAML stream."""
     return [doc for doc in yaml.load_all(text, Loader=LOADER) if doc]
-
-
-def document(text: str) -> Any:
-    """The one document of a YAML text."""
-    return yaml.load(text, Loader=LOADER)
