@@ -200,8 +200,8 @@ class Baseline:
     fds: int
     variants_s: float = 0.0
     """Unattacked, one scrape in each body format (OpenMetrics or not, four escapings), each
-    an encoding of the snapshot of its own: what a scraper may wait for behind a client
-    asking every variant, on this machine as loaded now."""
+    the first in its format, so an encoding of its own: what a scraper may wait for behind
+    clients asking every variant of a new snapshot, on this machine as loaded now."""
 
 
 def settle(pid: int) -> Baseline:
