@@ -9,7 +9,7 @@ per-process figures times the sweep's seconds. When the window closes:
 
 - a pod's figure is its mean over the window: what it added over the window's seconds;
 - the pods are scaled, in proportion, to be no more than the GPU's own figure over the
-  same window (`Device.engine_window`), as SM is (gpu/sampling.py `fit_under`);
+  same window (`Device.engine_window`), by SM's rule (gpu/sampling.py `fit_scale`);
 - each busy-seconds counter advances by its figure times the window's seconds, so that
   `rate()` over any range is the mean use there, whatever the scrape interval;
 - the gauges hold these figures until the next window closes.
@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from otel_vgpu.collect.aggregate import GpuRow, PodKey, PodRow
+from otel_vgpu.gpu.sampling import fit_scale
 
 Figures = Mapping[str, float]
 """An engine's figure by engine name (`ENGINES`)."""
@@ -54,10 +55,10 @@ class Engines:
 
 def fitted(pods: Mapping[PodKey, Figures], gpu: Figures) -> dict[PodKey, dict[str, float]]:
     """The pods' figures, each engine scaled so that together they are no more than the GPU's."""
-    scale: dict[str, float] = {}
-    for engine, total_gpu in gpu.items():
-        total = sum(figures.get(engine, 0.0) for figures in pods.values())
-        scale[engine] = total_gpu / total if total > total_gpu else 1.0
+    scale = {
+        engine: fit_scale(sum(figures.get(engine, 0.0) for figures in pods.values()), limit)
+        for engine, limit in gpu.items()
+    }
     return {key: {e: v * scale.get(e, 1.0) for e, v in figures.items()} for key, figures in pods.items()}
 
 

@@ -27,7 +27,14 @@ from enum import Enum
 
 from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError, ProcessUse
-from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_use_by_pid
+from otel_vgpu.gpu.sampling import (
+    MIN_WINDOW_US,
+    SamplingWindows,
+    fit_under,
+    mean_since,
+    mean_use_by_pid,
+    window_start,
+)
 from otel_vgpu.health import Stage
 
 log = logging.getLogger(__name__)
@@ -186,7 +193,7 @@ class GpuReader:
             return device
         means: dict[str, float] = {}
         # Never over less than the last second, as SM's windows: NVML's samples are 200 ms apart.
-        since = min(window.since_us, now_us - MIN_WINDOW_US)
+        since = window_start(window.since_us, now_us)
         for engine in sorted(device.engines):
             if engine not in window.busy:
                 means[engine] = 0.0
@@ -195,8 +202,7 @@ class GpuReader:
                 samples = self._backend.gpu_utilization_samples(index, since, engine)
             except GpuError:
                 continue  # unknown for this window: the pods' figures stand unfitted
-            fresh = [value for stamp, value in samples if stamp > since]
-            means[engine] = sum(fresh) / len(fresh) if fresh else 0.0
+            means[engine] = mean_since(samples, since) or 0.0
         self._engine_windows[device.uuid] = _EngineWindow(self._clock(), now_us)
         return dataclasses.replace(device, engine_window=means)
 
@@ -233,8 +239,8 @@ class GpuReader:
             samples = self._backend.gpu_utilization_samples(index, since)
         except GpuError:
             return device
-        fresh = [value for stamp, value in samples if stamp > since]
-        if not fresh:
+        mean = mean_since(samples, since)
+        if mean is None:
             return device
         self._gpu_seen[device.uuid] = max(stamp for stamp, _ in samples)
-        return dataclasses.replace(device, utilization_window=sum(fresh) / len(fresh))
+        return dataclasses.replace(device, utilization_window=mean)

@@ -47,6 +47,18 @@ def mean_use_by_pid(samples: Iterable[UtilizationSample], since_us: int) -> dict
     }
 
 
+def mean_since(samples: Iterable[tuple[int, float]], since_us: int) -> float | None:
+    """The mean of a GPU's own samples newer than `since_us`; None where there are none."""
+    fresh = [value for stamp, value in samples if stamp > since_us]
+    return sum(fresh) / len(fresh) if fresh else None
+
+
+def fit_scale(total: float, limit: float) -> float:
+    """What the processes' figures, `total` together, are multiplied by to be no more than
+    the GPU's own figure, `limit`: 1 where they are not over it."""
+    return limit / total if total > limit else 1.0
+
+
 def fit_under(use_by_pid: Mapping[int, ProcessUse], gpu_window: float | None) -> Mapping[int, ProcessUse]:
     """The processes' figures scaled, in proportion, so that together they are no more
     than the GPU's own figure over the window.
@@ -57,10 +69,11 @@ def fit_under(use_by_pid: Mapping[int, ProcessUse], gpu_window: float | None) ->
     their sum can read above what the GPU ran (bench/results/h200-nvml-samples.md).
     The GPU's figure is the total; the processes' figures are how it splits.
     """
-    total = sum(use.sm for use in use_by_pid.values())
-    if gpu_window is None or total <= gpu_window or total <= 0:
+    if gpu_window is None:
         return use_by_pid
-    scale = gpu_window / total
+    scale = fit_scale(sum(use.sm for use in use_by_pid.values()), gpu_window)
+    if scale == 1.0:
+        return use_by_pid
     return {pid: dataclasses.replace(use, sm=use.sm * scale) for pid, use in use_by_pid.items()}
 
 
