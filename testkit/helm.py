@@ -56,10 +56,6 @@ def flavour_args(flavour: str) -> tuple[str, ...]:
     return () if flavour == "defaults" else ("--values", str(values_file(flavour)))
 
 
-def docs(text: str) -> list[dict[str, Any]]:
-    return documents(text)
-
-
 def chart_daemonset(*args: str) -> dict[str, Any]:
-    (found,) = [d for d in docs(template(*args)) if d["kind"] == "DaemonSet"]
+    (found,) = [d for d in documents(template(*args)) if d["kind"] == "DaemonSet"]
     return found

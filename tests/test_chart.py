@@ -19,9 +19,10 @@ import pytest
 import yaml
 
 from testkit.agent import ROOT
-from testkit.helm import CHART, FLAVOURS, NAMESPACE, RELEASE, chart_daemonset, docs, flavour_args, helm, template
+from testkit.helm import CHART, FLAVOURS, NAMESPACE, RELEASE, chart_daemonset, flavour_args, helm, template
 from testkit.helm import values_file as ci_values
 from testkit.manifests import OVERLAYS, render, validate_strictly
+from testkit.yamldocs import documents
 
 # Helm's standard labels, which kustomize's objects do not carry, and kustomize's
 # part-of, which the chart's selectors leave out (they name the release instead).
@@ -84,9 +85,9 @@ def normalise(doc: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def by_object(documents: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+def by_object(rendered: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     out = {}
-    for document in documents:
+    for document in rendered:
         normal = normalise(document)
         out[(normal["kind"], normal["metadata"]["name"])] = normal
     return out
@@ -103,7 +104,7 @@ def test_every_overlay_has_its_values_file() -> None:
 @pytest.mark.parametrize("flavour", ["defaults", *FLAVOURS])
 def test_chart_renders_what_kustomize_renders(flavour: str) -> None:
     # The namespace is Helm's to create (--create-namespace); rendered, it must say what kustomize's says.
-    chart = by_object(docs(template(*flavour_args(flavour), "--set", "namespace.create=true")))
+    chart = by_object(documents(template(*flavour_args(flavour), "--set", "namespace.create=true")))
     kustomized = by_object(render(kustomize_target(flavour)))
     assert sorted(chart) == sorted(kustomized)
     for key, expected in kustomized.items():
@@ -116,16 +117,16 @@ def test_chart_renders_what_kustomize_renders(flavour: str) -> None:
 
 def test_the_comparison_sees_a_change_to_either_side() -> None:
     base = by_object(render("base"))
-    chart = by_object(docs(template("--set", "namespace.create=true")))
+    chart = by_object(documents(template("--set", "namespace.create=true")))
     assert chart == base
-    changed = by_object(docs(template("--set", "namespace.create=true", "--set", "resources.limits.memory=256Mi")))
+    changed = by_object(documents(template("--set", "namespace.create=true", "--set", "resources.limits.memory=256Mi")))
     assert changed != base
-    assert by_object(docs(template("--set", "namespace.create=true", "--set", "ratio=2"))) != base
+    assert by_object(documents(template("--set", "namespace.create=true", "--set", "ratio=2"))) != base
 
 
 def test_defaults_leave_the_namespace_to_helm() -> None:
-    assert [d for d in docs(template()) if d["kind"] == "Namespace"] == []
-    (namespace,) = [d for d in docs(template("--set", "namespace.create=true")) if d["kind"] == "Namespace"]
+    assert [d for d in documents(template()) if d["kind"] == "Namespace"] == []
+    (namespace,) = [d for d in documents(template("--set", "namespace.create=true")) if d["kind"] == "Namespace"]
     assert namespace["metadata"]["name"] == NAMESPACE
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
 
@@ -192,7 +193,7 @@ def test_the_values_each_render_does_what_it_says() -> None:
     assert request in container["volumeMounts"]
     k0s = {"path": "/var/lib/k0s/kubelet/pod-resources", "type": "DirectoryOrCreate"}
     assert {"name": "pod-resources", "hostPath": k0s} in pod["volumes"]
-    rendered = docs(template(*EXTRA_RENDERS["every-option"]))
+    rendered = documents(template(*EXTRA_RENDERS["every-option"]))
     (monitor,) = [d for d in rendered if d["kind"] == "PodMonitor"]
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     assert endpoint["relabelings"][-1]["targetLabel"] == "cluster", "the user's after the chart's own"
@@ -211,7 +212,8 @@ def test_the_values_each_render_does_what_it_says() -> None:
     volumes = apart["spec"]["template"]["spec"]["volumes"]
     secrets = {v["name"]: v["secret"]["secretName"] for v in volumes if "secret" in v}
     assert secrets == {"tls": "otel-vgpu-tls", "basic-auth": "otel-vgpu-users"}
-    (monitor,) = [d for d in docs(template(*EXTRA_RENDERS["mutual-tls-and-auth-apart"])) if d["kind"] == "PodMonitor"]
+    apart_rendered = documents(template(*EXTRA_RENDERS["mutual-tls-and-auth-apart"]))
+    (monitor,) = [d for d in apart_rendered if d["kind"] == "PodMonitor"]
     assert monitor["spec"]["podMetricsEndpoints"][0]["scheme"] == "https"
     assert "affinity" not in chart_daemonset(*EXTRA_RENDERS["all-nodes"])["spec"]["template"]["spec"]
 
@@ -318,7 +320,7 @@ HELM_HINT = "Use --debug flag to render out invalid YAML"
 
 
 def test_custom_kinds_render_only_when_asked() -> None:
-    kinds = {d["kind"] for d in docs(template())}
+    kinds = {d["kind"] for d in documents(template())}
     assert not kinds & {kind for _, _, kind in MONITORS}
 
 
@@ -352,7 +354,7 @@ def test_a_custom_kind_missing_from_the_api_fails_in_one_line(value: str, api: s
 
 # Upgrades.
 def selector(*args: str, chart: Path = CHART) -> dict[str, Any]:
-    (ds,) = [d for d in docs(template(*args, chart=chart)) if d["kind"] == "DaemonSet"]
+    (ds,) = [d for d in documents(template(*args, chart=chart)) if d["kind"] == "DaemonSet"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     return dict(ds["spec"]["selector"])
 
@@ -372,7 +374,7 @@ def test_the_selector_never_changes_with_values_or_chart_versions(tmp_path: Path
     text = re.sub(r"(?m)^appVersion: .*$", 'appVersion: "9.8.7"', text)
     chart_yaml.write_text(text)
     assert selector(chart=later) == expected
-    (ds,) = [d for d in docs(template(chart=later)) if d["kind"] == "DaemonSet"]
+    (ds,) = [d for d in documents(template(chart=later)) if d["kind"] == "DaemonSet"]
     assert ds["metadata"]["labels"]["helm.sh/chart"] == "otel-vgpu-9.8.7", "the copy is the later version"
 
 
@@ -467,6 +469,6 @@ def test_the_readmes_replace_step_deletes_all_but_the_namespace() -> None:
         capture_output=True, text=True, check=True, cwd=ROOT, env={**os.environ, "KUBECONFIG": "/dev/null"},
     )  # fmt: skip
     overlay = line.split()[2].removeprefix("kustomize/overlays/")
-    deleted = {(d["kind"], d["metadata"]["name"]) for d in docs(ran.stdout)}
+    deleted = {(d["kind"], d["metadata"]["name"]) for d in documents(ran.stdout)}
     made = {(d["kind"], d["metadata"]["name"]) for d in render(overlay)}
     assert deleted == {key for key in made if key[0] != "Namespace"} and deleted
