@@ -112,6 +112,7 @@ class Agent:
                 by_container=config.by_container,
                 on_driver_changed=self._driver_changed,
                 idle_watts=config.gpu_idle_watts,
+                mps_server_namespaces=config.mps_server_namespaces,
                 reader=GpuReader(
                     sources.backend,
                     ask_again_s=config.ask_again_s,

@@ -36,6 +36,9 @@ DRA_DRIVERS = ("gpu.nvidia.com",)
 # Resources that are quantities, not devices: HAMi's memory and cores. Summed
 # as shares they would turn `nvidia.com/gpumem: 4000` into 4000 GPUs.
 NOT_DEVICE_COUNTS = ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
+# Where the GPU stack runs its MPS control daemon: the GPU Operator's namespace, the NVIDIA
+# device plugin chart's usual one, and kube-system (GKE's). Tenants create no pods there.
+DEFAULT_MPS_SERVER_NAMESPACES = ("gpu-operator", "nvidia-device-plugin", "kube-system")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -156,6 +159,8 @@ class Config:
     """Patterns of the families to publish; empty: all."""
     metric_denylist: tuple[str, ...] = ()
     """Patterns of the families not to publish."""
+    mps_server_namespaces: tuple[str, ...] = DEFAULT_MPS_SERVER_NAMESPACES
+    """Namespaces whose pods may run an MPS server (collect/trust.py): only cluster operators create pods there."""
     limits: Limits = field(default_factory=Limits)
     """The endpoint's bounds on every client (export/server.py)."""
 
@@ -200,6 +205,18 @@ def _patterns(text: str) -> tuple[str, ...]:
                 "names, e.g. vgpu_pod_energy.*"
             ) from None
     return patterns
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """Comma-separated names (namespaces): each a DNS label, as Kubernetes names namespaces."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in names:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name):
+            raise argparse.ArgumentTypeError(
+                f"invalid namespace {name!r}: expected comma-separated namespaces (lower-case letters, digits "
+                "and '-', at most 63), e.g. gpu-operator,nvidia-device-plugin"
+            )
+    return names
 
 
 def _path(text: str) -> Path | None:
@@ -368,6 +385,16 @@ FLAGS: tuple[Flag, ...] = (
         "OTEL_VGPU_METRIC_DENYLIST",
         _patterns,
         metavar="PATTERNS",
+    ),
+    Flag(
+        "--mps-server-namespaces",
+        "namespaces whose pods may run an MPS server, separated by commas: the GPU stack's, where only cluster "
+        "operators create pods. A process named as the server in any other pod is that pod's, as any "
+        "process, unless its GPU is in the EXCLUSIVE_PROCESS compute mode (docs/trust.md)",
+        "OTEL_VGPU_MPS_SERVER_NAMESPACES",
+        _names,
+        ",".join(DEFAULT_MPS_SERVER_NAMESPACES),
+        metavar="NAMESPACES",
     ),
     Flag(
         "--by-container",

@@ -1,5 +1,5 @@
-"""The agent's own health: failures by stage, sweep durations, and logs that
-say each kind of failure once.
+"""The agent's own health: failures by stage, refusals by reason, sweep durations, and
+logs that say each kind of failure once.
 
 One `Health` is made before anything that can fail and is handed to each of
 them: the sampler, the Kubernetes directory, the pod-resources poller, the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from enum import Enum
 
@@ -58,6 +58,29 @@ SWEEP_STAGES = frozenset(
 COLLECTION_STAGES = tuple(stage for stage in Stage if stage is not Stage.EXPORT)
 
 
+class Refusal(str, Enum):
+    """Why the agent refused to let an input a tenant can write decide attribution or
+    allocation (docs/trust.md): the `reason` label of vgpu_agent_refusals_total."""
+
+    NESTED_POD_CGROUP = "nested_pod_cgroup"
+    """A process in a cgroup nested below its container and named like a pod: billed to its container's pod."""
+    UNKNOWN_POD = "unknown_pod"
+    """A process of a pod the Kubernetes API does not know, past the bound on such pods: unattributed."""
+    PID_REUSED = "pid_reused"
+    """NVML samples older than the process that holds their PID now: given to no pod."""
+    MPS_SERVER_NAME = "mps_server_name"
+    """A process that calls itself the MPS server where it cannot be one: its pod's, as any other."""
+    HAMI_ANNOTATION = "hami_annotation"
+    """HAMi's allocation annotation on a pod HAMi did not allocate, or for a GPU not on this node: ignored."""
+    CONFIG_HASH = "config_hash"
+    """`kubernetes.io/config.hash` on a pod that is not a mirror pod, or on two pods: ignored."""
+
+
+# Inputs already refused, remembered so that each is counted once (a forged annotation is
+# seen at every list of pods, a process at every sweep): at most this many.
+MAX_REFUSED_REMEMBERED = 8192
+
+
 # Sweep durations waiting for a collection to record them: a node nobody
 # scrapes still sweeps for its readiness probe, and must not hoard them.
 MAX_PENDING_DURATIONS = 10_000
@@ -73,6 +96,9 @@ class Health:
         self._failing: dict[Stage, set[str]] = {stage: set() for stage in Stage}
         self._durations: deque[float] = deque(maxlen=MAX_PENDING_DURATIONS)
         self._answering: dict[Stage, bool] = {}
+        self._refusals = dict.fromkeys(Refusal, 0)
+        self._refused: OrderedDict[tuple[Refusal, str], None] = OrderedDict()
+        self._refusal_logged: set[Refusal] = set()
 
     # --- failures -------------------------------------------------------------------
 
@@ -121,6 +147,32 @@ class Health:
         """Whether it did; None while it has not been asked."""
         with self._lock:
             return self._answering.get(source)
+
+    # --- refusals -------------------------------------------------------------------
+
+    def refused(self, reason: Refusal, key: str, message: str, *, log_each: bool = False) -> bool:
+        """Count a refused input once: `key` names it (a pod's UID, a process's PID and start
+        time). Logs `message` for each new input with `log_each` (one warning per pod), else
+        for the first of its reason only (a tenant's thousand processes write one line).
+        True when the input is new."""
+        entry = (reason, key)
+        with self._lock:
+            if entry in self._refused:
+                self._refused.move_to_end(entry)
+                return False
+            self._refused[entry] = None
+            if len(self._refused) > MAX_REFUSED_REMEMBERED:
+                self._refused.popitem(last=False)
+            self._refusals[reason] += 1
+            first = reason not in self._refusal_logged
+            self._refusal_logged.add(reason)
+        if log_each or first:
+            self._log.warning("%s", message)
+        return True
+
+    def refusals(self) -> dict[Refusal, int]:
+        with self._lock:
+            return dict(self._refusals)
 
     # --- sweeps ---------------------------------------------------------------------
 

@@ -52,6 +52,9 @@ class FakeBackend:
         samples = self.gpu_samples if figure == "sm" else self.engine_samples.get(figure, [])
         return [(t, v) for t, v in samples if t > since_us]
 
+    def exclusive_process(self, index: int) -> bool | None:
+        return False
+
     def now_us(self) -> int:
         return self.now
 

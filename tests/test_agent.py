@@ -49,7 +49,8 @@ def test_scrape_matches_the_scenario(scenario_file: Path, ratio_file: Path) -> N
     assert allocated[("trainer", "1")] == 40 * GIB
     # The kubelet lists api and probe without a device: they use GPUs without an allocation.
     assert allocated[("api", "1")] == 0 and allocated[("probe", "0")] == 0
-    assert allocated[(UNKNOWN_UID, "1")] == 40 * GIB  # a pod nobody can name: unknown, one share
+    # A pod the API (here the simulated node's) does not know holds no share: none is known to be its.
+    assert allocated[(UNKNOWN_UID, "1")] == 0
     assert allocated[("idle", "0")] == 40 * GIB
     sm = exposition.by("vgpu_pod_sm_utilization_ratio", "pod", "gpu_id")
     assert sm[("trainer", "0")] == pytest.approx(0.6)

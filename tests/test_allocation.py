@@ -162,11 +162,41 @@ def test_the_pods_the_kubelet_lists_are_answered_for_devices_or_not() -> None:
 
 def test_hami_pods_count_from_their_annotation_not_the_kubelet_ids() -> None:
     stated = {"main": (StatedGrant(U0, 4000 * MIB, 0.3),)}
-    directory = pods(hami=PodMeta("ai", "infer", stated=stated))
+    directory = pods(hami=PodMeta("ai", "infer", stated=stated, gpu_limits={"main": 1}))
     view = KubeletView(devices=(DeviceAssignment("ai", "infer", "main", "nvidia.com/gpu", (f"{U0}-3",)),))
     assert dict(from_kubelet(view, directory, GPUS).placed) == {("hami", "main", U0): Grant(1.0, 4000 * MIB, 0.3)}
-    # Without the kubelet too: the annotation places the grant.
+    # Without the kubelet too, where the container's limits ask for as many GPUs.
     assert dict(from_limits(directory, GPUS).placed) == {("hami", "main", U0): Grant(1.0, 4000 * MIB, 0.3)}
+
+
+@pytest.mark.parametrize(
+    ("stated", "served", "why"),
+    [
+        # a pod HAMi's device plugin never served: the kubelet gave its container nothing
+        ({"main": (StatedGrant(U0, 80 * GIB, 1.0),)}, (), "where HAMi's device plugin gave it 0"),
+        # a time-slicing replica of NVIDIA's device plugin, and an annotation claiming the whole GPU
+        ({"main": (StatedGrant(U0, 80 * GIB, 1.0),)}, (f"{U0}::1",), "where HAMi's device plugin gave it 0"),
+        # 1 MiB and 1 % twice on one GPU, for a container given one device
+        ({"main": (StatedGrant(U0, MIB, 0.01), StatedGrant(U0, MIB, 0.01))}, (f"{U0}-1",), f"GPU {U0} twice"),
+        # a GPU of another node
+        ({"main": (StatedGrant("GPU-elsewhere", 4000 * MIB, 0.3),)}, (f"{U0}-1",), "no GPU of this node"),
+        # more memory than the GPU has
+        ({"main": (StatedGrant(U0, 200 * GIB, 0.3),)}, (f"{U0}-1",), "more memory"),
+    ],
+)
+def test_a_hami_annotation_the_device_plugin_did_not_serve_is_refused_for_the_kubelets_shares(
+    stated: dict[str, tuple[StatedGrant, ...]], served: tuple[str, ...], why: str
+) -> None:
+    directory = pods(hami=PodMeta("ai", "forged", stated=stated, gpu_limits={"main": 1}))
+    view = KubeletView(
+        devices=(DeviceAssignment("ai", "forged", "main", "nvidia.com/gpu", served),) if served else (),
+        pods=(("ai", "forged"),),
+    )
+    allocation = from_kubelet(view, directory, GPUS)
+    [(uid, message)] = allocation.refused
+    assert uid == "hami" and why in message and message.startswith("pod ai/forged: annotation hami.io/"), message
+    # What the kubelet gave, as for any pod: its one device of GPU 0, or nothing.
+    assert dict(allocation.placed) == ({("hami", "main", U0): Grant(1.0)} if served else {})
 
 
 def test_a_dra_claim_is_shared_by_the_containers_that_use_it() -> None:

@@ -12,20 +12,10 @@ from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import BUILTIN, Scenario, load_scenario, sm_asked
+from testkit.clock import Clock
 
 STEP_S = 2.5
 CYCLE_S = 600  # every period of the built-in node (15 s to 300 s) divides it
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000.0
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def wall_us(self) -> int:
-        return int(self.t * 1_000_000)
 
 
 def on_a_clock(scenario: Scenario, tmp_path: Path, clock: Clock) -> tuple[SimulatedNode, Sampler]:

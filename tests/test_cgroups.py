@@ -79,9 +79,45 @@ def test_line_with_container_wins_over_pod_only_line() -> None:
     assert parse_cgroup(text) == PodRef(UID, CID)
 
 
-def test_innermost_container_below_the_pod_wins() -> None:
+def test_the_container_is_the_runtimes_component_below_the_pod() -> None:
     node = "b" * 64
     text = f"0::/system.slice/docker-{node}.scope/kubepods/pod{UID}/{CID}/nested"
+    assert parse_cgroup(text) == PodRef(UID, CID)
+
+
+OTHER = "66666666-7777-8888-9999-000000000000"
+OTHER_CID = "d" * 64
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # cgroup v2, systemd: a pod running systemd nests a kubelet-shaped tree below its container
+        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID.replace('-', '_')}.slice/"
+        f"cri-containerd-{CID}.scope/kubepods.slice/kubepods-pod{OTHER.replace('-', '_')}.slice/"
+        f"cri-containerd-{OTHER_CID}.scope",
+        # seen from an agent in a cgroup namespace of its own: the node's part is `..`
+        f"0::/../../kubepods-burstable-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope/"
+        f"kubepods-pod{OTHER.replace('-', '_')}.slice/crio-{OTHER_CID}.scope",
+        # cgroup v1, cgroupfs: every hierarchy nested the same way
+        f"4:memory:/kubepods/besteffort/pod{UID}/{CID}/kubepods/pod{OTHER}/{OTHER_CID}\n"
+        f"1:name=systemd:/kubepods/besteffort/pod{UID}/{CID}/kubepods/pod{OTHER}/{OTHER_CID}",
+        # cgroup v1, containerd's systemd layout: the container inline in the pod's component
+        f"1:name=systemd:/system.slice/containerd.service/kubepods-besteffort-pod{UID.replace('-', '_')}.slice"
+        f":cri-containerd:{CID}/pod{OTHER}/{OTHER_CID}",
+        # a static pod's hash nested below an ordinary pod's container
+        f"0::/kubepods/burstable/pod{UID}/{CID}/kubepods/pod{'e' * 32}/{OTHER_CID}",
+    ],
+)
+def test_a_pod_shaped_cgroup_nested_below_a_container_stays_that_containers(text: str) -> None:
+    # What a pod nests below its own container (a delegated subtree) is its own, whatever it
+    # is named: the outermost pod component is the kubelet's, the container the runtime's.
+    assert parse_cgroup(text) == PodRef(UID, CID)
+
+
+def test_a_v1_line_nested_differently_still_names_the_outer_pod() -> None:
+    # cgroup v1 delegates each hierarchy apart: a tenant may nest in one and not another.
+    text = f"4:memory:/kubepods/pod{UID}/{CID}/kubepods/pod{OTHER}\n1:name=systemd:/kubepods/pod{UID}/{CID}"
     assert parse_cgroup(text) == PodRef(UID, CID)
 
 

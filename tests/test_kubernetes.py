@@ -97,7 +97,7 @@ def test_names_shares_idle_allocation_and_static_pod(cluster: Cluster) -> None:
         ("api-0", "1"): 40 * GIB,
         ("idle-0", "0"): 40 * GIB,
         ("gpu-probe-node-a", "0"): 0,  # listed without a device: use without an allocation
-        (ORPHAN, "1"): 40 * GIB,  # a pod nobody can name: its allocation unknown, one share
+        (ORPHAN, "1"): 0,  # a pod the API does not know, while it answers: no share
     }
     vgpu = exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod", "gpu_id")
     assert vgpu[("trainer-7f9c", "0")] == pytest.approx(0.6 * 2 / 2)

@@ -11,6 +11,7 @@ per device, each ended by `:`. Cores 0 means no compute limit
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from otel_vgpu.pods.directory import StatedGrant
@@ -20,6 +21,17 @@ MIB = 1024 * 1024
 _FORMAT = (
     "expected '<GPU uuid>,<type>,<memory MiB>,<cores %>' per device, ':' after each device, ';' after each container"
 )
+
+
+# The device IDs HAMi's device plugin advertises to the kubelet: a GPU's UUID, a dash and the
+# replica's number (pkg/device-plugin/nvidiadevice: `GPU-<uuid>-<n>`), where NVIDIA's device
+# plugin writes `GPU-<uuid>::<n>`.
+_HAMI_DEVICE_ID = re.compile(r"^GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}-\d+$")
+
+
+def hami_device_id(device_id: str) -> bool:
+    """Whether the kubelet's device ID is one HAMi's device plugin advertised."""
+    return _HAMI_DEVICE_ID.match(device_id.strip()) is not None
 
 
 class HamiAnnotationError(ValueError):

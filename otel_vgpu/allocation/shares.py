@@ -7,7 +7,9 @@ the table of setups and the upstream source of each rule):
   share per ID: a time-slicing or MPS replica, a whole GPU, a MIG device)
   and DRA claims (the devices of a claim shared by the containers that use
   it);
-- allocator annotations on the pod (HAMi): memory and compute per GPU;
+- allocator annotations on the pod (HAMi): memory and compute per GPU, only where
+  they agree with what the kubelet's device plugin gave each container (a pod's author
+  can write the annotation too: docs/trust.md);
 - without the kubelet, the GPU counts in the pods' resource limits: the
   count is known, not the GPU ("unplaced").
 
@@ -22,6 +24,8 @@ from fnmatch import fnmatchcase
 from typing import Protocol
 
 from otel_vgpu.allocation.devices import DeviceMap
+from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
+from otel_vgpu.allocation.hami import hami_device_id
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device
 from otel_vgpu.pods.directory import PodMeta
@@ -66,6 +70,8 @@ class Allocation:
     """UIDs of the pods whose every grant is known: what is not in `placed`
     for them, they were not given. A pod the kubelet lists without a GPU
     device holds no share; a pod missing here counts one where it runs."""
+    refused: tuple[tuple[str, str], ...] = ()
+    """(pod UID, why) of the allocator annotations refused (`from_annotations`)."""
 
 
 class AllocationSource(Protocol):
@@ -132,19 +138,58 @@ def _add(placed: dict[Key, Grant], key: Key, grant: Grant) -> None:
     placed[key] = grant if previous is None else previous.plus(grant)
 
 
-def from_annotations(pods: Mapping[str, PodMeta], gpus: Sequence[Device], placed: dict[Key, Grant]) -> set[str]:
-    """Add the grants allocator annotations state (HAMi); the UIDs of the pods that have them."""
-    known = {gpu.uuid for gpu in gpus}
+def from_annotations(
+    pods: Mapping[str, PodMeta],
+    gpus: Sequence[Device],
+    placed: dict[Key, Grant],
+    served: Mapping[tuple[str, str], float],
+) -> tuple[set[str], list[tuple[str, str]]]:
+    """Add the grants allocator annotations state (HAMi) where they hold; the UIDs of the pods
+    counted from them, and (UID, why) of those refused. `served`: the devices the kubelet's
+    device plugin gave each (pod UID, container), or what its limits ask where the kubelet
+    is not asked."""
+    known = {gpu.uuid: gpu for gpu in gpus}
     stated = set()
+    refused = []
     for uid, meta in pods.items():
         if meta.terminal or not meta.stated:
+            continue
+        problem = _stated_problem(uid, meta, known, served)
+        if problem is not None:
+            refused.append((uid, f"pod {meta.namespace}/{meta.name}: annotation {HAMI_ANNOTATION} {problem}"))
             continue
         stated.add(uid)
         for container, grants in meta.stated.items():
             for grant in grants:
-                if grant.gpu_uuid in known:
-                    _add(placed, (uid, container, grant.gpu_uuid), Grant(1.0, grant.memory, grant.compute))
-    return stated
+                _add(placed, (uid, container, grant.gpu_uuid), Grant(1.0, grant.memory, grant.compute))
+    return stated, refused
+
+
+def _stated_problem(
+    uid: str, meta: PodMeta, known: Mapping[str, Device], served: Mapping[tuple[str, str], float]
+) -> str | None:
+    """Why a pod's stated grants cannot be what its allocator gave it, or None. HAMi's device
+    plugin checks that a container's entry lists as many GPUs as the kubelet allocated it
+    (pkg/device-plugin/nvidiadevice, Allocate); its scheduler names GPUs of the pod's node,
+    each once a container outside MIG, with no more memory than the GPU has."""
+    for container, grants in meta.stated.items():
+        named = [grant.gpu_uuid for grant in grants]
+        for uuid in named:
+            if uuid not in known:
+                return f"names {uuid}, which is no GPU of this node"
+        repeated = {uuid for uuid in named if named.count(uuid) > 1 and not known[uuid].mig_mode}
+        if repeated:
+            return f"gives container {container!r} GPU {min(repeated)} twice"
+        given = served.get((uid, container), 0)
+        if given != len(named):
+            return (
+                f"gives container {container!r} {len(named)} GPU(s) where HAMi's device plugin gave it {given:g} "
+                "(the kubelet's device IDs GPU-<uuid>-<n>)"
+            )
+        for grant in grants:
+            if grant.memory > known[grant.gpu_uuid].memory_total:
+                return f"gives container {container!r} more memory on {grant.gpu_uuid} than the GPU has"
+    return None
 
 
 def from_kubelet(
@@ -166,8 +211,15 @@ def from_kubelet(
     drivers = frozenset(dra_drivers)
     devices = DeviceMap(gpus)
     live = {(meta.namespace, meta.name): uid for uid, meta in pods.items() if not meta.terminal}
+    # The devices HAMi's device plugin gave each container: its annotation must agree with them.
+    served: dict[tuple[str, str], float] = {}
+    for assignment in view.devices:
+        uid = live.get((assignment.namespace, assignment.pod))
+        if uid is not None and counted(assignment.resource, patterns):
+            key = (uid, assignment.container)
+            served[key] = served.get(key, 0) + sum(1 for d in assignment.device_ids if hami_device_id(d))
     placed: dict[Key, Grant] = {}
-    stated = from_annotations(pods, gpus, placed)
+    stated, refused = from_annotations(pods, gpus, placed, served)
     for assignment in view.devices:
         uid = live.get((assignment.namespace, assignment.pod))
         if uid is None or uid in stated or not counted(assignment.resource, patterns):
@@ -203,14 +255,15 @@ def from_kubelet(
     # here was given none. A pod the directory cannot name stays unknown.
     # An unreadable annotation leaves the pod's allocation unknown, listed or not.
     listed = {uid for key in view.pods or () if (uid := live.get(key)) is not None and not pods[uid].unreadable}
-    return Allocation(placed=placed, replicas=replicas, answered=frozenset(listed | stated))
+    return Allocation(placed=placed, replicas=replicas, answered=frozenset(listed | stated), refused=tuple(refused))
 
 
 def from_limits(pods: Mapping[str, PodMeta], gpus: Sequence[Device] = ()) -> Allocation:
     """Without the kubelet: annotation grants where a pod has them, else the
     GPU counts in the pods' resource limits, GPUs unknown."""
     placed: dict[Key, Grant] = {}
-    stated = from_annotations(pods, gpus, placed)
+    limits = {(uid, container): count for uid, meta in pods.items() for container, count in meta.gpu_limits.items()}
+    stated, refused = from_annotations(pods, gpus, placed, limits)
     unplaced = {
         (uid, container): count
         for uid, meta in pods.items()
@@ -218,4 +271,4 @@ def from_limits(pods: Mapping[str, PodMeta], gpus: Sequence[Device] = ()) -> All
         for container, count in meta.gpu_limits.items()
         if count > 0
     }
-    return Allocation(placed=placed, unplaced=unplaced, answered=frozenset(stated))
+    return Allocation(placed=placed, unplaced=unplaced, answered=frozenset(stated), refused=tuple(refused))

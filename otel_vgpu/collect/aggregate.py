@@ -27,6 +27,11 @@ class GpuReading:
     """Each process's use over the window; a process absent from it was idle."""
     mps_servers: int = 0
     """MPS server processes on the GPU: its clients' SM samples go to them."""
+    unknown_pids: frozenset[int] = frozenset()
+    """Processes whose use NVML cannot tell (MPS clients, and their servers, whose samples are
+    the clients' work: collect/trust.py): their pods' use on the GPU is unknown."""
+    stale_pids: frozenset[int] = frozenset()
+    """Processes whose PID's samples were older than the process, and given to no pod."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,8 @@ class _Row:
     container: str
     memory_used: int = 0
     use: ProcessUse = field(default_factory=ProcessUse)
+    use_unknown: bool = False
+    """One of its processes' use NVML cannot tell (an MPS client): the row's is unknown."""
     processes: int = 0
     keys: set[tuple[str, str]] = field(default_factory=set)
     """(pod UID, container label) behind this row: the keys of its grants."""
@@ -223,7 +230,7 @@ def aggregate(
                 ratio = ratios.of(unit.uuid)
                 for row in rows.values():
                     grant = _grant(row.keys, placed_here, unplaced, running_on, allocation.answered)
-                    use = None if reading.use_by_pid is None else row.use.capped()
+                    use = None if reading.use_by_pid is None or row.use_unknown else row.use.capped()
                     sm = None if use is None else use.sm
                     compute = grant.compute if grant.compute is not None else grant.shares / ratio
                     memory = grant.memory if grant.memory is not None else grant.shares * unit.memory_total / ratio
@@ -316,7 +323,9 @@ def _unit_rows(
         row = row_for(labeller.key(ref))
         row.memory_used += used
         row.processes += 1
-        if reading.use_by_pid is not None and (use := reading.use_by_pid.get(process.pid)) is not None:
+        if process.pid in reading.unknown_pids:
+            row.use_unknown = True
+        elif reading.use_by_pid is not None and (use := reading.use_by_pid.get(process.pid)) is not None:
             row.use = row.use.plus(use)
     for key in placed_here:
         row_for(key)

@@ -2,7 +2,9 @@
 
 - per-process utilization over the window since that GPU's last sweep, and the
   GPU's own samples over the same window, so that the processes can be fitted
-  under the GPU (gpu/sampling.py);
+  under the GPU (gpu/sampling.py); a PID's samples from before the process that
+  holds it now started are dropped (a reused PID inherits nothing);
+- the compute mode, only on a GPU whose processes include MPS clients (collect/trust.py);
 - a GPU that answers NOT_SUPPORTED for per-process utilization is left alone
   for `ask_again_s`, not failed every sweep;
 - the energy counter is read every `energy_every_s`, not every sweep;
@@ -21,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -33,6 +35,7 @@ from otel_vgpu.gpu.sampling import (
     fit_under,
     mean_since,
     mean_use_by_pid,
+    of_their_process,
     window_start,
 )
 from otel_vgpu.health import Stage
@@ -92,6 +95,15 @@ class Read(str, Enum):
     """The GPU's own samples of its engines beside SM, when an engine window closes."""
 
 
+Born = Callable[[Sequence[int]], Mapping[int, int]]
+"""When each of these processes started, by PID, on the samples' clock (microseconds); a PID
+absent is gone or unreadable (pods/attribution.py `Attributor.started_us`)."""
+
+
+def _unborn(pids: Sequence[int]) -> Mapping[int, int]:
+    return {}
+
+
 class GpuReader:
     """Reads GPUs as the policy above says, keeping what it needs from one sweep to the next."""
 
@@ -129,8 +141,9 @@ class GpuReader:
         self._windows.keep_only(keep)
         self._engine_windows = {uuid: w for uuid, w in self._engine_windows.items() if uuid in keep}
 
-    def read(self, index: int, errors: SweepErrors) -> GpuReading | None:
-        """GPU `index` as this sweep reads it; None where the device itself could not be read."""
+    def read(self, index: int, errors: SweepErrors, born: Born = _unborn) -> GpuReading | None:
+        """GPU `index` as this sweep reads it; None where the device itself could not be read.
+        `born`: when its processes started, to drop their PIDs' older samples."""
         try:
             device = self._backend.device(index)
         except GpuError as error:
@@ -145,6 +158,8 @@ class GpuReader:
         except GpuError as error:
             errors.add(Stage.PROCESSES, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=None, use_by_pid=None)
+        if any(p.mps_client for p in processes):
+            device = self._with_compute_mode(index, device)
         if device.mig_mode or Read.PROCESS_USE not in self._reads:
             # NVML has no per-process utilization under MIG: not an error. Or no family needs it.
             return GpuReading(device=device, processes=processes, use_by_pid=None)
@@ -171,10 +186,19 @@ class GpuReader:
             return GpuReading(device=device, processes=processes, use_by_pid=None)
         self._windows.advance(device.uuid, now)
         self._no_process_utilization.pop(device.uuid, None)
+        samples, stale = of_their_process(samples, born([p.pid for p in processes]))
         use_by_pid = fit_under(mean_use_by_pid(samples, since), device.utilization_window)
         if Read.ENGINE_SAMPLES in self._reads and device.engines:
             device = self._with_engine_window(index, device, use_by_pid.values(), now)
-        return GpuReading(device=device, processes=processes, use_by_pid=use_by_pid)
+        return GpuReading(device=device, processes=processes, use_by_pid=use_by_pid, stale_pids=stale)
+
+    def _with_compute_mode(self, index: int, device: Device) -> Device:
+        """The device with its compute mode, where NVML tells it (collect/trust.py decides on it)."""
+        try:
+            exclusive = self._backend.exclusive_process(index)
+        except GpuError:
+            return device  # unknown: the default mode's rules, which trust no more than they must
+        return dataclasses.replace(device, exclusive_process=exclusive)
 
     def _with_engine_window(self, index: int, device: Device, uses: Iterable[ProcessUse], now_us: int) -> Device:
         """The device with the GPU's own figure of each engine over the window that closes in

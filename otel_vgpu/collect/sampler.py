@@ -13,36 +13,23 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection
 
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
 from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
 from otel_vgpu.collect.reading import GpuReader, SweepErrors
+from otel_vgpu.collect.trust import MPS_SERVER_COMMAND, bound_unknown, judge_mps
 from otel_vgpu.collect.usage import Usage, accumulate
+from otel_vgpu.config import DEFAULT_MPS_SERVER_NAMESPACES
 from otel_vgpu.gpu.backend import ErrorCode, GpuBackend, GpuError
 from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.health import SWEEP_STAGES, Health, Stage
-from otel_vgpu.pods.attribution import Attributor
+from otel_vgpu.health import SWEEP_STAGES, Health, Refusal, Stage
+from otel_vgpu.pods.attribution import Attribution, Attributor
+from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodDirectory
 
 log = logging.getLogger(__name__)
-
-
-# The MPS server's command name: `nvidia-cuda-mps-server` cut to the
-# kernel's 15 characters (TASK_COMM_LEN), as /proc/<pid>/stat gives it.
-MPS_SERVER_COMMAND = "nvidia-cuda-mps-server"[:15]
-
-
-def with_mps(reading: GpuReading, commands: Mapping[int, str]) -> GpuReading:
-    """The reading with its MPS servers counted. NVML gives an MPS server
-    every SM sample of its clients and the clients none (measured on an
-    H200, driver 580): on such a GPU, per-process SM says nothing about
-    pods, so it is left out; the device figure still holds."""
-    servers = sum(1 for p in reading.processes or () if commands.get(p.pid) == MPS_SERVER_COMMAND)
-    if not servers:
-        return reading
-    return dataclasses.replace(reading, use_by_pid=None, mps_servers=servers)
 
 
 class Sampler:
@@ -61,6 +48,7 @@ class Sampler:
         on_driver_changed: Callable[[str], None] | None = None,
         idle_watts: float | None = None,
         reader: GpuReader | None = None,
+        mps_server_namespaces: Collection[str] = DEFAULT_MPS_SERVER_NAMESPACES,
     ) -> None:
         """`host_pid_namespace`: whether the agent shares the host's PID
         namespace (None: unknown); by default read from /proc/self/ns/pid.
@@ -68,7 +56,8 @@ class Sampler:
         longer matches the loaded driver, which no retry can mend.
         `idle_watts`: every GPU's idle power, for the energy split; None: learned.
         `reader`: how each GPU is read (collect/reading.py); by default with its
-        default cadences and this sampler's clock."""
+        default cadences and this sampler's clock.
+        `mps_server_namespaces`: where a pod may run an MPS server (collect/trust.py)."""
         self._backend = backend
         self._attributor = attributor
         self._directory = directory
@@ -90,6 +79,7 @@ class Sampler:
         self._usage = Usage()
         self._idle_watts = idle_watts
         self._on_driver_changed = on_driver_changed
+        self._mps_server_namespaces = frozenset(mps_server_namespaces)
         self.sweeps = 0
 
     def stuck_for(self) -> float:
@@ -212,8 +202,9 @@ class Sampler:
             return Snapshot(taken_at=self._clock(), ok=False)
 
         readings: list[GpuReading] = []
+        self._attributor.begin(self._backend.now_us())
         for index in range(count):
-            reading = self._reader.read(index, errors)
+            reading = self._reader.read(index, errors, self._attributor.started_us)
             if reading is not None:
                 readings.append(reading)
         self._reader.keep_only(reading.device.uuid for reading in readings)
@@ -231,23 +222,93 @@ class Sampler:
         attribution = self._attributor.attribute(pids)
         for message in attribution.errors:
             errors.add(Stage.ATTRIBUTION, "unreadable", message)
-        readings = [with_mps(reading, attribution.commands) for reading in readings]
+        pods_by_pid, unknown = self._refuse(attribution)
+        readings = [self._judge_mps(reading, pods_by_pid, attribution) for reading in readings]
         self._announce(readings)
 
         devices = [reading.device for reading in readings]
         allocation = self._allocation.allocation(devices)
+        for uid, why in allocation.refused:
+            self._health.refused(
+                Refusal.HAMI_ANNOTATION,
+                uid,
+                f"refused ({Refusal.HAMI_ANNOTATION.value}): {why}; ignored, the pod's shares are the kubelet's "
+                "(docs/trust.md)",
+                log_each=True,
+            )
+        if unknown:
+            # Pods the API does not know hold no share: what they were given is nothing the agent knows of.
+            allocation = dataclasses.replace(allocation, answered=allocation.answered | unknown)
         resolved = self._ratio.ratios(devices, allocation.replicas)
         for kind, message in resolved.problems:
             errors.add(Stage.RATIO, kind, message)
         gpus, pods = aggregate(
             readings,
-            attribution.pods,
+            pods_by_pid,
             self._directory.lookup,
             allocation,
             resolved.ratios,
             self._by_container,
         )
         return Snapshot(taken_at=self._clock(), ok=True, gpus=gpus, pods=pods, blind=blind)
+
+    def _refuse(self, attribution: Attribution) -> tuple[dict[int, PodRef | None], frozenset[str]]:
+        """The attribution with what a tenant cannot decide refused (collect/trust.py): each
+        refusal counted; the UIDs of the pods the API does not know that keep their rows."""
+        nested = [pid for pid, ref in attribution.pods.items() if ref is not None and ref.names_another_pod]
+        self._refuse_processes(
+            Refusal.NESTED_POD_CGROUP,
+            nested,
+            attribution,
+            "runs in a cgroup its container nested below itself and named like a pod; billed to its container's pod",
+        )
+        if not self._directory.knows_every_pod():
+            return dict(attribution.pods), frozenset()
+        pods_by_pid, unknown, dropped = bound_unknown(
+            attribution.pods, lambda uid: self._directory.lookup(uid) is not None
+        )
+        self._refuse_processes(
+            Refusal.UNKNOWN_POD,
+            dropped,
+            attribution,
+            "belongs to a pod the Kubernetes API does not know, past the bound on such pods; its usage is unattributed",
+        )
+        return pods_by_pid, unknown
+
+    def _refuse_processes(self, reason: Refusal, pids: Collection[int], attribution: Attribution, what: str) -> None:
+        for pid in pids:
+            start = attribution.starts.get(pid)
+            self._health.refused(
+                reason,
+                f"{pid}:{start}",
+                f"refused ({reason.value}): process {pid} ({attribution.commands.get(pid, '?')}) {what}",
+            )
+
+    def _judge_mps(
+        self, reading: GpuReading, pods_by_pid: dict[int, PodRef | None], attribution: Attribution
+    ) -> GpuReading:
+        """The reading with MPS judged from NVML's clients (collect/trust.py), and the
+        processes refused what they claim counted: a name the server's, samples of a PID's
+        earlier holder."""
+        judged, decoys = judge_mps(reading, pods_by_pid, attribution.commands, self._may_serve_mps)
+        self._refuse_processes(
+            Refusal.MPS_SERVER_NAME,
+            decoys,
+            attribution,
+            "calls itself the MPS server on a GPU where it cannot be one; it is its pod's, as any process",
+        )
+        self._refuse_processes(
+            Refusal.PID_REUSED,
+            sorted(judged.stale_pids),
+            attribution,
+            "holds a PID whose NVML samples are older than it; they are given to no pod",
+        )
+        return judged
+
+    def _may_serve_mps(self, ref: PodRef) -> bool:
+        """Whether a pod may run an MPS server: one in a namespace trusted with it."""
+        meta = self._directory.lookup(ref.pod_uid)
+        return meta is not None and meta.namespace in self._mps_server_namespaces
 
     def _announce(self, readings: list[GpuReading]) -> None:
         """Say once per GPU why its pods have no SM figures (MIG mode, an MPS server)."""
@@ -256,14 +317,19 @@ class Sampler:
             why = None
             if device.mig_mode:
                 why = "is in MIG mode: NVML has no per-process SM there"
-            elif reading.mps_servers:
+            elif reading.unknown_pids:
                 why = (
-                    f"runs an MPS server (command {MPS_SERVER_COMMAND!r} in /proc/<pid>/stat): NVML gives its "
-                    "clients' SM samples to the server"
+                    f"runs MPS ({len(reading.unknown_pids)} clients and servers; {reading.mps_servers} server "
+                    f"recognised, command {MPS_SERVER_COMMAND!r}): NVML gives its clients' SM samples to the server"
                 )
             if why is not None and (device.uuid, why) not in self._announced:
                 self._announced.add((device.uuid, why))
-                log.info("GPU %d (%s) %s; the pod SM families are left out for it", device.index, device.uuid, why)
+                log.info(
+                    "GPU %d (%s) %s; the pod SM families are left out for the pods concerned",
+                    device.index,
+                    device.uuid,
+                    why,
+                )
 
     def _report_blind(self, snapshot: Snapshot) -> None:
         """One error line when the agent goes blind (or other GPUs join), one when it sees again."""

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.reading import Read
 from otel_vgpu.gpu.backend import ENGINES
-from otel_vgpu.health import COLLECTION_STAGES, Health, Stage
+from otel_vgpu.health import COLLECTION_STAGES, Health, Refusal, Stage
 
 MIB = 1024 * 1024
 
@@ -141,11 +141,19 @@ STAGES: Kind[tuple[Stage, int]] = Kind(
     per_snapshot=False,
 )
 """The agent's failures, one series per collection stage."""
+REFUSALS: Kind[tuple[Refusal, int]] = Kind(
+    "refusals",
+    ("reason",),
+    lambda seen: list(seen.health.refusals().items()),
+    lambda row: {"reason": row[0].value},
+    per_snapshot=False,
+)
+"""Inputs a tenant can write that the agent refused, one series per reason."""
 SWEEPS: Kind[float] = Kind("sweeps", (), lambda seen: seen.health.take_durations(), lambda _: {}, per_snapshot=False)
 """The sweeps made since the last collection, one row each: taking them empties the list,
 so a histogram of this kind records each sweep once, at the start of a collection."""
 
-KINDS: tuple[Kind[Any], ...] = (POD, GPU, SEED, AGENT, STAGES, SWEEPS)
+KINDS: tuple[Kind[Any], ...] = (POD, GPU, SEED, AGENT, STAGES, REFUSALS, SWEEPS)
 
 # UCUM units and the suffix they give a Prometheus name, on a scrape and
 # through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
@@ -490,6 +498,20 @@ _TABLE = (
         STAGES,
         "Failures during sweeps, by stage.",
         value=lambda stage_count: stage_count[1],
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.agent.refusals",
+        "{input}",
+        REFUSALS,
+        "Inputs a tenant can write that the agent refused to let decide attribution or allocation, each "
+        "counted once, by reason: nested_pod_cgroup (a cgroup below a container named like a pod: billed to "
+        "the container's pod), unknown_pod (a pod the Kubernetes API does not know, past the bound: its usage "
+        "unattributed), pid_reused (NVML samples older than the process holding their PID: given to no pod), "
+        "mps_server_name (a process calling itself the MPS server where it cannot be one: billed to its pod), "
+        "hami_annotation and config_hash (annotations on pods their writer did not make: ignored). "
+        "docs/trust.md says why.",
+        value=lambda row: row[1],
         instrument=Instrument.COUNTER,
     ),
     Family(

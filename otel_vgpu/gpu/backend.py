@@ -58,6 +58,10 @@ class Device:
     engine_window: Mapping[str, float] | None = None
     """The mean of the GPU's own samples of each of its engines over the engine window that
     closed in this sweep, 0-1 (collect/reading.py fills it in); None in a sweep that closed none."""
+    exclusive_process: bool | None = None
+    """Whether its compute mode is EXCLUSIVE_PROCESS (one context at a time: under MPS, the
+    server's), as the NVIDIA device plugin's MPS daemon sets it; read only on a GPU whose
+    processes include MPS clients (collect/reading.py), None elsewhere."""
 
     @property
     def mig_mode(self) -> bool:
@@ -72,6 +76,9 @@ class GpuProcess:
     """Bytes, or None where NVML cannot tell (WDDM)."""
     mig_uuid: str | None = None
     """The MIG device the process runs on; None on a GPU not in MIG mode."""
+    mps_client: bool = False
+    """NVML lists it among the GPU's MPS clients (nvmlDeviceGetMPSComputeRunningProcesses):
+    the driver's word, which no process name changes. NVML gives its SM samples to its server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +205,10 @@ class GpuBackend(Protocol):
 
     def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
         """The GPU's own samples of `figure` (SM, or one of `ENGINES`) newer than `since_us`: (timestamp, 0-1)."""
+        ...
+
+    def exclusive_process(self, index: int) -> bool | None:
+        """Whether the GPU's compute mode is EXCLUSIVE_PROCESS; None where NVML cannot tell."""
         ...
 
     def now_us(self) -> int:

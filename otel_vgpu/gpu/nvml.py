@@ -11,6 +11,7 @@ answers again. No restart is needed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -74,6 +75,10 @@ V2_ONLY = frozenset({"jpeg", "optical_flow"})
 # A listing NVML sized, then found too small because processes started in
 # between: asked again this many times.
 LISTING_ATTEMPTS = 3
+# The place of nvmlDeviceGetMPSComputeRunningProcesses in the listings: its processes are MPS clients.
+MPS_LISTING = 2
+# nvmlComputeMode_t (nvml.h): one context at a time, which MPS makes its server's.
+COMPUTEMODE_EXCLUSIVE_PROCESS = 3
 
 
 class NvmlBackend:
@@ -334,16 +339,24 @@ class NvmlBackend:
         merged: dict[int, GpuProcess] = {}
         for device_handle, mig_uuid in migs:
             for listing in list(self._listings):
+                client = listing is self._listings[MPS_LISTING]
                 for info in self._listing(listing, device_handle):
                     pid = int(info.pid)
                     used = None if info.usedGpuMemory is None else int(info.usedGpuMemory)
                     previous = merged.get(pid)
                     # A process on several lists (CUDA and graphics contexts,
                     # MPS clients) holds one allocation that NVML reports in
-                    # each: count it once.
+                    # each: count it once, a client if the MPS list has it.
                     if previous is None or (previous.used_memory is None and used is not None):
-                        merged[pid] = GpuProcess(pid=pid, used_memory=used, mig_uuid=mig_uuid)
+                        was_client = previous is not None and previous.mps_client
+                        previous = merged[pid] = GpuProcess(pid, used, mig_uuid, was_client)
+                    if client and not previous.mps_client:
+                        merged[pid] = dataclasses.replace(previous, mps_client=True)
         return list(merged.values())
+
+    def exclusive_process(self, index: int) -> bool | None:
+        mode = self._query(self._nvml.nvmlDeviceGetComputeMode, self._handle(index), default=None, remember=index)
+        return None if mode is None else int(mode) == COMPUTEMODE_EXCLUSIVE_PROCESS
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         """Per-process samples from nvmlDeviceGetProcessesUtilizationInfo where the driver has

@@ -16,6 +16,29 @@ from collections.abc import Iterable, Mapping
 from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse, UtilizationSample
 
 MIN_WINDOW_US = 1_000_000
+# NVML stamps a sample at the end of its period (200 ms on an H200, bench/results/
+# h200-nvml-samples.md): the last sample of a process that ended can be stamped up to a
+# period after the next process that takes its PID started.
+SAMPLE_PERIOD_US = 200_000
+
+
+def of_their_process(
+    samples: Iterable[UtilizationSample], born_us: Mapping[int, int]
+) -> tuple[list[UtilizationSample], frozenset[int]]:
+    """The samples that belong to the process holding their PID now: those stamped a sample
+    period or more after it started (`born_us`, by PID, on the samples' clock; a PID absent
+    keeps its samples). NVML keeps samples by PID, and keeps an ended process's last one
+    while a new process holds its PID; without this, the new process's pod would be
+    credited with the old one's work. The PIDs whose samples were dropped, too."""
+    kept: list[UtilizationSample] = []
+    stale: set[int] = set()
+    for sample in samples:
+        born = born_us.get(sample.pid)
+        if born is not None and sample.timestamp_us < born + SAMPLE_PERIOD_US:
+            stale.add(sample.pid)
+        else:
+            kept.append(sample)
+    return kept, frozenset(stale)
 
 
 def window_start(last_collected_us: int | None, now_us: int, min_window_us: int = MIN_WINDOW_US) -> int:

@@ -6,6 +6,14 @@ cluster. A background thread lists, then watches from the list's
 resourceVersion; after `410 Gone`, a broken watch or any error it lists again,
 with exponential backoff. Sweeps read the current state and never wait for the
 API. The client is lightkube (TLS verified against the service account's CA).
+
+Pods are known by the UID their cgroups carry: their own, or, for a static pod, the
+UID the kubelet gave it from its manifest, which its mirror pod carries in
+`kubernetes.io/config.mirror`. Only that annotation names a static pod: the API
+server refuses to add it to a pod or change it (ValidatePodSpecificAnnotationUpdates),
+and the kubelet runs no pod that has it and deletes those that match no static pod
+of its own; `kubernetes.io/config.hash` is anyone's to write on their pod, and is
+refused (docs/trust.md).
 """
 
 from __future__ import annotations
@@ -21,13 +29,14 @@ from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.shares import counted
 from otel_vgpu.config import DEFAULT_RESOURCES
-from otel_vgpu.health import Stage
+from otel_vgpu.health import Refusal, Stage
 from otel_vgpu.kubernetes.watch import ListWatch, WatchSettings, report_failure
 from otel_vgpu.pods.directory import PodMeta, StatedGrant
 
 log = logging.getLogger(__name__)
 
 CONFIG_HASH = "kubernetes.io/config.hash"
+CONFIG_MIRROR = "kubernetes.io/config.mirror"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +47,37 @@ class _Entry:
     meta: PodMeta
     problem: str | None = None
     """Why part of the pod could not be read (a malformed allocator annotation)."""
+    refused: str | None = None
+    """Why an annotation that would name its cgroups was refused (docs/trust.md)."""
 
 
-def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES) -> _Entry:
+def cgroup_uid(metadata: Any, node_name: str) -> tuple[str, str | None]:
+    """The UID a pod's cgroups carry, and why an annotation that claims another was refused.
+
+    A mirror pod names its static pod by `kubernetes.io/config.mirror`, the static pod's UID
+    (pkg/kubelet/pod/mirror_client.go, CreateMirrorPod): the kubelet names it `<static pod>-<node>`
+    (pkg/kubelet/config/common.go, generatePodName). `kubernetes.io/config.hash` on any other
+    pod is its author's word, and names nothing."""
+    annotations = metadata.annotations or {}
+    where = f"pod {metadata.namespace}/{metadata.name}"
+    mirror = annotations.get(CONFIG_MIRROR)
+    if mirror:
+        suffix = f"-{node_name.lower()}"
+        if node_name and not str(metadata.name).endswith(suffix):
+            return metadata.uid, (
+                f"{where}: annotation {CONFIG_MIRROR} on a pod not named as the kubelet names this node's mirror "
+                f"pods (<static pod>{suffix}); ignored"
+            )
+        return str(mirror), None
+    if CONFIG_HASH in annotations:
+        return metadata.uid, (
+            f"{where}: annotation {CONFIG_HASH} on a pod that is not a mirror pod (no {CONFIG_MIRROR}); ignored, "
+            "its cgroups carry its own UID"
+        )
+    return metadata.uid, None
+
+
+def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES, node_name: str = "") -> _Entry:
     """A lightkube Pod (or anything shaped like one) to a directory entry."""
     metadata = pod.metadata
     annotations = metadata.annotations or {}
@@ -74,9 +111,11 @@ def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES) -> _Entry:
             stated = parse_hami(hami, init, [c.name for c in regular], where)
         except HamiAnnotationError as error:
             problem = str(error)
+    carried, refused = cgroup_uid(metadata, node_name)
     return _Entry(
         uid=metadata.uid,
-        cgroup_uid=annotations.get(CONFIG_HASH, metadata.uid),
+        cgroup_uid=carried,
+        refused=refused,
         meta=PodMeta(
             metadata.namespace or "",
             metadata.name,
@@ -136,6 +175,9 @@ class KubePodDirectory:
         with self._lock:
             return dict(self._by_cgroup)
 
+    def knows_every_pod(self) -> bool:
+        return self._loop.synced.is_set()
+
     # --- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
@@ -171,16 +213,40 @@ class KubePodDirectory:
             self._reindex()
 
     def _entry(self, pod: Any) -> _Entry:
-        entry = pod_entry(pod, self._resources)
+        entry = pod_entry(pod, self._resources, self._node)
         if entry.problem is not None:
             # Counted and logged once per pod; the pod keeps its name and
             # counts as one share where it runs.
             self._health.failed(Stage.POD_ANNOTATIONS, entry.uid, f"{entry.problem}; its shares count as one")
+        if entry.refused is not None:
+            self._health.refused(
+                Refusal.CONFIG_HASH, entry.uid, f"refused ({Refusal.CONFIG_HASH.value}): {entry.refused}", log_each=True
+            )
         return entry
 
     def _reindex(self) -> None:
-        """Rebuild the cgroup-UID index; the caller holds the lock."""
-        self._by_cgroup = {e.cgroup_uid: e.meta for e in self._entries.values()}
+        """Rebuild the cgroup-UID index; the caller holds the lock. Every pod is known by its
+        own UID; a mirror pod by its static pod's too, unless two claim one static pod (one is
+        not the kubelet's, which deletes it soon): then neither, until one is gone."""
+        index = {e.uid: e.meta for e in self._entries.values()}
+        claims: dict[str, list[_Entry]] = {}
+        for entry in self._entries.values():
+            if entry.cgroup_uid != entry.uid:
+                claims.setdefault(entry.cgroup_uid, []).append(entry)
+        for carried, claimants in claims.items():
+            if len(claimants) == 1:
+                index[carried] = claimants[0].meta
+                continue
+            names = ", ".join(sorted(f"{e.meta.namespace}/{e.meta.name}" for e in claimants))
+            for entry in claimants:
+                self._health.refused(
+                    Refusal.CONFIG_HASH,
+                    f"{entry.uid}:{carried}",
+                    f"refused ({Refusal.CONFIG_HASH.value}): pods {names} all claim to mirror static pod {carried}; "
+                    "none is taken for it until one is gone",
+                    log_each=True,
+                )
+        self._by_cgroup = index
 
     def _failed(self, error: Exception) -> None:
         report_failure(

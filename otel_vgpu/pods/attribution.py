@@ -7,12 +7,15 @@ proc root is its own `/proc`, which is then the host's. (Older drivers gave
 host PIDs to every caller; for them an agent in its own namespace could read
 a mounted host `/proc` through `--proc-root`.) A process keeps its cgroup for
 life, so each attribution is cached per (PID, start time): a reused PID has a
-different start time and is read again.
+different start time and is read again. The start time, on NVML's clock, is also
+what tells a PID's samples of the process holding it now from those of the one
+that held it before (gpu/sampling.py `of_their_process`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +24,8 @@ from otel_vgpu.pods.cgroups import PodRef, parse_cgroup
 # Real cgroup files are a few hundred bytes; a bigger one is not worth reading
 # whole (a v1 file lists at most a dozen hierarchies).
 MAX_CGROUP_BYTES = 256 * 1024
+# /proc/<pid>/stat counts start times in clock ticks after boot.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class ProcUnreadable(Exception):
@@ -74,6 +79,16 @@ class ProcReader:
         """None if the process is gone."""
         return self._read(pid, "cgroup", MAX_CGROUP_BYTES)
 
+    def boot_us(self, now_us: int) -> int | None:
+        """When the node booted, on the clock of `now_us` (microseconds), from `uptime`
+        (hundredths of a second, as the start times' clock ticks); None where unreadable."""
+        try:
+            with open(f"{self._prefix}uptime", "rb") as handle:
+                uptime = float(handle.read(64).split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return now_us - round(uptime * 1_000_000)
+
     def _read(self, pid: int, name: str, limit: int) -> str | None:
         path = f"{self._prefix}{pid}/{name}"
         try:
@@ -98,6 +113,8 @@ class Attribution:
     """Processes whose files exist but could not be read."""
     commands: dict[int, str] = field(default_factory=dict)
     """PID to command name (`comm`), for the processes that could be read."""
+    starts: dict[int, int] = field(default_factory=dict)
+    """PID to start time (clock ticks after boot), for the processes that could be read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +125,40 @@ class _Cached:
 
 
 class Attributor:
-    """Attributes PIDs to pods, with a cache keyed on (PID, start time)."""
+    """Attributes PIDs to pods, with a cache keyed on (PID, start time). Each process's `stat`
+    is read once a sweep (`begin`), for its start time and for its attribution alike, so that
+    both are of one process."""
 
     def __init__(self, reader: ProcReader) -> None:
         self._reader = reader
         self._cache: dict[int, _Cached] = {}
+        self._stats: dict[int, tuple[int, str] | ProcUnreadable | None] = {}
+        self._boot_us: int | None = None
+
+    def begin(self, now_us: int) -> None:
+        """A new sweep, at `now_us` on the samples' clock: each `stat` is read anew."""
+        self._stats = {}
+        self._boot_us = self._reader.boot_us(now_us)
+
+    def started_us(self, pids: Sequence[int]) -> dict[int, int]:
+        """When each process started, by PID, on the samples' clock (microseconds); a process
+        gone, unreadable, or on a node whose uptime cannot be read is left out."""
+        if self._boot_us is None:
+            return {}
+        started = {}
+        for pid in pids:
+            stat = self._stat(pid)
+            if isinstance(stat, tuple):
+                started[pid] = self._boot_us + stat[0] * 1_000_000 // CLOCK_TICKS
+        return started
+
+    def _stat(self, pid: int) -> tuple[int, str] | ProcUnreadable | None:
+        if pid not in self._stats:
+            try:
+                self._stats[pid] = self._reader.stat(pid)
+            except ProcUnreadable as error:
+                self._stats[pid] = error
+        return self._stats[pid]
 
     def attribute(self, pids: Iterable[int]) -> Attribution:
         result = Attribution()
@@ -128,13 +174,17 @@ class Attributor:
             result.pods[pid] = None if found is None else found.ref
             if found is not None:
                 result.commands[pid] = found.command
+                result.starts[pid] = found.start
         # Only PIDs seen in this pass survive: the cache can never outgrow the
-        # node's current GPU processes.
+        # node's current GPU processes. The stat files are read anew in the next pass.
         self._cache = cache
+        self._stats = {}
         return result
 
     def _attribute_one(self, pid: int, cache: dict[int, _Cached]) -> _Cached | None:
-        stat = self._reader.stat(pid)
+        stat = self._stat(pid)
+        if isinstance(stat, ProcUnreadable):
+            raise stat
         if stat is None:
             return None
         start, command = stat

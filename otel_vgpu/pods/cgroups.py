@@ -9,17 +9,24 @@ pod's cgroup after the pod UID, whatever the driver:
   Kubernetes 1.6 used `BestEffort-pod<uid>.slice`; containerd's v1 systemd
   layout writes `<pod-slice>:cri-containerd:<id>` in one component)
 
-so the rules are about path components, not whole-path templates: the pod is
-the component that names a pod UID, the container is the innermost component
-below it that names a 64-hex container ID. Everything above the pod (a kind or
-minikube node container, an ECS task, a relative cgroup-namespace prefix) is
-ignored, which is why a nested node container is never taken for the pod's.
+so the rules are about path components, not whole-path templates, and they
+follow who can write each component (docs/trust.md):
+
+- the pod is the *outermost* component that names a pod UID. Everything above
+  it is the node's (its kubepods root and QoS level, a kind or minikube node
+  container, an ECS task, a relative cgroup-namespace prefix); everything below
+  the container's own cgroup may be the tenant's, since a pod running systemd,
+  rootless podman or Docker-in-Docker is delegated its subtree and names what
+  it creates there as it likes, another pod's UID included;
+- the container is the component directly below the pod (or the one its
+  component names inline): what the runtime created. Whatever a container nests
+  below itself stays that container's.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # A pod UID in a path: dashed (cgroupfs) or underscored (systemd) 8-4-4-4-12,
 # or the 32-hex config hash of a static pod.
@@ -42,7 +49,10 @@ class PodRef:
     pod_uid: str
     """Dashed lowercase UID; for a static pod, its 32-hex config hash."""
     container_id: str | None
-    """Full ID of the innermost container holding the process, if the path names one."""
+    """Full ID of the container the runtime made directly below the pod, if the path names one."""
+    names_another_pod: bool = field(default=False, compare=False)
+    """A cgroup below the container is named like a pod: the container's own doing, which
+    does not change whose process it is (counted as a refusal, docs/trust.md)."""
 
 
 def parse_cgroup(text: str) -> PodRef | None:
@@ -72,30 +82,31 @@ def parse_cgroup(text: str) -> PodRef | None:
 def parse_cgroup_path(path: str) -> PodRef | None:
     """The pod a single cgroup path belongs to, or None."""
     components = [c for c in path.split("/") if c]
-    # The innermost pod component wins: a kind node runs inside a container
-    # that may itself sit in a pod-shaped hierarchy only by coincidence.
-    for index in range(len(components) - 1, -1, -1):
-        match = _POD_COMPONENT.match(components[index])
+    for index, component in enumerate(components):
+        match = _POD_COMPONENT.match(component)
         if match is None:
             continue
-        uid = _normalise_uid(match.group("uid"))
+        # The outermost pod component is the kubelet's: a pod can create cgroups only
+        # inside its own container's, below it (docs/trust.md).
         inline = match.group("rest")
-        candidates = ([inline] if inline else []) + components[index + 1 :]
-        return PodRef(pod_uid=uid, container_id=_innermost_container(candidates))
+        below = inline if inline else (components[index + 1] if index + 1 < len(components) else None)
+        nested = components[index + 1 :] if inline else components[index + 2 :]
+        return PodRef(
+            pod_uid=_normalise_uid(match.group("uid")),
+            container_id=_container(below),
+            names_another_pod=any(_POD_COMPONENT.match(c) for c in nested),
+        )
     return None
 
 
-def _innermost_container(components: list[str]) -> str | None:
-    container: str | None = None
-    for component in components:
-        # cri-o's monitor process lives in `crio-conmon-<id>.scope`: it is
-        # not the container, and its cgroup holds no workload.
-        if "conmon" in component:
-            return None
-        match = _CONTAINER_COMPONENT.match(component)
-        if match is not None:
-            container = match.group("id")
-    return container
+def _container(component: str | None) -> str | None:
+    """The container a pod's child component names; None for a conmon scope, or none."""
+    # cri-o's monitor process lives in `crio-conmon-<id>.scope`: it is
+    # not the container, and its cgroup holds no workload.
+    if component is None or "conmon" in component:
+        return None
+    match = _CONTAINER_COMPONENT.match(component)
+    return None if match is None else match.group("id")
 
 
 def _normalise_uid(raw: str) -> str:

@@ -54,9 +54,14 @@ class PodDirectory(Protocol):
         """Every known pod, keyed as its cgroups name it."""
         ...
 
+    def knows_every_pod(self) -> bool:
+        """Whether a pod it does not know is no pod of this node's (yet): the Kubernetes API
+        is on and has listed the node's pods. Such a pod then holds no share (collect/trust.py)."""
+        ...
+
 
 class StaticDirectory:
-    """A fixed directory (the simulated node's)."""
+    """A fixed directory (the simulated node's, which stands for the Kubernetes API)."""
 
     def __init__(self, pods: Mapping[str, PodMeta]) -> None:
         self._pods = dict(pods)
@@ -67,6 +72,9 @@ class StaticDirectory:
     def pods(self) -> Mapping[str, PodMeta]:
         return self._pods
 
+    def knows_every_pod(self) -> bool:
+        return True
+
 
 class UnresolvedDirectory:
     """Resolves nothing: pods keep their UID in `pod` and an empty `namespace`."""
@@ -76,3 +84,6 @@ class UnresolvedDirectory:
 
     def pods(self) -> Mapping[str, PodMeta]:
         return {}
+
+    def knows_every_pod(self) -> bool:
+        return False

@@ -52,7 +52,6 @@ from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodS
 DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
 # What a MIG device's own driver reservation is taken to be.
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
-MPS_SERVER = "nvidia-cuda-mps"
 # The simulated GPUs' power: idle, and at full SM use (an H200's board limit, 700 W).
 IDLE_WATTS = 75.0
 FULL_WATTS = 700.0
@@ -68,6 +67,13 @@ DRIVER_FILE = "nvidiactl"
 SAMPLE_PERIOD_US = 200_000
 SAMPLES_KEPT = 50
 _FIRST_PID = 4000
+# The simulated node had been up this long when the scenario began: /proc/uptime, and the
+# start times in /proc/<pid>/stat (clock ticks after boot), count from its boot.
+UP_BEFORE_S = 10_000.0
+# A pod that does not come and go started this long before the scenario began: its processes
+# have samples from the first sweep on.
+STARTED_BEFORE_S = 60.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # /proc/<pid>/stat fields 5-21 and 23-52, for the simulated processes.
 _STAT_ZEROS = " ".join(["0"] * 17)
 _STAT_TAIL = " ".join(["0"] * 30)
@@ -95,9 +101,10 @@ def cgroup_path(spec: CgroupSpec, pod_uid: str, container: str) -> str:
     return f"/kubepods{qos}/pod{pod_uid}/{leaf}"
 
 
-def cgroup_file(spec: CgroupSpec, pod_uid: str, container: str) -> str:
-    """The whole `/proc/<pid>/cgroup` of a process in that container."""
-    path = cgroup_path(spec, pod_uid, container)
+def cgroup_file(spec: CgroupSpec, pod_uid: str, container: str, nested: str = "") -> str:
+    """The whole `/proc/<pid>/cgroup` of a process in that container, or in a cgroup the
+    container made below its own (`nested`, relative)."""
+    path = cgroup_path(spec, pod_uid, container) + (f"/{nested}" if nested else "")
     if spec.version == 2:
         return f"0::{path}\n"
     lines = [f"{12 - i}:{controller}:{path}" for i, controller in enumerate(_V1_CONTROLLERS)]
@@ -111,6 +118,7 @@ def cgroup_file(spec: CgroupSpec, pod_uid: str, container: str) -> str:
 class _Process:
     pid: int
     start_time: int
+    """Clock ticks after the node's boot, as /proc/<pid>/stat's field 22."""
     gpu: int
     memory: int
     sm: Callable[[float], float]
@@ -119,6 +127,12 @@ class _Process:
     command: str = "python3"
     engines: dict[str, Callable[[float], float]] = field(default_factory=dict)
     """Its use of each other engine over time, 0-1; absent: none."""
+    mps: str = ""
+    """server or client: its part in MPS, as the driver knows it."""
+    starts_at: float = -math.inf
+    """Scenario time it started: it has no sample from before."""
+    ends_at: float = math.inf
+    """Scenario time it ends: its last sample is from before, and NVML keeps it a while."""
 
     def wave(self, figure: str) -> Callable[[float], float]:
         """Its use of `figure` (SM, or one of `ENGINES`) over time."""
@@ -168,6 +182,9 @@ class SimulatedNode:
         # Each GPU's energy counter, as NVML's: millijoules since the driver loaded.
         self._energy_mj = [0.0] * len(scenario.gpus)
         self._energy_at: list[float | None] = [None] * len(scenario.gpus)
+        self._gone: dict[tuple[int, int], _Process] = {}
+        """Processes that ended in the last SAMPLES_KEPT periods, by (PID, start time): NVML
+        keeps their last samples, under their PIDs, which a new process may hold by now."""
         self.refresh()
 
     # The scenario's time: seconds since the node started.
@@ -258,12 +275,15 @@ class SimulatedNode:
     def _advertised(self, gpu: GpuSpec, mig: MigSpec | None, replicas: int) -> tuple[str, tuple[str, ...]]:
         """The resource and device IDs the scenario's device plugin advertises
         for a GPU or one of its MIG devices: NVIDIA's (internal/rm/device_map.go,
-        devices.go) or GKE's (pkg/gpu/nvidia/manager.go, mig/mig.go)."""
+        devices.go), GKE's (pkg/gpu/nvidia/manager.go, mig/mig.go) or HAMi's."""
         plugin = self.scenario.device_plugin
         if plugin.kind == "gke":
             base = f"nvidia{gpu.minor}" if mig is None else f"nvidia{gpu.minor}/gi{mig.gpu_instance_id}"
             ids = (base,) if replicas <= 1 else tuple(f"{base}/vgpu{k}" for k in range(replicas))
             return "nvidia.com/gpu", ids
+        if plugin.kind == "hami":
+            # pkg/device-plugin/nvidiadevice: every GPU as its UUID, a dash and a replica number.
+            return "nvidia.com/gpu", tuple(f"{gpu.uuid}-{k}" for k in range(max(1, replicas)))
         if mig is None:
             return _replica_ids(gpu.uuid, replicas, "nvidia.com/gpu", plugin.rename_by_default)
         resource = _mig_resource(mig, plugin.mig_strategy)
@@ -337,33 +357,45 @@ class SimulatedNode:
 
     def processes(self, index: int) -> list[GpuProcess]:
         self._maybe_fail("processes", index)
-        return [GpuProcess(p.pid, p.memory, p.mig) for p in self._visible() if p.gpu == index]
+        return [GpuProcess(p.pid, p.memory, p.mig, p.mps == "client") for p in self._visible() if p.gpu == index]
+
+    def exclusive_process(self, index: int) -> bool:
+        return self.scenario.gpus[index].compute_mode == "exclusive_process"
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
+        """Each PID's latest sample, as NVML keeps it: the last period in which the process
+        that held the PID then ran, which may be one that has ended since (its PID reused).
+        Under MPS the server's sample is its clients' use and its own; the clients have none."""
         self._maybe_fail("utilization_samples", index)
         if self.scenario.gpus[index].migs:
             raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no per-process utilization in MIG mode")
+        if self._hidden:
+            return []
         everyone = [p for p in self._processes if p.gpu == index]
-        visible = {p.pid for p in self._visible()}
-        servers = [p for p in everyone if p.command == MPS_SERVER and p.pid in visible]
+        everyone += [p for p in self._gone.values() if p.gpu == index]
         latest = self._latest_period()
         stamps = [latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)]
-        uses_at: dict[int, list[ProcessUse]] = {}
-        samples = []
-        for position, process in enumerate(everyone):
-            if process.pid not in visible or (servers and process is not servers[0]):
+        running: dict[int, list[tuple[_Process, ProcessUse]]] = {}
+        newest: dict[int, UtilizationSample] = {}
+        for process in everyone:
+            if process.mps == "client":
                 continue
             for stamp in stamps:
-                if stamp <= since_us:
+                if stamp <= since_us or (process.pid in newest and newest[process.pid].timestamp_us >= stamp):
                     break
-                if stamp not in uses_at:
-                    uses_at[stamp] = uses(everyone, self._scenario_time(stamp))
-                # Under MPS, NVML gives the server all its clients' use and the clients none.
-                use = _total(uses_at[stamp]) if servers else uses_at[stamp][position]
+                t = self._scenario_time(stamp)
+                if not process.starts_at <= t < process.ends_at:
+                    continue
+                if stamp not in running:
+                    alive = [p for p in everyone if p.starts_at <= t < p.ends_at]
+                    running[stamp] = list(zip(alive, uses(alive, t), strict=True))
+                use = next(u for p, u in running[stamp] if p is process)
+                if process.mps == "server":
+                    use = _total([use, *(u for p, u in running[stamp] if p.mps == "client")])
                 if any(getattr(use, f) > 0 for f in USE_FIGURES):  # NVML keeps the last period it ran in
-                    samples.append(UtilizationSample(process.pid, stamp, use))
+                    newest[process.pid] = UtilizationSample(process.pid, stamp, use)
                     break
-        return samples
+        return list(newest.values())
 
     def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
         """The GPU's figure for each period on the simulated driver's grid since `since_us`;
@@ -405,8 +437,24 @@ class SimulatedNode:
         with self._lock:
             t = self.now()
             self._state_at = t
+            before = self._processes
             self._processes = list(self._processes_at(t))
+            self._remember_gone(before, t)
             self._sync_proc_tree()
+
+    def _remember_gone(self, before: list[_Process], t: float) -> None:
+        """Keep the processes that ended since the last refresh while NVML would keep their samples."""
+        now = {(p.pid, p.start_time) for p in self._processes}
+        for process in before:
+            key = (process.pid, process.start_time)
+            if key not in now and process.ends_at <= t:
+                self._gone[key] = process
+        kept_s = SAMPLES_KEPT * SAMPLE_PERIOD_US / 1e6
+        self._gone = {key: p for key, p in self._gone.items() if p.ends_at > t - kept_s}
+
+    def start_ticks(self, t: float) -> int:
+        """/proc/<pid>/stat's start time of a process started at scenario time `t`."""
+        return max(1, round((UP_BEFORE_S + t) * CLOCK_TICKS))
 
     def _processes_at(self, t: float) -> list[_Process]:
         processes: list[_Process] = []
@@ -419,19 +467,24 @@ class SimulatedNode:
                     continue
                 cid = container_id(pod, spec.container)
                 gpu = self.scenario.gpus[spec.gpu]
+                # Pods that stay started before the scenario, each at its own moment, as on a node.
+                started = pod.started(t) if pod.period_s is not None else -STARTED_BEFORE_S - _jitter(pod.uid)
                 processes.append(
                     _Process(
-                        pid=pid,
+                        pid=pid if spec.pid is None else spec.pid,
                         # A new cycle of a coming-and-going pod, or another pod,
                         # may reuse the PID; like a real one, its start time differs.
-                        start_time=zlib.crc32(f"{pod.uid}/{pod.cycle(t)}".encode()),
+                        start_time=self.start_ticks(started),
                         gpu=spec.gpu,
                         memory=int(max(0.0, spec.memory.at(t))),
                         sm=_clamped(spec.sm.at),
-                        cgroup=cgroup_file(pod.cgroup, pod.uid, cid),
+                        cgroup=cgroup_file(pod.cgroup, pod.uid, cid, spec.nested),
                         mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
                         command=spec.command,
                         engines={engine: _clamped(wave.at) for engine, wave in spec.engines.items()},
+                        mps=spec.mps,
+                        starts_at=started,
+                        ends_at=pod.ends(t),
                     )
                 )
         processes.extend(self._churn_at(t))
@@ -447,6 +500,7 @@ class SimulatedNode:
                     cgroup=host.cgroup + "\n",
                     command=host.command,
                     engines={engine: _clamped(wave.at) for engine, wave in host.engines.items()},
+                    mps=host.mps,
                 )
             )
         return processes
@@ -485,7 +539,7 @@ class SimulatedNode:
                         # PIDs wrap as on a real node, so reuse happens; the
                         # start time tells the processes apart.
                         pid=_CHURN_FIRST_PID + (index * churn.processes + k) % _CHURN_PIDS,
-                        start_time=zlib.crc32(f"{pod.uid}/{k}".encode()),
+                        start_time=self.start_ticks(index * churn.lifetime_s / churn.live) + k,
                         gpu=(index + k) % gpus,
                         memory=churn.memory,
                         sm=_constant(0.01),
@@ -497,6 +551,11 @@ class SimulatedNode:
     def _sync_proc_tree(self) -> None:
         # os calls on strings: a churning soak writes thousands of these a second.
         root = str(self.proc_root)
+        # /proc/uptime: seconds since boot (and idle time), as the kernel writes it.
+        up = UP_BEFORE_S + (self.now_us() - self._wall_started_us) / 1e6
+        with open(f"{root}/uptime.new", "w") as handle:
+            handle.write(f"{up:.2f} 0.00\n")
+        os.replace(f"{root}/uptime.new", f"{root}/uptime")
         wanted = {p.pid: p for p in self._processes}
         for pid in list(self._written):
             if pid not in wanted or wanted[pid].start_time != self._written[pid]:
@@ -584,6 +643,11 @@ def _memory_backed_tmp() -> str | None:
     on a disk-backed /tmp a churning scenario spends its time in mkdir."""
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+def _jitter(uid: str) -> float:
+    """A pod's own moment in a thousand seconds, to the clock tick, the same every run."""
+    return zlib.crc32(uid.encode()) % 100_000 / 100
 
 
 def _constant(value: float) -> Callable[[float], float]:

@@ -9,6 +9,7 @@ field, the value and what would be valid.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import re
 import uuid as uuidlib
@@ -34,6 +35,13 @@ MAX_DELAY_S = 60.0
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 RUNTIMES = ("containerd", "crio", "docker")
 DRIVERS = ("systemd", "cgroupfs")
+# A process's part in MPS, as the simulated driver knows it: NVML lists clients apart
+# (nvmlDeviceGetMPSComputeRunningProcesses) and gives their SM samples to their server.
+MPS_ROLES = ("server", "client")
+MPS_SERVER_COMMAND = "nvidia-cuda-mps-server"[:15]
+COMPUTE_MODES = ("default", "exclusive_process")
+# PIDs a scenario may give its processes itself (the simulator numbers the rest from 4001).
+EXPLICIT_PIDS = range(2, 4000)
 _SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[KMGT]i?B?|B)?\s*$")
 _UNITS = {"": 1, "B": 1}
 for _i, _prefix in enumerate("KMGT", start=1):
@@ -90,6 +98,9 @@ class GpuSpec:
     migs: tuple[MigSpec, ...] = ()
     engines: frozenset[str] = frozenset(ENGINES)
     """The engines beside SM it has: all but those its `lacks` names (an H200 has no encoder)."""
+    compute_mode: str = "default"
+    """default, or exclusive_process: one context at a time (under MPS, the server's), as the
+    NVIDIA device plugin's MPS daemon sets it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +122,16 @@ class ProcessSpec:
     mig: int | None = None
     """The MIG device of the GPU it runs on, by position in the GPU's `mig` list."""
     command: str = "python3"
-    """The command name /proc/<pid>/stat shows (nvidia-cuda-mps for an MPS server)."""
+    """The command name /proc/<pid>/stat shows: any name, which is the process's to choose."""
     engines: dict[str, Wave] = field(default_factory=dict)
     """What it uses of the GPU's other engines, 0-1 each, by engine (`ENGINES`); absent: none."""
+    mps: str = ""
+    """server or client: its part in MPS as the driver knows it; empty: none."""
+    pid: int | None = None
+    """Its PID, where the scenario gives one (two pods' processes may share one if they never run at once)."""
+    nested: str = ""
+    """A cgroup path its container made below its own and moved it into (a pod running
+    systemd, rootless podman, Docker-in-Docker): named as the tenant likes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,14 +161,28 @@ class PodSpec:
     in_directory: bool = True
     period_s: float | None = None
     active_s: float | None = None
+    offset_s: float = 0.0
+    """With period_s: each period starts this far into the scenario's."""
 
     def active(self, t: float) -> bool:
         if self.period_s is None or self.active_s is None:
             return True
-        return (t % self.period_s) < self.active_s
+        return ((t - self.offset_s) % self.period_s) < self.active_s
 
     def cycle(self, t: float) -> int:
-        return 0 if self.period_s is None else int(t // self.period_s)
+        return 0 if self.period_s is None else int((t - self.offset_s) // self.period_s)
+
+    def started(self, t: float) -> float:
+        """When the cycle that holds `t` began, in scenario time (0 for a pod that stays)."""
+        if self.period_s is None:
+            return 0.0
+        return max(0.0, self.offset_s + self.cycle(t) * self.period_s)
+
+    def ends(self, t: float) -> float:
+        """When the cycle that holds `t` ends; infinite for a pod that stays."""
+        if self.period_s is None or self.active_s is None:
+            return math.inf
+        return self.offset_s + self.cycle(t) * self.period_s + self.active_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +193,8 @@ class HostProcessSpec:
     cgroup: str
     command: str = "python3"
     engines: dict[str, Wave] = field(default_factory=dict)
+    mps: str = ""
+    """server or client, as for a pod's process: a host's MPS daemon runs outside every pod."""
 
 
 # The engines a GPU may lack (every GPU has memory).
@@ -210,7 +244,7 @@ class DriverSpec:
 
 
 MIG_STRATEGIES = ("single", "mixed")
-DEVICE_PLUGINS = ("nvidia", "gke")
+DEVICE_PLUGINS = ("nvidia", "gke", "hami")
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 
 
@@ -219,7 +253,8 @@ class DevicePluginSpec:
     """How the simulated NVIDIA device plugin names its resources."""
 
     kind: str = "nvidia"
-    """nvidia: NVIDIA's device plugin (`GPU-<uuid>::<n>`); gke: GKE's (`nvidia<minor>/vgpu<n>`)."""
+    """nvidia: NVIDIA's device plugin (`GPU-<uuid>::<n>`); gke: GKE's (`nvidia<minor>/vgpu<n>`); hami:
+    HAMi's (`GPU-<uuid>-<n>`)."""
     rename_by_default: bool = False
     """Shared replicas are advertised as `<resource>.shared`."""
     mig_strategy: str = "single"
@@ -316,6 +351,17 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
                 break
     memo[id(node)] = size = min(size, MAX_SCENARIO_NODES + 1)
     return size
+
+
+def _overlap(first: PodSpec, second: PodSpec) -> bool:
+    """Whether two pods can be active at one moment: only pods of one period whose windows
+    (offset, offset + active) do not meet on its circle never are."""
+    if first.period_s is None or second.period_s is None or first.period_s != second.period_s:
+        return True
+    period = first.period_s
+    assert first.active_s is not None and second.active_s is not None
+    gap = (second.offset_s - first.offset_s) % period
+    return gap < first.active_s or period - gap < second.active_s
 
 
 class _LineDict(dict[Any, Any]):
@@ -427,6 +473,8 @@ class _Reader:
             else self.device_plugin(top["device_plugin"], _line(top, "device_plugin"))
         )
         self.check_memory(gpus, pods, hosts, gpus_raw)
+        self.check_mps(gpus, pods, hosts, gpus_raw)
+        self.check_pids(pods, pods_raw)
         ratio = self.number(top.get("ratio", DEFAULT_RATIO), "ratio", _line(top, "ratio"))
         if not 1 <= ratio <= MAX_RATIO:
             raise self.fail("ratio", _line(top, "ratio"), f"{ratio:g} is not a ratio; valid: 1 to {MAX_RATIO}")
@@ -468,6 +516,47 @@ class _Reader:
                     f"the processes on {device} can use up to {_gib(total)} together; it has {_gib(capacity)} "
                     "(lower their memory, or move some to another GPU)",
                 )
+
+    def check_mps(
+        self,
+        gpus: tuple[GpuSpec, ...],
+        pods: tuple[PodSpec, ...],
+        hosts: tuple[HostProcessSpec, ...],
+        gpus_raw: list[Any],
+    ) -> None:
+        """As a driver allows: an MPS client has a server on its GPU, and a GPU in
+        exclusive_process mode runs one process beside the clients (the server's context)."""
+        roles: dict[int, list[str]] = {}
+        for gpu, role in [(p.gpu, p.mps) for pod in pods for p in pod.processes] + [(h.gpu, h.mps) for h in hosts]:
+            roles.setdefault(gpu, []).append(role)
+        for index, found in sorted(roles.items()):
+            line = _item_line(gpus_raw[index])
+            if "client" in found and "server" not in found:
+                raise self.fail(f"gpus[{index}]", line, "an MPS client runs on it and no MPS server (mps: server)")
+            others = sum(1 for role in found if role != "client")
+            if gpus[index].compute_mode == "exclusive_process" and others > 1:
+                raise self.fail(
+                    f"gpus[{index}]",
+                    line,
+                    f"exclusive_process allows one process beside MPS clients (the server); {others} are on it",
+                )
+
+    def check_pids(self, pods: tuple[PodSpec, ...], pods_raw: list[Any]) -> None:
+        """Two processes given one PID belong to pods that never run at once."""
+        holders: dict[int, list[tuple[int, PodSpec]]] = {}
+        for i, pod in enumerate(pods):
+            for process in pod.processes:
+                if process.pid is not None:
+                    holders.setdefault(process.pid, []).append((i, pod))
+        for pid, sharing in holders.items():
+            for (i, first), (j, second) in itertools.combinations(sharing, 2):
+                if i == j or _overlap(first, second):
+                    raise self.fail(
+                        f"pods[{j}]",
+                        _item_line(pods_raw[j]),
+                        f"PID {pid} is also pods[{i}]'s, and the two can run at once "
+                        "(give both one period_s and active windows that do not meet)",
+                    )
 
     def device_plugin(self, raw: Any, line: int) -> DevicePluginSpec:
         spec = self.mapping(raw, "device_plugin", line, {"kind", "rename_by_default", "mig_strategy"})
@@ -536,7 +625,14 @@ class _Reader:
 
     def gpu(self, raw: Any, index: int) -> GpuSpec:
         where = f"gpus[{index}]"
-        gpu = self.mapping(raw, where, 0, {"model", "memory", "uuid", "minor", "replicas", "mig", "lacks"})
+        gpu = self.mapping(
+            raw, where, 0, {"model", "memory", "uuid", "minor", "replicas", "mig", "lacks", "compute_mode"}
+        )
+        mode = gpu.get("compute_mode", "default")
+        if mode not in COMPUTE_MODES:
+            raise self.fail(
+                f"{where}.compute_mode", _line(gpu, "compute_mode"), f"{mode!r}; valid: {', '.join(COMPUTE_MODES)}"
+            )
         model = str(gpu.get("model", "NVIDIA H100 80GB HBM3"))
         memory = self.size(gpu.get("memory", "80GiB"), f"{where}.memory", _line(gpu, "memory"))
         if memory <= 0:
@@ -560,7 +656,9 @@ class _Reader:
                     f"{engine!r} is not an engine a GPU may lack; valid: {', '.join(VIDEO_ENGINES)}",
                 )
         engines = frozenset(ENGINES) - frozenset(lacks)
-        return GpuSpec(index, uuid, model, memory, minor=minor, replicas=replicas, migs=migs, engines=engines)
+        return GpuSpec(
+            index, uuid, model, memory, minor=minor, replicas=replicas, migs=migs, engines=engines, compute_mode=mode
+        )
 
     def mig(self, raw: Any, where: str, parent: str, position: int, parent_memory: int) -> MigSpec:
         spec = self.mapping(
@@ -608,6 +706,7 @@ class _Reader:
             "in_directory",
             "period_s",
             "active_s",
+            "offset_s",
             "phase",
             "annotations",
             "claims",
@@ -652,6 +751,11 @@ class _Reader:
             raise self.fail(where, pod.line, "period_s and active_s go together")
         if period is not None and active is not None and not 0 < active <= period:
             raise self.fail(f"{where}.active_s", _line(pod, "active_s"), f"{active} must be in (0, period_s]")
+        offset = self.number(pod.get("offset_s", 0), f"{where}.offset_s", _line(pod, "offset_s"))
+        if offset and period is None:
+            raise self.fail(f"{where}.offset_s", _line(pod, "offset_s"), "an offset needs period_s and active_s")
+        if not 0 <= offset < (period or math.inf):
+            raise self.fail(f"{where}.offset_s", _line(pod, "offset_s"), f"{offset} must be in [0, period_s)")
         return PodSpec(
             namespace=namespace,
             name=name,
@@ -669,6 +773,7 @@ class _Reader:
             ),
             period_s=period,
             active_s=active,
+            offset_s=offset,
         )
 
     def shares(
@@ -742,7 +847,9 @@ class _Reader:
         return CgroupSpec(version=version, **values)
 
     def process(self, raw: Any, where: str, gpus: tuple[GpuSpec, ...]) -> ProcessSpec:
-        proc, gpu, memory, sm = self.gpu_process(raw, where, len(gpus), "container", "mig", "command")
+        proc, gpu, memory, sm = self.gpu_process(
+            raw, where, len(gpus), "container", "mig", "command", "nested", "mps", "pid"
+        )
         engines = self.engine_waves(proc, where, gpus[gpu])
         mig = proc.get("mig")
         migs = len(gpus[gpu].migs)
@@ -757,20 +864,47 @@ class _Reader:
             sm=sm,
             container=str(proc.get("container", "main")),
             mig=mig,
-            command=str(proc.get("command", "python3"))[:15],
+            command=self.command(proc),
             engines=engines,
+            mps=self.mps(proc, where),
+            pid=None if proc.get("pid") is None else self.explicit_pid(proc["pid"], f"{where}.pid", _line(proc, "pid")),
+            nested=self.nested(proc.get("nested", ""), f"{where}.nested", _line(proc, "nested")),
         )
 
+    def mps(self, proc: _LineDict, where: str) -> str:
+        role = proc.get("mps", "")
+        if role not in ("", *MPS_ROLES):
+            raise self.fail(f"{where}.mps", _line(proc, "mps"), f"{role!r}; valid: {', '.join(MPS_ROLES)}")
+        return str(role)
+
+    def command(self, proc: _LineDict) -> str:
+        """/proc/<pid>/stat's command, cut to the kernel's 15 characters; an MPS server's by default."""
+        default = MPS_SERVER_COMMAND if proc.get("mps") == "server" else "python3"
+        return str(proc.get("command", default))[:15]
+
+    def explicit_pid(self, raw: Any, where: str, line: int) -> int:
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw not in EXPLICIT_PIDS:
+            valid = f"{EXPLICIT_PIDS[0]} to {EXPLICIT_PIDS[-1]}"
+            raise self.fail(where, line, f"{raw!r} is not a PID a scenario may give; valid: {valid}")
+        return raw
+
+    def nested(self, raw: Any, where: str, line: int) -> str:
+        """A relative cgroup path: components without `..`, joined by `/`."""
+        if not isinstance(raw, str) or raw.startswith("/") or ".." in raw.split("/") or "\n" in raw:
+            raise self.fail(where, line, f"{raw!r} is not a relative cgroup path like a.slice/b.scope")
+        return raw.strip("/")
+
     def host_process(self, raw: Any, where: str, gpus: tuple[GpuSpec, ...]) -> HostProcessSpec:
-        proc, gpu, memory, sm = self.gpu_process(raw, where, len(gpus), "cgroup", "command")
+        proc, gpu, memory, sm = self.gpu_process(raw, where, len(gpus), "cgroup", "command", "mps")
         cgroup = str(proc.get("cgroup", "0::/system.slice/nvidia-persistenced.service"))
         return HostProcessSpec(
             gpu=gpu,
             memory=memory,
             sm=sm,
             cgroup=cgroup,
-            command=str(proc.get("command", "python3"))[:15],
+            command=self.command(proc),
             engines=self.engine_waves(proc, where, gpus[gpu]),
+            mps=self.mps(proc, where),
         )
 
     def engine_waves(self, proc: _LineDict, where: str, gpu: GpuSpec) -> dict[str, Wave]:
