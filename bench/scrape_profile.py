@@ -92,7 +92,7 @@ def main() -> None:
 
     for _ in range(args.runs):
         timed("sweep: simulated NVML, /proc, attribution, aggregation", lambda: sampler.snapshot(0.0))
-        with telemetry.scope.collection(), telemetry._render_lock:
+        with telemetry.scope.collection("scrape"), telemetry._render_lock:
             data = timed("SDK collection: callbacks, measurements, storage", telemetry.reader.collect_data)
             timed("pruning ended series", lambda: telemetry._prune(telemetry.reader))
             timed("exposition from the collection", render(data))

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.pods.attribution import Attributor, ProcReader, parse_start_time
+from otel_vgpu.pods.attribution import CLOCK_TICKS, Attributor, ProcReader, parse_start_time
 from otel_vgpu.pods.cgroups import PodRef
 
 UID_A = "11111111-2222-3333-4444-555555555555"
 UID_B = "66666666-7777-8888-9999-000000000000"
 CID = "c" * 64
+S = 1_000_000
 
 
 def write_proc(root: Path, pid: int, start: int, cgroup: str, comm: str = "python3") -> None:
@@ -92,3 +93,35 @@ def test_huge_or_garbage_cgroup_file_is_read_safely(tmp_path: Path, size: int) -
     write_proc(tmp_path, 10, 1, "")
     (tmp_path / "10" / "cgroup").write_bytes(pod_cgroup(UID_A).encode() + junk)
     assert Attributor(ProcReader(tmp_path)).attribute([10]).pods[10] == PodRef(UID_A, CID)
+
+
+def test_start_times_are_on_the_samples_clock_from_the_nodes_uptime(tmp_path: Path) -> None:
+    # Up 1,000 s at 5,000 s on the samples' clock: booted at 4,000 s. A process started 250.5 s
+    # after boot (25,050 ticks at 100 a second) started at 4,250.5 s.
+    (tmp_path / "uptime").write_text("1000.00 3.00\n")
+    write_proc(tmp_path, 10, 250 * CLOCK_TICKS + CLOCK_TICKS // 2, pod_cgroup(UID_A))
+    attributor = Attributor(ProcReader(tmp_path))
+    attributor.begin(5_000 * S)
+    assert attributor.started_us([10, 11]) == {10: 4_250 * S + S // 2}  # 11 is gone: left out
+    # Read again a little later, the boot time kept: the same start, to the microsecond.
+    (tmp_path / "uptime").write_text("1000.01 3.00\n")
+    attributor.begin(5_000 * S + 20_000)
+    assert attributor.started_us([10]) == {10: 4_250 * S + S // 2}
+
+
+def test_without_an_uptime_no_start_time_is_given(tmp_path: Path) -> None:
+    write_proc(tmp_path, 10, 100, pod_cgroup(UID_A))
+    attributor = Attributor(ProcReader(tmp_path))
+    attributor.begin(5_000 * S)
+    assert attributor.started_us([10]) == {}
+
+
+def test_a_process_that_ended_or_whose_pid_another_took_is_named_with_its_pod(tmp_path: Path) -> None:
+    write_proc(tmp_path, 10, 100, pod_cgroup(UID_A))
+    write_proc(tmp_path, 11, 100, pod_cgroup(UID_A))
+    attributor = Attributor(ProcReader(tmp_path))
+    assert attributor.attribute([10, 11]).ended == {}
+    write_proc(tmp_path, 10, 200, pod_cgroup(UID_B))  # 10 reused by pod B; 11 gone
+    result = attributor.attribute([10])
+    assert result.ended == {10: PodRef(UID_A, CID), 11: PodRef(UID_A, CID)}
+    assert result.pods == {10: PodRef(UID_B, CID)}

@@ -93,7 +93,7 @@ def upstream(data: MetricsData, fmt: Format) -> bytes:
 
 
 def collect(telemetry: Telemetry) -> MetricsData:
-    with telemetry.scope.collection():
+    with telemetry.scope.collection("scrape"):
         data = telemetry.reader.collect_data()
     assert data is not None
     return data

@@ -54,13 +54,16 @@ def test_windows_are_per_gpu_and_forget_removed_gpus() -> None:
 def test_processes_that_read_above_the_gpu_are_fitted_under_it_in_proportion() -> None:
     # A burst that just ended: the bursty process's last figure is high, the GPU's
     # mean over the window is not. The GPU's figure is the total, split as they read.
-    fitted = fit_under({1: ProcessUse(0.6), 2: ProcessUse(0.3)}, 0.45)
+    [fitted] = fit_under([{1: ProcessUse(0.6), 2: ProcessUse(0.3)}], 0.45)
     assert sum(use.sm for use in fitted.values()) == pytest.approx(0.45)
     assert fitted[1].sm == pytest.approx(2 * fitted[2].sm)
+    # A PID's earlier holder and its holder now fit together, by one factor.
+    now, before = fit_under([{1: ProcessUse(0.6)}, {1: ProcessUse(0.3)}], 0.45)
+    assert now[1].sm + before[1].sm == pytest.approx(0.45) and now[1].sm == pytest.approx(2 * before[1].sm)
 
 
 def test_processes_under_the_gpu_or_without_its_figure_are_left_as_read() -> None:
     read = {1: ProcessUse(0.2), 2: ProcessUse(0.1)}
-    assert fit_under(read, 0.5) == read
-    assert fit_under({1: ProcessUse(0.7)}, None) == {1: ProcessUse(0.7)}
-    assert fit_under({1: ProcessUse(0.0)}, 0.0) == {1: ProcessUse(0.0)}
+    assert fit_under([read], 0.5) == [read]
+    assert fit_under([{1: ProcessUse(0.7)}], None) == [{1: ProcessUse(0.7)}]
+    assert fit_under([{1: ProcessUse(0.0)}], 0.0) == [{1: ProcessUse(0.0)}]

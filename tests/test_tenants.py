@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.collect.reading import GpuReader
+from otel_vgpu.export.exposition import TEXT
+from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health, Refusal
 from otel_vgpu.sim.node import SimulatedNode, container_id
 from otel_vgpu.sim.scenario import parse_scenario
 from testkit.agent import InProcessAgent, agent_in_process, clean_env, wait_for
 from testkit.clock import Clock
 from testkit.kube_api_double import pod_object
-from testkit.promtext import Exposition
+from testkit.promtext import Exposition, parse
 from testkit.sim_cluster import sim_cluster
 
 from .conftest import GIB, make_sampler
@@ -146,20 +149,21 @@ def test_a_renamed_process_beside_a_real_mps_daemon_is_still_billed(tmp_path: Pa
 # --- a reused PID ---------------------------------------------------------------------------------
 
 REUSED_PID = node(
-    pod("team-a", "busy", VICTIM, "memory: 4GiB, sm: 0.45, pid: 3000", more="period_s: 100\nactive_s: 10"),
+    pod("team-a", "busy", VICTIM, "memory: 4GiB, sm: 0.45, pid: 3000", more="period_s: 100\nactive_s: 9"),
     pod(
         "team-b",
         "idle",
         ATTACKER,
         "memory: 1GiB, sm: 0.0, pid: 3000",
-        more="period_s: 100\nactive_s: 89\noffset_s: 10.2",
+        more="period_s: 100\nactive_s: 90\noffset_s: 9.2",
     ),
 )
 
 
 def test_a_reused_pid_inherits_nothing_of_the_process_that_held_it(tmp_path: Path) -> None:
-    # busy's process ends at 10 s; 0.2 s later idle's takes its PID. NVML keeps the ended
-    # process's last sample under the PID: it is busy's work, and idle's bill must not show it.
+    # busy's process ends at 9 s; 0.2 s later idle's takes its PID, before the sweep at 10 s.
+    # NVML keeps the ended process's last sample under the PID: it is busy's work, and idle's
+    # bill must not show it.
     clock = Clock()
     node = SimulatedNode(parse_scenario(REUSED_PID, "reused.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
     health = Health()
@@ -169,7 +173,8 @@ def test_a_reused_pid_inherits_nothing_of_the_process_that_held_it(tmp_path: Pat
     try:
         for _ in range(10):  # sweeps every 2 s over 20 s
             snapshot = sampler.snapshot(0.0)
-            for row in snapshot.pods:
+            sampler.collected("scrape", snapshot)  # a scraper reads every sweep
+            for row in (*snapshot.pods, *snapshot.ended):
                 busy[row.pod] = row.sm_busy_seconds
                 if row.sm_utilization is not None:
                     sm_seen[row.pod] = max(sm_seen.get(row.pod, 0.0), row.sm_utilization)
@@ -178,6 +183,8 @@ def test_a_reused_pid_inherits_nothing_of_the_process_that_held_it(tmp_path: Pat
         node.close()
     assert sm_seen["idle"] == 0.0 and busy["idle"] == 0.0
     assert sm_seen["busy"] == pytest.approx(0.45, abs=0.01)
+    # and busy's last interval is busy's: 0.45 of the GPU for the 9 s it ran, to a sample period
+    assert busy["busy"] == pytest.approx(0.45 * 9, abs=0.45 * 0.4)
     assert health.refusals()[Refusal.PID_REUSED] == 1
 
 
@@ -264,3 +271,58 @@ def test_a_pods_own_config_hash_annotation_moves_nothing(tmp_path: Path, claimed
     assert sum(joules.values()) <= exposition.by("vgpu_gpu_energy_joules_total", "gpu_id")[("0",)] + 1e-6
     assert exposition.by("vgpu_agent_refusals_total", "reason")[("config_hash",)] == 1
     assert sum("kubernetes.io/config.hash on a pod that is not a mirror pod" in line for line in log.splitlines()) == 1
+
+
+# --- a pod that ends between scrapes --------------------------------------------------------------
+
+ENDING = node(
+    pod("team-a", "stays", VICTIM, "memory: 4GiB, sm: 0.3"),
+    pod("team-b", "ends", ATTACKER, "memory: 8GiB, sm: 0.5", more="period_s: 1000\nactive_s: 28"),
+)
+SCRAPE_EVERY_S = 15.0
+
+
+@pytest.mark.parametrize("sweep_every", [2.0, 5.0, 10.0])
+def test_an_ended_pods_last_increments_reach_the_bill(tmp_path: Path, sweep_every: float) -> None:
+    # Sweeps on the agent's cadence, scrapes every 15 s; a pod ends at 28 s, between the
+    # scrapes at 15 and 30 and a few seconds after a sweep. Every joule the GPU drew must be in
+    # a series a scrape read: the pods' (an ended pod's final value) or the unattributed.
+    clock = Clock(0.0)
+    node = SimulatedNode(parse_scenario(ENDING, "ending.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
+    health = Health()
+    sampler = make_sampler(
+        node, write_ratio(tmp_path), health=health, clock=clock.monotonic, reader=GpuReader(node, clock.monotonic)
+    )
+    telemetry = Telemetry(sampler, health, min_interval=sweep_every / 2, node_name="n", seed_metrics=False)
+    seen: dict[tuple[str, str], float] = {}
+    try:
+        events = sorted(
+            {*(k * sweep_every for k in range(int(60 / sweep_every) + 1)), *(k * SCRAPE_EVERY_S for k in range(1, 5))}
+        )
+        for t in events:
+            clock.t = t
+            if t % SCRAPE_EVERY_S == 0 and t > 0:
+                exposition = parse(telemetry.render(TEXT).decode())
+                if t == 30:
+                    after_the_end = exposition
+                for family in ("vgpu_pod_energy_joules_total", "vgpu_pod_sm_busy_seconds_total"):
+                    for (uid,), value in exposition.by(family, "pod_uid").items():
+                        seen[(family, uid)] = value
+            else:
+                sampler.snapshot(sweep_every / 2)
+    finally:
+        telemetry.shutdown()
+        node.close()
+    gpu = exposition.by("vgpu_gpu_energy_joules_total", "gpu_id")[("0",)]
+    unattributed = exposition.by("vgpu_gpu_energy_unattributed_joules_total", "gpu_id")[("0",)]
+    pods = sum(value for (family, _), value in seen.items() if family == "vgpu_pod_energy_joules_total")
+    assert gpu > 0 and pods + unattributed == pytest.approx(gpu, rel=1e-9), (pods, unattributed, gpu)
+    # Its busy seconds are its work, 0.5 of the GPU for the 28 s it ran, to one sample period.
+    assert seen[("vgpu_pod_sm_busy_seconds_total", ATTACKER)] == pytest.approx(0.5 * 28, abs=0.5 * 0.4)
+    # The first scrape after the end has its counters at their final values, and no gauge of it.
+    assert (ATTACKER,) in after_the_end.by("vgpu_pod_energy_joules_total", "pod_uid")
+    assert (ATTACKER,) in after_the_end.by("vgpu_pod_sm_busy_seconds_total", "pod_uid")
+    assert (ATTACKER,) not in after_the_end.by("vgpu_pod_memory_used_bytes", "pod_uid")
+    assert (ATTACKER,) not in after_the_end.by("vgpu_pod_sm_utilization_ratio", "pod_uid")
+    # and once every reader has collected them, they go.
+    assert (ATTACKER,) not in exposition.by("vgpu_pod_energy_joules_total", "pod_uid")

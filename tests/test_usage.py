@@ -83,12 +83,33 @@ def test_unknown_sm_leaves_the_counter_out_and_it_resumes_where_it_was() -> None
     assert gpus[0].sm_busy_seconds == pytest.approx(1.0 + 0.5)
 
 
-def test_an_ended_pod_is_dropped_and_starts_from_zero_if_seen_again() -> None:
+def test_an_ended_pod_with_no_reader_is_dropped_and_starts_from_zero_if_seen_again() -> None:
     usage, _, _ = run([(0.0, [pod("u1"), pod("u2")], 0.5), (2.0, [pod("u1"), pod("u2")], 0.5)])
     usage, _, pods = accumulate(usage, [GPU], [pod("u1")], 3.0)
-    assert [p.pod_uid for p in pods] == ["u1"] and len(usage.pod_busy) == 1
+    assert [p.pod_uid for p in pods] == ["u1"] and len(usage.pod_busy) == 1 and not usage.ended
     usage, _, pods = accumulate(usage, [GPU], [pod("u1"), pod("u2")], 4.0)
     assert {p.pod_uid: p.sm_busy_seconds for p in pods} == pytest.approx({"u1": 1.0, "u2": 0.25})
+
+
+def test_an_ended_pod_is_kept_at_its_final_values_until_every_reader_has_collected_it() -> None:
+    usage, _, _ = run([(0.0, [pod("u1"), pod("u2")], 0.5), (2.0, [pod("u1"), pod("u2")], 0.5)])
+    # u2 ends at sweep 3; the readers have collected sweep 2 at most: it is kept, its value final
+    usage, _, pods = accumulate(usage, [GPU], [pod("u1")], 3.0, generation=3, collected_through=2)
+    [kept] = usage.ended.values()
+    assert [p.pod_uid for p in pods] == ["u1"] and kept.row.pod_uid == "u2" and kept.final == 3
+    assert kept.row.sm_busy_seconds == pytest.approx(0.5) and kept.row.ended
+    usage, _, _ = accumulate(usage, [GPU], [pod("u1")], 3.5, generation=4, collected_through=2)
+    assert [e.row.sm_busy_seconds for e in usage.ended.values()] == pytest.approx([0.5])  # it does not move
+    # once every reader has collected a sweep from its final one on, it goes
+    usage, _, _ = accumulate(usage, [GPU], [pod("u1")], 4.0, generation=5, collected_through=3)
+    assert not usage.ended and set(usage.pod_busy) == {("u1", "", "GPU-a", "")}
+
+
+def test_a_pod_back_while_its_series_is_kept_goes_on_from_its_value() -> None:
+    usage, _, _ = run([(0.0, [pod("u1")], 0.5), (2.0, [pod("u1")], 0.5)])
+    usage, _, _ = accumulate(usage, [GPU], [], 3.0, generation=3, collected_through=2)
+    usage, _, pods = accumulate(usage, [GPU], [pod("u1")], 4.0, generation=4, collected_through=2)
+    assert pods[0].sm_busy_seconds == pytest.approx(0.5 + 0.25) and not usage.ended
 
 
 def test_peak_memory_is_the_most_held_at_once_per_container() -> None:
@@ -273,8 +294,9 @@ def sweeps_of(
             GPU, utilization=0.5, utilization_window=0.5, energy_mj=int(n * 2 * watts * 1000) if read else None
         )
         gpu = gpu_with(gpu, energy_skipped=not read)
-        usage, gpus, rows = accumulate(usage, [gpu], pods, n * 2.0, idle_watts=idle_watts)
-        out.append((gpus, rows))
+        # A reader that has collected nothing yet: the pods that end are kept.
+        usage, gpus, rows = accumulate(usage, [gpu], pods, n * 2.0, idle_watts=idle_watts, collected_through=-1)
+        out.append((gpus, rows + tuple(e.row for e in usage.ended.values())))
     return out
 
 
@@ -310,10 +332,10 @@ def test_pods_that_come_and_go_between_reads_are_split_by_the_time_they_held() -
     # seconds: 2 x (0.8 + 0.8 + 0.5 + 0.5 + 0.8) = 6.8; a ran 4.0, b 1.6, c 0.8 of them.
     a_j, b_j, c_j = 500 + 3000 * 4.0 / 6.8, 200 + 3000 * 1.6 / 6.8, 100 + 3000 * 0.8 / 6.8
     assert gpus[0].energy_joules == pytest.approx(4000.0)
-    assert parts == pytest.approx({"a": a_j, "c": c_j})
-    # b ended before the read: no series is left to carry its part, so it is unattributed
-    assert gpus[0].energy_unattributed_joules == pytest.approx(4000.0 - a_j - c_j)
-    assert b_j > 0
+    # b ended before the read: its series, kept for the readers, carries its part
+    assert parts == pytest.approx({"a": a_j, "b": b_j, "c": c_j})
+    assert gpus[0].energy_unattributed_joules == pytest.approx(4000.0 - a_j - b_j - c_j)
+    assert [row.pod_uid for row in rows if row.ended] == ["b"]
     # a pod that appears between reads has its counter at once, from 0
     _, rows = sweeps_of([[a], [a], [a, c]], read_every=5)[2]
     assert joules_by_pod(rows)["c"] == 0.0

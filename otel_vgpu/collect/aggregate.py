@@ -30,8 +30,10 @@ class GpuReading:
     unknown_pids: frozenset[int] = frozenset()
     """Processes whose use NVML cannot tell (MPS clients, and their servers, whose samples are
     the clients' work: collect/trust.py): their pods' use on the GPU is unknown."""
-    stale_pids: frozenset[int] = frozenset()
-    """Processes whose PID's samples were older than the process, and given to no pod."""
+    earlier_use: Mapping[int, ProcessUse] = field(default_factory=dict)
+    """By PID, what processes that have ended used over the window: those whose PIDs no process
+    holds now, and those whose PIDs another process holds since (their samples older than it:
+    gpu/sampling.py `of_their_process`), never the new holder's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,10 @@ class PodRow:
     (collect/engines.py); none where per-process figures are unknown or the GPU lacks the engine."""
     engine_busy_seconds: Mapping[str, float] = field(default_factory=dict)
     """Each engine's busy seconds counted so far."""
+    ended: bool = False
+    """Its pod has no process on the device any more: the row carries what its ended processes'
+    last samples say of the last interval, then its counters' final values (collect/usage.py),
+    and no gauge has a series for it."""
 
     @property
     def sm_utilization(self) -> float | None:
@@ -131,6 +137,12 @@ class Snapshot:
     """False when the sweep failed as a whole (no GPU could be enumerated)."""
     gpus: tuple[GpuRow, ...] = ()
     pods: tuple[PodRow, ...] = ()
+    """The pods with processes or an allocation on a device."""
+    ended: tuple[PodRow, ...] = ()
+    """Pods that have ended, with their counters' final values, until every reader has
+    collected them (collect/usage.py): their last increments are in some series."""
+    generation: int = 0
+    """Which sweep it is (the sampler counts them), so that readers can say what they collected."""
     errors: tuple[tuple[str, str], ...] = field(default=())
     """(stage, message) of every failure in the sweep."""
     blind: tuple[BlindGpu, ...] = ()
@@ -176,6 +188,7 @@ def aggregate(
     allocation: Allocation,
     ratios: Ratios,
     by_container: bool = False,
+    ended: Mapping[int, PodRef] | None = None,
 ) -> tuple[tuple[GpuRow, ...], tuple[PodRow, ...]]:
     """Per-GPU rows, and per-(pod, device) rows (per (pod, container, device)
     with `by_container`), where a device is a whole GPU or a MIG device.
@@ -192,6 +205,9 @@ def aggregate(
       device's memory / its ratio. Compute given: stated, else shares / ratio.
     - Rows are per pod UID: a StatefulSet pod and its terminating predecessor
       share a name and are told apart by `pod_uid`.
+    - The samples of processes that have ended (`ended`: their PIDs, no longer listed or
+      held by another process) are their pods' last interval: added to the pod's row, or
+      to a row marked `ended` where the pod has no process left on the device.
     """
     labeller = _Labeller(lookup, by_container)
     placed: dict[str, dict[tuple[str, str], Grant]] = {}
@@ -227,6 +243,8 @@ def aggregate(
                 placed_here = placed.get(unit.uuid, {})
                 rows, lost = _unit_rows(reading, mine, pods_by_pid, labeller, placed_here)
                 unattributed += lost
+                if unit.mig is None and ended:
+                    pod_rows.extend(_ended_rows(reading, ended, labeller, rows, by_container))
                 ratio = ratios.of(unit.uuid)
                 for row in rows.values():
                     grant = _grant(row.keys, placed_here, unplaced, running_on, allocation.answered)
@@ -261,6 +279,49 @@ def aggregate(
             )
         )
     return tuple(gpu_rows), tuple(pod_rows)
+
+
+def _ended_rows(
+    reading: GpuReading,
+    ended: Mapping[int, PodRef],
+    labeller: _Labeller,
+    rows: dict[tuple[str, str, str, str], _Row],
+    by_container: bool,
+) -> list[PodRow]:
+    """The last interval of the processes on the GPU that have ended: added to their pods'
+    rows where they have one; else rows marked ended."""
+    if reading.use_by_pid is None:
+        return []
+    gone: dict[tuple[str, str, str, str], ProcessUse] = {}
+    for pid, use in reading.earlier_use.items():
+        ref = ended.get(pid)
+        if ref is None:
+            continue
+        label = labeller.row(labeller.key(ref))
+        row = rows.get(label)
+        if row is not None:
+            row.use = row.use.plus(use)
+        else:
+            gone[label] = gone.get(label, ProcessUse()).plus(use)
+    device = reading.device
+    return [
+        PodRow(
+            namespace=namespace,
+            pod=pod,
+            pod_uid=uid,
+            container=container if by_container else None,
+            gpu_index=device.index,
+            gpu_uuid=device.uuid,
+            shares=0.0,
+            memory_used=0,
+            memory_allocated=0,
+            use=use.capped(),
+            vgpu_utilization=None,
+            processes=0,
+            ended=True,
+        )
+        for (namespace, pod, uid, container), use in gone.items()
+    ]
 
 
 class _Labeller:

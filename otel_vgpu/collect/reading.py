@@ -7,7 +7,9 @@
 - the compute mode, only on a GPU whose processes include MPS clients (collect/trust.py);
 - a GPU that answers NOT_SUPPORTED for per-process utilization is left alone
   for `ask_again_s`, not failed every sweep;
-- the energy counter is read every `energy_every_s`, not every sweep;
+- the energy counter is read every `energy_every_s`, not every sweep, and at the sweep after
+  a process left the GPU: the energy its pod is owed is then split at once, and the pod's
+  series, kept until the readers have it (collect/usage.py), need not wait for the next read;
 - the GPU's own samples of its other engines (memory copy, the video engines) are
   read when an engine window closes, every `engine_every_s`, and only those of an
   engine some process used in the window (collect/engines.py carries the pods'
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from otel_vgpu.collect.aggregate import GpuReading
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError, ProcessUse
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError, GpuProcess, ProcessUse
 from otel_vgpu.gpu.sampling import (
     MIN_WINDOW_US,
     SamplingWindows,
@@ -36,6 +38,7 @@ from otel_vgpu.gpu.sampling import (
     mean_since,
     mean_use_by_pid,
     of_their_process,
+    until_they_ended,
     window_start,
 )
 from otel_vgpu.health import Stage
@@ -134,11 +137,14 @@ class GpuReader:
         self._engine_every_s = engine_every_s
         self._engine_windows: dict[str, _EngineWindow] = {}
         """Each GPU's open engine window, by UUID."""
+        self._listed: dict[str, frozenset[tuple[int, int | None]]] = {}
+        """The processes each GPU listed at its last sweep, (PID, start), by UUID."""
 
     def keep_only(self, gpu_uuids: Iterable[str]) -> None:
         """Forget the GPUs that are gone (their windows restart if they come back)."""
         keep = set(gpu_uuids)
         self._windows.keep_only(keep)
+        self._listed = {uuid: pids for uuid, pids in self._listed.items() if uuid in keep}
         self._engine_windows = {uuid: w for uuid, w in self._engine_windows.items() if uuid in keep}
 
     def read(self, index: int, errors: SweepErrors, born: Born = _unborn) -> GpuReading | None:
@@ -151,12 +157,15 @@ class GpuReader:
             return None
         if Read.GPU_SAMPLES in self._reads:
             device = self._with_window(index, device)
-        if Read.ENERGY in self._reads:
-            device = self._with_energy(index, device, errors)
         try:
-            processes = self._backend.processes(index)
+            processes: list[GpuProcess] | None = self._backend.processes(index)
         except GpuError as error:
             errors.add(Stage.PROCESSES, f"{index}:{error.code.value}", f"GPU {index}: {error}")
+            processes = None
+        started = born([p.pid for p in processes]) if processes is not None else {}
+        if Read.ENERGY in self._reads:
+            device = self._with_energy(index, device, errors, self._left(device.uuid, processes, started))
+        if processes is None:
             return GpuReading(device=device, processes=None, use_by_pid=None)
         if any(p.mps_client for p in processes):
             device = self._with_compute_mode(index, device)
@@ -186,11 +195,18 @@ class GpuReader:
             return GpuReading(device=device, processes=processes, use_by_pid=None)
         self._windows.advance(device.uuid, now)
         self._no_process_utilization.pop(device.uuid, None)
-        samples, stale = of_their_process(samples, born([p.pid for p in processes]))
-        use_by_pid = fit_under(mean_use_by_pid(samples, since), device.utilization_window)
+        listed = {p.pid for p in processes}
+        samples, older = of_their_process(samples, started)
+        # A PID no process holds any more, or one whose samples are older than the process
+        # holding it: the samples of a process that has ended, its pod's last interval.
+        ended = [*older, *(s for s in samples if s.pid not in listed)]
+        use_by_pid, earlier = fit_under(
+            [mean_use_by_pid([s for s in samples if s.pid in listed], since), until_they_ended(ended, since, now)],
+            device.utilization_window,
+        )
         if Read.ENGINE_SAMPLES in self._reads and device.engines:
-            device = self._with_engine_window(index, device, use_by_pid.values(), now)
-        return GpuReading(device=device, processes=processes, use_by_pid=use_by_pid, stale_pids=stale)
+            device = self._with_engine_window(index, device, [*use_by_pid.values(), *earlier.values()], now)
+        return GpuReading(device=device, processes=processes, use_by_pid=use_by_pid, earlier_use=earlier)
 
     def _with_compute_mode(self, index: int, device: Device) -> Device:
         """The device with its compute mode, where NVML tells it (collect/trust.py decides on it)."""
@@ -230,14 +246,25 @@ class GpuReader:
         self._engine_windows[device.uuid] = _EngineWindow(self._clock(), now_us)
         return dataclasses.replace(device, engine_window=means)
 
-    def _with_energy(self, index: int, device: Device, errors: SweepErrors) -> Device:
-        """The device with its energy counter, read every `energy_every_s`: one read cost
-        3.9 ms of CPU on an H200, more than the rest of a sweep of that GPU together
-        (bench/results/h200-sweep-cost.md). Between reads the device is marked skipped,
-        and the sweeps wait to have the next read's energy split over them."""
+    def _left(self, uuid: str, processes: list[GpuProcess] | None, started: Mapping[int, int]) -> bool:
+        """Whether a process listed on the GPU at its last sweep is not listed now (its PID
+        gone, or held by a process that started since)."""
+        if processes is None:
+            return False
+        now = frozenset((p.pid, started.get(p.pid)) for p in processes)
+        before = self._listed.get(uuid, frozenset())
+        self._listed[uuid] = now
+        return bool(before - now)
+
+    def _with_energy(self, index: int, device: Device, errors: SweepErrors, now_anyway: bool = False) -> Device:
+        """The device with its energy counter, read every `energy_every_s` (and, with
+        `now_anyway`, at once): one read cost 3.9 ms of CPU on an H200, more than the rest
+        of a sweep of that GPU together (bench/results/h200-sweep-cost.md). Between reads the
+        device is marked skipped, and the sweeps wait to have the next read's energy split
+        over them."""
         read_at = self._energy_read_at.get(device.uuid)
         now = self._clock()
-        if read_at is not None and now - read_at < self._energy_every_s:
+        if read_at is not None and now - read_at < self._energy_every_s and not now_anyway:
             return dataclasses.replace(device, energy_skipped=True)
         try:
             energy_mj = self._backend.energy(index)

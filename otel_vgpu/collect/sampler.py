@@ -31,6 +31,10 @@ from otel_vgpu.pods.directory import PodDirectory
 
 log = logging.getLogger(__name__)
 
+# A reader that has not collected for this long (a Prometheus that went away) no longer holds
+# the ended pods' series (collect/usage.py) for itself.
+READER_GONE_S = 600.0
+
 
 class Sampler:
     def __init__(
@@ -80,7 +84,19 @@ class Sampler:
         self._idle_watts = idle_watts
         self._on_driver_changed = on_driver_changed
         self._mps_server_namespaces = frozenset(mps_server_namespaces)
+        self._readers: dict[str, tuple[int, float]] = {}
+        """By reader (the scrape, the OTLP push): the sweep it last collected, and when."""
         self.sweeps = 0
+
+    def collected(self, reader: str, snapshot: Snapshot) -> None:
+        """`reader` collects `snapshot`: the ended pods' series it holds are in its hands."""
+        self._readers[reader] = (snapshot.generation, self._clock())
+
+    def _collected_through(self) -> int | None:
+        """The latest sweep every reader that still collects has collected; None: no reader does."""
+        now = self._clock()
+        active = [generation for generation, at in list(self._readers.values()) if now - at <= READER_GONE_S]
+        return min(active) if active else None
 
     def stuck_for(self) -> float:
         """How long the sweep in progress has run; 0 when none is."""
@@ -167,7 +183,15 @@ class Sampler:
         gpus, pods = snapshot.gpus, snapshot.pods
         if snapshot.ok:
             self._last_success = finished
-            self._usage, gpus, pods = accumulate(self._usage, gpus, pods, finished, idle_watts=self._idle_watts)
+            self._usage, gpus, pods = accumulate(
+                self._usage,
+                gpus,
+                pods,
+                finished,
+                idle_watts=self._idle_watts,
+                generation=self.sweeps,
+                collected_through=self._collected_through(),
+            )
         self._health.swept(finished - started)
         self._report(errors)
         self._report_blind(snapshot)
@@ -176,6 +200,8 @@ class Sampler:
             ok=snapshot.ok,
             gpus=gpus,
             pods=pods,
+            ended=tuple(e.row for e in self._usage.ended.values()) if snapshot.ok else (),
+            generation=self.sweeps,
             errors=tuple((stage.value, message) for (stage, _), message in errors.seen.items()),
             blind=snapshot.blind,
             paused=snapshot.paused,
@@ -249,6 +275,7 @@ class Sampler:
             allocation,
             resolved.ratios,
             self._by_container,
+            ended=attribution.ended,
         )
         return Snapshot(taken_at=self._clock(), ok=True, gpus=gpus, pods=pods, blind=blind)
 
@@ -297,11 +324,13 @@ class Sampler:
             attribution,
             "calls itself the MPS server on a GPU where it cannot be one; it is its pod's, as any process",
         )
+        listed = {p.pid for p in reading.processes or ()}
         self._refuse_processes(
             Refusal.PID_REUSED,
-            sorted(judged.stale_pids),
+            sorted(pid for pid in judged.earlier_use if pid in listed and pid in attribution.ended),
             attribution,
-            "holds a PID whose NVML samples are older than it; they are given to no pod",
+            "holds a PID whose NVML samples are older than it: they are the ended process's that held it "
+            "before, and its pod's",
         )
         return judged
 

@@ -13,9 +13,16 @@ over plain data: no NVML, no clock.
   the figures of one sweep are not stretched over minutes they did not see.
 - A pod's counter is left out where its SM is unknown (MIG, MPS), as its
   gauges are; it resumes where it was when the figure comes back.
-- A series that is not in a sweep (its pod ended, its GPU went away) is
-  dropped; a pod that comes back starts from 0, as a restarted agent does:
-  Prometheus' `rate()` and `increase()` read a drop as a counter reset.
+- A pod that ends keeps its counters' series, at their final values, until every
+  reader (the scrape and the OTLP push) has collected them once: its last
+  interval (what its ended processes' last samples say: collect/aggregate.py),
+  its part of the energy not yet split, and its engine window's figures are added
+  first, and no gauge has a series for it. Without this, what a pod used after
+  the last scrape that saw it would be in no series at all, neither its own nor
+  the unattributed, and a tenant that restarts its pods often would keep part of
+  its bill off every series. A pod that comes back while its series stays goes
+  on from its value; one that comes back later starts from 0, as a restarted
+  agent does: Prometheus' `rate()` and `increase()` read a drop as a counter reset.
 - PIDs do not matter: the counters are keyed by pod and device.
 
 Energy, per GPU, follows NVML's counter (millijoules since the driver loaded;
@@ -45,6 +52,7 @@ from dataclasses import dataclass, field
 from otel_vgpu.collect import engines as engine_windows
 from otel_vgpu.collect.aggregate import GpuRow, PodKey, PodRow, pod_key
 from otel_vgpu.collect.engines import Engines
+from otel_vgpu.gpu.backend import ProcessUse
 
 MAX_GAP_S = 10.0
 # A GPU under this utilization over an interval is idle: its power then is its idle power.
@@ -71,6 +79,22 @@ class Usage:
     """By GPU UUID: the sweeps since its energy counter was last read."""
     engines: Engines = field(default_factory=Engines)
     """The other engines' figures and counters, over engine windows (collect/engines.py)."""
+    last: dict[PodKey, PodRow] = field(default_factory=dict)
+    """The rows of the pods with processes or an allocation, as of that sweep."""
+    ended: dict[PodKey, Ended] = field(default_factory=dict)
+    """The pods that have ended and whose series are kept until every reader has collected them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A pod that has ended on a device, its series kept."""
+
+    row: PodRow
+    """Its row, marked ended, with its counters as they stand."""
+    final: int | None = None
+    """The sweep from which nothing more is pending for it (its energy split, its engine
+    window closed): its counters are final, and it goes once every reader has collected
+    a sweep from then on. None while something is pending."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +173,17 @@ def accumulate(
     now: float,
     max_gap_s: float = MAX_GAP_S,
     idle_watts: float | None = None,
+    generation: int = 0,
+    collected_through: int | None = None,
 ) -> tuple[Usage, tuple[GpuRow, ...], tuple[PodRow, ...]]:
     """The counters after a sweep at `now` that read `gpus` and `pods`, and those
-    rows with their counters filled in. `idle_watts`: every GPU's idle power as
-    configured; None: learned."""
+    rows with their counters filled in (the pods with processes or an allocation;
+    the ended ones are in the Usage's `ended`). `idle_watts`: every GPU's idle power
+    as configured; None: learned. `generation`: this sweep's number;
+    `collected_through`: the latest sweep every reader has collected (None: there is
+    no reader), which releases the ended pods whose counters are final by then."""
     seconds = 0.0 if usage.at is None else min(max(0.0, now - usage.at), max_gap_s)
+    pods = _with_ended(usage, pods)
     gpu_busy: dict[str, float] = {}
     for gpu in gpus:
         utilization = gpu.interval_utilization
@@ -199,7 +229,85 @@ def accumulate(
     counters = dataclasses.replace(
         energy, at=now, gpu_busy=gpu_busy, pod_busy=pod_busy, pod_peak=pod_peak, engines=engines
     )
-    return counters, new_gpus, new_pods
+    live = tuple(row for row in new_pods if not row.ended)
+    ended = _still_kept(usage, counters, new_pods, generation, collected_through)
+    last = {pod_key(row): row for row in live}
+    return _only(dataclasses.replace(counters, last=last, ended=ended), last.keys() | ended.keys()), new_gpus, live
+
+
+def _with_ended(usage: Usage, pods: Sequence[PodRow]) -> list[PodRow]:
+    """`pods` with a row for each pod that has ended and is still kept: its last interval's
+    row where the sweep has one (its ended processes' last samples), else one of no use,
+    which adds nothing and carries its counters and whatever is pending for it."""
+    live = [row for row in pods if not row.ended]
+    keys = {pod_key(row) for row in live}
+    last_interval = {pod_key(row): row for row in pods if row.ended}
+    kept = {key: e.row for key, e in usage.ended.items() if key not in keys}
+    for key, row in usage.last.items():
+        if key not in keys and key not in kept and row.use is not None:
+            # Just ended. Where its SM was unknown (MIG, MPS) it has no counter to keep.
+            kept[key] = row
+    rows = list(live)
+    for key, row in kept.items():
+        now = last_interval.get(key)
+        rows.append(
+            dataclasses.replace(
+                row,
+                use=now.use if now is not None else ProcessUse(),
+                shares=0.0,
+                memory_used=0,
+                memory_allocated=0,
+                processes=0,
+                vgpu_utilization=None,
+                ended=True,
+            )
+        )
+    return rows
+
+
+def _still_kept(
+    usage: Usage, counters: Usage, rows: Sequence[PodRow], generation: int, collected_through: int | None
+) -> dict[PodKey, Ended]:
+    """The ended pods to keep after this sweep: all but those whose counters were final by a
+    sweep every reader has collected since (all whose counters are final, with no reader)."""
+    kept = {}
+    for row in rows:
+        if not row.ended:
+            continue
+        key = pod_key(row)
+        before = usage.ended.get(key)
+        final = before.final if before is not None else None
+        if final is None and _settled(key, row.gpu_uuid, counters):
+            final = generation
+        if final is not None and (collected_through is None or collected_through >= final):
+            continue
+        kept[key] = Ended(row, final)
+    return kept
+
+
+def _only(counters: Usage, keys: set[PodKey]) -> Usage:
+    """The counters of these pods only: an ended pod let go of is forgotten."""
+    engines = counters.engines
+    return dataclasses.replace(
+        counters,
+        pod_busy={k: v for k, v in counters.pod_busy.items() if k in keys},
+        pod_peak={k: v for k, v in counters.pod_peak.items() if k in keys},
+        pod_joules={k: v for k, v in counters.pod_joules.items() if k in keys},
+        engines=dataclasses.replace(
+            engines,
+            pod_busy={k: v for k, v in engines.pod_busy.items() if k in keys},
+            pod_now={k: v for k, v in engines.pod_now.items() if k in keys},
+            pending={k: v for k, v in engines.pending.items() if k in keys},
+        ),
+    )
+
+
+def _settled(key: PodKey, gpu_uuid: str, counters: Usage) -> bool:
+    """Nothing is pending for the pod: its GPU's energy since the last read gives it no part,
+    and its engine window holds nothing of it."""
+    pending = counters.pending.get(gpu_uuid)
+    energy = pending is None or (pending.held.get(key, 0.0) == 0.0 and pending.ran.get(key, 0.0) == 0.0)
+    return energy and not any(counters.engines.pending.get(key, {}).values())
 
 
 def _energy(

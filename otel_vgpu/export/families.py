@@ -125,6 +125,11 @@ def seed_rows(snapshot: Snapshot) -> tuple[SeedRow, ...]:
 
 POD: Kind[PodRow] = Kind("pod", POD_LABELS, lambda seen: seen.snapshot.pods, pod_attributes)
 """Per (pod, GPU or MIG device): one series per pod row of the snapshot."""
+POD_COUNTED: Kind[PodRow] = Kind(
+    "pod_counted", POD_LABELS, lambda seen: (*seen.snapshot.pods, *seen.snapshot.ended), pod_attributes
+)
+"""The per-pod counters' series: the pods' rows and, until every reader has collected them,
+those of the pods that have ended, at their final values (collect/usage.py)."""
 GPU: Kind[GpuRow] = Kind("gpu", GPU_LABELS, lambda seen: seen.snapshot.gpus, gpu_attributes)
 """Per GPU."""
 SEED: Kind[SeedRow] = Kind(
@@ -153,7 +158,7 @@ SWEEPS: Kind[float] = Kind("sweeps", (), lambda seen: seen.health.take_durations
 """The sweeps made since the last collection, one row each: taking them empties the list,
 so a histogram of this kind records each sweep once, at the start of a collection."""
 
-KINDS: tuple[Kind[Any], ...] = (POD, GPU, SEED, AGENT, STAGES, REFUSALS, SWEEPS)
+KINDS: tuple[Kind[Any], ...] = (POD, POD_COUNTED, GPU, SEED, AGENT, STAGES, REFUSALS, SWEEPS)
 
 # UCUM units and the suffix they give a Prometheus name, on a scrape and
 # through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
@@ -216,6 +221,10 @@ _ENGINE_ABSENT = (
     "window closes."
 )
 _ENGINE_READS = frozenset({Read.PROCESS_USE, Read.ENGINE_SAMPLES})
+_ENDED = (
+    "A pod that ends keeps its series at its final value until every reader has collected it; one "
+    "seen anew after that starts from 0."
+)
 POD_ENGINES = tuple(e for e in ENGINES if e != "memory_copy")
 """The engines published per pod. Not memory copy: NVML's per-process `memUtil` is the GPU's
 memory figure split among the processes by their share of SM time, not what each moved. On
@@ -257,9 +266,9 @@ def _engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Famil
         Family(
             f"vgpu.pod.{engine}.busy",
             "s",
-            POD,
+            POD_COUNTED,
             f"Busy seconds of the pod on {meaning}: its figure integrated over each engine window, so rate() over "
-            f"any range is its mean use there. {_ENGINE_ABSENT} Restarts from 0 for a pod seen anew.",
+            f"any range is its mean use there. {_ENGINE_ABSENT} {_ENDED}",
             value=_pod_engine_busy(engine),
             reads=_ENGINE_READS,
             instrument=Instrument.COUNTER,
@@ -329,10 +338,10 @@ _TABLE = (
     Family(
         "vgpu.pod.sm.busy",
         "s",
-        POD,
+        POD_COUNTED,
         "SM-busy seconds of the pod's processes on this GPU: its SM share integrated over time at the agent's "
         "sweep cadence, so rate() over any window is its mean SM use there. Absent where per-pod SM is unknown "
-        "(MIG, MPS); restarts from 0 for a pod seen anew.",
+        f"(MIG, MPS). {_ENDED}",
         value=lambda r: r.sm_busy_seconds,
         reads=_USE,
         instrument=Instrument.COUNTER,
@@ -340,10 +349,11 @@ _TABLE = (
     Family(
         "vgpu.pod.energy",
         "J",
-        POD,
+        POD_COUNTED,
         "The pod's part of its GPU's energy: the GPU's idle power by the vGPU shares it holds, the rest by "
-        "its SM share, interval by interval; with the GPU's unattributed joules, the pods' add up to the "
-        "GPU's. Absent where per-pod SM is unknown (MIG, MPS) or the GPU has no energy counter.",
+        "its SM share, interval by interval; with the GPU's unattributed joules, the pods' (those that ended "
+        "included) add up to the GPU's. Absent where per-pod SM is unknown (MIG, MPS) or the GPU has no "
+        f"energy counter. {_ENDED}",
         value=lambda r: r.energy_joules,
         reads=_SPLIT,
         instrument=Instrument.COUNTER,
@@ -356,7 +366,7 @@ _TABLE = (
         "at sweep cadence: what to size a vGPU share against.",
         value=lambda r: r.memory_peak,
     ),
-    *(family for engine in POD_ENGINES for family in _engine_families(engine) if family.kind is POD),
+    *(family for engine in POD_ENGINES for family in _engine_families(engine) if family.kind in (POD, POD_COUNTED)),
     Family(
         "vgpu.gpu.memory.total",
         "By",
@@ -528,8 +538,8 @@ FAMILIES: tuple[Family[Any], ...] = _TABLE
 BY_NAME = {family.name: family for family in FAMILIES}
 
 
-def of_kind(kind: Kind[Any]) -> tuple[Family[Any], ...]:
-    return tuple(family for family in FAMILIES if family.kind is kind)
+def of_kind(*kinds: Kind[Any]) -> tuple[Family[Any], ...]:
+    return tuple(family for family in FAMILIES if any(family.kind is kind for kind in kinds))
 
 
 def selected(allow: Sequence[str] = (), deny: Sequence[str] = ()) -> tuple[tuple[Family[Any], ...], list[str]]:

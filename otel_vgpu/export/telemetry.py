@@ -88,8 +88,11 @@ class CollectionScope:
         self._local = threading.local()
 
     @contextmanager
-    def collection(self) -> Iterator[None]:
-        self._local.snapshot = self._sampler.snapshot(self.max_age)
+    def collection(self, reader: str) -> Iterator[None]:
+        """One collection by `reader` (the scrape, the OTLP push), which the sampler is told of:
+        an ended pod's series stays until every reader has collected it."""
+        snapshot = self._local.snapshot = self._sampler.snapshot(self.max_age)
+        self._sampler.collected(reader, snapshot)
         self._before()
         self._local.observed = {}
         try:
@@ -154,7 +157,7 @@ class Telemetry:
             self.pusher = OtlpPusher(
                 make_exporter(otlp),
                 otlp,
-                scope=self.scope.collection,
+                scope=lambda: self.scope.collection("otlp"),
                 after_collect=self._prune,
                 health=health,
                 cardinality_limits=limits,
@@ -241,7 +244,7 @@ class Telemetry:
         # The sweep comes first, outside the lock, so scrapes arriving together
         # share the sweep in flight; the SDK's storage (and its pruning) and
         # the renderer's label texts see one collection at a time.
-        with self.scope.collection(), self._render_lock:
+        with self.scope.collection("scrape"), self._render_lock:
             snapshot = self.scope.snapshot()
             # One collection per snapshot, and one encoding per body it is asked in: the
             # variants (OpenMetrics or not, four escapings, gzip) cost their encoding at

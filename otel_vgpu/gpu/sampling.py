@@ -11,7 +11,7 @@ period in which the process ran: bench/results/h200-nvml-samples.md.)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse, UtilizationSample
 
@@ -24,21 +24,21 @@ SAMPLE_PERIOD_US = 200_000
 
 def of_their_process(
     samples: Iterable[UtilizationSample], born_us: Mapping[int, int]
-) -> tuple[list[UtilizationSample], frozenset[int]]:
-    """The samples that belong to the process holding their PID now: those stamped a sample
-    period or more after it started (`born_us`, by PID, on the samples' clock; a PID absent
-    keeps its samples). NVML keeps samples by PID, and keeps an ended process's last one
-    while a new process holds its PID; without this, the new process's pod would be
-    credited with the old one's work. The PIDs whose samples were dropped, too."""
+) -> tuple[list[UtilizationSample], list[UtilizationSample]]:
+    """The samples that belong to the process holding their PID now, and those older: those
+    stamped a sample period or more after it started (`born_us`, by PID, on the samples'
+    clock; a PID absent keeps its samples), and the rest. NVML keeps samples by PID, and
+    keeps an ended process's last one while a new process holds its PID: the older ones are
+    the ended process's work, never the new one's."""
     kept: list[UtilizationSample] = []
-    stale: set[int] = set()
+    older: list[UtilizationSample] = []
     for sample in samples:
         born = born_us.get(sample.pid)
         if born is not None and sample.timestamp_us < born + SAMPLE_PERIOD_US:
-            stale.add(sample.pid)
+            older.append(sample)
         else:
             kept.append(sample)
-    return kept, frozenset(stale)
+    return kept, older
 
 
 def window_start(last_collected_us: int | None, now_us: int, min_window_us: int = MIN_WINDOW_US) -> int:
@@ -70,6 +70,21 @@ def mean_use_by_pid(samples: Iterable[UtilizationSample], since_us: int) -> dict
     }
 
 
+def until_they_ended(samples: Iterable[UtilizationSample], since_us: int, now_us: int) -> dict[int, ProcessUse]:
+    """What processes that have ended used of a GPU over the window, by PID: the mean of their
+    samples inside it times the part of the window before their last sample (a process runs
+    until about its last busy period, and NVML's sample says how busy it was while it ran)."""
+    window = max(1, now_us - since_us)
+    samples = [s for s in samples if s.timestamp_us > since_us]
+    latest: dict[int, int] = {}
+    for sample in samples:
+        latest[sample.pid] = max(latest.get(sample.pid, 0), sample.timestamp_us)
+    return {
+        pid: ProcessUse(**{f: getattr(use, f) * min(1.0, (latest[pid] - since_us) / window) for f in USE_FIGURES})
+        for pid, use in mean_use_by_pid(samples, since_us).items()
+    }
+
+
 def mean_since(samples: Iterable[tuple[int, float]], since_us: int) -> float | None:
     """The mean of a GPU's own samples newer than `since_us`; None where there are none."""
     fresh = [value for stamp, value in samples if stamp > since_us]
@@ -82,9 +97,10 @@ def fit_scale(total: float, limit: float) -> float:
     return limit / total if total > limit else 1.0
 
 
-def fit_under(use_by_pid: Mapping[int, ProcessUse], gpu_window: float | None) -> Mapping[int, ProcessUse]:
-    """The processes' figures scaled, in proportion, so that together they are no more
-    than the GPU's own figure over the window.
+def fit_under(groups: Sequence[Mapping[int, ProcessUse]], gpu_window: float | None) -> list[Mapping[int, ProcessUse]]:
+    """The processes' figures, by PID in each group (those holding their PIDs now, and those
+    that held them before: `of_their_process`), scaled by one factor, in proportion, so that
+    together they are no more than the GPU's own figure over the window.
 
     The GPU's samples (one per 200 ms period on an H200) say how much of the window
     a kernel ran; the processes' each say only what NVML last measured for them,
@@ -93,11 +109,11 @@ def fit_under(use_by_pid: Mapping[int, ProcessUse], gpu_window: float | None) ->
     The GPU's figure is the total; the processes' figures are how it splits.
     """
     if gpu_window is None:
-        return use_by_pid
-    scale = fit_scale(sum(use.sm for use in use_by_pid.values()), gpu_window)
+        return list(groups)
+    scale = fit_scale(sum(use.sm for group in groups for use in group.values()), gpu_window)
     if scale == 1.0:
-        return use_by_pid
-    return {pid: dataclasses.replace(use, sm=use.sm * scale) for pid, use in use_by_pid.items()}
+        return list(groups)
+    return [{pid: dataclasses.replace(use, sm=use.sm * scale) for pid, use in group.items()} for group in groups]
 
 
 class SamplingWindows:

@@ -26,6 +26,9 @@ from otel_vgpu.pods.cgroups import PodRef, parse_cgroup
 MAX_CGROUP_BYTES = 256 * 1024
 # /proc/<pid>/stat counts start times in clock ticks after boot.
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# How far the boot time read anew may be from the one kept before it is taken: /proc/uptime
+# counts hundredths of a second, and is read a few milliseconds after the clock.
+BOOT_MOVED_US = 1_000_000
 
 
 class ProcUnreadable(Exception):
@@ -115,6 +118,9 @@ class Attribution:
     """PID to command name (`comm`), for the processes that could be read."""
     starts: dict[int, int] = field(default_factory=dict)
     """PID to start time (clock ticks after boot), for the processes that could be read."""
+    ended: dict[int, PodRef] = field(default_factory=dict)
+    """PID to the pod of the process that held it in the last pass and has ended since (gone,
+    or its PID reused): NVML still holds its last samples, which are that pod's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +142,13 @@ class Attributor:
         self._boot_us: int | None = None
 
     def begin(self, now_us: int) -> None:
-        """A new sweep, at `now_us` on the samples' clock: each `stat` is read anew."""
+        """A new sweep, at `now_us` on the samples' clock: each `stat` is read anew. The boot
+        time is kept from sweep to sweep, so that a process's start reads the same each time,
+        unless the clock has been set over a second away since (NTP's step)."""
         self._stats = {}
-        self._boot_us = self._reader.boot_us(now_us)
+        boot = self._reader.boot_us(now_us)
+        if boot is None or self._boot_us is None or abs(boot - self._boot_us) > BOOT_MOVED_US:
+            self._boot_us = boot
 
     def started_us(self, pids: Sequence[int]) -> dict[int, int]:
         """When each process started, by PID, on the samples' clock (microseconds); a process
@@ -175,6 +185,11 @@ class Attributor:
             if found is not None:
                 result.commands[pid] = found.command
                 result.starts[pid] = found.start
+        result.ended = {
+            pid: before.ref
+            for pid, before in self._cache.items()
+            if before.ref is not None and (pid not in cache or cache[pid].start != before.start)
+        }
         # Only PIDs seen in this pass survive: the cache can never outgrow the
         # node's current GPU processes. The stat files are read anew in the next pass.
         self._cache = cache

@@ -344,12 +344,9 @@ class SimulatedNode:
         now = self.now()
         last = self._energy_at[index]
         if last is not None and now > last:
-            mine = [p.sm for p in self._processes if p.gpu == index]
             latest = self._latest_period()
             periods = max(1, min(ENERGY_PERIODS_KEPT, round((now - last) * 1e6 / SAMPLE_PERIOD_US)))
-            busy = [
-                min(1.0, sum(shares(mine, self._scenario_time(latest - k * SAMPLE_PERIOD_US)))) for k in range(periods)
-            ]
+            busy = [self._busy(index, "sm", latest - k * SAMPLE_PERIOD_US) for k in range(periods)]
             watts = IDLE_WATTS + (FULL_WATTS - IDLE_WATTS) * sum(busy) / len(busy)
             self._energy_mj[index] += watts * (now - last) * 1000
         self._energy_at[index] = now
@@ -403,14 +400,20 @@ class SimulatedNode:
         self._maybe_fail("gpu_utilization_samples", index)
         if self.scenario.gpus[index].migs:
             raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no device utilization in MIG mode")
-        mine = [p.wave(figure) for p in self._processes if p.gpu == index]
         latest = self._latest_period()
         stamps = [latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)]
-        return [
-            (stamp, min(1.0, sum(shares(mine, self._scenario_time(stamp)))))
-            for stamp in reversed(stamps)
-            if stamp > since_us
+        return [(stamp, self._busy(index, figure, stamp)) for stamp in reversed(stamps) if stamp > since_us]
+
+    def _busy(self, index: int, figure: str, stamp_us: int) -> float:
+        """GPU `index`'s figure of one engine over the period ending at `stamp_us`: what the
+        processes running then used of it, the ended ones included."""
+        t = self._scenario_time(stamp_us)
+        running = [
+            p.wave(figure)
+            for p in (*self._processes, *self._gone.values())
+            if p.gpu == index and p.starts_at <= t < p.ends_at
         ]
+        return min(1.0, sum(shares(running, t)))
 
     def _latest_period(self) -> int:
         """The end of the simulated driver's last complete sample period."""
