@@ -151,7 +151,14 @@ class Agent:
             )
             self._closers.append(endpoint.close)
             try:
-                self.server = Server(config.address, config.port, endpoint, ssl_context, config.limits)
+                self.server = Server(
+                    config.address,
+                    config.port,
+                    endpoint,
+                    ssl_context,
+                    config.limits,
+                    credentials=config.basic_auth_file is not None,
+                )
             except OSError as error:
                 where = f"{host_in_url(config.address)}:{config.port}"
                 hint = {

@@ -90,11 +90,6 @@ class Limits:
     """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
     password_checks: int = 4
     """Password checks (bcrypt) running or queued at once; past that, 503 and the connection closed."""
-    address_share: float = 0.25
-    """The part of `connections` one client address may hold while others wait for a place:
-    past it, its connections waiting between requests are shed for them."""
-    network_share: float = 0.5
-    """The same for a client's network (/24, /64)."""
 
 
 DEFAULT_LIMITS = Limits()

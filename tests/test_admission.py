@@ -37,6 +37,9 @@ class Held:
             await asyncio.sleep(0.02)
         return text(200, "ok\n")
 
+    def credentialed(self, request: Request) -> bool:
+        return False
+
     def close(self) -> None:
         self.release.set()
 

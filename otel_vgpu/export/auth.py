@@ -167,6 +167,18 @@ class BasicAuth:
 
         return str(bcrypt.hashpw(b"otel-vgpu decoy", bcrypt.gensalt(rounds=max(costs))).decode())
 
+    def remembered(self, header: str | None) -> bool:
+        """Whether the header's credential is one that passed a check before: no check is made,
+        and nothing is counted."""
+        credential = _credential(header)
+        if credential is None:
+            return False
+        with self._lock:
+            return self._key(*credential) in self._passed
+
+    def _key(self, user: str, password: str) -> bytes:
+        return hashlib.sha256(f"{user}\0{password}\0{self._users.get(user)}".encode()).digest()
+
     def decide(self, header: str | None, peer: str) -> Verdict | Attempt:
         """The verdict where it is cheap to reach, else the attempt to verify."""
         credential = _credential(header)
@@ -174,7 +186,7 @@ class BasicAuth:
             return Verdict.DENY
         user, password = credential
         hashed = self._users.get(user)
-        key = hashlib.sha256(f"{user}\0{password}\0{hashed}".encode()).digest()
+        key = self._key(user, password)
         with self._lock:
             if key in self._passed:
                 self._passed.move_to_end(key)

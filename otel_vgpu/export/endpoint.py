@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import gzip
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.config import DEFAULT_LIMITS, Limits
-from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict
+from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict, network_of
+from otel_vgpu.export.checks import CheckQueue
 from otel_vgpu.export.exposition import Format, negotiate
 from otel_vgpu.export.http import Request, Response, accepts_gzip, no_cache, text
 from otel_vgpu.export.telemetry import Telemetry
@@ -56,8 +58,8 @@ class Endpoint:
         self._limits = limits
         self.workers = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="http-worker")
         self._auth_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-auth")
-        self._checking = 0
-        """Password checks running or queued for the bcrypt thread."""
+        self._checks = CheckQueue(self._auth_worker, limits.password_checks, network_of)
+        """Password checks, running or waiting for the bcrypt thread, shared fairly (export/checks.py)."""
         # Keyed by what the body depends on (OpenMetrics or not, escaping, gzip), never by
         # what a client writes in Accept: a made-up version per request shares one render.
         self._flights: dict[tuple[tuple[bool, str], bool, bool], _Flight] = {}
@@ -90,18 +92,36 @@ class Endpoint:
             refused = await self._refuse(request)
             if refused is not None:
                 return refused
-            fmt = negotiate(request.headers.get("accept", ""))
-            compress = accepts_gzip(request.headers.get("accept-encoding", ""))
-            if no_cache(request.headers):
-                return _as(fmt, await self._shared(fmt, compress, fresh=True))
-            # Scrapes within --min-interval of each other share the sweep, and the body too.
-            cached = self._bodies.get((fmt.body, compress))
-            if cached is not None and cached[0] is self._sampler.fresh(self._telemetry.min_interval):
-                return _as(fmt, cached[1])
-            return _as(fmt, await self._shared(fmt, compress))
+            response = await self._scrape(request)
+            # With a credential required, this client has shown it may scrape: its connection
+            # is never shed for one that has not (export/admission.py).
+            credentials = self._client_certificates or self._auth is not None
+            return dataclasses.replace(response, authorized=True) if credentials else response
         if path == "/":
             return text(200, "otel-vgpu: /metrics (Prometheus), /healthz, /readyz\n")
         return text(404, "not found; try /metrics\n")
+
+    def credentialed(self, request: Request) -> bool:
+        """A request for /metrics whose client certificate (if one is required) and password
+        (if one is) are known good: the certificate checked in the handshake, the password
+        remembered as having passed."""
+        if request.path != "/metrics" or (self._client_certificates and not request.client_certificate):
+            return False
+        auth = self._auth
+        if auth is None:
+            return self._client_certificates
+        return auth.remembered(request.headers.get("authorization"))
+
+    async def _scrape(self, request: Request) -> Response:
+        fmt = negotiate(request.headers.get("accept", ""))
+        compress = accepts_gzip(request.headers.get("accept-encoding", ""))
+        if no_cache(request.headers):
+            return _as(fmt, await self._shared(fmt, compress, fresh=True))
+        # Scrapes within --min-interval of each other share the sweep, and the body too.
+        cached = self._bodies.get((fmt.body, compress))
+        if cached is not None and cached[0] is self._sampler.fresh(self._telemetry.min_interval):
+            return _as(fmt, cached[1])
+        return _as(fmt, await self._shared(fmt, compress))
 
     async def _refuse(self, request: Request) -> Response | None:
         """Why /metrics is not for this client, or None."""
@@ -110,20 +130,18 @@ class Endpoint:
         auth = self._auth  # the users file may be reread meanwhile: one version per request
         if auth is None:
             return None
-        verdict = auth.decide(request.headers.get("authorization"), request.peer)
-        if isinstance(verdict, Attempt):
-            if self._checking >= self._limits.password_checks:
-                # The bcrypt thread's queue is full: no connection waits on it, holding a
-                # place under the cap. A credential that passed before never gets here.
+        decided = auth.decide(request.headers.get("authorization"), request.peer)
+        if isinstance(decided, Attempt):
+            checked = await self._checks.run(functools.partial(auth.verify, decided), request.peer)
+            if checked is None:
+                # The bcrypt thread's queue is full of checks from clients that have had fewer:
+                # no connection waits on it, holding a place under the cap. A credential that
+                # passed before never gets here.
                 return text(
                     503, "too many password checks at once; try again\n", ("Retry-After", "1"), ("Connection", "close")
                 )
-            loop = asyncio.get_running_loop()
-            self._checking += 1
-            try:
-                verdict = await loop.run_in_executor(self._auth_worker, auth.verify, verdict)
-            finally:
-                self._checking -= 1
+            decided = checked
+        verdict = decided
         if verdict is Verdict.ALLOW:
             return None
         if verdict is Verdict.THROTTLED:

@@ -29,6 +29,8 @@ class Response:
     body: bytes = b""
     content_type: str = "text/plain; charset=utf-8"
     headers: tuple[tuple[str, str], ...] = ()
+    authorized: bool = False
+    """It answers a request that presented a valid credential (the connection has shown it may scrape)."""
 
 
 def text(status: int, body: str, *headers: tuple[str, str]) -> Response:
@@ -39,6 +41,11 @@ class Application(Protocol):
     """What a server serves: an answer to each request, and a close when it stops."""
 
     async def handle(self, request: Request) -> Response: ...
+
+    def credentialed(self, request: Request) -> bool:
+        """Whether the request presents a credential already known to be valid (cheap: no
+        check is made): its connection is then never shed for one that has shown none."""
+        ...
 
     def close(self) -> None: ...
 

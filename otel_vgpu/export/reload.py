@@ -5,7 +5,7 @@ Secret volume is updated in place (the kubelet swaps a `..data` link, as for
 a ConfigMap), and the agent must serve the new files without a restart. Each
 watched group of files (the TLS certificate, key and client CA; the users
 file) is looked at every few seconds by its files' identity (device, inode,
-size, modification time, through links), loaded whole when it changes, and
+size, modification and change times, through links), loaded whole when it changes, and
 put in force only if it loads: a bad new version keeps the old one in force,
 is logged once with why, and is counted (`stage="credentials"`) each time it
 is looked at, until the files change again.
@@ -27,19 +27,23 @@ log = logging.getLogger(__name__)
 
 CHECK_EVERY_S = 2.0
 
-Signature = tuple[tuple[int, int, int, int] | None, ...]
+Signature = tuple[tuple[int, int, int, int, int] | None, ...]
 
 
 def signature(paths: Sequence[Path]) -> Signature:
-    """What identifies the files' present versions; None for one that cannot be looked at."""
-    found: list[tuple[int, int, int, int] | None] = []
+    """What identifies the files' present versions; None for one that cannot be looked at.
+    The change time is in it: a file rewritten in place to the same size, its modification
+    time set back (`touch -d`, `cp -p`), keeps every other field, and a revoked password
+    would stay in force; the kernel sets the change time on every write, and no call sets
+    it back."""
+    found: list[tuple[int, int, int, int, int] | None] = []
     for path in paths:
         try:
             stat = os.stat(path)
         except OSError:
             found.append(None)
         else:
-            found.append((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
+            found.append((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns))
     return tuple(found)
 
 

@@ -10,10 +10,10 @@ Every client is held to bounds, whoever it is and whatever it sends
 - a request head is at most `head_bytes`, received within `head_deadline_s`
   of its first byte (a client trickling a header line every few seconds is
   cut), and a connection that sends nothing is closed after `idle_s`;
-- at most `connections` connections are open; past that, the one that has
-  waited longest for a request head (idle or trickling) is shed for the new
-  one, or one whose reader has stalled, or one waiting between requests from
-  an address (a network) holding more than its share of the cap; if none can
+- at most `connections` connections are open; past that, one is shed for the new
+  one by the rule of export/admission.py (idle or trickling, a stalled reader, one
+  that never presented a credential, one of whoever holds more than the newcomer
+  would: the cap is shared max-min fairly by address and network); if none can
   go, the new one gets 503 (on a TLS port, a close before the handshake);
 - only GET and HEAD (405 otherwise); HEAD gets the headers and no body;
   gzip as `Accept-Encoding` asks, q-values and case included;
@@ -41,6 +41,7 @@ from typing import Any, SupportsIndex
 import h11
 
 from otel_vgpu.config import DEFAULT_LIMITS, Limits
+from otel_vgpu.export.admission import victim
 from otel_vgpu.export.auth import network_of
 from otel_vgpu.export.http import Application, Request, Response, request_of, text
 from otel_vgpu.export.memory import trim
@@ -112,6 +113,11 @@ class _Connection:
     waiting_since: float
     source: str = ""
     """The peer's address; its network is network_of(source)."""
+    opened: float = 0.0
+    """When it was given its place."""
+    credentialed: bool = False
+    """It has presented a valid credential (a client certificate, a password): what never
+    did is shed before it when credentials are required (export/admission.py)."""
     answered: int = 0
     """Responses sent on it: a kept-alive connection has answered one at least."""
     waiting: bool = True
@@ -151,7 +157,10 @@ class Server:
         endpoint: Application,
         ssl_context: ssl.SSLContext | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        credentials: bool = False,
     ) -> None:
+        """`credentials`: the endpoint requires one (basic auth) beside any client certificate
+        the TLS context asks for."""
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         # Bound now, so a port in use fails the start (OSError reaches the caller).
         # IPPROTO_TCP said, not left 0: asyncio sets TCP_NODELAY on accepted connections
@@ -169,12 +178,13 @@ class Server:
         self._endpoint = endpoint
         self._ssl = ssl_context
         self._client_certificates = ssl_context is not None and ssl_context.verify_mode != ssl.CERT_NONE
+        self._credentials = credentials or self._client_certificates
         self.tls = ssl_context is not None
         self.limits = limits
         self.counters = Counters()
         self._logged_errors: dict[str, float] = {}
-        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
-        """New connections waiting for a place under the cap, in order of arrival."""
+        self._queue: collections.deque[tuple[asyncio.Future[None], str]] = collections.deque()
+        """New connections waiting for a place under the cap, in order of arrival, with their addresses."""
         self._reserved = 0
         """Places given to waiting connections that have not taken them yet."""
         self._ticking = False
@@ -299,71 +309,22 @@ class Server:
 
     # --- one connection --------------------------------------------------------------
 
-    def _victim(self, now: float) -> _Connection | None:
-        """A connection to shed for a new one: one waiting for a request head that has sent
-        nothing the loop has not read for `quiet_after_s` (a client sends its request, or
-        its ClientHello, at once), or that has waited `shed_after_s` (a trickler; never a
-        handshake whose bytes wait to be read: the loop is only busy); quiet ones first,
-        oldest first; else one whose peer has taken nothing of its response for `stall_s`."""
-        connections = self.counters.connections
-        limits = self.limits
-        old = []
-        for c in connections:
-            if not c.waiting:
-                continue
-            age = now - c.waiting_since
-            quiet = c.quiet()
-            if (quiet and age >= limits.quiet_after_s) or (age >= limits.shed_after_s and not c.handshaking):
-                old.append((not quiet, c.waiting_since, c))
-        if old:
-            return min(old, key=lambda entry: entry[:2])[2]
-        stalled = [c for c in connections if c.stalled(now, self.limits.stall_s)]
-        if stalled:
-            return min(stalled, key=lambda c: c.writing_since or now)
-        return self._over_share()
+    def _victim(self, now: float, newcomer: str) -> _Connection | None:
+        """A connection to shed for a new one from `newcomer` (export/admission.py)."""
+        found = victim(self.counters.connections, newcomer, now, self.limits, self._credentials, network_of)
+        return found if isinstance(found, _Connection) else None
 
-    def _over_share(self) -> _Connection | None:
-        """A connection of the address holding the most places, where that address holds
-        more than `address_share` of the cap, or its network (/24, /64) more than
-        `network_share`: one client keeping every connection busy (a keep-alive
-        request every 0.2 s on each, never quiet) cannot keep a scraper from elsewhere
-        out. Only one waiting between requests (nothing of a response is lost), the
-        oldest first. Behind one proxy every client is one address: the
-        share then sheds the proxy's own oldest waiting connection for its new one."""
-        limits = self.limits
-        by_address = collections.Counter(c.source for c in self.counters.connections)
-        network = {address: network_of(address) for address in by_address}
-        by_network: collections.Counter[str] = collections.Counter()
-        for address, held in by_address.items():
-            by_network[network[address]] += held
-        over = {
-            address
-            for address, held in by_address.items()
-            if held > limits.connections * limits.address_share
-            or by_network[network[address]] > limits.connections * limits.network_share
-        }
-        # Only a kept-alive connection between its requests, with nothing of a next one
-        # unread: a new connection's first request is never taken from it, whoever sent it.
-        candidates = [
-            c
-            for c in self.counters.connections
-            if c.waiting and c.answered and c.source in over and not c.handshaking and c.quiet()
-        ]
-        if not candidates:
-            return None
-        return min(candidates, key=lambda c: (-by_address[c.source], c.waiting_since))
-
-    async def _admit(self) -> bool:
-        """A place under the cap for a new connection: a free one, one a shed connection
-        leaves, or one that frees within `admit_wait_s` (clients that come and go, as a
-        flood's do, free places every few milliseconds). Waiters are served in order of
-        arrival, one place at a time. False: refuse it."""
-        if self._place_now():
+    async def _admit(self, source: str) -> bool:
+        """A place under the cap for a new connection from `source`: a free one, one a shed
+        connection leaves, or one that frees within `admit_wait_s` (clients that come and go,
+        as a flood's do, free places every few milliseconds). Waiters are served in order of
+        arrival, one place at a time, each that a place can be made for. False: refuse it."""
+        if self._place_now(source):
             return True
         if len(self._queue) >= self.limits.admit_queue:
             return False
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append(turn)
+        self._queue.append((turn, source))
         self._tick()
         try:
             await asyncio.wait_for(asyncio.shield(turn), self.limits.admit_wait_s)
@@ -376,30 +337,32 @@ class Server:
         self._reserved -= 1
         return True
 
-    def _place_now(self) -> bool:
-        """A place for a connection now, shedding one if need be (the caller takes it at once)."""
+    def _place_now(self, source: str) -> bool:
+        """A place for a connection from `source` now, shedding one if need be (the caller takes it at once)."""
         if len(self.counters.connections) + self._reserved < self.limits.connections:
             return True
-        victim = self._victim(time.monotonic())
-        if victim is None:
+        shed = self._victim(time.monotonic(), source)
+        if shed is None:
             return False
-        self.counters.connections.discard(victim)
-        victim.writer.transport.abort()
+        self.counters.connections.discard(shed)
+        shed.writer.transport.abort()
         self.counters.shed += 1
         return True
 
     def _dispatch(self) -> None:
-        """Give the waiting connections, first come first served, the places there are."""
+        """Give the waiting connections, first come first served, the places there are: each,
+        in order, that a place can be made for (whom a place is made for depends on who asks)."""
+        waiting: collections.deque[tuple[asyncio.Future[None], str]] = collections.deque()
         while self._queue:
-            turn = self._queue[0]
+            turn, source = self._queue.popleft()
             if turn.done():  # gave up waiting
-                self._queue.popleft()
                 continue
-            if not self._place_now():
-                return
-            self._queue.popleft()
+            if not self._place_now(source):
+                waiting.append((turn, source))
+                continue
             self._reserved += 1
             turn.set_result(None)
+        self._queue = waiting
 
     def _tick(self) -> None:
         """While connections wait, look for places every ADMIT_TICK_S too: one may become
@@ -437,7 +400,8 @@ class Server:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections = self.counters.connections
         peer = writer.get_extra_info("peername")
-        if not await self._admit():
+        source = peer[0] if peer else ""
+        if not await self._admit(source):
             self.counters.refused += 1
             if self._ssl is None:
                 await self._send_and_close(writer, text(503, "too many connections; try again\n"))
@@ -447,7 +411,8 @@ class Server:
                 # refused connection is not worth.
                 _close(writer)
             return
-        connection = _Connection(writer, reader, time.monotonic(), source=peer[0] if peer else "")
+        opened = time.monotonic()
+        connection = _Connection(writer, reader, opened, source=source, opened=opened)
         connections.add(connection)
         protocol = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.head_bytes)
         try:
@@ -466,6 +431,7 @@ class Server:
                     return
                 tls_object = writer.get_extra_info("ssl_object")
                 certificate = bool(tls_object.getpeercert()) if tls_object is not None else False
+                connection.credentialed = certificate
             while True:
                 connection.waiting, connection.waiting_since = True, time.monotonic()
                 event = await self._next_request(reader, protocol)
@@ -473,6 +439,7 @@ class Server:
                     return
                 connection.waiting = False
                 request = request_of(event, peer[0] if peer else "", certificate)
+                connection.credentialed = connection.credentialed or self._endpoint.credentialed(request)
                 if "content-length" in request.headers and "transfer-encoding" in request.headers:
                     # A request smuggling's shape: answered, then the connection closed (RFC 9112 6.1).
                     raise _HttpError(400, "Content-Length and Transfer-Encoding together")
@@ -492,6 +459,7 @@ class Server:
                 if not await self._send(writer, protocol, response, head=request.method == "HEAD", on=connection):
                     return
                 connection.answered += 1
+                connection.credentialed = connection.credentialed or response.authorized
                 if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
                     return  # HTTP/1.0 or Connection: close
                 protocol.start_next_cycle()

@@ -1,0 +1,158 @@
+"""The admission rule (export/admission.py) and the password checks' queue (export/checks.py),
+as pure rules over plain data: who goes when the cap is full, whose check runs next."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from otel_vgpu.config import Limits
+from otel_vgpu.export.admission import victim
+from otel_vgpu.export.auth import network_of
+from otel_vgpu.export.checks import CheckQueue
+
+LIMITS = Limits()
+NOW = 100.0
+
+
+@dataclass(eq=False)
+class Conn:
+    """A connection as the rule sees it: by default busy with a request (never idle, never
+    stalled), opened long ago, no credential shown."""
+
+    source: str
+    waiting: bool = False
+    waiting_since: float = 0.0
+    opened: float = 0.0
+    answered: int = 1
+    handshaking: bool = False
+    writing_since: float | None = None
+    credentialed: bool = False
+    unread: bool = False
+
+    def quiet(self) -> bool:
+        return not self.unread
+
+    def stalled(self, now: float, after_s: float) -> bool:
+        return self.writing_since is not None and now - self.writing_since >= after_s
+
+
+def held(*counts: tuple[str, int]) -> list[Conn]:
+    return [Conn(source) for source, count in counts for _ in range(count)]
+
+
+def test_a_newcomer_is_served_while_anyone_holds_more_than_it() -> None:
+    # Four addresses of four /24s holding 16 places each: none over a quarter of the cap.
+    connections = held(("10.0.1.1", 16), ("10.0.2.1", 16), ("10.0.3.1", 16), ("10.0.4.1", 16))
+    shed = victim(connections, "10.0.9.9", NOW, LIMITS, False, network_of)
+    assert shed is not None and shed.source in {"10.0.1.1", "10.0.2.1", "10.0.3.1", "10.0.4.1"}
+    # One of the four asking for a 17th place is not served: nobody holds more than it would.
+    assert victim(connections, "10.0.1.1", NOW, LIMITS, False, network_of) is None
+
+
+def test_networks_are_shared_before_addresses() -> None:
+    # One /24 of 32 addresses holding two places each: each address holds little, the network all.
+    connections = held(*((f"10.0.1.{n}", 2) for n in range(32)))
+    shed = victim(connections, "10.0.9.9", NOW, LIMITS, False, network_of)
+    assert shed is not None and network_of(shed.source) == "10.0.1.0/24"
+    # A newcomer of that /24 is only served by an address of it holding more than it would.
+    assert victim(connections, "10.0.1.200", NOW, LIMITS, False, network_of) is not None
+    assert victim(held(*((f"10.0.1.{n}", 1) for n in range(64))), "10.0.1.200", NOW, LIMITS, False, network_of) is None
+
+
+def test_a_connection_waiting_between_requests_goes_before_one_mid_request() -> None:
+    busy, between = Conn("10.0.1.1"), Conn("10.0.1.1", waiting=True, waiting_since=NOW - 0.1)
+    connections = [busy, between, *held(("10.0.1.1", 6))]
+    assert victim(connections, "10.0.9.9", NOW, LIMITS, False, network_of) is between
+
+
+def test_without_credentials_many_addresses_of_one_place_each_hold_the_cap() -> None:
+    # 64 addresses in 64 /24s, one place each: past what sharing can do (a NetworkPolicy's job).
+    connections = held(*((f"10.0.{n}.1", 1) for n in range(64)))
+    assert victim(connections, "10.0.99.9", NOW, LIMITS, False, network_of) is None
+
+
+def test_with_credentials_required_those_that_never_showed_one_go_first() -> None:
+    scraper = Conn("10.0.99.9", credentialed=True)
+    connections = [scraper, *held(*((f"10.0.{n}.1", 1) for n in range(63)))]
+    shed = victim(connections, "10.0.98.1", NOW, LIMITS, True, network_of)
+    assert shed is not None and shed is not scraper and not shed.credentialed
+    # The scraper's own place is never taken for one that showed nothing, however many ask.
+    alone = [scraper, *(Conn(f"10.0.{n}.1", credentialed=True) for n in range(63))]
+    assert victim(alone, "10.0.98.1", NOW, LIMITS, True, network_of) is None
+
+
+def test_a_connection_just_opened_or_in_its_handshake_is_not_taken() -> None:
+    # A scraper's connection that has not sent its request yet, and a handshake, stay.
+    young = Conn("10.0.1.1", opened=NOW - 0.01)
+    shaking = Conn("10.0.1.1", handshaking=True)
+    assert victim([young, shaking, *held(("10.0.2.1", 2))], "10.0.9.9", NOW, LIMITS, True, network_of) not in (
+        young,
+        shaking,
+    )
+
+
+def test_behind_one_proxy_a_newcomer_takes_its_own_oldest_idle_place() -> None:
+    oldest = Conn("10.0.1.1", waiting=True, waiting_since=NOW - 0.2)
+    connections = [oldest, *(Conn("10.0.1.1", waiting=True, waiting_since=NOW - 0.1) for _ in range(63))]
+    assert victim(connections, "10.0.1.1", NOW, LIMITS, False, network_of) is oldest
+
+
+class Gate:
+    """A check that waits until released, and says who it was for."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log, self.open = name, log, threading.Event()
+
+    def __call__(self) -> str:
+        self.open.wait(5)
+        self.log.append(self.name)
+        return self.name
+
+
+def test_the_next_check_is_of_the_address_then_network_that_had_the_fewest() -> None:
+    async def scenario() -> tuple[list[str], list[str | None]]:
+        log: list[str] = []
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            queue = CheckQueue(executor, 4, network_of)
+            gates = [Gate(name, log) for name in ("a1", "a2", "a3", "a4", "scraper")]
+            # An attacker of 10.0.1.0/24 has had its checks; one runs and three wait, the queue full.
+            first = asyncio.ensure_future(queue.run(gates[0], "10.0.1.1"))
+            await asyncio.sleep(0.01)
+            waiting = [asyncio.ensure_future(queue.run(g, f"10.0.1.{k + 2}")) for k, g in enumerate(gates[1:4])]
+            await asyncio.sleep(0.01)
+            # The scraper, of another network and never checked, takes the last one's place.
+            scraper = asyncio.ensure_future(queue.run(gates[4], "10.0.2.1"))
+            await asyncio.sleep(0.01)
+            for gate in gates:
+                gate.open.set()
+            results = await asyncio.gather(first, *waiting, scraper)
+        return log, list(results)
+
+    log, results = asyncio.run(scenario())
+    assert log[:2] == ["a1", "scraper"]  # the scraper's check is the next to run
+    assert results.count(None) == 1 and results[-1] == "scraper"  # one attacker lost its place
+
+
+def test_a_full_queue_of_fewer_checked_clients_refuses_a_newcomer() -> None:
+    async def scenario() -> str | None:
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            queue = CheckQueue(executor, 1, network_of)
+            gate = Gate("first", [])
+            first = asyncio.ensure_future(queue.run(gate, "10.0.1.1"))
+            await asyncio.sleep(0.01)
+            refused = await queue.run(lambda: "second", "10.0.2.1")  # only the running check: no place
+            gate.open.set()
+            await first
+        return refused
+
+    assert asyncio.run(scenario()) is None
+
+
+@pytest.mark.parametrize("peer", ["10.0.3.4", "2001:db8::1", "::ffff:10.0.3.4"])
+def test_networks_are_24s_and_64s(peer: str) -> None:
+    assert network_of(peer) in {"10.0.3.0/24", "2001:db8::/64"}
