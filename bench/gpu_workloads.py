@@ -52,6 +52,9 @@ import os, sys, time, torch
 mode, gib = sys.argv[1], float(sys.argv[2])
 burst_s = float(sys.argv[3]) / 1000 if len(sys.argv) > 3 else 0.1
 work_file = os.environ.get("WORK_FILE")
+if os.environ.get("COMM"):  # the name /proc/<pid>/stat shows: prctl(PR_SET_NAME), as any process may
+    import ctypes
+    ctypes.CDLL(None).prctl(15, os.environ["COMM"].encode(), 0, 0, 0)
 hold = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 
@@ -301,11 +304,17 @@ class Cluster:
 
 
 def pod_harness(
-    manifest: Path, directory: Path, cluster: Cluster, node: str, drop_host_pid: bool = False, code: Path | None = None
+    manifest: Path,
+    directory: Path,
+    cluster: Cluster,
+    node: str,
+    drop_host_pid: bool = False,
+    code: Path | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Any:
     """testkit/pod_harness.py's agent for `manifest`, against `cluster`'s doubles, with this
     environment's packages and the repository on its path; with `code`, a directory holding
-    another version's `otel_vgpu`, that version first."""
+    another version's `otel_vgpu`, that version first; `extra_args` after the container's own."""
     from testkit.pod_harness import Cluster as HarnessCluster  # noqa: PLC0415
     from testkit.pod_harness import Pod as HarnessPod  # noqa: PLC0415
     from testkit.pod_harness import PodHarness  # noqa: PLC0415
@@ -321,6 +330,7 @@ def pod_harness(
             str(Path(__file__).resolve().parents[1]),
         ),
         drop_host_pid=drop_host_pid,
+        extra_args=extra_args,
     )
 
 

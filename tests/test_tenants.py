@@ -8,6 +8,7 @@ docs/trust.md says who can write each input and which ones decide attribution.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -160,12 +161,15 @@ REUSED_PID = node(
 )
 
 
-def test_a_reused_pid_inherits_nothing_of_the_process_that_held_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kept_s", [10.0, 0.0], ids=["a-driver-that-keeps-samples", "the-h200s"])
+def test_a_reused_pid_inherits_nothing_of_the_process_that_held_it(tmp_path: Path, kept_s: float) -> None:
     # busy's process ends at 9 s; 0.2 s later idle's takes its PID, before the sweep at 10 s.
-    # NVML keeps the ended process's last sample under the PID: it is busy's work, and idle's
-    # bill must not show it.
+    # A driver that keeps an ended process's last sample keeps it under the PID: it is busy's
+    # work, and idle's bill must not show it. (An H200's drops it at once:
+    # bench/results/h200-nvml-ended-samples.md; then busy is billed up to its last sweep.)
     clock = Clock()
-    node = SimulatedNode(parse_scenario(REUSED_PID, "reused.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
+    text = f"driver: {{ended_samples_s: {kept_s}}}\n" + REUSED_PID
+    node = SimulatedNode(parse_scenario(text, "reused.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
     health = Health()
     sampler = make_sampler(node, write_ratio(tmp_path), health=health, clock=clock.monotonic)
     busy: dict[str, float | None] = {}
@@ -183,9 +187,13 @@ def test_a_reused_pid_inherits_nothing_of_the_process_that_held_it(tmp_path: Pat
         node.close()
     assert sm_seen["idle"] == 0.0 and busy["idle"] == 0.0
     assert sm_seen["busy"] == pytest.approx(0.45, abs=0.01)
-    # and busy's last interval is busy's: 0.45 of the GPU for the 9 s it ran, to a sample period
-    assert busy["busy"] == pytest.approx(0.45 * 9, abs=0.45 * 0.4)
-    assert health.refusals()[Refusal.PID_REUSED] == 1
+    if kept_s:
+        # and busy's last interval is busy's: 0.45 of the GPU for the 9 s it ran, to a sample period
+        assert busy["busy"] == pytest.approx(0.45 * 9, abs=0.45 * 0.4)
+        assert health.refusals()[Refusal.PID_REUSED] == 1
+    else:
+        assert busy["busy"] == pytest.approx(0.45 * 8)  # to its last sweep, at 8 s
+        assert health.refusals()[Refusal.PID_REUSED] == 0
 
 
 def write_ratio(tmp_path: Path) -> Path:
@@ -282,13 +290,15 @@ ENDING = node(
 SCRAPE_EVERY_S = 15.0
 
 
+@pytest.mark.parametrize("kept_s", [0.0, 10.0], ids=["the-h200s", "a-driver-that-keeps-samples"])
 @pytest.mark.parametrize("sweep_every", [2.0, 5.0, 10.0])
-def test_an_ended_pods_last_increments_reach_the_bill(tmp_path: Path, sweep_every: float) -> None:
+def test_an_ended_pods_last_increments_reach_the_bill(tmp_path: Path, sweep_every: float, kept_s: float) -> None:
     # Sweeps on the agent's cadence, scrapes every 15 s; a pod ends at 28 s, between the
     # scrapes at 15 and 30 and a few seconds after a sweep. Every joule the GPU drew must be in
     # a series a scrape read: the pods' (an ended pod's final value) or the unattributed.
     clock = Clock(0.0)
-    node = SimulatedNode(parse_scenario(ENDING, "ending.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
+    text = f"driver: {{ended_samples_s: {kept_s}}}\n" + ENDING
+    node = SimulatedNode(parse_scenario(text, "ending.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
     health = Health()
     sampler = make_sampler(
         node, write_ratio(tmp_path), health=health, clock=clock.monotonic, reader=GpuReader(node, clock.monotonic)
@@ -317,8 +327,14 @@ def test_an_ended_pods_last_increments_reach_the_bill(tmp_path: Path, sweep_ever
     unattributed = exposition.by("vgpu_gpu_energy_unattributed_joules_total", "gpu_id")[("0",)]
     pods = sum(value for (family, _), value in seen.items() if family == "vgpu_pod_energy_joules_total")
     assert gpu > 0 and pods + unattributed == pytest.approx(gpu, rel=1e-9), (pods, unattributed, gpu)
-    # Its busy seconds are its work, 0.5 of the GPU for the 28 s it ran, to one sample period.
-    assert seen[("vgpu_pod_sm_busy_seconds_total", ATTACKER)] == pytest.approx(0.5 * 28, abs=0.5 * 0.4)
+    # Its busy seconds are its work, 0.5 of the GPU for the 28 s it ran, to one sample period,
+    # where the driver keeps an ended process's last sample; else its work to its last sweep.
+    billed = seen[("vgpu_pod_sm_busy_seconds_total", ATTACKER)]
+    if kept_s:
+        assert billed == pytest.approx(0.5 * 28, abs=0.5 * 0.4)
+    else:
+        last_sweep = (math.ceil(28 / sweep_every) - 1) * sweep_every  # the last that saw it running
+        assert billed == pytest.approx(0.5 * last_sweep, abs=0.5 * 0.4)
     # The first scrape after the end has its counters at their final values, and no gauge of it.
     assert (ATTACKER,) in after_the_end.by("vgpu_pod_energy_joules_total", "pod_uid")
     assert (ATTACKER,) in after_the_end.by("vgpu_pod_sm_busy_seconds_total", "pod_uid")

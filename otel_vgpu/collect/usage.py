@@ -15,9 +15,9 @@ over plain data: no NVML, no clock.
   gauges are; it resumes where it was when the figure comes back.
 - A pod that ends keeps its counters' series, at their final values, until every
   reader (the scrape and the OTLP push) has collected them once: its last
-  interval (what its ended processes' last samples say: collect/aggregate.py),
-  its part of the energy not yet split, and its engine window's figures are added
-  first, and no gauge has a series for it. Without this, what a pod used after
+  interval (what its ended processes' last samples say, where the driver keeps
+  them: collect/aggregate.py), its part of the energy not yet split, and its
+  engine window's figures are added first, and no gauge has a series for it. Without this, what a pod used after
   the last scrape that saw it would be in no series at all, neither its own nor
   the unattributed, and a tenant that restarts its pods often would keep part of
   its bill off every series. A pod that comes back while its series stays goes

@@ -361,20 +361,25 @@ class SimulatedNode:
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         """Each PID's latest sample, as NVML keeps it: the last period in which the process
-        that held the PID then ran, which may be one that has ended since (its PID reused).
-        Under MPS the server's sample is its clients' use and its own; the clients have none."""
+        that held the PID then ran; on a driver that keeps them (`driver.ended_samples_s`),
+        that of a process that has ended since, its PID maybe reused. Under MPS the server's
+        sample is its clients' use and its own; the clients have none."""
         self._maybe_fail("utilization_samples", index)
         if self.scenario.gpus[index].migs:
             raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no per-process utilization in MIG mode")
         if self._hidden:
             return []
-        everyone = [p for p in self._processes if p.gpu == index]
-        everyone += [p for p in self._gone.values() if p.gpu == index]
+        # Who ran in each period shares the GPU, ended processes included; whose samples NVML
+        # still has: the running ones', and the ended ones' the driver keeps.
+        everyone = [p for p in (*self._processes, *self._gone.values()) if p.gpu == index]
+        kept_since = self.now() - self.scenario.driver.ended_samples_s
+        running = {(p.pid, p.start_time) for p in self._processes}
+        sampled = [p for p in everyone if (p.pid, p.start_time) in running or p.ends_at > kept_since]
         latest = self._latest_period()
         stamps = [latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)]
-        running: dict[int, list[tuple[_Process, ProcessUse]]] = {}
+        shared: dict[int, list[tuple[_Process, ProcessUse]]] = {}
         newest: dict[int, UtilizationSample] = {}
-        for process in everyone:
+        for process in sampled:
             if process.mps == "client":
                 continue
             for stamp in stamps:
@@ -383,12 +388,12 @@ class SimulatedNode:
                 t = self._scenario_time(stamp)
                 if not process.starts_at <= t < process.ends_at:
                     continue
-                if stamp not in running:
+                if stamp not in shared:
                     alive = [p for p in everyone if p.starts_at <= t < p.ends_at]
-                    running[stamp] = list(zip(alive, uses(alive, t), strict=True))
-                use = next(u for p, u in running[stamp] if p is process)
+                    shared[stamp] = list(zip(alive, uses(alive, t), strict=True))
+                use = next(u for p, u in shared[stamp] if p is process)
                 if process.mps == "server":
-                    use = _total([use, *(u for p, u in running[stamp] if p.mps == "client")])
+                    use = _total([use, *(u for p, u in shared[stamp] if p.mps == "client")])
                 if any(getattr(use, f) > 0 for f in USE_FIGURES):  # NVML keeps the last period it ran in
                     newest[process.pid] = UtilizationSample(process.pid, stamp, use)
                     break
@@ -446,7 +451,9 @@ class SimulatedNode:
             self._sync_proc_tree()
 
     def _remember_gone(self, before: list[_Process], t: float) -> None:
-        """Keep the processes that ended since the last refresh while NVML would keep their samples."""
+        """Keep the processes that ended since the last refresh: their part of the GPU's own
+        figures in the periods they ran, and, on a driver that keeps them
+        (`driver.ended_samples_s`), their last samples under their PIDs."""
         now = {(p.pid, p.start_time) for p in self._processes}
         for process in before:
             key = (process.pid, process.start_time)

@@ -32,6 +32,8 @@ MAX_SCENARIO_NODES = 1_000_000
 # Sizes above a pebibyte and delays above a minute are mistakes, not scenarios.
 MAX_SIZE_BYTES = 2**50
 MAX_DELAY_S = 60.0
+# NVML's sample buffers hold about 14 s (71 periods of 200 ms on an H200).
+MAX_KEPT_S = 14.0
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 RUNTIMES = ("containerd", "crio", "docker")
 DRIVERS = ("systemd", "cgroupfs")
@@ -241,6 +243,10 @@ class DriverSpec:
     """True (drivers from 535.113): NVML lists only the processes that have a
     PID in the caller's PID namespace, so an agent outside the host's sees
     none. False: older drivers, which list every process by host PID."""
+    ended_samples_s: float = 0.0
+    """How long NVML keeps an ended process's last sample, under its PID (which a new
+    process may hold by then). 0: none, as an H200 with driver 580 does
+    (bench/results/h200-nvml-ended-samples.md)."""
 
 
 MIG_STRATEGIES = ("single", "mixed")
@@ -576,9 +582,17 @@ class _Reader:
         return DevicePluginSpec(kind=kind, rename_by_default=rename, mig_strategy=strategy)
 
     def driver(self, raw: Any, line: int) -> DriverSpec:
-        spec = self.mapping(raw, "driver", line, {"pid_namespace_filter"})
+        spec = self.mapping(raw, "driver", line, {"pid_namespace_filter", "ended_samples_s"})
         key = "pid_namespace_filter"
-        return DriverSpec(pid_namespace_filter=self.boolean(spec.get(key, True), f"driver.{key}", _line(spec, key)))
+        kept = self.number(spec.get("ended_samples_s", 0), "driver.ended_samples_s", _line(spec, "ended_samples_s"))
+        if not 0 <= kept <= MAX_KEPT_S:
+            raise self.fail(
+                "driver.ended_samples_s", _line(spec, "ended_samples_s"), f"{kept} must be from 0 to {MAX_KEPT_S:g}"
+            )
+        return DriverSpec(
+            pid_namespace_filter=self.boolean(spec.get(key, True), f"driver.{key}", _line(spec, key)),
+            ended_samples_s=kept,
+        )
 
     def fault(self, raw: Any, where: str, gpu_count: int) -> FaultSpec:
         spec = self.mapping(raw, where, 0, {"call", "gpu", "code", "delay_s", "from_s", "to_s"})
