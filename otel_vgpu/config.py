@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -95,71 +96,6 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-# The ratio file's default place: the working directory, as the image and the repository have it.
-DEFAULT_ALLOCATION_FILE = Path("gpu_allocation.txt")
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    port: int = 8080
-    address: str = "0.0.0.0"
-    allocation_file: Path = DEFAULT_ALLOCATION_FILE
-    proc_root: Path = Path("/proc")
-    node_name: str = ""
-    """Empty: the simulated node's name, else the host name."""
-    simulate: str | None = None
-    """None: NVML; `builtin` or a scenario file: the simulated node."""
-    min_interval: float = 1.0
-    sweep_interval: float = 2.0
-    """0: no sweeps of the agent's own. 2 s: the agent's own part costs 0.74 % of a core on the
-    realistic simulated node (8 GPUs, 80 pods), where 1 s took 1.25 % (bench/sweep_cost.py)."""
-    gpu_idle_watts: float | None = None
-    """None: learned per GPU (collect/usage.py)."""
-    seed_metrics: bool = False
-    no_kubernetes: bool = False
-    kubeconfig: Path | None = None
-    service_account_dir: Path = SERVICE_ACCOUNT_DIR
-    pod_resources_socket: Path = POD_RESOURCES_SOCKET
-    kube_watch_seconds: int = 300
-    pod_resources_interval: float = 5.0
-    no_pod_resources: bool = False
-    gpu_resources: tuple[str, ...] = DEFAULT_RESOURCES
-    by_container: bool = False
-    otlp_endpoint: str | None = None
-    otlp_protocol: str | None = None
-    otlp_interval: float | None = None
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_client_ca_file: Path | None = None
-    basic_auth_file: Path | None = None
-    log_level: str = "info"
-    # Timers that are no flag's business; tests shorten them.
-    kube_backoff: Backoff = field(default_factory=Backoff)
-    """Between lists of a failing Kubernetes API."""
-    nvml_backoff: Backoff = field(default_factory=Backoff)
-    """Between attempts to initialise NVML while the driver does not answer."""
-    kube_watch_grace_s: float = 5.0
-    """A watch silent for 1.2 x kube_watch_seconds plus this long is taken for hung."""
-    first_sync_wait_s: float = 3.0
-    """How long start-up waits for the first list of pods, so the first scrape has names."""
-    energy_every_s: float = 10.0
-    """How often each GPU's energy counter is read (collect/reading.py ENERGY_EVERY_S says why)."""
-    engine_every_s: float = 10.0
-    """How long each GPU's engine windows last (collect/reading.py ENGINE_EVERY_S says why)."""
-    credentials_check_s: float = 2.0
-    """How often the TLS files and the users file are looked at for a new version."""
-    ask_again_s: float = 300.0
-    """How long a GPU whose NVML cannot report per-process utilization is left alone before it is asked again."""
-    metric_allowlist: tuple[str, ...] = ()
-    """Patterns of the families to publish; empty: all."""
-    metric_denylist: tuple[str, ...] = ()
-    """Patterns of the families not to publish."""
-    mps_server_namespaces: tuple[str, ...] = DEFAULT_MPS_SERVER_NAMESPACES
-    """Namespaces whose pods may run an MPS server (collect/trust.py): only cluster operators create pods there."""
-    limits: Limits = field(default_factory=Limits)
-    """The endpoint's bounds on every client (export/server.py)."""
-
-
 # --- the flag table ------------------------------------------------------------------
 
 
@@ -218,35 +154,110 @@ def _path(text: str) -> Path | None:
     return Path(text) if text.strip() else None
 
 
+def _simulate(text: str) -> str | None:
+    """`--simulate`'s value: a scenario file or `builtin`; in the environment also true (the
+    built-in node) or false (none)."""
+    word = text.strip()
+    if word.lower() in _FALSE:
+        return None
+    return BUILTIN_SCENARIO if word.lower() in _TRUE else word
+
+
+def _resource(text: str) -> str:
+    """An extended resource whose devices count as GPUs (a name, or a prefix ending in `*`)."""
+    name = text.strip()
+    if name in NOT_DEVICE_COUNTS:
+        raise argparse.ArgumentTypeError(
+            f"{name}: a quantity (HAMi's memory or cores), not a count of devices; HAMi's allocation is read "
+            "from its pod annotations, so name only device resources (for example nvidia.com/gpu)"
+        )
+    return name
+
+
+class Action(str, Enum):
+    """How a flag takes its value on the command line."""
+
+    STORE = "store"
+    """`--flag VALUE`."""
+    SWITCH = "switch"
+    """`--flag`, on; in the environment true or false."""
+    APPEND = "append"
+    """`--flag VALUE`, repeatable; in the environment comma-separated."""
+    OPTIONAL = "optional"
+    """`--flag [VALUE]`: bare, `const`."""
+
+
 @dataclass(frozen=True, slots=True)
 class Flag:
-    """One flag: its name, environment twin, parser and help."""
+    """One flag: its name, environment twin, parser, default, the Config field it fills, and help.
+    This table is the only place each of them is said (`Config`'s defaults come from it)."""
 
     name: str
     help: str
     env: str | None = None
     """The OTEL_VGPU_* twin; None where the standard OTEL_* variables serve instead."""
-    parse: Callable[[str], Any] | None = str
-    """None: a switch (true or false in the environment)."""
-    default: str | None = None
-    """As the environment would spell it; None: unset."""
+    parse: Callable[[str], Any] = str
+    """A value's text to its value (each item's, for APPEND); argparse.ArgumentTypeError for a bad one."""
+    default: Any = None
+    """The value when neither the flag nor its twin is given; None: unset."""
+    action: Action = Action.STORE
+    field: str | None = None
+    """The Config field it fills; None: its name's (`--log-level`: `log_level`)."""
+    choices: tuple[str, ...] | None = None
+    const: str | None = None
+    """OPTIONAL: the value of the bare flag."""
+    fallback_env: str | None = None
+    """A variable read when neither the flag nor its twin is given (the Downward API's NODE_NAME)."""
     metavar: str | None = None
     shown_default: str | None = None
-    """The default as --help says it, where the raw one would mislead."""
+    """The default as --help says it, where the value itself would mislead."""
 
     @property
     def dest(self) -> str:
-        return self.name.removeprefix("--").replace("-", "_")
+        return self.field or self.name.removeprefix("--").replace("-", "_")
+
+    def default_text(self) -> str:
+        if self.shown_default is not None:
+            return self.shown_default
+        if self.action is Action.SWITCH:
+            return "off"
+        if self.default is None:
+            return "unset"
+        if isinstance(self.default, tuple):
+            return ",".join(str(item) for item in self.default)
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
 
     def help_text(self) -> str:
         twin = f"{self.env}; " if self.env else ""
-        default = self.shown_default or self.default
-        shown = f"default {default}" if default else "off" if self.parse is None else "unset"
-        return f"{self.help} ({twin}{shown})"
+        shown = self.default_text()
+        written = f"default {shown}" if shown not in ("off", "unset") else shown
+        return f"{self.help} ({twin}{written})"
+
+    def from_text(self, raw: str) -> Any:
+        """The value an environment variable spells (ConfigError names the variable)."""
+        variable = self.env or self.fallback_env
+        if self.action is Action.SWITCH:
+            text = raw.strip().lower()
+            if text not in _TRUE | _FALSE:
+                raise ConfigError(f"{variable}={raw!r}: expected true or false")
+            return text in _TRUE
+        try:
+            if self.action is Action.APPEND:
+                return tuple(self.parse(item) for item in raw.split(",") if item.strip())
+            return self.parse(raw)
+        except argparse.ArgumentTypeError as error:
+            raise ConfigError(f"{variable}: {error}") from None
+
+
+# The ratio file's default place: the working directory, as the image and the repository have it.
+DEFAULT_ALLOCATION_FILE = Path("gpu_allocation.txt")
+BUILTIN_SCENARIO = "builtin"
+# A Kubernetes watch silent for 1.2 x its timeout plus this long is taken for hung.
+KUBE_WATCH_GRACE_S = 5.0
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("--port", "HTTP port", "OTEL_VGPU_PORT", _number(int, "port", 1, 65535), "8080"),
+    Flag("--port", "HTTP port", "OTEL_VGPU_PORT", _number(int, "port", 1, 65535), 8080),
     Flag("--address", "address to listen on (IPv6 accepted)", "OTEL_VGPU_ADDRESS", str, "0.0.0.0"),
     Flag(
         "--allocation-file",
@@ -254,7 +265,7 @@ FLAGS: tuple[Flag, ...] = (
         "default path, the simulated node's ratio",
         "OTEL_VGPU_ALLOCATION_FILE",
         Path,
-        "gpu_allocation.txt",
+        DEFAULT_ALLOCATION_FILE,
     ),
     Flag(
         "--proc-root",
@@ -262,7 +273,7 @@ FLAGS: tuple[Flag, ...] = (
         "the host's PID namespace, as it must",
         "OTEL_VGPU_PROC_ROOT",
         Path,
-        "/proc",
+        Path("/proc"),
     ),
     Flag(
         "--node-name",
@@ -270,6 +281,7 @@ FLAGS: tuple[Flag, ...] = (
         "OTEL_VGPU_NODE_NAME",
         str,
         "",
+        fallback_env="NODE_NAME",
         shown_default="$NODE_NAME",
     ),
     Flag(
@@ -277,8 +289,9 @@ FLAGS: tuple[Flag, ...] = (
         "run on a simulated GPU node: the built-in one, or the scenario in FILE (YAML or JSON; see "
         "docs/scenario.md); in the environment, true or a file",
         "OTEL_VGPU_SIMULATE",
-        str,
-        None,
+        _simulate,
+        action=Action.OPTIONAL,
+        const=BUILTIN_SCENARIO,
         metavar="FILE",
     ),
     Flag(
@@ -287,7 +300,7 @@ FLAGS: tuple[Flag, ...] = (
         "sweep, and scrapes one rendered body",
         "OTEL_VGPU_MIN_INTERVAL",
         _number(float, "interval", 0, 3600),
-        "1",
+        1.0,
     ),
     Flag(
         "--sweep-interval",
@@ -296,7 +309,7 @@ FLAGS: tuple[Flag, ...] = (
         "scraped, pushed or probed",
         "OTEL_VGPU_SWEEP_INTERVAL",
         _number(float, "interval", 0, 3600),
-        "2",
+        2.0,
     ),
     Flag(
         "--gpu-idle-watts",
@@ -312,13 +325,15 @@ FLAGS: tuple[Flag, ...] = (
         "--seed-metrics",
         "also expose the original exporter's pod_gpu_memory_used, pod_gpu_sm_util and pod_total_gpu_memory",
         "OTEL_VGPU_SEED_METRICS",
-        None,
+        action=Action.SWITCH,
+        default=False,
     ),
     Flag(
         "--no-kubernetes",
         "do not use the Kubernetes API: pod names stay unresolved",
         "OTEL_VGPU_NO_KUBERNETES",
-        None,
+        action=Action.SWITCH,
+        default=False,
     ),
     Flag("--kubeconfig", "use this kubeconfig instead of the pod's service account", "OTEL_VGPU_KUBECONFIG", _path),
     Flag(
@@ -326,43 +341,46 @@ FLAGS: tuple[Flag, ...] = (
         "the service account's token, ca.crt and namespace",
         "OTEL_VGPU_SERVICE_ACCOUNT_DIR",
         Path,
-        str(SERVICE_ACCOUNT_DIR),
+        SERVICE_ACCOUNT_DIR,
     ),
     Flag(
         "--pod-resources-socket",
         "the kubelet's pod-resources gRPC socket",
         "OTEL_VGPU_POD_RESOURCES_SOCKET",
         Path,
-        str(POD_RESOURCES_SOCKET),
+        POD_RESOURCES_SOCKET,
     ),
     Flag(
         "--kube-watch-seconds",
-        "timeout of each Kubernetes watch; a watch silent for 1.2 times this plus 5 s is taken for hung and the "
-        "pods are listed again",
+        "timeout of each Kubernetes watch; a watch silent for 1.2 times this plus "
+        f"{KUBE_WATCH_GRACE_S:g} s is taken for hung and the pods are listed again",
         "OTEL_VGPU_KUBE_WATCH_SECONDS",
         _number(int, "watch seconds", 1, 3600),
-        "300",
+        300,
     ),
     Flag(
         "--pod-resources-interval",
         "seconds between calls to the kubelet's pod-resources API",
         "OTEL_VGPU_POD_RESOURCES_INTERVAL",
         _number(float, "interval", 0, 3600),
-        "5",
+        5.0,
     ),
     Flag(
         "--no-pod-resources",
         "take vGPU shares from the pods' GPU limits, not the kubelet",
         "OTEL_VGPU_NO_POD_RESOURCES",
-        None,
+        action=Action.SWITCH,
+        default=False,
     ),
     Flag(
         "--gpu-resource",
         "an extended resource whose devices count as vGPU shares, or a prefix ending in *; repeatable (in the "
         "environment, comma-separated); replaces the default list",
         "OTEL_VGPU_GPU_RESOURCES",
-        str,
-        ",".join(DEFAULT_RESOURCES),
+        _resource,
+        DEFAULT_RESOURCES,
+        action=Action.APPEND,
+        field="gpu_resources",
         metavar="NAME",
     ),
     Flag(
@@ -372,14 +390,18 @@ FLAGS: tuple[Flag, ...] = (
         "only turned-off families need is not made",
         "OTEL_VGPU_METRIC_ALLOWLIST",
         _patterns,
+        (),
         metavar="PATTERNS",
+        shown_default="unset",
     ),
     Flag(
         "--metric-denylist",
         "publish every family but those these patterns name (not with --metric-allowlist)",
         "OTEL_VGPU_METRIC_DENYLIST",
         _patterns,
+        (),
         metavar="PATTERNS",
+        shown_default="unset",
     ),
     Flag(
         "--mps-server-namespaces",
@@ -388,14 +410,15 @@ FLAGS: tuple[Flag, ...] = (
         "process, unless its GPU is in the EXCLUSIVE_PROCESS compute mode (docs/trust.md)",
         "OTEL_VGPU_MPS_SERVER_NAMESPACES",
         _names,
-        ",".join(DEFAULT_MPS_SERVER_NAMESPACES),
+        DEFAULT_MPS_SERVER_NAMESPACES,
         metavar="NAMESPACES",
     ),
     Flag(
         "--by-container",
         "add a container label to the per-pod families",
         "OTEL_VGPU_BY_CONTAINER",
-        None,
+        action=Action.SWITCH,
+        default=False,
     ),
     Flag(
         "--otlp-endpoint",
@@ -406,6 +429,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--otlp-protocol",
         "OTLP protocol, grpc or http/protobuf",
+        choices=("grpc", "http/protobuf"),
         shown_default="OTEL_EXPORTER_OTLP_PROTOCOL, else grpc",
     ),
     Flag(
@@ -431,9 +455,75 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--log-level", f"one of {', '.join(LOG_LEVELS)}", "OTEL_VGPU_LOG_LEVEL", _log_level, "info"),
 )
-# argparse dests that differ from the Config field they fill.
-_FIELD_OF = {"gpu_resource": "gpu_resources"}
-_CHOICES = {"otlp_protocol": ("grpc", "http/protobuf")}
+_BY_FIELD = {flag.dest: flag for flag in FLAGS}
+
+
+def _default(name: str) -> Any:
+    """A Config field's default: its flag's."""
+    return _BY_FIELD[name].default
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """What the agent runs with: a field per flag, its default the flag's (FLAGS), and timers
+    that are no flag's business."""
+
+    port: int = _default("port")
+    address: str = _default("address")
+    allocation_file: Path = _default("allocation_file")
+    proc_root: Path = _default("proc_root")
+    node_name: str = _default("node_name")
+    """Empty: the simulated node's name, else the host name."""
+    simulate: str | None = _default("simulate")
+    """None: NVML; `builtin` or a scenario file: the simulated node."""
+    min_interval: float = _default("min_interval")
+    sweep_interval: float = _default("sweep_interval")
+    """0: no sweeps of the agent's own (docs/metrics.md has what each interval costs)."""
+    gpu_idle_watts: float | None = _default("gpu_idle_watts")
+    """None: learned per GPU (collect/usage.py)."""
+    seed_metrics: bool = _default("seed_metrics")
+    no_kubernetes: bool = _default("no_kubernetes")
+    kubeconfig: Path | None = _default("kubeconfig")
+    service_account_dir: Path = _default("service_account_dir")
+    pod_resources_socket: Path = _default("pod_resources_socket")
+    kube_watch_seconds: int = _default("kube_watch_seconds")
+    pod_resources_interval: float = _default("pod_resources_interval")
+    no_pod_resources: bool = _default("no_pod_resources")
+    gpu_resources: tuple[str, ...] = _default("gpu_resources")
+    metric_allowlist: tuple[str, ...] = _default("metric_allowlist")
+    """Patterns of the families to publish; empty: all."""
+    metric_denylist: tuple[str, ...] = _default("metric_denylist")
+    """Patterns of the families not to publish."""
+    mps_server_namespaces: tuple[str, ...] = _default("mps_server_namespaces")
+    """Namespaces whose pods may run an MPS server (collect/trust.py): only cluster operators create pods there."""
+    by_container: bool = _default("by_container")
+    otlp_endpoint: str | None = _default("otlp_endpoint")
+    otlp_protocol: str | None = _default("otlp_protocol")
+    otlp_interval: float | None = _default("otlp_interval")
+    tls_cert_file: Path | None = _default("tls_cert_file")
+    tls_key_file: Path | None = _default("tls_key_file")
+    tls_client_ca_file: Path | None = _default("tls_client_ca_file")
+    basic_auth_file: Path | None = _default("basic_auth_file")
+    log_level: str = _default("log_level")
+    # Timers that are no flag's business; tests shorten them.
+    kube_backoff: Backoff = field(default_factory=Backoff)
+    """Between lists of a failing Kubernetes API."""
+    nvml_backoff: Backoff = field(default_factory=Backoff)
+    """Between attempts to initialise NVML while the driver does not answer."""
+    kube_watch_grace_s: float = KUBE_WATCH_GRACE_S
+    """A watch silent for 1.2 x kube_watch_seconds plus this long is taken for hung."""
+    first_sync_wait_s: float = 3.0
+    """How long start-up waits for the first list of pods, so the first scrape has names."""
+    energy_every_s: float = 10.0
+    """How often each GPU's energy counter is read (collect/reading.py ENERGY_EVERY_S says why)."""
+    engine_every_s: float = 10.0
+    """How long each GPU's engine windows last (collect/reading.py ENGINE_EVERY_S says why)."""
+    credentials_check_s: float = 2.0
+    """How often the TLS files and the users file are looked at for a new version."""
+    ask_again_s: float = 300.0
+    """How long a GPU whose NVML cannot report per-process utilization is left alone before it is asked again."""
+    limits: Limits = field(default_factory=Limits)
+    """The endpoint's bounds on every client (export/server.py)."""
 
 
 class ConfigError(ValueError):
@@ -451,6 +541,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line, from FLAGS: every flag's value is None unless given."""
     parser = _Parser(
         prog="otel-vgpu",
         description="Per-pod usage of shared NVIDIA GPUs, served as OpenTelemetry metrics on /metrics. "
@@ -459,20 +550,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-h", "--help", action="help", help=HELP_HELP)
     for flag in FLAGS:
-        if flag.parse is None:
-            parser.add_argument(flag.name, action="store_true", default=None, help=flag.help_text())
-        elif flag.dest == "gpu_resource":
-            parser.add_argument(flag.name, action="append", metavar=flag.metavar, help=flag.help_text())
-        elif flag.dest == "simulate":
-            parser.add_argument(flag.name, nargs="?", const="builtin", metavar=flag.metavar, help=flag.help_text())
+        common: dict[str, Any] = {"dest": flag.dest, "default": None, "help": flag.help_text()}
+        if flag.action is Action.SWITCH:
+            parser.add_argument(flag.name, action="store_true", **common)
+            continue
+        common.update(type=flag.parse, metavar=flag.metavar, choices=flag.choices)
+        if flag.action is Action.APPEND:
+            parser.add_argument(flag.name, action="append", **common)
+        elif flag.action is Action.OPTIONAL:
+            parser.add_argument(flag.name, nargs="?", const=flag.const, **common)
         else:
-            parser.add_argument(
-                flag.name,
-                type=flag.parse,
-                choices=_CHOICES.get(flag.dest),
-                metavar=flag.metavar,
-                help=flag.help_text(),
-            )
+            parser.add_argument(flag.name, **common)
     parser.add_argument("--version", action="version", version=f"otel-vgpu {__version__}", help=VERSION_HELP)
     return parser
 
@@ -487,71 +575,30 @@ def flags_markdown() -> str:
         for action in parser._actions
     }
     for flag in FLAGS:
-        shown = invocation[flag.name]
-        default = flag.shown_default or flag.default or ("off" if flag.parse is None else "unset")
         env = f"`{flag.env}`" if flag.env else ""
         # Markdown would take <pid> for a tag and a lone * for emphasis.
         text = flag.help.replace("<", "\\<").replace("*", "\\*").replace("|", "\\|")
-        rows.append(f"| `{shown}` | {env} | `{default}` | {text} |")
+        rows.append(f"| `{invocation[flag.name]}` | {env} | `{flag.default_text()}` | {text} |")
     rows.append(f"| `--version` | | | {VERSION_HELP} |")
     rows.append(f"| `-h`, `--help` | | | {HELP_HELP} |")
     return "\n".join(rows) + "\n"
 
 
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """Flags, else their environment twins, else the defaults. A bad flag
-    exits 2 (argparse); a bad environment value raises ConfigError."""
+    """Flags, else their environment twins (else a fallback variable), else the defaults. A bad
+    flag exits 2 (argparse); a bad environment value raises ConfigError."""
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
     for flag in FLAGS:
         given = getattr(args, flag.dest)
         if given is None:
-            given = _from_environment(flag, env)
-        if given is None:
-            continue
-        if flag.dest == "gpu_resource" and isinstance(given, str):
-            given = [name.strip() for name in given.split(",") if name.strip()]
-        values[_FIELD_OF.get(flag.dest, flag.dest)] = tuple(given) if isinstance(given, list) else given
-    if not values.get("node_name"):
-        values["node_name"] = env.get("NODE_NAME", "")
+            raw = next((env[name] for name in (flag.env, flag.fallback_env) if name and env.get(name)), None)
+            if raw is None:
+                continue
+            given = flag.from_text(raw)
+        values[flag.dest] = tuple(given) if isinstance(given, list) else given
+    # The one rule between flags: kube-state-metrics' two lists are exclusive too.
     if values.get("metric_allowlist") and values.get("metric_denylist"):
         raise ConfigError("--metric-allowlist and --metric-denylist are mutually exclusive, as kube-state-metrics' are")
-    for name in values.get("gpu_resources", ()):
-        if name in NOT_DEVICE_COUNTS:
-            raise ConfigError(
-                f"--gpu-resource {name}: a quantity (HAMi's memory or cores), not a count of devices; "
-                "HAMi's allocation is read from its pod annotations, so name only device resources "
-                "(for example nvidia.com/gpu)"
-            )
     return replace(Config(), **values)
-
-
-def _from_environment(flag: Flag, env: Mapping[str, str]) -> Any:
-    if flag.env is None:
-        return None
-    raw = env.get(flag.env)
-    if raw is None:
-        return None if flag.default is None else _parse_env(flag, flag.default)
-    return _parse_env(flag, raw)
-
-
-def _parse_env(flag: Flag, raw: str) -> Any:
-    if flag.parse is None:
-        text = raw.strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-        raise ConfigError(f"{flag.env}={raw!r}: expected true or false")
-    if flag.dest == "simulate":
-        text = raw.strip()
-        if text.lower() in _FALSE:
-            return None
-        return "builtin" if text.lower() in _TRUE else text
-    if flag.dest == "gpu_resource":
-        return raw
-    try:
-        return flag.parse(raw)
-    except argparse.ArgumentTypeError as error:
-        raise ConfigError(f"{flag.env}: {error}") from None

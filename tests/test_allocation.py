@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from otel_vgpu.allocation.devices import DeviceMap, dra_profile
@@ -275,9 +277,15 @@ def test_bad_hami_annotations_say_where_and_what(value: str, complaint: str) -> 
     assert complaint in message and "expected '<GPU uuid>,<type>,<memory MiB>,<cores %>'" in message
 
 
-def test_quantities_are_refused_as_gpu_resources() -> None:
-    with pytest.raises(ConfigError, match=r"nvidia.com/gpumem: a quantity .* not a count of devices"):
+def test_quantities_are_refused_as_gpu_resources(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
         parse_config(["--gpu-resource", "nvidia.com/gpu", "--gpu-resource", "nvidia.com/gpumem"], {})
+    assert exit_.value.code == 2
+    assert re.search(
+        r"--gpu-resource: nvidia.com/gpumem: a quantity .* not a count of devices", capsys.readouterr().err
+    )
+    with pytest.raises(ConfigError, match=r"OTEL_VGPU_GPU_RESOURCES: nvidia.com/gpucores: a quantity"):
+        parse_config([], {"OTEL_VGPU_GPU_RESOURCES": "nvidia.com/gpu,nvidia.com/gpucores"})
     assert parse_config([], {}).gpu_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
 
 

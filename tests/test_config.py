@@ -79,3 +79,14 @@ def test_readme_flag_table_matches_the_flags() -> None:
         row = next(r for r in rows if f"`{flag.name}" in r.split("|")[1])
         if flag.env:
             assert f"`{flag.env}`" in row, (flag.name, row)
+
+
+def test_every_flag_fills_a_config_field_whose_default_is_the_flags() -> None:
+    fields = Config.__dataclass_fields__
+    for flag in FLAGS:
+        assert flag.dest in fields, flag.name
+        assert fields[flag.dest].default == flag.default, flag.name
+    # Nothing given: the defaults, and the help says each as the table does.
+    assert parse_config([], {}) == Config()
+    help_text = " ".join(build_parser().format_help().split())
+    assert "1.2 times this plus 5 s" in help_text  # from Config's kube_watch_grace_s
