@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.export.families import GPU, POD, POD_COUNTED, Family, of_kind
+from otel_vgpu.export.families import GPU, POD, POD_COUNTED, Family, of_subject
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import load_scenario
@@ -39,7 +39,7 @@ def families(rows: Sequence[Any], specs: Iterable[Family[Any]]) -> list[GaugeMet
         for row in rows:
             value = spec.value(row)
             if value is not None:
-                family.add_sample(family.name, dict(spec.kind.attributes(row)), float(value))
+                family.add_sample(family.name, dict(spec.subject.attributes(row)), float(value))
         result.append(family)
     return result
 
@@ -54,7 +54,7 @@ class Precomputed(Collector):
 
 def floor_registry(snapshot: Snapshot) -> CollectorRegistry:
     """The process metrics and the snapshot's families, made once, rendered on every collect."""
-    prepared = families(snapshot.pods, of_kind(POD, POD_COUNTED)) + families(snapshot.gpus, of_kind(GPU))
+    prepared = families(snapshot.pods, of_subject(POD, POD_COUNTED)) + families(snapshot.gpus, of_subject(GPU))
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
     registry.register(Precomputed(prepared))

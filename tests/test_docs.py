@@ -16,11 +16,19 @@ import yaml
 
 from otel_vgpu import __version__
 from otel_vgpu.config import FLAGS, flags_markdown
+from otel_vgpu.export.families import FAMILIES, families_markdown
 from testkit.agent import ROOT, agent_in_process, clean_env
 from testkit.doc_commands import doc_files
 from testkit.promtext import parse
 
 README = (ROOT / "README.md").read_text()
+
+
+def test_the_metric_tables_are_the_contracts() -> None:
+    # Every family, with its help text, in the README: made from the table, never by hand.
+    assert families_markdown() in README, "regenerate them: .venv/bin/python scripts/gen-metric-tables.py"
+    for family in FAMILIES:
+        assert f"`{family.prometheus_name}" in families_markdown(), family.name
 
 
 def test_the_flag_table_is_what_help_says() -> None:

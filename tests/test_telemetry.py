@@ -12,7 +12,7 @@ import pytest
 
 from otel_vgpu.export import telemetry as telemetry_module
 from otel_vgpu.export.exposition import TEXT
-from otel_vgpu.export.families import FAMILIES, GPU, POD, POD_COUNTED, POD_ENGINES, SEED, Instrument, of_kind
+from otel_vgpu.export.families import FAMILIES, GPU, POD, POD_COUNTED, POD_ENGINES, SEED, Instrument, of_subject
 from otel_vgpu.export.sdk_internals import storage_matches
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
@@ -22,8 +22,8 @@ from testkit.promtext import Exposition, parse
 
 from .conftest import GIB, make_sampler
 
-POD_FAMILIES = [family.prometheus_name for family in of_kind(POD, POD_COUNTED)]
-GPU_FAMILIES = [family.prometheus_name for family in of_kind(GPU)]
+POD_FAMILIES = [family.prometheus_name for family in of_subject(POD, POD_COUNTED)]
+GPU_FAMILIES = [family.prometheus_name for family in of_subject(GPU)]
 # What the Python client adds beside the contract's families.
 CLIENT_FAMILIES = re.compile(r"^(process_|python_|target_info$)")
 
@@ -50,7 +50,7 @@ def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None
     sourced = {"vgpu.agent.export.failures", "vgpu.agent.pod_resources.up"}
     contract = {family.prometheus_name for family in FAMILIES if family.name not in sourced}
     assert {name.removesuffix("_total") for name in published} == {n.removesuffix("_total") for n in contract}
-    for family in (*of_kind(POD, POD_COUNTED), *of_kind(GPU), *of_kind(SEED)):
+    for family in (*of_subject(POD, POD_COUNTED), *of_subject(GPU), *of_subject(SEED)):
         series = exposition.series(family.prometheus_name)
         assert series, family.name
         for labels in series:
@@ -69,12 +69,6 @@ def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None
     target = dict(next(iter(exposition.series("target_info"))))
     assert target["service_name"] == "otel-vgpu" and target["k8s_node_name"] == "node-a"
     assert target["service_version"] and target["host_name"]
-
-
-def test_readme_documents_every_family_of_the_table() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    for family in FAMILIES:
-        assert re.search(rf"`{family.prometheus_name}[`{{]", readme), family.prometheus_name
 
 
 def test_one_sweep_per_scrape_even_with_min_interval_zero(telemetry: Telemetry) -> None:

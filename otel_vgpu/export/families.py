@@ -1,7 +1,7 @@
 """The metric contract, in one table: every family the agent publishes, and how it is read.
 
 Each entry has its OpenTelemetry instrument name and UCUM unit, the kind of
-instrument, its `Kind` (which rows of a collection it has a series for, and
+instrument, its `Subject` (which rows of a collection it has a series for, and
 the labels of each), how its value is read from one of those rows, and the
 Prometheus name a scrape shows (`prometheus_name`, the OpenTelemetry-to-
 Prometheus rules of opentelemetry-exporter-prometheus). The telemetry builds
@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.reading import Read
-from otel_vgpu.gpu.backend import ENGINES
+from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES
 from otel_vgpu.health import COLLECTION_STAGES, Health, Refusal, Stage
 
 MIB = 1024 * 1024
@@ -66,8 +66,9 @@ Row = TypeVar("Row")
 
 
 @dataclass(frozen=True, slots=True)
-class Kind(Generic[Row]):
-    """A kind of series: the rows a collection has of it, and the labels of each row."""
+class Subject(Generic[Row]):
+    """What a family's series are about (a pod on a GPU, a GPU, the agent): the rows a collection
+    has of it, and the labels of each row."""
 
     name: str
     labels: tuple[str, ...]
@@ -123,22 +124,22 @@ def seed_rows(snapshot: Snapshot) -> tuple[SeedRow, ...]:
     return tuple(rows.values())
 
 
-POD: Kind[PodRow] = Kind("pod", POD_LABELS, lambda seen: seen.snapshot.pods, pod_attributes)
+POD: Subject[PodRow] = Subject("pod", POD_LABELS, lambda seen: seen.snapshot.pods, pod_attributes)
 """Per (pod, GPU or MIG device): one series per pod row of the snapshot."""
-POD_COUNTED: Kind[PodRow] = Kind(
+POD_COUNTED: Subject[PodRow] = Subject(
     "pod_counted", POD_LABELS, lambda seen: (*seen.snapshot.pods, *seen.snapshot.ended), pod_attributes
 )
 """The per-pod counters' series: the pods' rows and, until every reader has collected them,
 those of the pods that have ended, at their final values (collect/usage.py)."""
-GPU: Kind[GpuRow] = Kind("gpu", GPU_LABELS, lambda seen: seen.snapshot.gpus, gpu_attributes)
+GPU: Subject[GpuRow] = Subject("gpu", GPU_LABELS, lambda seen: seen.snapshot.gpus, gpu_attributes)
 """Per GPU."""
-SEED: Kind[SeedRow] = Kind(
+SEED: Subject[SeedRow] = Subject(
     "seed", SEED_LABELS, lambda seen: seed_rows(seen.snapshot), lambda row: {"pod": row.pod, "gpu_id": row.gpu_id}
 )
 """The original exporter's families, with --seed-metrics."""
-AGENT: Kind[Observed] = Kind("agent", (), lambda seen: (seen,), lambda _: {}, per_snapshot=False)
+AGENT: Subject[Observed] = Subject("agent", (), lambda seen: (seen,), lambda _: {}, per_snapshot=False)
 """The agent itself: one series, read from what the collection observed."""
-STAGES: Kind[tuple[Stage, int]] = Kind(
+STAGES: Subject[tuple[Stage, int]] = Subject(
     "stages",
     ("stage",),
     lambda seen: [(stage, seen.health.counts()[stage]) for stage in COLLECTION_STAGES],
@@ -146,7 +147,7 @@ STAGES: Kind[tuple[Stage, int]] = Kind(
     per_snapshot=False,
 )
 """The agent's failures, one series per collection stage."""
-REFUSALS: Kind[tuple[Refusal, int]] = Kind(
+REFUSALS: Subject[tuple[Refusal, int]] = Subject(
     "refusals",
     ("reason",),
     lambda seen: list(seen.health.refusals().items()),
@@ -154,11 +155,13 @@ REFUSALS: Kind[tuple[Refusal, int]] = Kind(
     per_snapshot=False,
 )
 """Inputs a tenant can write that the agent refused, one series per reason."""
-SWEEPS: Kind[float] = Kind("sweeps", (), lambda seen: seen.health.take_durations(), lambda _: {}, per_snapshot=False)
+SWEEPS: Subject[float] = Subject(
+    "sweeps", (), lambda seen: seen.health.take_durations(), lambda _: {}, per_snapshot=False
+)
 """The sweeps made since the last collection, one row each: taking them empties the list,
-so a histogram of this kind records each sweep once, at the start of a collection."""
+so a histogram of this subject records each sweep once, at the start of a collection."""
 
-KINDS: tuple[Kind[Any], ...] = (POD, POD_COUNTED, GPU, SEED, AGENT, STAGES, REFUSALS, SWEEPS)
+SUBJECTS: tuple[Subject[Any], ...] = (POD, POD_COUNTED, GPU, SEED, AGENT, STAGES, REFUSALS, SWEEPS)
 
 # UCUM units and the suffix they give a Prometheus name, on a scrape and
 # through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
@@ -172,19 +175,21 @@ class Family(Generic[Row]):
     name: str
     """The OpenTelemetry instrument name (dotted), as pushed over OTLP."""
     unit: str
-    kind: Kind[Row]
+    subject: Subject[Row]
     description: str
     value: Callable[[Row], float | None]
-    """Its value in one row of its kind; None: no series for that row."""
+    """Its value in one row of its subject; None: no series for that row."""
     instrument: Instrument = Instrument.GAUGE
     needs: Feature | None = None
     reads: frozenset[Read] = frozenset()
     """What a sweep reads only for families like this one (the energy counter, the samples):
     with every such family turned off, it is not read."""
+    buckets: tuple[float, ...] = ()
+    """A histogram's bucket boundaries."""
 
     @property
     def labels(self) -> tuple[str, ...]:
-        return self.kind.labels
+        return self.subject.labels
 
     @property
     def prometheus_name(self) -> str:
@@ -205,15 +210,8 @@ def _answering(up: bool | None) -> float | None:
     return None if up is None else float(up)
 
 
-# The engines beside SM (`ENGINES`): what each one's figure is, for the help texts.
-_ENGINE_MEANING = {
-    "memory_copy": "the time device memory was being read or written (NVML's MEMORY samples): high on a GPU "
-    "whose pods are bound by memory bandwidth, such as LLMs decoding",
-    "encoder": "the video encoders' (NVENC) time",
-    "decoder": "the video decoders' (NVDEC) time",
-    "jpeg": "the JPEG decoders' (NVJPG) time (drivers R550 and newer)",
-    "optical_flow": "the optical-flow accelerator's (OFA) time (drivers R550 and newer)",
-}
+# The engines beside SM (gpu/backend.py ENGINE_TABLE): what each one's figure is, for the help texts.
+_ENGINE_MEANING = {engine.name: engine.meaning for engine in ENGINE_TABLE}
 _ENGINE_WINDOW = "over its GPU's last engine window (about 10 s, closed at a sweep), 0-1 of the physical GPU's engine"
 _ENGINE_ABSENT = (
     "Absent on a GPU without that engine, on one where no process has used it since the agent started, where "
@@ -225,7 +223,7 @@ _ENDED = (
     "A pod that ends keeps its series at its final value until every reader has collected it; one "
     "seen anew after that starts from 0."
 )
-POD_ENGINES = tuple(e for e in ENGINES if e != "memory_copy")
+POD_ENGINES = tuple(engine.name for engine in ENGINE_TABLE if engine.per_pod)
 """The engines published per pod. Not memory copy: NVML's per-process `memUtil` is the GPU's
 memory figure split among the processes by their share of SM time, not what each moved. On
 an H200, a memory-bound and a compute-bound process time-sliced together each read 0.64 to
@@ -294,7 +292,7 @@ def _engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Famil
     )
 
 
-# Left unannotated, so that each entry's `value` is type-checked against its kind's rows.
+# Left unannotated, so that each entry's `value` is type-checked against its subject's rows.
 _TABLE = (
     Family(
         "vgpu.pod.memory.used",
@@ -366,7 +364,7 @@ _TABLE = (
         "at sweep cadence: what to size a vGPU share against.",
         value=lambda r: r.memory_peak,
     ),
-    *(family for engine in POD_ENGINES for family in _engine_families(engine) if family.kind in (POD, POD_COUNTED)),
+    *(family for engine in POD_ENGINES for family in _engine_families(engine) if family.subject in (POD, POD_COUNTED)),
     Family(
         "vgpu.gpu.memory.total",
         "By",
@@ -400,7 +398,7 @@ _TABLE = (
         reads=frozenset({Read.GPU_SAMPLES}),
         instrument=Instrument.COUNTER,
     ),
-    *(family for engine in ENGINES for family in _engine_families(engine) if family.kind is GPU),
+    *(family for engine in ENGINES for family in _engine_families(engine) if family.subject is GPU),
     Family(
         "vgpu.gpu.energy",
         "J",
@@ -475,6 +473,7 @@ _TABLE = (
         "Time one sweep of NVML, /proc and the sources took.",
         value=lambda seconds: seconds,
         instrument=Instrument.HISTOGRAM,
+        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     ),
     Family(
         "vgpu.agent.blind.gpus",
@@ -535,11 +534,10 @@ _TABLE = (
     ),
 )
 FAMILIES: tuple[Family[Any], ...] = _TABLE
-BY_NAME = {family.name: family for family in FAMILIES}
 
 
-def of_kind(*kinds: Kind[Any]) -> tuple[Family[Any], ...]:
-    return tuple(family for family in FAMILIES if any(family.kind is kind for kind in kinds))
+def of_subject(*subjects: Subject[Any]) -> tuple[Family[Any], ...]:
+    return tuple(family for family in FAMILIES if any(family.subject is subject for subject in subjects))
 
 
 def selected(allow: Sequence[str] = (), deny: Sequence[str] = ()) -> tuple[tuple[Family[Any], ...], list[str]]:
@@ -563,3 +561,28 @@ def selected(allow: Sequence[str] = (), deny: Sequence[str] = ()) -> tuple[tuple
 def reads_of(families: Sequence[Family[Any]]) -> frozenset[Read]:
     """What sweeps must read for `families`: the union of what each needs."""
     return frozenset(read for family in families for read in family.reads)
+
+
+# The README's tables: the subjects each covers, in order, and the line that heads it.
+README_TABLES = (
+    ((POD, POD_COUNTED), "Per (pod, GPU or MIG device), labels `namespace`, `pod`, `pod_uid`, `gpu_id`, `gpu_uuid`:"),
+    ((GPU,), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
+    ((AGENT, STAGES, REFUSALS, SWEEPS), "The agent itself:"),
+    ((SEED,), "With `--seed-metrics`, the original exporter's, labels `pod`, `gpu_id`:"),
+)
+
+
+def families_markdown() -> str:
+    """The README's metric tables, made from this table (scripts/gen-metric-tables.py prints
+    them, tests/test_docs.py checks the README holds them): each family's name as a scrape
+    shows it, its type and its help text."""
+    out = []
+    for subjects, heading in README_TABLES:
+        out += [heading, "", "| name | type | meaning |", "|---|---|---|"]
+        for family in of_subject(*subjects):
+            labels = [label for label in family.labels if label not in POD_LABELS + GPU_LABELS + SEED_LABELS]
+            name = f"`{family.prometheus_name}{{{','.join(labels)}}}`" if labels else f"`{family.prometheus_name}`"
+            meaning = family.description.replace("|", "\\|").replace("<", "\\<").replace("*", "\\*")
+            out.append(f"| {name} | {family.instrument.value} | {meaning} |")
+        out.append("")
+    return "\n".join(out)

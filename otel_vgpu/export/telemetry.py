@@ -1,7 +1,8 @@
 """OpenTelemetry wiring: meter provider, readers, and the instruments.
 
-Every GPU and pod family is an observable gauge whose callback maps rows of
-one snapshot to observations. A collection is a scope: it takes one snapshot
+Every family of the contract (export/families.py) is an instrument built in one loop: a gauge
+or a counter is observable, its callback mapping the rows of one snapshot to observations; the
+histogram is recorded at the start of each collection. A collection is a scope: it takes one snapshot
 from the sampler before the SDK runs the callbacks, and every callback of
 that collection reads the same snapshot. That is what makes "one
 sweep per collection" hold whatever `--min-interval` is, and keeps the
@@ -38,7 +39,7 @@ from otel_vgpu import __version__
 from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.exposition import Format, Renderer
-from otel_vgpu.export.families import FAMILIES, Family, Feature, Instrument, Kind, Observed
+from otel_vgpu.export.families import FAMILIES, Family, Feature, Instrument, Observed, Subject
 from otel_vgpu.export.memory import trim
 from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings, make_exporter
 from otel_vgpu.export.reader import ScrapeReader, no_exemplars
@@ -58,7 +59,6 @@ log = logging.getLogger(__name__)
 # covers 8 GPUs x 8192 pods. Stale attribute sets are pruned after each
 # collection (see _prune), so the limit bounds live series, not history.
 CARDINALITY_LIMIT = 65_536
-DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def agent_resource(node_name: str) -> Resource:
@@ -173,10 +173,14 @@ class Telemetry:
                 # Each instrument matches one view (two would make two streams).
                 View(instrument_type=ObservableGauge, exemplar_reservoir_factory=no_exemplars),
                 View(instrument_type=ObservableCounter, exemplar_reservoir_factory=no_exemplars),
-                View(
-                    instrument_name="vgpu.agent.collection.duration",
-                    aggregation=ExplicitBucketHistogramAggregation(boundaries=DURATION_BUCKETS),
-                    exemplar_reservoir_factory=no_exemplars,
+                *(
+                    View(
+                        instrument_name=family.name,
+                        aggregation=ExplicitBucketHistogramAggregation(boundaries=family.buckets),
+                        exemplar_reservoir_factory=no_exemplars,
+                    )
+                    for family in families
+                    if family.instrument is Instrument.HISTOGRAM
                 ),
             ],
         )
@@ -190,7 +194,7 @@ class Telemetry:
         """The last snapshot, its collection and its bodies by format (under the render lock)."""
         self._rows_lock = threading.Lock()
         self._rows: tuple[Snapshot, dict[str, tuple[Sequence[Any], list[Mapping[str, str]]]]] | None = None
-        """The last snapshot's rows and their attributes, by kind."""
+        """The last snapshot's rows and their attributes, by subject."""
 
     def _instruments(
         self, meter: metrics.Meter, families: Sequence[Family[Any]], features: set[Feature]
@@ -224,10 +228,10 @@ class Telemetry:
         # readiness probe too), go into the histogram before it is read.
         observed = Observed(self.scope.snapshot(), self._health)
         for family, histogram in self._histograms:
-            for row in family.kind.rows(observed):
+            for row in family.subject.rows(observed):
                 value = family.value(row)
                 if value is not None:
-                    histogram.record(value, dict(family.kind.attributes(row)))
+                    histogram.record(value, dict(family.subject.attributes(row)))
 
     # --- rendering -----------------------------------------------------------------
 
@@ -277,7 +281,7 @@ class Telemetry:
 
     def _callback(self, family: Family[Any]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            rows, attributes = self._rows_of(family.kind)
+            rows, attributes = self._rows_of(family.subject)
             value = family.value
             observations = [
                 Observation(v, attrs)
@@ -289,21 +293,21 @@ class Telemetry:
 
         return callback
 
-    def _rows_of(self, kind: Kind[Any]) -> tuple[Sequence[Any], list[Mapping[str, str]]]:
-        """The rows of `kind` in this collection, with their attributes: built once per
-        snapshot and shared by the kind's families where they follow from the snapshot."""
+    def _rows_of(self, subject: Subject[Any]) -> tuple[Sequence[Any], list[Mapping[str, str]]]:
+        """The rows of `subject` in this collection, with their attributes: built once per
+        snapshot and shared by the subject's families where they follow from the snapshot."""
         observed = Observed(self.scope.snapshot(), self._health)
-        if not kind.per_snapshot:
-            rows = kind.rows(observed)
-            return rows, [kind.attributes(row) for row in rows]
+        if not subject.per_snapshot:
+            rows = subject.rows(observed)
+            return rows, [subject.attributes(row) for row in rows]
         with self._rows_lock:
             cached = self._rows
             if cached is None or cached[0] is not observed.snapshot:
                 cached = self._rows = (observed.snapshot, {})
-            built = cached[1].get(kind.name)
+            built = cached[1].get(subject.name)
             if built is None:
-                rows = kind.rows(observed)
-                built = cached[1][kind.name] = (rows, [kind.attributes(row) for row in rows])
+                rows = subject.rows(observed)
+                built = cached[1][subject.name] = (rows, [subject.attributes(row) for row in rows])
         return built
 
     def _prune(self, reader: Any) -> None:

@@ -110,7 +110,80 @@ class ProcessUse:
 
 
 USE_FIGURES = tuple(f.name for f in fields(ProcessUse))
-ENGINES = tuple(f for f in USE_FIGURES if f != "sm")
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """One of a GPU's engines beside its SMs, declared once, with what each part of the agent
+    needs of it: NVML's names (gpu/nvml.py), the help texts (export/families.py), the simulated
+    node's scenario fields (sim/scenario.py). Its figure is the `ProcessUse` field of its name;
+    a field of ProcessUse with no declaration here fails tests/test_families.py."""
+
+    name: str
+    meaning: str
+    """What its figure is, for the help texts."""
+    sampling_type: int
+    """NVML's nvmlSamplingType_t of the GPU's own buffer of it (nvml.h)."""
+    sample_field: str
+    """Its field in NVML's per-process samples (nvmlProcessUtilizationSample_t, ...InfoV1)."""
+    profile_field: str | None = None
+    """Its count in nvmlGpuInstanceProfileInfo_v2_t, which says whether a GPU has it; None: every GPU has it."""
+    utilization_call: str | None = None
+    """The NVML call a GPU without it refuses, asked where the GPU has no profiles."""
+    newer_call_only: bool = False
+    """Given per process only by nvmlDeviceGetProcessesUtilizationInfo (drivers R550 and newer)."""
+    per_pod: bool = True
+    """Published per pod (collect/engines.py): not memory copy, export/families.py says why."""
+
+
+# nvmlSamplingType_t of the SMs' own buffer, and the per-process samples' field for them.
+SM_SAMPLING_TYPE = 1
+SM_SAMPLE_FIELD = "smUtil"
+ENGINE_TABLE: tuple[Engine, ...] = (
+    Engine(
+        "memory_copy",
+        "the time device memory was being read or written (NVML's MEMORY samples): high on a GPU "
+        "whose pods are bound by memory bandwidth, such as LLMs decoding",
+        sampling_type=2,
+        sample_field="memUtil",
+        per_pod=False,
+    ),
+    Engine(
+        "encoder",
+        "the video encoders' (NVENC) time",
+        sampling_type=3,
+        sample_field="encUtil",
+        profile_field="encoderCount",
+        utilization_call="nvmlDeviceGetEncoderUtilization",
+    ),
+    Engine(
+        "decoder",
+        "the video decoders' (NVDEC) time",
+        sampling_type=4,
+        sample_field="decUtil",
+        profile_field="decoderCount",
+        utilization_call="nvmlDeviceGetDecoderUtilization",
+    ),
+    Engine(
+        "jpeg",
+        "the JPEG decoders' (NVJPG) time (drivers R550 and newer)",
+        sampling_type=8,
+        sample_field="jpgUtil",
+        profile_field="jpegCount",
+        utilization_call="nvmlDeviceGetJpgUtilization",
+        newer_call_only=True,
+    ),
+    Engine(
+        "optical_flow",
+        "the optical-flow accelerator's (OFA) time (drivers R550 and newer)",
+        sampling_type=9,
+        sample_field="ofaUtil",
+        profile_field="ofaCount",
+        utilization_call="nvmlDeviceGetOfaUtilization",
+        newer_call_only=True,
+    ),
+)
+ENGINES = tuple(engine.name for engine in ENGINE_TABLE)
 """The figures beside SM, each of one engine of the GPU: per pod over engine windows
 (collect/engines.py), and only on a GPU that has the engine (`Device.engines`)."""
 

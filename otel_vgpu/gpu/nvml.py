@@ -20,8 +20,11 @@ from typing import Any
 
 from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
 from otel_vgpu.gpu.backend import (
+    ENGINE_TABLE,
     ENGINES,
     NVML_RETURN_VALUES,
+    SM_SAMPLE_FIELD,
+    SM_SAMPLING_TYPE,
     Device,
     ErrorCode,
     GpuError,
@@ -60,18 +63,17 @@ NO_SAMPLES = EMPTY = frozenset({ErrorCode.NOT_FOUND})
 # Any failure: for figures that only name a device better, which NVML may refuse an
 # unprivileged caller.
 ANY_ERROR = frozenset(ErrorCode)
-# nvmlSamplingType_t (nvml.h): the GPU's own sample buffer of each figure.
-SAMPLING_TYPES = {"sm": 1, "memory_copy": 2, "encoder": 3, "decoder": 4, "jpeg": 8, "optical_flow": 9}
-# Each video engine: its count in a GPU-instance profile (nvmlGpuInstanceProfileInfo_v2_t),
+# nvmlSamplingType_t (nvml.h): the GPU's own sample buffer of each figure (gpu/backend.py declares the engines').
+SAMPLING_TYPES = {"sm": SM_SAMPLING_TYPE, **{engine.name: engine.sampling_type for engine in ENGINE_TABLE}}
+# Each engine a GPU may lack: its count in a GPU-instance profile (nvmlGpuInstanceProfileInfo_v2_t),
 # and the call that gives its utilization.
 ENGINE_FIELDS = {
-    "encoder": ("encoderCount", "nvmlDeviceGetEncoderUtilization"),
-    "decoder": ("decoderCount", "nvmlDeviceGetDecoderUtilization"),
-    "jpeg": ("jpegCount", "nvmlDeviceGetJpgUtilization"),
-    "optical_flow": ("ofaCount", "nvmlDeviceGetOfaUtilization"),
+    engine.name: (engine.profile_field, engine.utilization_call or "")
+    for engine in ENGINE_TABLE
+    if engine.profile_field is not None
 }
 # What only the per-process call of R550 and newer (nvmlDeviceGetProcessesUtilizationInfo) gives.
-V2_ONLY = frozenset({"jpeg", "optical_flow"})
+V2_ONLY = frozenset(engine.name for engine in ENGINE_TABLE if engine.newer_call_only)
 # A listing NVML sized, then found too small because processes started in
 # between: asked again this many times.
 LISTING_ATTEMPTS = 3
@@ -468,12 +470,8 @@ def _absent(*args: Any) -> Any:
 def _use(sample: Any) -> ProcessUse:
     """One per-process sample's figures, 0-1; JPEG and optical flow only in the newer call's."""
     return ProcessUse(
-        sm=float(sample.smUtil) / 100.0,
-        memory_copy=float(sample.memUtil) / 100.0,
-        encoder=float(sample.encUtil) / 100.0,
-        decoder=float(sample.decUtil) / 100.0,
-        jpeg=float(getattr(sample, "jpgUtil", 0)) / 100.0,
-        optical_flow=float(getattr(sample, "ofaUtil", 0)) / 100.0,
+        sm=float(getattr(sample, SM_SAMPLE_FIELD)) / 100.0,
+        **{engine.name: float(getattr(sample, engine.sample_field, 0)) / 100.0 for engine in ENGINE_TABLE},
     )
 
 

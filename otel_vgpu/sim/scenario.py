@@ -24,7 +24,7 @@ from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.ratio import MAX_RATIO
 from otel_vgpu.files import FileProblem, read_regular
-from otel_vgpu.gpu.backend import ENGINES, ErrorCode
+from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES, ErrorCode
 
 BUILTIN = "builtin"
 MAX_SCENARIO_BYTES = 1024 * 1024
@@ -200,7 +200,7 @@ class HostProcessSpec:
 
 
 # The engines a GPU may lack (every GPU has memory).
-VIDEO_ENGINES = tuple(e for e in ENGINES if e != "memory_copy")
+VIDEO_ENGINES = tuple(engine.name for engine in ENGINE_TABLE if engine.profile_field is not None)
 FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples")
 # The ratio of a scenario that states none, and of the built-in node.
 DEFAULT_RATIO = 2.0

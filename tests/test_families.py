@@ -1,0 +1,183 @@
+"""The contract's families, subject by subject, as kube-state-metrics tests its own: rows in,
+observations out, with no SDK, no process and no simulated node. Every expected value is
+worked out by hand from the rows."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.export.families import (
+    AGENT,
+    FAMILIES,
+    GPU,
+    POD,
+    POD_COUNTED,
+    REFUSALS,
+    SEED,
+    STAGES,
+    SUBJECTS,
+    SWEEPS,
+    Family,
+    Instrument,
+    Observed,
+    Subject,
+    of_subject,
+)
+from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES, USE_FIGURES, Device, ProcessUse
+from otel_vgpu.gpu.pidns import BlindGpu
+from otel_vgpu.health import Health, Refusal, Stage
+
+pytestmark = pytest.mark.unit
+
+GIB = 1024**3
+MIB = 1024**2
+UUID = "GPU-0a"
+H100 = Device(0, UUID, "H100", 80 * GIB, 30 * GIB, 0.9, utilization_window=0.75, engines=frozenset({"decoder"}))
+
+
+def pod(name: str = "trainer", **changes: Any) -> PodRow:
+    row = PodRow(
+        namespace="ml",
+        pod=name,
+        pod_uid=f"uid-{name}",
+        container=None,
+        gpu_index=0,
+        gpu_uuid=UUID,
+        shares=1.0,
+        memory_used=6 * GIB,
+        memory_allocated=40 * GIB,
+        use=ProcessUse(sm=0.5, decoder=0.2),
+        vgpu_utilization=1.0,
+        processes=2,
+        sm_busy_seconds=12.5,
+        memory_peak=7 * GIB,
+        energy_joules=900.0,
+        engine_utilization={"decoder": 0.2},
+        engine_busy_seconds={"decoder": 4.0},
+    )
+    return dataclasses.replace(row, **changes)
+
+
+def observations(subject: Subject[Any], family_name: str, seen: Observed) -> dict[tuple[tuple[str, str], ...], float]:
+    """What a collection observes of one family: its value per row, keyed by the row's labels."""
+    family = next(f for f in FAMILIES if f.name == family_name)
+    assert family.subject is subject, family_name
+    found = {}
+    for row in subject.rows(seen):
+        value = family.value(row)
+        if value is not None:
+            found[tuple(sorted(subject.attributes(row).items()))] = value
+    return found
+
+
+def labels(**pairs: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(pairs.items()))
+
+
+TRAINER = labels(namespace="ml", pod="trainer", pod_uid="uid-trainer", gpu_id="0", gpu_uuid=UUID)
+ENDED = labels(namespace="ml", pod="done", pod_uid="uid-done", gpu_id="0", gpu_uuid=UUID)
+
+
+def seen(**snapshot: Any) -> Observed:
+    return Observed(Snapshot(taken_at=1.0, ok=True, **snapshot), Health())
+
+
+def test_a_pods_gauges_and_counters() -> None:
+    observed = seen(pods=(pod(),), ended=(pod("done", use=ProcessUse(), memory_used=0),))
+    assert observations(POD, "vgpu.pod.memory.used", observed) == {TRAINER: 6 * GIB}
+    assert observations(POD, "vgpu.pod.sm.utilization", observed) == {TRAINER: 0.5}
+    assert observations(POD, "vgpu.pod.decoder.utilization", observed) == {TRAINER: 0.2}
+    # A pod that ended is in its counters' series, at their final values, and in no gauge's.
+    assert observations(POD_COUNTED, "vgpu.pod.sm.busy", observed) == {TRAINER: 12.5, ENDED: 12.5}
+    assert observations(POD_COUNTED, "vgpu.pod.energy", observed) == {TRAINER: 900.0, ENDED: 900.0}
+    assert observations(POD_COUNTED, "vgpu.pod.decoder.busy", observed) == {TRAINER: 4.0, ENDED: 4.0}
+
+
+def test_what_nvml_cannot_tell_is_left_out_never_zero() -> None:
+    observed = seen(pods=(pod(use=None, vgpu_utilization=None, sm_busy_seconds=None, energy_joules=None),))
+    assert observations(POD, "vgpu.pod.sm.utilization", observed) == {}
+    assert observations(POD, "vgpu.pod.vgpu.utilization", observed) == {}
+    assert observations(POD_COUNTED, "vgpu.pod.sm.busy", observed) == {}
+    assert observations(POD, "vgpu.pod.memory.used", observed) == {TRAINER: 6 * GIB}  # memory is known
+
+
+def test_a_container_and_a_mig_device_add_their_labels() -> None:
+    row = pod(container="main", mig_uuid="MIG-1", mig_profile="1g.10gb")
+    assert POD.attributes(row) == {
+        **dict(TRAINER),
+        "container": "main",
+        "mig_uuid": "MIG-1",
+        "mig_profile": "1g.10gb",
+    }
+
+
+def test_a_gpus_figures() -> None:
+    gpu = GpuRow(
+        device=H100,
+        vgpus=2.0,
+        unattributed_memory=GIB,
+        sm_busy_seconds=30.0,
+        energy_joules=5000.0,
+        energy_unattributed_joules=100.0,
+        engine_utilization={"decoder": 0.25},
+    )
+    observed = seen(gpus=(gpu,))
+    key = labels(gpu_id="0", gpu_uuid=UUID, gpu_model="H100")
+    assert observations(GPU, "vgpu.gpu.memory.total", observed) == {key: 80 * GIB}
+    assert observations(GPU, "vgpu.gpu.sm.utilization", observed) == {key: 0.75}  # the window's, not the period's
+    assert observations(GPU, "vgpu.gpu.vgpus", observed) == {key: 2.0}
+    assert observations(GPU, "vgpu.gpu.memory.unattributed", observed) == {key: GIB}
+    assert observations(GPU, "vgpu.gpu.decoder.utilization", observed) == {key: 0.25}
+    assert observations(GPU, "vgpu.gpu.encoder.utilization", observed) == {}  # it has no encoder figure
+    assert observations(GPU, "vgpu.gpu.energy.unattributed", observed) == {key: 100.0}
+
+
+def test_the_original_exporters_families_add_up_per_pod_name_and_gpu() -> None:
+    # Two pods of one name in two namespaces are one series, as the original exporter had them.
+    rows = (pod(), pod(namespace="other", pod_uid="uid-other", memory_used=2 * GIB, memory_allocated=20 * GIB))
+    gpu = GpuRow(device=H100, vgpus=2.0, unattributed_memory=0)
+    observed = seen(pods=rows, gpus=(gpu,))
+    key = labels(pod="trainer", gpu_id="0")
+    assert observations(SEED, "pod_gpu_memory_used", observed) == {key: 8 * 1024}
+    assert observations(SEED, "pod_total_gpu_memory", observed) == {key: 60 * 1024}
+    assert observations(SEED, "pod_gpu_sm_util", observed) == {key: pytest.approx(200.0)}  # 2 x 50 % x ratio 2
+
+
+def test_the_agents_own() -> None:
+    health = Health()
+    health.failed(Stage.DEVICE, "0:GPU_IS_LOST", "GPU 0 lost")
+    health.refused(Refusal.PID_REUSED, "10:1", "refused")
+    health.swept(0.004)
+    blind = (BlindGpu(0, UUID, GIB, 1.0),)
+    observed = Observed(Snapshot(taken_at=1.0, ok=True, blind=blind, paused="nvidia.com/gpu.deploy.driver"), health)
+    assert observations(AGENT, "vgpu.agent.blind.gpus", observed) == {(): 1}
+    assert observations(AGENT, "vgpu.agent.driver.paused", observed) == {(): 1}
+    stages = observations(STAGES, "vgpu.agent.collection.errors", observed)
+    assert stages[labels(stage="device")] == 1 and stages[labels(stage="sweep")] == 0
+    refusals = observations(REFUSALS, "vgpu.agent.refusals", observed)
+    assert refusals[labels(reason="pid_reused")] == 1 and refusals[labels(reason="unknown_pod")] == 0
+    assert len(refusals) == len(Refusal)
+    assert observations(SWEEPS, "vgpu.agent.collection.duration", observed) == {(): 0.004}
+    assert observations(SWEEPS, "vgpu.agent.collection.duration", observed) == {}  # taken once
+
+
+def test_every_family_belongs_to_a_subject_and_every_histogram_has_buckets() -> None:
+    assert {family.subject for family in FAMILIES} <= set(SUBJECTS)
+    assert sum(len(of_subject(subject)) for subject in SUBJECTS) == len(FAMILIES)
+    for family in FAMILIES:
+        assert bool(family.buckets) == (family.instrument is Instrument.HISTOGRAM), family.name
+
+
+def test_every_figure_of_a_process_is_declared_once() -> None:
+    # A field added to ProcessUse without its Engine declaration would silently become four
+    # families with no help text and no NVML buffer: it is this failure instead.
+    assert set(USE_FIGURES) == {"sm", *ENGINES}
+    assert len(ENGINES) == len(set(ENGINES))
+    for engine in ENGINE_TABLE:
+        families: list[Family[Any]] = [f for f in FAMILIES if f".{engine.name}." in f.name]
+        assert {f.subject for f in families} == ({POD, POD_COUNTED, GPU} if engine.per_pod else {GPU}), engine.name
+        assert all(engine.meaning in f.description for f in families), engine.name
