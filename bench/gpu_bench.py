@@ -5,7 +5,7 @@ the repository root:
 
     python3 bench/gpu_bench.py [--out results.md]
 
-With CUDA workloads running in kubelet-shaped cgroups (bench/gpu_workloads.py):
+With CUDA workloads running in kubelet-shaped cgroups (testkit/host_pods.py):
 
 1. Sweep time against the floor. The floor is the raw NVML and /proc calls one
    collection makes, timed in a loop with nothing around them (device count,
@@ -33,8 +33,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import Pod, publish, require_gpu, start_pods, stop_pods
+from testkit.cuda_workloads import require_gpu
+from testkit.gpu_node import bare_agent_command, wait_for_metrics
+from testkit.host_pods import HostPod, start_pods, stop_pods
 from testkit.procstat import cpu_seconds, rss_mib
+from testkit.report import publish
 
 
 def timed(function: Any, runs: int) -> list[float]:
@@ -85,23 +88,11 @@ def scrape(url: str) -> float:
     return time.perf_counter() - started
 
 
-def wait_for(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            scrape(url)
-            return
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{url} did not come up") from None
-            time.sleep(0.2)
-
-
 def at_one_hertz(command: list[str], url: str, seconds: float) -> tuple[float, float, float]:
     """CPU %, RSS (MiB) and median scrape latency (ms) of an exporter scraped once a second."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(url, process)
+        wait_for_metrics(url, process)
         time.sleep(2)
         cpu_before, started = cpu_seconds(process.pid), time.monotonic()
         latencies = []
@@ -114,15 +105,6 @@ def at_one_hertz(command: list[str], url: str, seconds: float) -> tuple[float, f
     finally:
         process.terminate()
         process.wait(timeout=15)
-
-
-def agent_command(port: int, ratio_file: Path, min_interval: str) -> list[str]:
-    """The agent on the real NVML, outside any cluster."""
-    return [
-        sys.executable, "-m", "otel_vgpu", "--address", "127.0.0.1", "--port", str(port),
-        "--allocation-file", str(ratio_file), "--min-interval", min_interval, "--no-kubernetes",
-        "--log-level", "warning",
-    ]  # fmt: skip
 
 
 def main() -> int:
@@ -143,7 +125,7 @@ def main() -> int:
     from otel_vgpu.pods.directory import UnresolvedDirectory  # noqa: PLC0415
 
     pods = [
-        Pod(
+        HostPod(
             "ml",
             f"worker-{i}",
             ("systemd", "cgroupfs")[i % 2],
@@ -194,12 +176,12 @@ def main() -> int:
         port = 18181
         url = f"http://127.0.0.1:{port}/metrics"
         agent = subprocess.Popen(
-            agent_command(port, ratio_file, min_interval="0"),
+            bare_agent_command(port, ratio_file, min_interval="0"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         try:
-            wait_for(url, agent)
+            wait_for_metrics(url, agent)
             for _ in range(20):
                 scrape(url)
             cpu_before = cpu_seconds(agent.pid)
@@ -218,7 +200,10 @@ def main() -> int:
             agent.wait(timeout=15)
 
         rows = [
-            ("otel-vgpu (--min-interval 1)", *at_one_hertz(agent_command(port, ratio_file, "1"), url, args.seconds))
+            (
+                "otel-vgpu (--min-interval 1)",
+                *at_one_hertz(bare_agent_command(port, ratio_file, "1"), url, args.seconds),
+            )
         ]
         nvitop = shutil.which("nvitop-exporter") or (
             str(Path(sys.executable).parent / "nvitop-exporter")

@@ -32,7 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import publish, require_gpu, start_workload
+from testkit.cuda_workloads import require_gpu, start_workload
+from testkit.report import publish
 
 FIGURES_V1 = ("smUtil", "memUtil", "encUtil", "decUtil")
 FIGURES_V2 = (*FIGURES_V1, "jpgUtil", "ofaUtil")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import require_gpu, start_workload
+from testkit.cuda_workloads import require_gpu, start_workload
 
 
 def main() -> int:

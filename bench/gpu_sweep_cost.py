@@ -29,9 +29,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_bench import agent_command, wait_for
-from bench.gpu_workloads import cpu_while_scraped, free_port, publish, require_gpu, start_workload
+from testkit.agent import free_port
+from testkit.cuda_workloads import require_gpu, start_workload
+from testkit.gpu_node import bare_agent_command, wait_for_metrics
 from testkit.procstat import rss_mib
+from testkit.report import cpu_while_scraped, publish
 
 SCRAPE_EVERY_S = 15.0
 
@@ -40,7 +42,7 @@ def cost(command: list[str], url: str, seconds: float) -> tuple[float, float]:
     """CPU % and RSS (MiB) of an exporter collecting on its own clock, scraped every 15 s."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(url, process)
+        wait_for_metrics(url, process)
         time.sleep(2)
         return cpu_while_scraped(process.pid, url, seconds, SCRAPE_EVERY_S), rss_mib(process.pid)
     finally:
@@ -118,7 +120,7 @@ def main() -> int:
         ]
         for cadence in args.cadences:
             port = free_port()
-            agent = [*agent_command(port, ratio_file, "1"), "--sweep-interval", f"{cadence:g}"]
+            agent = [*bare_agent_command(port, ratio_file, "1"), "--sweep-interval", f"{cadence:g}"]
             cpu, rss = cost(agent, f"http://127.0.0.1:{port}/metrics", args.seconds)
             lines.append(f"| otel-vgpu (--sweep-interval {cadence:g}) | {cadence:g} s | {cpu:.2f} % | {rss:.1f} MiB |")
             if nvitop_command is not None:

@@ -18,7 +18,7 @@ that the agent says it is blind instead.
 It starts CUDA workloads with PyTorch (one busy with matrix products, others
 idle but holding memory), creates cgroups shaped like a kubelet's (systemd and
 cgroupfs layouts) and moves each workload into its pod's cgroup, leaving one
-outside every pod (bench/gpu_workloads.py). The pods' names come from a
+outside every pod (testkit/host_pods.py). The pods' names come from a
 Kubernetes API double and their vGPU shares from a kubelet pod-resources
 double (the test doubles: the API's JSON over HTTP, the real gRPC proto on a
 Unix socket), so the agent's production clients run. Then it runs the agent
@@ -57,35 +57,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import (
-    CGROUP_ROOT,
-    Check,
-    Cluster,
-    Pod,
-    Report,
-    Samples,
-    free_port,
-    pod_harness,
-    require_gpu,
-    scrape,
-    start_agent,
-    start_pods,
-    start_workload,
-    stop_agent,
-    stop_pods,
-)
 from otel_vgpu.allocation.ratio import parse_ratio
-from testkit.agent import get, wait_serving
+from testkit.agent import free_port, get, wait_serving
+from testkit.cuda_workloads import nvml_truth, require_gpu, start_workload
 from testkit.driver_manager import DriverManager
-
-ROOT = Path(__file__).resolve().parents[1]
-# Where the kubelet serves pod-resources, and so where the manifest mounts it from.
-POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
+from testkit.gpu_node import (
+    AGENT_PORT,
+    NODE,
+    POD_RESOURCES_DIR,
+    REPLICAS,
+    Doubles,
+    pod_harness,
+    start_agent,
+    stop_agent,
+)
+from testkit.host_pods import CGROUP_ROOT, HostPod, start_pods, stop_pods
+from testkit.report import Check, Report, Samples, scrape
 
 GIB = 1024**3
-NODE = "gpu-node-1"
-AGENT_PORT = 8080  # the DaemonSet's containerPort, the agent's default
-REPLICAS = 8
 
 
 def nvml_idle() -> str:
@@ -109,20 +98,6 @@ def nvml_idle() -> str:
     )
 
 
-def nvml_truth() -> tuple[dict[int, int], int, str, str, str]:
-    import pynvml  # noqa: PLC0415
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    used = {p.pid: p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
-    total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-    name = pynvml.nvmlDeviceGetName(handle)
-    uuid = pynvml.nvmlDeviceGetUUID(handle)
-    driver = pynvml.nvmlSystemGetDriverVersion()
-    pynvml.nvmlShutdown()
-    return used, total, name, uuid, driver
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="also write the report (Markdown) here")
@@ -136,10 +111,10 @@ def main() -> int:
         parser.error("--drop-host-pid needs --pod")
 
     pods = [
-        Pod("ml", "trainer-0", "systemd", "burstable", workloads=[("busy", 6.0)], shares=2),
-        Pod("web", "cache-0", "cgroupfs", "besteffort", workloads=[("idle", 4.0)]),
-        Pod("inference", "server-0", "systemd", "guaranteed", workloads=[("idle", 2.0), ("idle", 3.0)]),
-        Pod("inference", "standby-0", "systemd", "burstable", workloads=[]),  # holds a share, runs nothing
+        HostPod("ml", "trainer-0", "systemd", "burstable", workloads=[("busy", 6.0)], shares=2),
+        HostPod("web", "cache-0", "cgroupfs", "besteffort", workloads=[("idle", 4.0)]),
+        HostPod("inference", "server-0", "systemd", "guaranteed", workloads=[("idle", 2.0), ("idle", 3.0)]),
+        HostPod("inference", "standby-0", "systemd", "burstable", workloads=[]),  # holds a share, runs nothing
     ]
     report = Report()
     lines, check = report.lines, report.check
@@ -149,7 +124,7 @@ def main() -> int:
     agent = None
     harness = None
     idle = nvml_idle()
-    cluster = Cluster(tmp, NODE, pki=args.pod is not None, socket_dir=POD_RESOURCES_DIR if args.pod else None)
+    cluster = Doubles(tmp, NODE, pki=args.pod is not None, socket_dir=POD_RESOURCES_DIR if args.pod else None)
     try:
         start_pods(pods)
         outside = start_workload("idle", 1.0)
@@ -301,11 +276,17 @@ def driver_upgrade_checks(lines: list[str], check: Check, manager: DriverManager
 
 
 def pod_checks(
-    lines: list[str], check: Check, metrics: Samples, pods: list[Pod], used: dict[int, int], total: int, ratio: float
+    lines: list[str],
+    check: Check,
+    metrics: Samples,
+    pods: list[HostPod],
+    used: dict[int, int],
+    total: int,
+    ratio: float,
 ) -> None:
     """Every pod's figures against NVML's."""
 
-    def pod_value(family: str, pod: Pod) -> float | None:
+    def pod_value(family: str, pod: HostPod) -> float | None:
         for labels, value in metrics.get(family, []):
             if (labels.get("namespace"), labels.get("pod")) == (pod.namespace, pod.name):
                 return float(value)

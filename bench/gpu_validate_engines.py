@@ -43,21 +43,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_validate import AGENT_PORT, NODE, POD_RESOURCES_DIR, nvml_truth
-from bench.gpu_workloads import (
-    Cluster,
-    Pod,
-    Report,
-    cpu_while_scraped,
-    place,
-    pod_harness,
-    require_gpu,
-    scrape,
-    start_workloads,
-    stop_pods,
-)
 from otel_vgpu.gpu.backend import ENGINES
 from testkit.agent import wait_serving
+from testkit.cuda_workloads import nvml_truth, require_gpu, start_workloads
+from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, Doubles, pod_harness
+from testkit.host_pods import HostPod, place, stop_pods
+from testkit.report import Report, cpu_while_scraped, scrape
 
 TOLERANCE = 0.05
 SCRAPE_EVERY_S = 15.0
@@ -116,13 +107,13 @@ def nvml_per_process(pids: dict[int, str]) -> tuple[dict[str, dict[str, float]],
         pynvml.nvmlShutdown()
 
 
-def proof(args: argparse.Namespace, cluster: Cluster, tmp: Path) -> Report:
+def proof(args: argparse.Namespace, cluster: Doubles, tmp: Path) -> Report:
     report = Report()
     lines, check = report.lines, report.check
-    compute = Pod("ml", "compute-0", "systemd", "guaranteed")
-    memory = Pod("llm", "memory-0", "systemd", "burstable")
-    idle = Pod("ml", "idle-0", "cgroupfs", "besteffort")
-    jpeg = Pod("vision", "jpeg-0", "systemd", "burstable")
+    compute = HostPod("ml", "compute-0", "systemd", "guaranteed")
+    memory = HostPod("llm", "memory-0", "systemd", "burstable")
+    idle = HostPod("ml", "idle-0", "cgroupfs", "besteffort")
+    jpeg = HostPod("vision", "jpeg-0", "systemd", "burstable")
     pods = [compute, memory, idle, jpeg]
     _, _, model, gpu_uuid, driver = nvml_truth()
     cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
@@ -284,12 +275,12 @@ def proof(args: argparse.Namespace, cluster: Cluster, tmp: Path) -> Report:
     return report
 
 
-def cost(args: argparse.Namespace, cluster: Cluster, tmp: Path) -> Report:
+def cost(args: argparse.Namespace, cluster: Doubles, tmp: Path) -> Report:
     report = Report()
     lines = report.lines
     _, _, model, gpu_uuid, driver = nvml_truth()
     per_pod = 4
-    pods = [Pod("load", f"load-{n}", "systemd", "burstable") for n in range(args.processes // per_pod)]
+    pods = [HostPod("load", f"load-{n}", "systemd", "burstable") for n in range(args.processes // per_pod)]
     cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
     modes = [("busy", "copy", "idle")[n % 3] for n in range(len(pods) * per_pod)]
     try:
@@ -345,7 +336,7 @@ def main() -> int:
         parser.error("--part cost needs --before DIR, a directory holding the earlier otel_vgpu package")
     require_gpu()
     tmp = Path(tempfile.mkdtemp(prefix="gpu-engines-", dir="/var/tmp"))
-    cluster = Cluster(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
+    cluster = Doubles(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     try:
         report = proof(args, cluster, tmp) if args.part == "proof" else cost(args, cluster, tmp)
     finally:

@@ -37,21 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_validate import AGENT_PORT, POD_RESOURCES_DIR
-from bench.gpu_workloads import (
-    Cluster,
-    Pod,
-    Report,
-    free_port,
-    pod_harness,
-    require_gpu,
-    scrape,
-    start_agent,
-    start_pods,
-    stop_agent,
-    stop_pods,
-)
-from testkit.agent import wait_serving
+from testkit.agent import free_port, wait_serving
+from testkit.cuda_workloads import require_gpu
+from testkit.gpu_node import AGENT_PORT, POD_RESOURCES_DIR, Doubles, pod_harness, start_agent, stop_agent
+from testkit.host_pods import HostPod, start_pods, stop_pods
+from testkit.report import Report, scrape
 
 GIB = 1024**3
 NODE = "gpu-node-2"
@@ -91,16 +81,16 @@ def main() -> int:
     # GPU 1 (NVML) busy, GPU 0 idle. The spread pod has an idle process on
     # GPU 0 and a busy one on GPU 1, named by UUID; the by-index pod names
     # CUDA's device 1, which CUDA's own ordering decides.
-    spread = Pod(
+    spread = HostPod(
         "ml", "spread-0", "systemd", "burstable", workloads=[("idle", 2.0), ("busy", 3.0)], visible=[uuids[0], uuids[1]]
     )
-    by_index = Pod("ml", "cuda-index-1", "cgroupfs", "besteffort", workloads=[("idle", 1.5)], visible=["1"])
+    by_index = HostPod("ml", "cuda-index-1", "cgroupfs", "besteffort", workloads=[("idle", 1.5)], visible=["1"])
     pods = [spread, by_index]
     report = Report()
     lines, check = report.lines, report.check
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu-validate-multi-", dir="/var/tmp"))
-    cluster = Cluster(tmp, NODE, pki=args.pod is not None, socket_dir=POD_RESOURCES_DIR if args.pod else None)
+    cluster = Doubles(tmp, NODE, pki=args.pod is not None, socket_dir=POD_RESOURCES_DIR if args.pod else None)
     agent = None
     harness = None
     try:
@@ -133,7 +123,7 @@ def main() -> int:
                 where[process.pid] = index
                 used[(index, process.pid)] = process.usedGpuMemory or 0
 
-        def rows(family: str, pod: Pod) -> dict[str, tuple[str, float]]:
+        def rows(family: str, pod: HostPod) -> dict[str, tuple[str, float]]:
             return {
                 labels["gpu_id"]: (labels["gpu_uuid"], value)
                 for labels, value in metrics.get(family, [])

@@ -45,28 +45,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import (
-    CGROUP_ROOT,
-    Cluster,
-    Pod,
-    Report,
-    Samples,
-    cgroup_dir,
-    place,
-    require_gpu,
-    scrape,
-    start_workload,
-    stop_pods,
-)
 from testkit.agent import wait_serving
+from testkit.cuda_workloads import require_gpu, start_workload
+from testkit.gpu_node import NODE, POD_RESOURCES_DIR, Doubles, pod_harness
+from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, place, stop_pods
 from testkit.kube_api_double import pod_object
-from testkit.pod_harness import Cluster as HarnessCluster
-from testkit.pod_harness import Pod as HarnessPod
 from testkit.pod_harness import PodHarness
+from testkit.report import Report, Samples, scrape
 
-ROOT = Path(__file__).resolve().parents[1]
-POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
-NODE = "gpu-node-1"
 AGENT_URL = "http://127.0.0.1:8080"
 GIB = 1024**3
 MIB = 1024**2
@@ -146,7 +132,7 @@ def one(metrics: Samples, family: str, **labels: str) -> float | None:
     return found[0] if len(found) == 1 else None
 
 
-def publish(cluster: Cluster, pod: Pod, phase: str = "Running", annotations: dict[str, str] | None = None) -> None:
+def publish(cluster: Doubles, pod: HostPod, phase: str = "Running", annotations: dict[str, str] | None = None) -> None:
     containers = {"main": pod.containers[0][0] if pod.containers else ""}
     cluster.api.put(
         pod_object(pod.namespace, pod.name, pod.uid, NODE, containers=containers, phase=phase, annotations=annotations)
@@ -154,15 +140,9 @@ def publish(cluster: Cluster, pod: Pod, phase: str = "Running", annotations: dic
 
 
 @contextlib.contextmanager
-def agent(manifest: Path, workdir: Path, cluster: Cluster, lines: list[str]) -> Iterator[PodHarness]:
+def agent(manifest: Path, workdir: Path, cluster: Doubles, lines: list[str]) -> Iterator[PodHarness]:
     """The agent as the manifest runs it, its ConfigMap's ratio set to `auto`."""
-    harness = PodHarness(
-        manifest,
-        workdir,
-        HarnessPod(node=NODE),
-        HarnessCluster("127.0.0.1", cluster.api.port, cluster.token, cluster.ca_crt),
-        python_path=(*os.environ.get("PYTHONPATH", "").split(":"), str(ROOT)),
-    )
+    harness = pod_harness(manifest, workdir, cluster, NODE)
     for data in harness.configmaps.values():
         if "gpu_allocation.txt" in data:
             data["gpu_allocation.txt"] = "auto\n"
@@ -182,15 +162,15 @@ def kubelet_part(manifest: Path, workdir: Path, report: Report, settle: float) -
     facts = gpu_facts()
     gpu, total = facts["uuid"], facts["total"]
     lines += [f"GPU: {facts['model']}, driver {facts['driver']}, minor {facts['minor']}, {total / GIB:.1f} GiB", ""]
-    trainer = Pod("ml", "trainer-0", "systemd", "burstable", workloads=[("busy", 6.0)], shares=2)
-    cache = Pod("web", "cache-0", "cgroupfs", "besteffort", workloads=[("idle", 3.0)])
-    hami = Pod("ai", "hami-0", "systemd", "burstable", workloads=[("busy", 2.0)])
-    dra_a = Pod("ml", "dra-a", "systemd", "guaranteed", workloads=[("idle", 2.0)])
-    dra_b = Pod("ml", "dra-b", "systemd", "burstable")
-    standby = Pod("inference", "standby-0", "systemd", "burstable")
-    finished = Pod("batch", "job-done", "systemd", "besteffort")
+    trainer = HostPod("ml", "trainer-0", "systemd", "burstable", workloads=[("busy", 6.0)], shares=2)
+    cache = HostPod("web", "cache-0", "cgroupfs", "besteffort", workloads=[("idle", 3.0)])
+    hami = HostPod("ai", "hami-0", "systemd", "burstable", workloads=[("busy", 2.0)])
+    dra_a = HostPod("ml", "dra-a", "systemd", "guaranteed", workloads=[("idle", 2.0)])
+    dra_b = HostPod("ml", "dra-b", "systemd", "burstable")
+    standby = HostPod("inference", "standby-0", "systemd", "burstable")
+    finished = HostPod("batch", "job-done", "systemd", "besteffort")
     pods = [trainer, cache, hami, dra_a, dra_b, standby, finished]
-    cluster = Cluster(workdir, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
+    cluster = Doubles(workdir, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     try:
         for pod in pods:
             for mode, gib in pod.workloads:
@@ -301,11 +281,13 @@ def mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -> No
     pipe.mkdir(parents=True)
     logs.mkdir(parents=True)
     mps_env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
-    daemon_pod = Pod("nvidia-device-plugin", "nvidia-device-plugin-mps-control-daemon-x7k2p", "systemd", "burstable")
+    daemon_pod = HostPod(
+        "nvidia-device-plugin", "nvidia-device-plugin-mps-control-daemon-x7k2p", "systemd", "burstable"
+    )
     clients = [
-        Pod("ml", "mps-busy-a", "systemd", "burstable", workloads=[("busy", 4.0)]),
-        Pod("ml", "mps-busy-b", "cgroupfs", "besteffort", workloads=[("busy", 3.0)]),
-        Pod("ml", "mps-idle", "systemd", "guaranteed", workloads=[("idle", 2.0)]),
+        HostPod("ml", "mps-busy-a", "systemd", "burstable", workloads=[("busy", 4.0)]),
+        HostPod("ml", "mps-busy-b", "cgroupfs", "besteffort", workloads=[("busy", 3.0)]),
+        HostPod("ml", "mps-idle", "systemd", "guaranteed", workloads=[("idle", 2.0)]),
     ]
     container_id = uuid.uuid4().hex + uuid.uuid4().hex
     daemon_cgroup = cgroup_dir(daemon_pod, container_id)
@@ -320,7 +302,7 @@ def mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -> No
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    cluster = Cluster(workdir, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
+    cluster = Doubles(workdir, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     try:
         time.sleep(1.0)
         for pod in clients:

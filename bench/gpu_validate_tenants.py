@@ -50,26 +50,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_workloads import (
-    CGROUP_ROOT,
-    Cluster,
-    Pod,
-    Report,
-    Samples,
-    cgroup_dir,
-    place,
-    pod_harness,
-    require_gpu,
-    scrape,
-    start_workloads,
-    stop_pods,
-)
 from testkit.agent import wait_serving
+from testkit.cuda_workloads import require_gpu, start_workloads
+from testkit.gpu_node import NODE, POD_RESOURCES_DIR, Doubles, pod_harness
+from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, place, stop_pods
 from testkit.kube_api_double import pod_object
+from testkit.report import Report, Samples, scrape
 
-NODE = "gpu-node-1"
 AGENT_URL = "http://127.0.0.1:8080"
-POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
 GIB = 1024**3
 SCRAPE_EVERY_S = 15.0
 CODE: list[Path | None] = [None]
@@ -109,10 +97,10 @@ def gpu_uuid() -> tuple[str, str, str]:
 
 
 @contextlib.contextmanager
-def cluster_of(pods: list[Pod], workdir: Path) -> Iterator[Cluster]:
+def cluster_of(pods: list[HostPod], workdir: Path) -> Iterator[Doubles]:
     """The doubles, each pod published with one replica of GPU 0 (two replicas advertised)."""
     gpu, _, _ = gpu_uuid()
-    cluster = Cluster(workdir, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
+    cluster = Doubles(workdir, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     try:
         for index, pod in enumerate(pods):
             cluster.add(pod, {"main": [f"{gpu}::{index}"]})
@@ -122,7 +110,7 @@ def cluster_of(pods: list[Pod], workdir: Path) -> Iterator[Cluster]:
 
 
 @contextlib.contextmanager
-def agent(manifest: Path, workdir: Path, cluster: Cluster, lines: list[str], *extra: str) -> Iterator[Any]:
+def agent(manifest: Path, workdir: Path, cluster: Doubles, lines: list[str], *extra: str) -> Iterator[Any]:
     harness = pod_harness(manifest, workdir, cluster, NODE, code=CODE[0], extra_args=extra)
     for data in harness.configmaps.values():
         if "gpu_allocation.txt" in data:
@@ -137,7 +125,7 @@ def agent(manifest: Path, workdir: Path, cluster: Cluster, lines: list[str], *ex
         lines += [f"    {line[:200]}" for line in said[:6]] or ["    (none)"]
 
 
-def nest(pod: Pod, named_after: Pod, process: Any) -> Path:
+def nest(pod: HostPod, named_after: HostPod, process: Any) -> Path:
     """Move `process` into a cgroup nested below `pod`'s container, named like `named_after`'s
     kubelet cgroups, as a pod delegated its subtree can (a container of its own is made first)."""
     container_id = uuid.uuid4().hex + uuid.uuid4().hex
@@ -153,7 +141,7 @@ def nest(pod: Pod, named_after: Pod, process: Any) -> Path:
 
 
 def measured(
-    manifest: Path, workdir: Path, pods: list[Pod], lines: list[str], settle: float
+    manifest: Path, workdir: Path, pods: list[HostPod], lines: list[str], settle: float
 ) -> tuple[Samples, dict[int, int]]:
     """The agent's second scrape after `settle` seconds of the pods' load, and NVML's memory
     per process then; the table of both in `lines`, then the checks' header."""
@@ -170,8 +158,8 @@ def measured(
 
 def nested_part(manifest: Path, workdir: Path, report: Report, settle: float) -> None:
     lines, check = report.lines, report.check
-    attacker = Pod("team-b", "attacker", "systemd", "besteffort")
-    victim = Pod("team-a", "victim", "systemd", "burstable")
+    attacker = HostPod("team-b", "attacker", "systemd", "besteffort")
+    victim = HostPod("team-a", "victim", "systemd", "burstable")
     busy, idle = start_workloads(["busy", "idle"], 4.0)
     path = nest(attacker, victim, busy)
     place(victim, idle)
@@ -198,8 +186,8 @@ def nested_part(manifest: Path, workdir: Path, report: Report, settle: float) ->
 
 def renamed_part(manifest: Path, workdir: Path, report: Report, settle: float) -> None:
     lines, check = report.lines, report.check
-    attacker = Pod("team-b", "attacker", "systemd", "besteffort")
-    victim = Pod("team-a", "victim", "cgroupfs", "burstable")
+    attacker = HostPod("team-b", "attacker", "systemd", "besteffort")
+    victim = HostPod("team-a", "victim", "cgroupfs", "burstable")
     renamed = start_workloads(["busy"], 0.25, {"COMM": "nvidia-cuda-mps-server"})[0]
     busy = start_workloads(["busy"], 4.0)[0]
     place(attacker, renamed)
@@ -237,8 +225,8 @@ def ended_part(manifest: Path, workdir: Path, report: Report, settle: float) -> 
     ]
     results = []
     for interval in ("2", "5", "10"):
-        stays = Pod("team-a", "stays", "systemd", "burstable")
-        ends = Pod("team-b", "ends", "systemd", "besteffort")
+        stays = HostPod("team-a", "stays", "systemd", "burstable")
+        ends = HostPod("team-b", "ends", "systemd", "besteffort")
         work = workdir / f"work-{interval}"
         place(stays, start_workloads(["bursty"], 2.0, burst_ms=300)[0])
         place(ends, start_workloads(["busy"], 2.0, {"WORK_FILE": str(work)})[0])
@@ -301,7 +289,7 @@ def ended_part(manifest: Path, workdir: Path, report: Report, settle: float) -> 
         )
 
 
-def table(lines: list[str], metrics: Samples, pods: list[Pod], used: dict[int, int]) -> None:
+def table(lines: list[str], metrics: Samples, pods: list[HostPod], used: dict[int, int]) -> None:
     lines += [
         "| pod | memory (agent) | memory (NVML) | SM | SM-busy s | joules |",
         "|---|---|---|---|---|---|",

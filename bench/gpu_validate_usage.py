@@ -40,10 +40,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_validate import AGENT_PORT, NODE, POD_RESOURCES_DIR, REPLICAS, nvml_truth
-from bench.gpu_workloads import Cluster, Pod, Report, place, pod_harness, require_gpu, scrape, start_workload, stop_pods
 from otel_vgpu.collect.reading import ENERGY_EVERY_S
 from testkit.agent import wait_serving
+from testkit.cuda_workloads import nvml_truth, require_gpu, start_workload
+from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, REPLICAS, Doubles, pod_harness
+from testkit.host_pods import HostPod, place, stop_pods
+from testkit.report import Report, scrape
 
 TOLERANCE = 0.05
 
@@ -131,14 +133,14 @@ def main() -> int:
     require_gpu()
     report = Report()
     lines, check = report.lines, report.check
-    bursty = Pod("ml", "bursty-0", "systemd", "burstable")
-    steady = Pod("ml", "steady-0", "systemd", "guaranteed")
-    idle = Pod("ml", "idle-0", "cgroupfs", "besteffort")
-    standby = Pod("web", "standby-0", "systemd", "burstable")  # a share, no process
-    rogue = Pod("tools", "nodevice-0", "cgroupfs", "besteffort")  # listed with no device
+    bursty = HostPod("ml", "bursty-0", "systemd", "burstable")
+    steady = HostPod("ml", "steady-0", "systemd", "guaranteed")
+    idle = HostPod("ml", "idle-0", "cgroupfs", "besteffort")
+    standby = HostPod("web", "standby-0", "systemd", "burstable")  # a share, no process
+    rogue = HostPod("tools", "nodevice-0", "cgroupfs", "besteffort")  # listed with no device
     pods = [bursty, steady, idle, standby, rogue]
     tmp = Path(tempfile.mkdtemp(prefix="gpu-usage-", dir="/var/tmp"))
-    cluster = Cluster(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
+    cluster = Doubles(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     harness = None
     try:
         place(idle, start_workload("idle", 2.0))

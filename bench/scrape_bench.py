@@ -1,6 +1,6 @@
 """Scrape cost of the agent on a simulated node, against the floor, in one run.
 
-The floor (bench/floor_server.py) is plain prometheus_client serving the same
+The floor (testkit/floor_exporter.py) is plain prometheus_client serving the same
 series from a snapshot taken once: each scrape only renders what is
 precomputed. Every figure below is taken in the same run, agent and floor
 one after the other, on the same machine; absolute times vary by machine,
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import socket
 import statistics
 import subprocess
@@ -36,102 +35,25 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from otel_vgpu.sim.scenario_file import load_scenario
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from otel_vgpu.sim.scenario import load_scenario
 from testkit.procstat import cpu_seconds, rss_mib
+from testkit.scrape_load import FRESH, Served, agent_command, floor_command, scenario, scrape, serving
 from testkit.sim_cluster import sim_cluster
 
-LAYOUTS = [
-    {"version": 2, "driver": "systemd", "runtime": "containerd"},
-    {"version": 1, "driver": "cgroupfs", "runtime": "docker"},
-    {"version": 2, "driver": "systemd", "runtime": "crio"},
-    {"version": 1, "driver": "systemd", "runtime": "containerd"},
-]
 GOALS = {"shared": 1.6, "sweep": 2.5, "concurrent": 3.0, "idle_ms": 100.0, "rss_mb": 60.0}
 
 
-def scenario(gpus: int, pods: int, processes: int) -> dict[str, object]:
-    """8 GPUs, pods in 8 namespaces (7 teams and one for every eighth), mixed cgroup layouts."""
-    per_pod, extra = divmod(processes, pods)
-    pod_list = []
-    for p in range(pods):
-        count = per_pod + (1 if p < extra else 0)
-        pod_list.append(
-            {
-                "namespace": f"team-{p % 7}" if p % 8 else "inference",
-                "name": f"workload-{p}",
-                "cgroup": LAYOUTS[p % len(LAYOUTS)],
-                "shares": {p % gpus: 1},
-                "processes": [
-                    {
-                        "gpu": (p + i) % gpus,
-                        "memory": f"{256 + 64 * (i % 8)}MiB",
-                        "sm": {"mean": 0.02, "amplitude": 0.01, "period_s": 30 + p % 10},
-                    }
-                    for i in range(count)
-                ],
-            }
-        )
-    # H200s: 192 processes of up to 704 MiB each fit (the simulator refuses what a GPU cannot hold).
-    return {"node": "bench-node", "gpus": [{"memory": "141GiB"} for _ in range(gpus)], "pods": pod_list}
-
-
 # --- HTTP --------------------------------------------------------------------------
-
-
-FRESH = {"Cache-Control": "no-cache"}
-
-
-def scrape(
-    port: int, connection: http.client.HTTPConnection | None = None, headers: dict[str, str] | None = None
-) -> bytes:
-    """One GET /metrics, on `connection` (kept alive) or a new connection."""
-    own = connection is None
-    conn = connection or http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        conn.request("GET", "/metrics", headers=headers or {})
-        response = conn.getresponse()
-        body = response.read()
-        expected = response.getheader("Content-Length")
-        if response.status != 200 or (expected is not None and len(body) != int(expected)):
-            raise OSError(f"status {response.status}, {len(body)} of {expected} bytes")
-        return body
-    finally:
-        if own:
-            conn.close()
-
-
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    port: int
-
-
-@contextmanager
-def serving(command: Sequence[str], port: int, env: dict[str, str] | None = None) -> Iterator[Served]:
-    process = subprocess.Popen(list(command), stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                scrape(port)
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise SystemExit(f"{' '.join(command[:4])}... did not serve on {port}") from None
-                time.sleep(0.1)
-        yield Served(process, port)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -325,31 +247,6 @@ def dependency_costs() -> list[tuple[str, float]]:
 
 
 # --- the run -------------------------------------------------------------------------
-
-
-def agent_command(scenario_path: Path, ratio: Path, port: int, min_interval: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "otel_vgpu",
-        "--simulate",
-        str(scenario_path),
-        "--allocation-file",
-        str(ratio),
-        "--address",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--min-interval",
-        min_interval,
-        "--log-level",
-        "warning",
-        *extra,
-    ]
-
-
-def floor_command(scenario_path: Path, ratio: Path, port: int) -> list[str]:
-    return [sys.executable, str(Path(__file__).with_name("floor_server.py")), str(scenario_path), str(ratio), str(port)]
 
 
 def met(ok: bool) -> str:

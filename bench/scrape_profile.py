@@ -24,12 +24,12 @@ from pathlib import Path
 
 import yaml
 
+from otel_vgpu.sim.scenario_file import load_scenario
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import generate_latest
 
-from bench.floor_server import floor_registry
-from bench.scrape_bench import scenario
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.exposition import TEXT
@@ -38,7 +38,8 @@ from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
-from otel_vgpu.sim.scenario import load_scenario
+from testkit.floor_exporter import floor_registry
+from testkit.scrape_load import scenario
 
 
 def median_ms(samples: list[float]) -> float:

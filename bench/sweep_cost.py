@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.scrape_bench import scenario
 from testkit.agent import clean_env, command, free_port, get, wait_serving
+from testkit.scrape_load import scenario
 
 
 def cpu_seconds(pid: int) -> float:
@@ -38,7 +38,7 @@ def simulated_share_ms(node_file: Path, sweeps: int = 20) -> float:
     """CPU per sweep of the simulated node's calls alone, as a sweep makes them."""
     from otel_vgpu.collect.reading import ENERGY_EVERY_S  # noqa: PLC0415
     from otel_vgpu.sim.node import SimulatedNode  # noqa: PLC0415
-    from otel_vgpu.sim.scenario import load_scenario  # noqa: PLC0415
+    from otel_vgpu.sim.scenario_file import load_scenario  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as directory:
         node = SimulatedNode(load_scenario(str(node_file)), Path(directory) / "proc")

@@ -2,7 +2,7 @@
 
 Starts the agent on the realistic simulated node (8 GPUs, 80 pods, 320
 processes, `--min-interval 1`: scrapes share a sweep's body) and the floor
-(plain prometheus_client serving the same series, bench/floor_server.py), and
+(plain prometheus_client serving the same series, testkit/floor_exporter.py), and
 loads each with `wrk` over one kept-alive connection and over 32, one run
 after the other on one machine. Python client threads on two cores would
 measure the client; wrk does not. Needs `wrk` (Debian's package).
@@ -24,7 +24,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.scrape_bench import agent_command, floor_command, scenario, serving
+from testkit.scrape_load import agent_command, floor_command, scenario, serving
 
 _LATENCY = re.compile(r"^\s+(50|90|99)%\s+([\d.]+)(us|ms|s)\s*$", re.MULTILINE)
 _RATE = re.compile(r"^Requests/sec:\s+([\d.]+)", re.MULTILINE)

@@ -15,6 +15,12 @@ afterwards:
 
 `start()` serves and starts the background threads; `stop()` ends them in
 reverse order. Simulation is only ever chosen explicitly (`simulate`).
+
+What every run needs is imported at the top. Imported where used: the
+OpenTelemetry SDK (a bad flag or file fails before it loads), and what only
+some runs use, each costing memory a node without it should not pay
+(bench/scrape_bench.py, part 5): the scenario reader and the simulated node,
+NVML, the Kubernetes clients.
 """
 
 from __future__ import annotations
@@ -34,17 +40,23 @@ from otel_vgpu.allocation.ratio import RatioFileError, RatioSource
 from otel_vgpu.allocation.shares import AllocationSource, UnknownAllocation
 from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.collect.sweeper import Sweeper
 from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_DRIVER_CHANGED, EXIT_NO_GPU, EXIT_USAGE, Config
-from otel_vgpu.export.auth import BasicAuth
+from otel_vgpu.export.auth import AuthFileError, BasicAuth, load_users
+from otel_vgpu.export.families import Family, reads_of, selected
+from otel_vgpu.export.reload import CredentialWatch, Watched
+from otel_vgpu.export.sdk_internals import SdkMismatch
+from otel_vgpu.export.server import Server
+from otel_vgpu.export.tls import server_context
 from otel_vgpu.gpu.backend import GpuBackend
 from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.pods.directory import PodDirectory, UnresolvedDirectory
+from otel_vgpu.sim.scenario import Scenario, ScenarioError, sm_asked
 from otel_vgpu.wording import counted, host_in_url
 
 if TYPE_CHECKING:
     from otel_vgpu.kubernetes.watch import WatchSettings
-    from otel_vgpu.sim.scenario import Scenario
 
 log = logging.getLogger("otel_vgpu")
 
@@ -78,98 +90,94 @@ class Agent:
         """The Kubernetes API's client and timers, shared by the watches (None without the API)."""
         self._scenario = self._load_scenario()
         self.ratio = self._ratio_source()
+        # The SDK loads from here on: a bad flag or file has failed before, in a few milliseconds.
         from otel_vgpu.export.otlp import settings_from  # noqa: PLC0415
 
         try:
-            otlp = settings_from(config.otlp_endpoint, config.otlp_protocol, config.otlp_interval)
+            self.otlp = settings_from(config.otlp_endpoint, config.otlp_protocol, config.otlp_interval)
             ssl_context, auth = _endpoint_security(config)
         except ValueError as error:
             raise StartupError(str(error), EXIT_USAGE) from None
-        self.otlp = otlp
-        from otel_vgpu.export.families import reads_of, selected  # noqa: PLC0415
-
-        self.families, unmatched = selected(config.metric_allowlist, config.metric_denylist)
-        for pattern in unmatched:
-            flag = "--metric-allowlist" if pattern in config.metric_allowlist else "--metric-denylist"
-            log.warning(
-                "%s pattern %r names no family (matched against the whole name, e.g. vgpu_pod_energy.* or "
-                "vgpu\\.pod\\.energy); docs/metrics.md lists them",
-                flag,
-                pattern,
-            )
+        self.families = _selected_families(config)
         sources = self._gpu_sources()
         self._closers.append(sources.backend.close)
         self.node_name = sources.node_name
         try:
             self._attach_kubernetes(sources)
-            self.sampler = Sampler(
-                sources.backend,
-                attributor=Attributor(ProcReader(sources.proc_root)),
-                directory=sources.directory,
-                allocation=sources.allocation,
-                ratio=self.ratio,
-                health=self.health,
-                by_container=config.by_container,
-                on_driver_changed=self._driver_changed,
-                idle_watts=config.gpu_idle_watts,
-                mps_server_namespaces=config.mps_server_namespaces,
-                reader=GpuReader(
-                    sources.backend,
-                    ask_again_s=config.ask_again_s,
-                    energy_every_s=config.energy_every_s,
-                    engine_every_s=config.engine_every_s,
-                    reads=reads_of(self.families),
-                ),
-            )
+            self.sampler = self._sampler(sources)
             self._watch_node()
-            # Imported here so that a bad flag or file fails before the SDK loads.
-            from otel_vgpu.export.endpoint import Endpoint  # noqa: PLC0415
-            from otel_vgpu.export.sdk_internals import SdkMismatch  # noqa: PLC0415
-            from otel_vgpu.export.server import Server  # noqa: PLC0415
-            from otel_vgpu.export.telemetry import Telemetry  # noqa: PLC0415
-
-            try:
-                self.telemetry = Telemetry(
-                    self.sampler,
-                    self.health,
-                    config.min_interval,
-                    self.node_name,
-                    config.seed_metrics,
-                    otlp=otlp,
-                    families=self.families,
-                )
-            except SdkMismatch as error:
-                raise StartupError(str(error), EXIT_USAGE) from None
-            self._closers.append(self.telemetry.shutdown)
-            self.endpoint = endpoint = Endpoint(
-                self.telemetry,
-                self.sampler,
-                max(config.min_interval, 1.0),
-                auth,
-                client_certificates=config.tls_client_ca_file is not None,
-                limits=config.limits,
-            )
-            self._closers.append(endpoint.close)
-            try:
-                self.server = Server(
-                    config.address,
-                    config.port,
-                    endpoint,
-                    ssl_context,
-                    config.limits,
-                    credentials=config.basic_auth_file is not None,
-                )
-            except OSError as error:
-                where = f"{host_in_url(config.address)}:{config.port}"
-                hint = {
-                    errno.EADDRINUSE: "; choose another port with --port or OTEL_VGPU_PORT",
-                    errno.EADDRNOTAVAIL: "; choose an address of this host with --address or OTEL_VGPU_ADDRESS",
-                    errno.EACCES: "; ports below 1024 need privileges: choose another with --port",
-                }.get(error.errno or 0, "")
-                raise StartupError(f"cannot listen on {where}: {error.strerror or error}{hint}", EXIT_USAGE) from None
+            self._export(ssl_context, auth)
         except BaseException:
             self.close()
             raise
+
+    def _sampler(self, sources: _Sources) -> Sampler:
+        config = self.config
+        return Sampler(
+            sources.backend,
+            attributor=Attributor(ProcReader(sources.proc_root)),
+            directory=sources.directory,
+            allocation=sources.allocation,
+            ratio=self.ratio,
+            health=self.health,
+            by_container=config.by_container,
+            on_driver_changed=self._driver_changed,
+            idle_watts=config.gpu_idle_watts,
+            mps_server_namespaces=config.mps_server_namespaces,
+            reader=GpuReader(
+                sources.backend,
+                ask_again_s=config.ask_again_s,
+                energy_every_s=config.energy_every_s,
+                engine_every_s=config.engine_every_s,
+                reads=reads_of(self.families),
+            ),
+        )
+
+    def _export(self, ssl_context: ssl.SSLContext | None, auth: BasicAuth | None) -> None:
+        """The telemetry (meter provider, readers, instruments) and the endpoint, bound but not serving."""
+        from otel_vgpu.export.endpoint import Endpoint  # noqa: PLC0415
+        from otel_vgpu.export.telemetry import Telemetry  # noqa: PLC0415
+
+        config = self.config
+        try:
+            self.telemetry = Telemetry(
+                self.sampler,
+                self.health,
+                config.min_interval,
+                self.node_name,
+                config.seed_metrics,
+                otlp=self.otlp,
+                families=self.families,
+            )
+        except SdkMismatch as error:
+            raise StartupError(str(error), EXIT_USAGE) from None
+        self._closers.append(self.telemetry.shutdown)
+        self.endpoint = Endpoint(
+            self.telemetry,
+            self.sampler,
+            max(config.min_interval, 1.0),
+            auth,
+            client_certificates=config.tls_client_ca_file is not None,
+            limits=config.limits,
+        )
+        self._closers.append(self.endpoint.close)
+        try:
+            self.server = Server(
+                config.address,
+                config.port,
+                self.endpoint,
+                ssl_context,
+                config.limits,
+                credentials=config.basic_auth_file is not None,
+            )
+        except OSError as error:
+            where = f"{host_in_url(config.address)}:{config.port}"
+            hint = {
+                errno.EADDRINUSE: "; choose another port with --port or OTEL_VGPU_PORT",
+                errno.EADDRNOTAVAIL: "; choose an address of this host with --address or OTEL_VGPU_ADDRESS",
+                errno.EACCES: "; ports below 1024 need privileges: choose another with --port",
+            }.get(error.errno or 0, "")
+            raise StartupError(f"cannot listen on {where}: {error.strerror or error}{hint}", EXIT_USAGE) from None
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -181,7 +189,6 @@ class Agent:
     def start(self) -> None:
         self.server.start()
         self._watch_credentials()
-        from otel_vgpu.collect.sweeper import Sweeper  # noqa: PLC0415
 
         sweeper = Sweeper(self.sampler, self.config.sweep_interval)
         sweeper.start()
@@ -220,7 +227,7 @@ class Agent:
     def _load_scenario(self) -> Scenario | None:
         if self.config.simulate is None:
             return None
-        from otel_vgpu.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415
+        from otel_vgpu.sim.scenario_file import load_scenario  # noqa: PLC0415
 
         try:
             return load_scenario(self.config.simulate)
@@ -244,8 +251,6 @@ class Agent:
 
     def _describe_simulation(self, scenario: Scenario) -> None:
         """Said once serving, so that nothing precedes a start-up error's one line."""
-        from otel_vgpu.sim.scenario import sm_asked  # noqa: PLC0415
-
         log.warning(
             "simulated GPU node (%s): %s, %s; proc tree in %s",
             self.config.simulate,
@@ -350,10 +355,6 @@ class Agent:
 
     def _watch_credentials(self) -> None:
         """Reread the TLS files and the users file when they change (export/reload.py)."""
-        from otel_vgpu.export.auth import load_users  # noqa: PLC0415
-        from otel_vgpu.export.reload import CredentialWatch, Watched  # noqa: PLC0415
-        from otel_vgpu.export.tls import server_context  # noqa: PLC0415
-
         config = self.config
         groups = []
         cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
@@ -389,11 +390,22 @@ class Agent:
         self._closers.append(watch.stop)
 
 
+def _selected_families(config: Config) -> tuple[Family[Any], ...]:
+    """The families the allow- or denylist keeps; a pattern that names none is said, not fatal."""
+    families, unmatched = selected(config.metric_allowlist, config.metric_denylist)
+    for pattern in unmatched:
+        flag = "--metric-allowlist" if pattern in config.metric_allowlist else "--metric-denylist"
+        log.warning(
+            "%s pattern %r names no family (matched against the whole name, e.g. vgpu_pod_energy.* or "
+            "vgpu\\.pod\\.energy); docs/metrics.md lists them",
+            flag,
+            pattern,
+        )
+    return families
+
+
 def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth | None]:
     """TLS and basic auth for the endpoint; ValueError with one line if unusable."""
-    from otel_vgpu.export.auth import AuthFileError, load_users  # noqa: PLC0415
-    from otel_vgpu.export.tls import server_context  # noqa: PLC0415
-
     context = server_context(config)
     auth = None
     if config.basic_auth_file is not None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the README's metric tables, made from otel_vgpu/export/families.py's table (tests/test_docs.py
+"""Rewrites the README's metric tables from otel_vgpu/export/families.py's table (tests/test_docs.py
 checks that the README holds exactly this): .venv/bin/python scripts/gen-metric-tables.py"""
 
 import sys
@@ -7,6 +7,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from readme_blocks import write_block
+
 from otel_vgpu.export.families import families_markdown
 
-print(families_markdown(), end="")
+write_block("metric tables", families_markdown())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the README's table of the chart's values, made from the `# --` comment
+"""Rewrites the README's table of the chart's values, made from the `# --` comment
 above each key of charts/otel-vgpu/values.yaml (tests/test_chart_docs.py checks
 that the README holds exactly this): .venv/bin/python scripts/gen-values-table.py
 
@@ -70,8 +70,11 @@ def values_table(text: str) -> str:
 
 
 if __name__ == "__main__":
+    from readme_blocks import write_block
+
     try:
-        print(values_table(VALUES.read_text()), end="")
+        table = values_table(VALUES.read_text())
     except ValueError as error:
         print(error, file=sys.stderr)
         sys.exit(1)
+    write_block("chart values table", table)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,8 @@ from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
-from otel_vgpu.sim.scenario import Scenario, parse_scenario
+from otel_vgpu.sim.scenario import Scenario
+from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.agent import ROOT
 
 GIB = 1024**3
@@ -143,7 +146,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     from testkit.image_build import SHARED_BUILD, start_build  # noqa: PLC0415
 
     config = session.config
-    if not _xdist_controller(config) or os.environ.get(SHARED_BUILD):
+    if not _xdist_controller(config) or os.environ.get(SHARED_BUILD) or config.option.markexpr == "unit":
         return
     image_tests = ROOT / "tests" / "test_image.py"
     here = config.invocation_params.dir
@@ -163,8 +166,33 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Start the image build with the first test past the hostile-client ones."""
+    if item.get_closest_marker("unit"):
+        return
     if _build["wanted"] and not _build["started"] and item.path.name != QUIET_FIRST:
         _build["started"] = True
         from testkit.image_build import start_build  # noqa: PLC0415
 
         start_build()
+
+
+class NotAUnitTest(AssertionError):
+    """A test marked `unit` started a process or opened a connection."""
+
+
+@pytest.fixture(autouse=True)
+def _units_stay_pure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked `unit` fails the moment it starts a process, binds or connects a socket:
+    `pytest -m unit` stays fast because the mark is checked, not trusted."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(what: str) -> Any:
+        def refused(*args: object, **kwargs: object) -> None:
+            raise NotAUnitTest(f"{what} by a test marked unit: it belongs in a file without the mark")
+
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("a process started"))
+    monkeypatch.setattr(socket.socket, "bind", refuse("a socket bound"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("a socket connected"))
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse("a socket connected"))

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import pytest
+
 from otel_vgpu.allocation.ratio import Ratios
 from otel_vgpu.allocation.shares import Allocation, Grant
 from otel_vgpu.collect.aggregate import GpuReading, GpuRow, PodRow, aggregate
 from otel_vgpu.gpu.backend import Device, GpuProcess, ProcessUse
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodMeta
+
+pytestmark = pytest.mark.unit
 
 GIB = 1024**3
 GPU0 = Device(0, "GPU-0", "H100", 80 * GIB, 40 * GIB, 0.7)

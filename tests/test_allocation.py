@@ -21,6 +21,8 @@ from otel_vgpu.config import ConfigError, parse_config
 from otel_vgpu.gpu.backend import Device, MigDevice
 from otel_vgpu.pods.directory import PodMeta, StatedGrant
 
+pytestmark = pytest.mark.unit
+
 GIB = 1024**3
 U0 = "GPU-5f1c7a3e-2b9d-4e61-9c0a-7d3e8f21b604"
 U1 = "GPU-a83d02c4-6e17-4b5f-8d92-1c4f6b7e9a30"

@@ -9,6 +9,8 @@ import pytest
 from otel_vgpu.pods.attribution import CLOCK_TICKS, Attributor, ProcReader, parse_start_time
 from otel_vgpu.pods.cgroups import PodRef
 
+pytestmark = pytest.mark.unit
+
 UID_A = "11111111-2222-3333-4444-555555555555"
 UID_B = "66666666-7777-8888-9999-000000000000"
 CID = "c" * 64

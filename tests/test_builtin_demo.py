@@ -7,12 +7,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
-from otel_vgpu.sim.scenario import BUILTIN, Scenario, load_scenario, sm_asked
+from otel_vgpu.sim.scenario import BUILTIN, Scenario, sm_asked
+from otel_vgpu.sim.scenario_file import load_scenario
 from testkit.clock import Clock
+
+pytestmark = pytest.mark.unit
 
 STEP_S = 2.5
 CYCLE_S = 600  # every period of the built-in node (15 s to 300 s) divides it

@@ -13,6 +13,8 @@ from otel_vgpu.pods.cgroups import PodRef, parse_cgroup
 from otel_vgpu.sim.node import cgroup_file
 from otel_vgpu.sim.scenario import DRIVERS, QOS_CLASSES, RUNTIMES, CgroupSpec
 
+pytestmark = pytest.mark.unit
+
 # A copy of shared/data/cgroup-samples.json: real /proc/<pid>/cgroup texts
 # and cgroup paths, each with the pod and container its source shows.
 SAMPLES: list[dict[str, Any]] = json.loads((Path(__file__).parent / "data" / "cgroup-samples.json").read_text())

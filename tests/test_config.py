@@ -11,6 +11,8 @@ import pytest
 from otel_vgpu.config import FLAGS, Config, ConfigError, build_parser, parse_config
 from testkit.agent import ROOT
 
+pytestmark = pytest.mark.unit
+
 
 def test_flag_wins_over_its_twin_which_wins_over_the_default() -> None:
     assert parse_config([], {}).port == Config().port == 8080

@@ -19,6 +19,7 @@ without running: testkit/doc_commands.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -191,6 +192,7 @@ def test_the_readmes_first_command_runs_the_agent_on_a_fresh_copy(tmp_path: Path
 
         body = wait_until(served, timeout=300, what="the agent of the README's first command serving /metrics")
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # it exited already: its error is the failure
+            os.killpg(process.pid, signal.SIGTERM)
         process.communicate(timeout=30)
     assert b"vgpu_gpu_memory_total_bytes{" in body

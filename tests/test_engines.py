@@ -11,6 +11,8 @@ from otel_vgpu.collect.engines import Engines, fitted, step
 from otel_vgpu.collect.usage import Usage, accumulate
 from otel_vgpu.gpu.backend import Device, ProcessUse
 
+pytestmark = pytest.mark.unit
+
 GIB = 1024**3
 ENGINES_HERE = frozenset({"memory_copy", "decoder"})
 

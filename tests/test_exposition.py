@@ -29,10 +29,12 @@ from otel_vgpu.export.reader import ScrapeReader
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
-from otel_vgpu.sim.scenario import parse_scenario
+from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.promtext import parse
 
 from .conftest import make_sampler
+
+pytestmark = pytest.mark.unit
 
 ACCEPTS = [
     "",

@@ -15,6 +15,8 @@ from otel_vgpu.export.admission import victim
 from otel_vgpu.export.auth import network_of
 from otel_vgpu.export.checks import CheckQueue
 
+pytestmark = pytest.mark.unit
+
 LIMITS = Limits()
 NOW = 100.0
 

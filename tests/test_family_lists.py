@@ -1,17 +1,17 @@
 """--metric-allowlist and --metric-denylist: which families they keep, what sweeps then read,
-and how a bad or idle pattern is answered (the push's side: tests/test_otlp.py)."""
+and how a bad pattern is answered (the agent's answer: tests/test_family_lists_served.py;
+the push's side: tests/test_otlp.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
 from otel_vgpu.config import ConfigError, parse_config
 from otel_vgpu.export.families import FAMILIES, reads_of, selected
-from testkit.agent import run_to_exit, running_agent
 from testkit.fake_gpu import FakeBackend, asked
+
+pytestmark = pytest.mark.unit
 
 # The memory families, by bytes; and every family of an engine beside SM.
 MEMORY_ONLY = "vgpu_(pod|gpu)_memory_.*_bytes"
@@ -65,24 +65,3 @@ def test_patterns_come_from_the_flag_or_its_twin_and_a_bad_one_is_one_line() -> 
         parse_config([], {"OTEL_VGPU_METRIC_DENYLIST": "["})
     with pytest.raises(ConfigError, match="mutually exclusive"):
         parse_config(["--metric-allowlist", "a"], {"OTEL_VGPU_METRIC_DENYLIST": "b"})
-    result = run_to_exit(["--simulate", "--metric-allowlist", "vgpu_(pod"])
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "otel-vgpu: error: argument --metric-allowlist: invalid pattern 'vgpu_(pod': missing ), unterminated "
-        "subpattern at position 5; expected comma-separated regular expressions over family names, e.g. "
-        "vgpu_pod_energy.* (see --help)"
-    ]
-
-
-def test_the_scrape_leaves_out_the_denied_families_and_a_pattern_naming_none_is_said_once(
-    scenario_file: Path, ratio_file: Path
-) -> None:
-    args = ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file)]
-    with running_agent(*args, "--metric-denylist", "vgpu_pod_energy.*,vgpu_gpu_energy.*,vgpu_typo.*") as agent:
-        served = agent.scrape()
-        code, log = agent.stop()
-    assert code == 0
-    assert not {name for name in served.types if "energy" in name}
-    assert served.series("vgpu_pod_memory_used_bytes") and served.series("vgpu_pod_sm_utilization_ratio")
-    warned = [line for line in log.splitlines() if "names no family" in line]
-    assert len(warned) == 1 and "--metric-denylist pattern 'vgpu_typo.*'" in warned[0], log

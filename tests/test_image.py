@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from otel_vgpu.sim.scenario import BUILTIN, load_scenario
+from otel_vgpu.sim.scenario import BUILTIN
+from otel_vgpu.sim.scenario_file import load_scenario
 from testkit.agent import ROOT, free_port, get, tool
 from testkit.image_build import ULIMITS, Podman, start_build
 from testkit.promtext import parse

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import ast
 import re
+import socket
+import subprocess
 from pathlib import Path
 
+import pytest
+
 from testkit.agent import ROOT
+
+from .conftest import NotAUnitTest
+
+pytestmark = pytest.mark.unit
 
 PACKAGE = ROOT / "otel_vgpu"
 # Lower layers first. A module may import from lower layers and from its own
@@ -93,8 +101,9 @@ def top_imports(path: Path) -> set[str]:
 
 
 def test_tests_and_benchmarks_share_testkit_and_never_import_each_other() -> None:
+    # One kit: what two scripts share lives in testkit/, so no bench script imports another.
     crossing = []
-    for folder, forbidden in (("tests", {"bench"}), ("bench", {"tests"}), ("testkit", {"tests", "bench"})):
+    for folder, forbidden in (("tests", {"bench"}), ("bench", {"tests", "bench"}), ("testkit", {"tests", "bench"})):
         for path in (ROOT / folder).glob("*.py"):
             if top_imports(path) & forbidden:
                 crossing.append(str(path.relative_to(ROOT)))
@@ -112,7 +121,7 @@ def test_the_layout_names_every_module_and_only_those() -> None:
         str(path.relative_to(ROOT))
         for folder in ("otel_vgpu", "testkit")
         for path in (ROOT / folder).rglob("*.py")
-        if path.name not in ("__init__.py", "__main__.py") and "_pb2" not in path.name
+        if path.name != "__init__.py" and "_pb2" not in path.name
     }
     named = named_modules(layout)
     assert sorted(modules_here - named) == [], "modules docs/layout.md does not name"
@@ -136,3 +145,11 @@ def test_no_test_module_imports_another() -> None:
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tests"):
                 crossing.append(f"{path.name} imports {node.module}")
     assert crossing == []
+
+
+def test_a_unit_test_that_starts_a_process_or_opens_a_socket_fails() -> None:
+    # tests/conftest.py enforces the mark: `pytest -m unit` is fast because nothing it runs waits.
+    with pytest.raises(NotAUnitTest, match="a process started"):
+        subprocess.run(["true"], check=False)
+    with socket.socket() as sock, pytest.raises(NotAUnitTest, match="a socket bound"):
+        sock.bind(("127.0.0.1", 0))

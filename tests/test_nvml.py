@@ -23,6 +23,8 @@ from otel_vgpu.gpu.backend import (
 )
 from otel_vgpu.gpu.nvml import SAMPLING_TYPES, NvmlBackend, NvmlUnavailable
 
+pytestmark = pytest.mark.unit
+
 
 class FakeNvml:
     NVMLError = pynvml.NVMLError

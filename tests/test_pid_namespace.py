@@ -20,7 +20,8 @@ import pytest
 from otel_vgpu.gpu.backend import Device, GpuProcess, MigDevice
 from otel_vgpu.gpu.pidns import IDLE_MEMORY_BYTES, PROC_PID_INIT_INO, blind_gpus, in_host_pid_namespace
 from otel_vgpu.sim.node import SimulatedNode
-from otel_vgpu.sim.scenario import Scenario, parse_scenario
+from otel_vgpu.sim.scenario import Scenario
+from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.agent import clean_env, command, free_port, get, wait_serving
 from testkit.procstat import children
 from testkit.promtext import parse

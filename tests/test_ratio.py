@@ -10,6 +10,8 @@ import pytest
 
 from otel_vgpu.allocation.ratio import MAX_FILE_BYTES, SETTLE_S, RatioFileError, RatioSource, parse_ratio, read_ratio
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("text", "ratio"),

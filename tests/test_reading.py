@@ -12,6 +12,8 @@ from otel_vgpu.gpu.sampling import MIN_WINDOW_US
 from otel_vgpu.health import Stage
 from testkit.fake_gpu import FakeBackend, asked
 
+pytestmark = pytest.mark.unit
+
 S = 1_000_000
 GIB = 1024**3
 

@@ -10,7 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from otel_vgpu.sim.scenario import BUILTIN, load_scenario
+from otel_vgpu.sim.scenario import BUILTIN
+from otel_vgpu.sim.scenario_file import load_scenario
 from testkit.agent import get, running_agent, wait_for, wait_until
 from testkit.promtext import Exposition, parse
 from testkit.soak import alive_at_one_moment, run_soak

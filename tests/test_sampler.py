@@ -19,6 +19,8 @@ from otel_vgpu.sim.scenario import Scenario
 
 from .conftest import make_sampler
 
+pytestmark = pytest.mark.unit
+
 
 def counted(health: Health) -> dict[str, int]:
     """The failures counted so far, by stage."""
@@ -120,12 +122,13 @@ class NoGpus(SimulatedNode):
 
 def test_failed_sweep_serves_nothing_as_fresh(steady: Scenario, tmp_path: Path, ratio_file: Path) -> None:
     good = make_sampler(SimulatedNode(steady, tmp_path / "a"), ratio_file)
-    assert good.snapshot(0.0).ok and good.last_success is not None
+    assert good.snapshot(0.0).ok and good.fresh(60.0) is not None
     broken = make_sampler(NoGpus(steady, tmp_path / "b"), ratio_file)
     snapshot = broken.snapshot(0.0)
     assert not snapshot.ok and snapshot.pods == () and snapshot.gpus == ()
     assert snapshot.errors[0][0] == "device_count"
-    assert broken.last_success is None
+    kept = broken.fresh(60.0)
+    assert kept is not None and not kept.ok and kept.pods == () and kept.gpus == (), "the failure, with no figure"
 
 
 class Exploding(SimulatedNode):

@@ -7,6 +7,8 @@ import pytest
 from otel_vgpu.gpu.backend import ProcessUse, UtilizationSample
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, fit_under, mean_use_by_pid, window_start
 
+pytestmark = pytest.mark.unit
+
 S = 1_000_000
 
 

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otel_vgpu.sim.scenario import BUILTIN, ScenarioError, Wave, load_scenario, parse_scenario
+from otel_vgpu.sim.scenario import BUILTIN, ScenarioError, Wave
+from otel_vgpu.sim.scenario_file import load_scenario, parse_scenario
 
 from .conftest import GIB, MIB, STEADY
+
+pytestmark = pytest.mark.unit
 
 
 def test_builtin_scenario_has_what_the_demo_promises() -> None:

@@ -22,6 +22,8 @@ from testkit.promtext import Exposition, parse
 
 from .conftest import GIB, make_sampler
 
+pytestmark = pytest.mark.unit
+
 POD_FAMILIES = [family.prometheus_name for family in of_subject(POD, POD_COUNTED)]
 GPU_FAMILIES = [family.prometheus_name for family in of_subject(GPU)]
 # What the Python client adds beside the contract's families.

@@ -20,7 +20,7 @@ from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health, Refusal
 from otel_vgpu.sim.node import SimulatedNode, container_id
-from otel_vgpu.sim.scenario import parse_scenario
+from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.agent import InProcessAgent, agent_in_process, clean_env, wait_for
 from testkit.clock import Clock
 from testkit.kube_api_double import pod_object
@@ -161,6 +161,7 @@ REUSED_PID = node(
 )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kept_s", [10.0, 0.0], ids=["a-driver-that-keeps-samples", "the-h200s"])
 def test_a_reused_pid_inherits_nothing_of_the_process_that_held_it(tmp_path: Path, kept_s: float) -> None:
     # busy's process ends at 9 s; 0.2 s later idle's takes its PID, before the sweep at 10 s.
@@ -290,6 +291,7 @@ ENDING = node(
 SCRAPE_EVERY_S = 15.0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kept_s", [0.0, 10.0], ids=["the-h200s", "a-driver-that-keeps-samples"])
 @pytest.mark.parametrize("sweep_every", [2.0, 5.0, 10.0])
 def test_an_ended_pods_last_increments_reach_the_bill(tmp_path: Path, sweep_every: float, kept_s: float) -> None:

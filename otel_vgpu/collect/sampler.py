@@ -75,7 +75,6 @@ class Sampler:
         self._lock = threading.Lock()
         self._generation = 0
         self._latest: Snapshot | None = None
-        self._last_success: float | None = None
         self._host_pid_namespace = in_host_pid_namespace() if host_pid_namespace is None else host_pid_namespace
         self._blind_uuids: frozenset[str] = frozenset()
         self._sweep_started: float | None = None
@@ -109,11 +108,6 @@ class Sampler:
         if latest is not None and self._clock() - latest.taken_at <= max_age:
             return latest
         return None
-
-    @property
-    def last_success(self) -> float | None:
-        """Monotonic time of the last sweep that could enumerate the GPUs."""
-        return self._last_success
 
     # --- driver upgrades ----------------------------------------------------------
 
@@ -182,7 +176,6 @@ class Sampler:
         finished = self._clock()
         gpus, pods = snapshot.gpus, snapshot.pods
         if snapshot.ok:
-            self._last_success = finished
             self._usage, gpus, pods = accumulate(
                 self._usage,
                 gpus,

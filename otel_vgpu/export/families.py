@@ -6,9 +6,22 @@ the labels of each), how its value is read from one of those rows, and the
 Prometheus name a scrape shows (`prometheus_name`, the OpenTelemetry-to-
 Prometheus rules of opentelemetry-exporter-prometheus). The telemetry builds
 every instrument from this table in one loop, as kube-state-metrics builds
-its families from `FamilyGenerator`s; the tests and the README's metric
-tables are checked against it. A new per-pod family is one entry here and
-the field of the row it reads.
+its families from `FamilyGenerator`s; the README's metric tables are
+generated from it (`scripts/gen-metric-tables.py`, checked current by
+tests/test_docs.py), and tests/test_families.py tests each subject's families
+as rows in, observations out.
+
+Adding a family, by where its value comes from (docs/layout.md, "Adding a
+figure"):
+- a value a row already has: one entry here;
+- a new engine per process: one `Engine` in gpu/backend.py's ENGINE_TABLE
+  and its `ProcessUse` field; NVML's reads, the per-pod and per-GPU families
+  here and the simulated node's scenario field all follow from the two;
+- any other NVML figure: its field on `Device` (gpu/backend.py), its read in
+  gpu/nvml.py and its value on the simulated node (sim/node.py), then one
+  entry here; a counter carried across sweeps adds its rule in
+  collect/usage.py.
+Then `./scripts/gen-metric-tables.py` rewrites the README's tables.
 """
 
 from __future__ import annotations

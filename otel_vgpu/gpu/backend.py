@@ -116,7 +116,7 @@ USE_FIGURES = tuple(f.name for f in fields(ProcessUse))
 class Engine:
     """One of a GPU's engines beside its SMs, declared once, with what each part of the agent
     needs of it: NVML's names (gpu/nvml.py), the help texts (export/families.py), the simulated
-    node's scenario fields (sim/scenario.py). Its figure is the `ProcessUse` field of its name;
+    node's scenario fields (sim/pod_fields.py). Its figure is the `ProcessUse` field of its name;
     a field of ProcessUse with no declaration here fails tests/test_families.py."""
 
     name: str

@@ -5,7 +5,7 @@ it into prometheus_client metric families up front, and serves them on
 /metrics: each scrape only renders what is precomputed. Whatever the agent
 costs above this is the price of sweeping and of the OpenTelemetry pipeline.
 
-    python bench/floor_server.py SCENARIO RATIO_FILE PORT
+    python testkit/floor_exporter.py SCENARIO RATIO_FILE PORT
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.families import GPU, POD, POD_COUNTED, Family, of_subject
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
-from otel_vgpu.sim.scenario import load_scenario
+from otel_vgpu.sim.scenario_file import load_scenario
 
 
 def families(rows: Sequence[Any], specs: Iterable[Family[Any]]) -> list[GaugeMetricFamily]:

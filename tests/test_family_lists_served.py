@@ -1,0 +1,33 @@
+"""--metric-allowlist and --metric-denylist as the agent answers them: a bad pattern stops it
+with one line, a denied family leaves the scrape and a pattern naming none is said once (the
+lists' rules alone: tests/test_family_lists.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testkit.agent import run_to_exit, running_agent
+
+
+def test_a_bad_pattern_stops_the_agent_with_one_line() -> None:
+    result = run_to_exit(["--simulate", "--metric-allowlist", "vgpu_(pod"])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "otel-vgpu: error: argument --metric-allowlist: invalid pattern 'vgpu_(pod': missing ), unterminated "
+        "subpattern at position 5; expected comma-separated regular expressions over family names, e.g. "
+        "vgpu_pod_energy.* (see --help)"
+    ]
+
+
+def test_the_scrape_leaves_out_the_denied_families_and_a_pattern_naming_none_is_said_once(
+    scenario_file: Path, ratio_file: Path
+) -> None:
+    args = ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file)]
+    with running_agent(*args, "--metric-denylist", "vgpu_pod_energy.*,vgpu_gpu_energy.*,vgpu_typo.*") as agent:
+        served = agent.scrape()
+        code, log = agent.stop()
+    assert code == 0
+    assert not {name for name in served.types if "energy" in name}
+    assert served.series("vgpu_pod_memory_used_bytes") and served.series("vgpu_pod_sm_utilization_ratio")
+    warned = [line for line in log.splitlines() if "names no family" in line]
+    assert len(warned) == 1 and "--metric-denylist pattern 'vgpu_typo.*'" in warned[0], log
