@@ -4,7 +4,8 @@ On the realistic simulated node (8 GPUs, 80 pods, 320 processes, as
 bench/scrape_bench.py builds it), the agent runs for a while with each
 interval, scraped every `--scrape-every` seconds as Prometheus would; its CPU
 time (utime + stime from /proc/<pid>/stat) over that wall time is the cost.
-`0` is the old scrape-driven design: a sweep per scrape and none between. Part of that is the simulated node
+`0` is the old scrape-driven design: a sweep per scrape and none between, and the
+reference each interval's cost is quoted against (run it first). Part of that is the simulated node
 itself (its NVML, its kubelet, its proc tree), which a real node's driver
 pays instead: the same calls, made alone in this process at each interval,
 are its share; the rest is the agent's own.
@@ -26,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import clean_env, command, free_port, get, wait_serving
+from testkit.procstat import compile_bytecode
 from testkit.scrape_load import scenario
 
 
@@ -63,6 +65,7 @@ def simulated_share_ms(node_file: Path, sweeps: int = 20) -> float:
 
 
 def main() -> int:
+    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--intervals", type=float, nargs="+", default=[0.0, 1.0, 2.0, 5.0])
@@ -76,9 +79,10 @@ def main() -> int:
         simulated = simulated_share_ms(node)
         print(
             f"| --sweep-interval | CPU over {args.seconds:g} s, scraped every {args.scrape_every:g} s "
-            "| per sweep | the agent's own |"
+            "| per sweep | the agent's own | its own, against the scrape-driven design's |"
         )
-        print("|---|---|---|---|")
+        print("|---|---|---|---|---|")
+        reference: float | None = None  # the agent's own CPU share at interval 0, when it ran
         for interval in args.intervals:
             port = free_port()
             argv = command("--simulate", str(node), "--allocation-file", str(ratio), "--port", str(port))
@@ -103,7 +107,13 @@ def main() -> int:
                 sweeps = args.seconds / interval if interval else scrapes
                 per_sweep = f"{used / sweeps * 1000:.1f} ms" if sweeps else "-"
                 own = max(0.0, share - simulated / 1000 * sweeps / args.seconds)
-                print(f"| {interval:g} s | {share * 100:.2f} % of a core | {per_sweep} | {own * 100:.2f} % of a core |")
+                if interval == 0:
+                    reference = own
+                against = f"{own / reference:.2f}x" if reference else "-"
+                print(
+                    f"| {interval:g} s | {share * 100:.2f} % of a core | {per_sweep} | {own * 100:.2f} % of a core "
+                    f"| {against} |"
+                )
             finally:
                 process.terminate()
                 process.wait(timeout=10)

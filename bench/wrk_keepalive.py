@@ -24,6 +24,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from testkit.procstat import compile_bytecode
 from testkit.scrape_load import agent_command, floor_command, scenario, serving
 
 _LATENCY = re.compile(r"^\s+(50|90|99)%\s+([\d.]+)(us|ms|s)\s*$", re.MULTILINE)
@@ -48,6 +49,7 @@ def wrk(port: int, connections: int, seconds: float) -> dict[str, float]:
 
 
 def main() -> None:
+    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
     parser.add_argument("--port", type=int, default=18199)
