@@ -38,9 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 from otel_vgpu.allocation.ratio import RatioFileError, RatioSource
 from otel_vgpu.allocation.shares import AllocationSource, UnknownAllocation
-from otel_vgpu.collect.reading import GpuReader
+from otel_vgpu.collect.device_health import DeviceHealth
+from otel_vgpu.collect.reading import GpuReader, Read
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.collect.sweeper import Sweeper
+from otel_vgpu.collect.xids import XidCounts, XidWatch
 from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_DRIVER_CHANGED, EXIT_NO_GPU, EXIT_USAGE, Config
 from otel_vgpu.export.auth import AuthFileError, BasicAuth, load_users
 from otel_vgpu.export.families import Family, reads_of, selected
@@ -100,6 +102,7 @@ class Agent:
             raise StartupError(str(error), EXIT_USAGE) from None
         self.families = _selected_families(config)
         sources = self._gpu_sources()
+        self._backend = sources.backend
         self._closers.append(sources.backend.close)
         self.node_name = sources.node_name
         try:
@@ -139,6 +142,9 @@ class Agent:
         from otel_vgpu.export.telemetry import Telemetry  # noqa: PLC0415
 
         config = self.config
+        reads = reads_of(self.families)
+        devices = DeviceHealth(self.sampler, self.health) if Read.HEALTH in reads else None
+        self.xids = XidCounts() if Read.XID_EVENTS in reads else None
         try:
             self.telemetry = Telemetry(
                 self.sampler,
@@ -148,6 +154,8 @@ class Agent:
                 config.seed_metrics,
                 otlp=self.otlp,
                 families=self.families,
+                devices=devices,
+                xids=self.xids,
             )
         except SdkMismatch as error:
             raise StartupError(str(error), EXIT_USAGE) from None
@@ -193,6 +201,10 @@ class Agent:
         sweeper = Sweeper(self.sampler, self.config.sweep_interval)
         sweeper.start()
         self._closers.append(sweeper.stop)
+        if self.xids is not None:
+            watch = XidWatch(self._backend, self.xids, self.health)
+            watch.start()
+            self._closers.append(watch.stop)
         self.telemetry.start()
         if self._scenario is not None:
             self._describe_simulation(self._scenario)

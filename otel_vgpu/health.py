@@ -37,6 +37,12 @@ class Stage(str, Enum):
     """The endpoint's TLS files or users file changed to a version that cannot be used."""
     POD_ANNOTATIONS = "pod_annotations"
     """A pod's allocator annotation (HAMi) that cannot be read."""
+    DEVICE_HEALTH = "device_health"
+    """A GPU's health figures, read once per collection (collect/device_health.py)."""
+    GPM = "gpm"
+    """A GPU's GPM figures, read once per engine window."""
+    XID_EVENTS = "xid_events"
+    """NVML's event set for XID errors (collect/xids.py)."""
     EXPORT = "export"
     """A failed OTLP export: counted in vgpu_agent_export_failures_total, not by stage."""
 
@@ -53,6 +59,7 @@ SWEEP_STAGES = frozenset(
         Stage.PROCESS_UTILIZATION,
         Stage.ATTRIBUTION,
         Stage.SWEEP,
+        Stage.GPM,
     }
 )
 COLLECTION_STAGES = tuple(stage for stage in Stage if stage is not Stage.EXPORT)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample, XidEvent
 
 S = 1_000_000
 GIB = 1024**3
@@ -25,6 +25,8 @@ class FakeBackend:
     """The engines beside SM the GPU has."""
     engine_samples: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     """The GPU's own samples of each engine."""
+    gpm_figures: dict[str, float] | None = None
+    """What each GPM read answers (after the first, which opens the window); None: no GPM."""
     calls: list[tuple[str, int]] = field(default_factory=list)
     """(call, since_us) of the sample reads; (call, 0) of the others."""
 
@@ -54,6 +56,18 @@ class FakeBackend:
 
     def exclusive_process(self, index: int) -> bool | None:
         return False
+
+    def health(self, index: int) -> dict[str, float]:
+        self.calls.append(("health", 0))
+        return {"temperature": 40.0}
+
+    def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:
+        self.calls.append(("gpm", 0 if gpu_instance is None else gpu_instance))
+        first = sum(1 for name, _ in self.calls if name == "gpm") == 1
+        return None if first or self.gpm_figures is None else dict(self.gpm_figures)
+
+    def xid_events(self, timeout_s: float) -> list[XidEvent]:
+        return []
 
     def now_us(self) -> int:
         return self.now

@@ -10,6 +10,7 @@ from otel_vgpu.collect.aggregate import GpuRow, PodRow, pod_key
 from otel_vgpu.collect.engines import Engines, fitted, step
 from otel_vgpu.collect.usage import Usage, accumulate
 from otel_vgpu.gpu.backend import Device, ProcessUse
+from testkit.rows import pod_row
 
 pytestmark = pytest.mark.unit
 
@@ -23,20 +24,7 @@ def gpu(window: dict[str, float] | None = None, engines: frozenset[str] = ENGINE
 
 
 def pod(name: str, use: ProcessUse | None) -> PodRow:
-    return PodRow(
-        namespace="ns",
-        pod=name,
-        pod_uid=f"uid-{name}",
-        container=None,
-        gpu_index=0,
-        gpu_uuid="GPU-a",
-        shares=1.0,
-        memory_used=GIB,
-        memory_allocated=GIB,
-        use=use,
-        vgpu_utilization=None,
-        processes=1,
-    )
+    return pod_row(name, use)
 
 
 def run(engines: Engines, window: dict[str, float] | None, pods: list[PodRow], seconds: float) -> Engines:

@@ -5,16 +5,31 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from otel_vgpu.collect.device_health import DeviceHealth
+from otel_vgpu.collect.reading import Read
+from otel_vgpu.collect.xids import XidCounts
 from otel_vgpu.export import telemetry as telemetry_module
 from otel_vgpu.export.exposition import TEXT
-from otel_vgpu.export.families import FAMILIES, GPU, POD, POD_COUNTED, POD_ENGINES, SEED, Instrument, of_subject
+from otel_vgpu.export.families import (
+    FAMILIES,
+    GPU,
+    GPU_HEALTH,
+    POD,
+    POD_COUNTED,
+    POD_ENGINES,
+    SEED,
+    Instrument,
+    of_subject,
+)
 from otel_vgpu.export.sdk_internals import storage_matches
 from otel_vgpu.export.telemetry import Telemetry
+from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S
 from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
@@ -38,21 +53,35 @@ def scrape(telemetry: Telemetry) -> Exposition:
 def telemetry(node: SimulatedNode, ratio_file: Path) -> Iterator[Telemetry]:
     health = Health()
     sampler = make_sampler(node, ratio_file, health=health)
-    telemetry = Telemetry(sampler, health, min_interval=0.0, node_name="node-a", seed_metrics=True)
+    telemetry = Telemetry(
+        sampler,
+        health,
+        min_interval=0.0,
+        node_name="node-a",
+        seed_metrics=True,
+        devices=DeviceHealth(sampler, health),
+        xids=XidCounts(),
+    )
     yield telemetry
     telemetry.shutdown()
 
 
 def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None:
-    scrape(telemetry)  # the first sweep opens the engine windows, the second closes them
+    scrape(telemetry)  # the first sweep opens the engine and GPM windows, the second closes them
+    time.sleep(GPM_MIN_INTERVAL_S)  # GPM's two samples are at least this far apart (nvml.h)
     exposition = scrape(telemetry)
     # Every family of the table, and nothing else, under the names the table gives.
     published = {name for name in exposition.help if not CLIENT_FAMILIES.match(name)}
-    # Absent without their source: the OTLP push, the kubelet (tests/test_kubernetes.py has that one).
-    sourced = {"vgpu.agent.export.failures", "vgpu.agent.pod_resources.up"}
+    # Absent without their source: the OTLP push, the kubelet (tests/test_kubernetes.py has that one),
+    # an XID error, NVLink; and the pods' GPM figures, since every GPU here is shared
+    # (tests/test_device_health.py has them all).
+    sourced = {"vgpu.agent.export.failures", "vgpu.agent.pod_resources.up", "vgpu.gpu.xid.errors"}
+    sourced |= {f.name for f in FAMILIES if "nvlink" in f.name or (f.subject is POD and Read.GPM in f.reads)}
     contract = {family.prometheus_name for family in FAMILIES if family.name not in sourced}
     assert {name.removesuffix("_total") for name in published} == {n.removesuffix("_total") for n in contract}
-    for family in (*of_subject(POD, POD_COUNTED), *of_subject(GPU), *of_subject(SEED)):
+    for family in (*of_subject(POD, POD_COUNTED), *of_subject(GPU), *of_subject(GPU_HEALTH), *of_subject(SEED)):
+        if family.name in sourced:
+            continue
         series = exposition.series(family.prometheus_name)
         assert series, family.name
         for labels in series:
@@ -116,8 +145,10 @@ def test_eight_gpus_and_four_hundred_pods_lose_nothing(tmp_path: Path, ratio_fil
     exposition = scrape(telemetry)
     # No process uses an engine beside SM: no pod has those families (tests/test_engines.py).
     engines = {f"vgpu_pod_{engine}_{kind}" for engine in POD_ENGINES for kind in ("utilization_ratio", "busy_seconds")}
+    # Nor GPM's, which a pod has only where it has its GPU alone (tests/test_device_health.py).
+    gpm = {f.prometheus_name for f in of_subject(POD) if Read.GPM in f.reads}
     for name in POD_FAMILIES:
-        if name.removesuffix("_total") in engines:
+        if name.removesuffix("_total") in engines or name in gpm:
             continue
         series = exposition.series(name)
         assert len(series) == 3200, name

@@ -55,6 +55,14 @@ class GpuRow:
     (collect/engines.py); an engine it lacks, or before a window closed, has none."""
     engine_busy_seconds: Mapping[str, float] = field(default_factory=dict)
     """Each engine's busy seconds counted so far."""
+    gpm: Mapping[str, float] = field(default_factory=dict)
+    """Its GPM figures over its last closed GPM window (collect/gpm.py); none before one closed,
+    or without GPM."""
+    gpm_busy_seconds: Mapping[str, float] = field(default_factory=dict)
+    """Tensor and DRAM busy seconds counted so far, from GPM."""
+    gpm_shared_windows: int | None = None
+    """GPM windows in which several pods (or a process of none) used one of its devices, so
+    that no pod got its figures; None without GPM."""
 
     @property
     def index(self) -> int:
@@ -108,6 +116,9 @@ class PodRow:
     (collect/engines.py); none where per-process figures are unknown or the GPU lacks the engine."""
     engine_busy_seconds: Mapping[str, float] = field(default_factory=dict)
     """Each engine's busy seconds counted so far."""
+    gpm: Mapping[str, float] = field(default_factory=dict)
+    """Its device's GPM figures over the last closed GPM window, where the pod had that GPU (or
+    MIG device) alone over it (collect/gpm.py); none otherwise."""
     ended: bool = False
     """Its pod has no process on the device any more: the row carries what its ended processes'
     last samples say of the last interval, then its counters' final values (collect/usage.py),

@@ -96,6 +96,12 @@ class Read(str, Enum):
     """The energy counter."""
     ENGINE_SAMPLES = "engine_samples"
     """The GPU's own samples of its engines beside SM, when an engine window closes."""
+    GPM = "gpm"
+    """GPM's figures of the GPU and its MIG GPU instances, when a GPM window closes."""
+    HEALTH = "health"
+    """The GPU's health figures, once per collection (collect/device_health.py), not in sweeps."""
+    XID_EVENTS = "xid_events"
+    """NVML's XID events, waited on by a thread of their own (collect/xids.py)."""
 
 
 Born = Callable[[Sequence[int]], Mapping[int, int]]
@@ -139,6 +145,8 @@ class GpuReader:
         """Each GPU's open engine window, by UUID."""
         self._listed: dict[str, frozenset[tuple[int, int | None]]] = {}
         """The processes each GPU listed at its last sweep, (PID, start), by UUID."""
+        self._gpm_opened: dict[str, float] = {}
+        """When each GPU's GPM window opened, by UUID (GPM windows last as engine windows do)."""
 
     def keep_only(self, gpu_uuids: Iterable[str]) -> None:
         """Forget the GPUs that are gone (their windows restart if they come back)."""
@@ -146,6 +154,7 @@ class GpuReader:
         self._windows.keep_only(keep)
         self._listed = {uuid: pids for uuid, pids in self._listed.items() if uuid in keep}
         self._engine_windows = {uuid: w for uuid, w in self._engine_windows.items() if uuid in keep}
+        self._gpm_opened = {uuid: at for uuid, at in self._gpm_opened.items() if uuid in keep}
 
     def read(self, index: int, errors: SweepErrors, born: Born = _unborn) -> GpuReading | None:
         """GPU `index` as this sweep reads it; None where the device itself could not be read.
@@ -165,6 +174,8 @@ class GpuReader:
         started = born([p.pid for p in processes]) if processes is not None else {}
         if Read.ENERGY in self._reads:
             device = self._with_energy(index, device, errors, self._left(device.uuid, processes, started))
+        if Read.GPM in self._reads:
+            device = self._with_gpm(index, device, errors)
         if processes is None:
             return GpuReading(device=device, processes=None, use_by_pid=None)
         if any(p.mps_client for p in processes):
@@ -245,6 +256,33 @@ class GpuReader:
             means[engine] = mean_since(samples, since) or 0.0
         self._engine_windows[device.uuid] = _EngineWindow(self._clock(), now_us)
         return dataclasses.replace(device, engine_window=means)
+
+    def _with_gpm(self, index: int, device: Device, errors: SweepErrors) -> Device:
+        """The device with its GPM figures, and each MIG GPU instance's, over the window that
+        closes in this sweep, if one does. A read takes a GPM sample (0.03 ms on an H200) and
+        gives the figures since the last (2 ms for every metric): once a window, as the engines'
+        buffers. A GPU without GPM answers None, and is not asked again by the backend."""
+        opened = self._gpm_opened.get(device.uuid)
+        now = self._clock()
+        if opened is not None and now - opened < self._engine_every_s * CLOSE_EARLY:
+            return device
+        instances = [m.gpu_instance_id for m in device.migs if m.gpu_instance_id is not None]
+        try:
+            figures = self._backend.gpm(index)
+            by_instance = {gi: self._backend.gpm(index, gi) for gi in instances}
+        except GpuError as error:
+            errors.add(Stage.GPM, f"{index}:{error.code.value}", f"GPU {index}: GPM: {error}")
+            self._gpm_opened.pop(device.uuid, None)
+            return device
+        self._gpm_opened[device.uuid] = now
+        if opened is None or figures is None:
+            return device  # the window opens
+        return dataclasses.replace(
+            device,
+            gpm_window=figures,
+            gpm_seconds=now - opened,
+            gpm_instances={gi: f for gi, f in by_instance.items() if f is not None},
+        )
 
     def _left(self, uuid: str, processes: list[GpuProcess] | None, started: Mapping[int, int]) -> bool:
         """Whether a process listed on the GPU at its last sweep is not listed now (its PID

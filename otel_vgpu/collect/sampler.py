@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
+from typing import TypeVar
 
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
@@ -30,6 +31,7 @@ from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodDirectory
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # A reader that has not collected for this long (a Prometheus that went away) no longer holds
 # the ended pods' series (collect/usage.py) for itself.
@@ -139,6 +141,15 @@ class Sampler:
     @property
     def paused(self) -> str | None:
         return self._paused
+
+    def read_devices(self, read: Callable[[GpuBackend, Snapshot], T]) -> T | None:
+        """`read(backend, latest snapshot)` outside a sweep, never beside one nor while the driver
+        is paused (the backend is released then); None then, or before the first sweep."""
+        with self._lock:
+            latest = self._latest
+            if self._paused is not None or latest is None or not latest.ok:
+                return None
+            return read(self._backend, latest)
 
     def snapshot(self, max_age: float) -> Snapshot:
         """A snapshot no older than `max_age` seconds, sweeping if needed."""

@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from otel_vgpu.collect import engines as engine_windows
 from otel_vgpu.collect.aggregate import GpuRow, PodKey, PodRow, pod_key
 from otel_vgpu.collect.engines import Engines
+from otel_vgpu.collect.gpm import Gpm
+from otel_vgpu.collect.gpm import step as gpm_step
 from otel_vgpu.gpu.backend import ProcessUse
 
 MAX_GAP_S = 10.0
@@ -79,6 +81,8 @@ class Usage:
     """By GPU UUID: the sweeps since its energy counter was last read."""
     engines: Engines = field(default_factory=Engines)
     """The other engines' figures and counters, over engine windows (collect/engines.py)."""
+    gpm: Gpm = field(default_factory=Gpm)
+    """GPM's figures and counters, over GPM windows (collect/gpm.py)."""
     last: dict[PodKey, PodRow] = field(default_factory=dict)
     """The rows of the pods with processes or an allocation, as of that sweep."""
     ended: dict[PodKey, Ended] = field(default_factory=dict)
@@ -203,6 +207,7 @@ def accumulate(
             pod_busy[key] = busy_so_far  # held while the figure is unknown; not exported
     energy = _energy(usage, gpus, pods, seconds, idle_watts)
     engines = engine_windows.step(usage.engines, gpus, pods, keys, seconds)
+    gpm = gpm_step(usage.gpm, gpus, pods, keys)
     # One replace per row: on a node of hundreds of pods, replace() was a quarter of a sweep.
     new_gpus = tuple(
         dataclasses.replace(
@@ -212,6 +217,9 @@ def accumulate(
             energy_unattributed_joules=energy.unattributed_joules.get(gpu.uuid),
             engine_utilization=engines.gpu_now.get(gpu.uuid, {}),
             engine_busy_seconds=engines.gpu_busy.get(gpu.uuid, {}),
+            gpm=gpm.gpu_now.get(gpu.uuid, {}),
+            gpm_busy_seconds=gpm.gpu_busy.get(gpu.uuid, {}),
+            gpm_shared_windows=gpm.shared_windows.get(gpu.uuid),
         )
         for gpu in gpus
     )
@@ -223,11 +231,12 @@ def accumulate(
             energy_joules=energy.pod_joules.get(key),
             engine_utilization=engines.pod_now.get(key, {}) if row.use is not None else {},
             engine_busy_seconds=engines.pod_busy.get(key, {}) if row.use is not None else {},
+            gpm=gpm.pod_now.get(key, {}),
         )
         for key, row in zip(keys, pods, strict=True)
     )
     counters = dataclasses.replace(
-        energy, at=now, gpu_busy=gpu_busy, pod_busy=pod_busy, pod_peak=pod_peak, engines=engines
+        energy, at=now, gpu_busy=gpu_busy, pod_busy=pod_busy, pod_peak=pod_peak, engines=engines, gpm=gpm
     )
     live = tuple(row for row in new_pods if not row.ended)
     ended = _still_kept(usage, counters, new_pods, generation, collected_through)
@@ -299,6 +308,7 @@ def _only(counters: Usage, keys: set[PodKey]) -> Usage:
             pod_now={k: v for k, v in engines.pod_now.items() if k in keys},
             pending={k: v for k, v in engines.pending.items() if k in keys},
         ),
+        gpm=dataclasses.replace(counters.gpm, pod_now={k: v for k, v in counters.gpm.pod_now.items() if k in keys}),
     )
 
 

@@ -33,8 +33,11 @@ from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.collect.device_health import HealthRow
 from otel_vgpu.collect.reading import Read
+from otel_vgpu.collect.xids import XidCount
 from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES
+from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_TABLE, MAX_XID_CODES, GpmFigure, HealthFigure
 from otel_vgpu.health import COLLECTION_STAGES, Health, Refusal, Stage
 
 MIB = 1024 * 1024
@@ -57,10 +60,13 @@ class Feature(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Observed:
-    """What one collection reads: the sweep's snapshot and the agent's health."""
+    """What one collection reads: the sweep's snapshot, the agent's health, and the GPUs'
+    health figures and XID counts as read for this collection."""
 
     snapshot: Snapshot
     health: Health
+    devices: tuple[HealthRow, ...] = ()
+    xids: tuple[XidCount, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +156,27 @@ SEED: Subject[SeedRow] = Subject(
     "seed", SEED_LABELS, lambda seen: seed_rows(seen.snapshot), lambda row: {"pod": row.pod, "gpu_id": row.gpu_id}
 )
 """The original exporter's families, with --seed-metrics."""
+GPU_HEALTH: Subject[HealthRow] = Subject(
+    "gpu_health", GPU_LABELS, lambda seen: seen.devices, lambda row: gpu_attributes(row.gpu), per_snapshot=False
+)
+"""Per GPU, its health figures as read for the collection (collect/device_health.py)."""
+
+
+def xid_rows(seen: Observed) -> list[tuple[GpuRow, XidCount]]:
+    """Each GPU's XID counts, with the GPU's row of the snapshot (a GPU not in it, the driver
+    paused, has none meanwhile)."""
+    gpus = {gpu.uuid: gpu for gpu in seen.snapshot.gpus}
+    return [(gpus[xid.gpu_uuid], xid) for xid in seen.xids if xid.gpu_uuid in gpus]
+
+
+XID: Subject[tuple[GpuRow, XidCount]] = Subject(
+    "xid",
+    (*GPU_LABELS, "xid"),
+    xid_rows,
+    lambda row: {**gpu_attributes(row[0]), "xid": row[1].xid},
+    per_snapshot=False,
+)
+"""Per GPU and XID code."""
 AGENT: Subject[Observed] = Subject("agent", (), lambda seen: (seen,), lambda _: {}, per_snapshot=False)
 """The agent itself: one series, read from what the collection observed."""
 STAGES: Subject[tuple[Stage, int]] = Subject(
@@ -174,13 +201,22 @@ SWEEPS: Subject[float] = Subject(
 """The sweeps made since the last collection, one row each: taking them empties the list,
 so a histogram of this subject records each sweep once, at the start of a collection."""
 
-SUBJECTS: tuple[Subject[Any], ...] = (POD, POD_COUNTED, GPU, SEED, AGENT, STAGES, REFUSALS, SWEEPS)
+SUBJECTS: tuple[Subject[Any], ...] = (POD, POD_COUNTED, GPU, GPU_HEALTH, XID, SEED, AGENT, STAGES, REFUSALS, SWEEPS)
 
 # UCUM units and the suffix they give a Prometheus name, on a scrape and
 # through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
 # specification's rule, which sdk_internals.py applies to the exporter); a
 # unit in braces is an annotation and adds nothing.
-_UNIT_SUFFIXES = {"By": "bytes", "s": "seconds", "J": "joules", "1": "ratio"}
+_UNIT_SUFFIXES = {
+    "By": "bytes",
+    "s": "seconds",
+    "J": "joules",
+    "1": "ratio",
+    "Hz": "hertz",
+    "Cel": "celsius",
+    "W": "watts",
+    "By/s": "bytes_per_second",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +341,75 @@ def _engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Famil
     )
 
 
+_HEALTH_READS = frozenset({Read.HEALTH})
+_GPM_READS = frozenset({Read.GPM})
+_GPM_WINDOW = "over its last GPM window (about 10 s, closed at a sweep)"
+_GPM_ABSENT = "Absent on a GPU without GPM (before Hopper) and until the first window closes."
+
+
+def _health_family(figure: HealthFigure) -> Family[HealthRow]:
+    """A health figure's family: read once per collection (a scrape or a push), not every sweep."""
+    name = figure.name
+    return Family(
+        f"vgpu.gpu.{name}",
+        figure.unit,
+        GPU_HEALTH,
+        f"{figure.meaning} Absent where the GPU or driver does not report it (said once in the log), "
+        "never 0 in its place.",
+        value=lambda row: row.figures.get(name),
+        reads=_HEALTH_READS,
+        instrument=Instrument.COUNTER if figure.counter else Instrument.GAUGE,
+    )
+
+
+def _gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
+    """A GPM figure's families: per GPU, a busy-seconds counter where it has one, and per pod
+    where it has one."""
+    name = figure.name
+    links = " Only on a GPU with NVLink." if figure.nvlink else ""
+    gpu: list[Family[Any]] = [
+        Family(
+            f"vgpu.gpu.{name}",
+            figure.unit,
+            GPU,
+            f"The GPU's {figure.meaning}, {_GPM_WINDOW}. {_GPM_ABSENT}{links}",
+            value=lambda g: g.gpm.get(name),
+            reads=_GPM_READS,
+        )
+    ]
+    if figure.busy:
+        gpu.append(
+            Family(
+                f"vgpu.gpu.{name.removesuffix('.active')}.busy",
+                "s",
+                GPU,
+                f"Busy seconds of the GPU by {figure.meaning}: its figure integrated over each GPM window, so "
+                f"rate() over any range is its mean there. {_GPM_ABSENT}",
+                value=lambda g: g.gpm_busy_seconds.get(name),
+                reads=_GPM_READS,
+                instrument=Instrument.COUNTER,
+            )
+        )
+    if figure.per_pod:
+        gpu.append(
+            Family(
+                f"vgpu.pod.{name}",
+                figure.unit,
+                POD,
+                f"The pod's {figure.meaning}, {_GPM_WINDOW}: its GPU's (or MIG GPU instance's) own figure, "
+                "published only for a pod that had that GPU or MIG device alone over the whole window, where it "
+                "is exact. Absent in a window several pods shared (vgpu_gpu_gpm_shared_windows_total counts them; "
+                "deploy/ has a recording rule that estimates a split, named as an estimate), and without GPM.",
+                value=lambda r: r.gpm.get(name),
+                reads=_GPM_READS,
+            )
+        )
+    return tuple(gpu)
+
+
+_GPM_FAMILIES = tuple(family for figure in GPM_TABLE for family in _gpm_families(figure))
+
+
 # Left unannotated, so that each entry's `value` is type-checked against its subject's rows.
 _TABLE = (
     Family(
@@ -378,6 +483,7 @@ _TABLE = (
         value=lambda r: r.memory_peak,
     ),
     *(family for engine in POD_ENGINES for family in _engine_families(engine) if family.subject in (POD, POD_COUNTED)),
+    *(family for family in _GPM_FAMILIES if family.subject is POD),
     Family(
         "vgpu.gpu.memory.total",
         "By",
@@ -453,6 +559,30 @@ _TABLE = (
         "MPS server processes on the GPU; above 0, NVML gives its clients' SM to the server, so the pod SM "
         "families are left out for this GPU.",
         value=lambda g: g.mps_servers,
+    ),
+    *(family for family in _GPM_FAMILIES if family.subject is GPU),
+    Family(
+        "vgpu.gpu.gpm.shared.windows",
+        "{window}",
+        GPU,
+        "GPM windows in which several pods (or a process of no pod) used one of the GPU's devices, so that no pod "
+        "got that device's GPM figures for the window. Absent without GPM.",
+        value=lambda g: g.gpm_shared_windows,
+        reads=_GPM_READS,
+        instrument=Instrument.COUNTER,
+    ),
+    *(_health_family(figure) for figure in HEALTH_TABLE),
+    Family(
+        "vgpu.gpu.xid.errors",
+        "{error}",
+        XID,
+        "XID errors NVML reported for the GPU since the agent started, by code (xid; 999: a code the driver does "
+        f"not know; past {MAX_XID_CODES} codes on one GPU, other): the driver's word that something failed, from "
+        "an application fault (13, 31, 43) to a GPU that must be reset (48, 63, 64, 74, 79, 94, 95). A series "
+        "appears at its first error.",
+        value=lambda row: row[1].count,
+        reads=frozenset({Read.XID_EVENTS}),
+        instrument=Instrument.COUNTER,
     ),
     Family(
         "pod_gpu_memory_used",
@@ -580,6 +710,10 @@ def reads_of(families: Sequence[Family[Any]]) -> frozenset[Read]:
 README_TABLES = (
     ((POD, POD_COUNTED), "Per (pod, GPU or MIG device), labels `namespace`, `pod`, `pod_uid`, `gpu_id`, `gpu_uuid`:"),
     ((GPU,), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
+    (
+        (GPU_HEALTH, XID),
+        "Per GPU, its health, read once per collection (a scrape or a push), labels `gpu_id`, `gpu_uuid`, `gpu_model`:",
+    ),
     ((AGENT, STAGES, REFUSALS, SWEEPS), "The agent itself:"),
     ((SEED,), "With `--seed-metrics`, the original exporter's, labels `pod`, `gpu_id`:"),
 )

@@ -37,7 +37,9 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from otel_vgpu import __version__
 from otel_vgpu.collect.aggregate import Snapshot
+from otel_vgpu.collect.device_health import DeviceHealth, HealthRow
 from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.collect.xids import XidCount, XidCounts
 from otel_vgpu.export.exposition import Format, Renderer
 from otel_vgpu.export.families import FAMILIES, Family, Feature, Instrument, Observed, Subject
 from otel_vgpu.export.memory import trim
@@ -80,11 +82,22 @@ def agent_resource(node_name: str) -> Resource:
 class CollectionScope:
     """One snapshot per reader collection, shared by every callback in it."""
 
-    def __init__(self, sampler: Sampler, max_age: float, before: Callable[[], None] = lambda: None) -> None:
-        """`before` runs at the start of each collection, after its sweep."""
+    def __init__(
+        self,
+        sampler: Sampler,
+        max_age: float,
+        before: Callable[[], None] = lambda: None,
+        devices: Callable[[float], tuple[HealthRow, ...]] = lambda max_age: (),
+        xids: Callable[[], tuple[XidCount, ...]] = tuple,
+    ) -> None:
+        """`before` runs at the start of each collection, after its sweep; `devices` gives the
+        GPUs' health figures, read once per collection (at most once per `max_age`), `xids` the
+        XID counts."""
         self._sampler = sampler
         self.max_age = max_age
         self._before = before
+        self._devices = devices
+        self._xids = xids
         self._local = threading.local()
 
     @contextmanager
@@ -93,12 +106,18 @@ class CollectionScope:
         an ended pod's series stays until every reader has collected it."""
         snapshot = self._local.snapshot = self._sampler.snapshot(self.max_age)
         self._sampler.collected(reader, snapshot)
+        self._local.devices = self._devices(self.max_age)
+        self._local.xids = self._xids()
         self._before()
         self._local.observed = {}
         try:
             yield
         finally:
             self._local.snapshot = None
+
+    def seen(self, health: Health) -> Observed:
+        """What this collection reads: its snapshot, and the GPUs' health and XID counts read for it."""
+        return Observed(self.snapshot(), health, getattr(self._local, "devices", ()), getattr(self._local, "xids", ()))
 
     def snapshot(self) -> Snapshot:
         pinned: Snapshot | None = getattr(self._local, "snapshot", None)
@@ -128,15 +147,24 @@ class Telemetry:
         seed_metrics: bool,
         otlp: OtlpSettings | None = None,
         families: Sequence[Family[Any]] = FAMILIES,
+        devices: DeviceHealth | None = None,
+        xids: XidCounts | None = None,
     ) -> None:
-        """`families`: those of the contract to publish (--metric-allowlist, --metric-denylist)."""
+        """`families`: those of the contract to publish (--metric-allowlist, --metric-denylist);
+        `devices`, `xids`: where the GPUs' health figures and XID counts come from, if published."""
         # Before anything is built on them: the private parts this relies on.
         check_versions()
         use_ratio_suffix()
         fast_attribute_paths()
         self._health = health
         self._prune_works = True
-        self.scope = CollectionScope(sampler, min_interval, before=self._record_histograms)
+        self.scope = CollectionScope(
+            sampler,
+            min_interval,
+            before=self._record_histograms,
+            devices=devices.rows if devices is not None else lambda max_age: (),
+            xids=xids.rows if xids is not None else tuple,
+        )
         # The process's own metrics (CPU, memory, file descriptors, the
         # runtime's GC), rendered by prometheus_client ahead of the SDK's.
         self.registry = CollectorRegistry(auto_describe=False)
@@ -226,7 +254,7 @@ class Telemetry:
     def _record_histograms(self) -> None:
         # Sweeps made since the last collection, whoever asked for them (a
         # readiness probe too), go into the histogram before it is read.
-        observed = Observed(self.scope.snapshot(), self._health)
+        observed = self.scope.seen(self._health)
         for family, histogram in self._histograms:
             for row in family.subject.rows(observed):
                 value = family.value(row)
@@ -296,7 +324,7 @@ class Telemetry:
     def _rows_of(self, subject: Subject[Any]) -> tuple[Sequence[Any], list[Mapping[str, str]]]:
         """The rows of `subject` in this collection, with their attributes: built once per
         snapshot and shared by the subject's families where they follow from the snapshot."""
-        observed = Observed(self.scope.snapshot(), self._health)
+        observed = self.scope.seen(self._health)
         if not subject.per_snapshot:
             rows = subject.rows(observed)
             return rows, [subject.attributes(row) for row in rows]

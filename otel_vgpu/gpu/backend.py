@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Protocol
 
@@ -58,6 +58,13 @@ class Device:
     engine_window: Mapping[str, float] | None = None
     """The mean of the GPU's own samples of each of its engines over the engine window that
     closed in this sweep, 0-1 (collect/reading.py fills it in); None in a sweep that closed none."""
+    gpm_window: Mapping[str, float] | None = None
+    """Its GPM figures (gpu/device_figures.py `GPM_TABLE`) over the GPM window that closed in this
+    sweep, read by collect/reading.py; None in a sweep that closed none, or without GPM."""
+    gpm_seconds: float = 0.0
+    """The length of that window."""
+    gpm_instances: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+    """Under MIG: each GPU instance's GPM figures over the same window, by GPU instance ID."""
     exclusive_process: bool | None = None
     """Whether its compute mode is EXCLUSIVE_PROCESS (one context at a time: under MPS, the
     server's), as the NVIDIA device plugin's MPS daemon sets it; read only on a GPU whose
@@ -189,6 +196,16 @@ ENGINES = tuple(engine.name for engine in ENGINE_TABLE)
 
 
 @dataclass(frozen=True, slots=True)
+class XidEvent:
+    """An XID error NVML reported for a GPU (nvmlEventTypeXidCriticalError): `xid` is its code,
+    999 where the driver does not know it (nvml.h, nvmlEventData_t)."""
+
+    index: int
+    uuid: str
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
 class UtilizationSample:
     pid: int
     timestamp_us: int
@@ -282,6 +299,22 @@ class GpuBackend(Protocol):
 
     def exclusive_process(self, index: int) -> bool | None:
         """Whether the GPU's compute mode is EXCLUSIVE_PROCESS; None where NVML cannot tell."""
+        ...
+
+    def health(self, index: int) -> dict[str, float]:
+        """The GPU's health figures now (gpu/device_figures.py `HEALTH_TABLE`), in their units;
+        a figure the GPU or driver does not have is absent (said once, never 0)."""
+        ...
+
+    def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:
+        """The GPU's GPM figures (`GPM_TABLE`, in their units) since the previous call for the
+        same GPU or MIG GPU instance; None on the first call, and where the GPU has no GPM."""
+        ...
+
+    def xid_events(self, timeout_s: float) -> list[XidEvent]:
+        """The XID errors reported since the last call, waiting up to `timeout_s` for one; []
+        when none came. Safe to call from one thread beside the others; `release` and `close`
+        end a wait within `timeout_s`."""
         ...
 
     def now_us(self) -> int:

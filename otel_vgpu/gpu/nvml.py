@@ -32,7 +32,9 @@ from otel_vgpu.gpu.backend import (
     MigDevice,
     ProcessUse,
     UtilizationSample,
+    XidEvent,
 )
+from otel_vgpu.gpu.nvml_health import Gpm, XidWatch, read_health
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,8 @@ class NvmlBackend:
             self._nvml.nvmlDeviceGetGraphicsRunningProcesses,
             getattr(self._nvml, "nvmlDeviceGetMPSComputeRunningProcesses", _absent),
         ]
+        self._gpm = Gpm(self._nvml, self._query, clock)
+        self._xids = XidWatch(self._nvml, self._query, self._known_handles, self._in_session)
         self._ready = False
         self._released = False
         self._first_backoff, self._max_backoff = backoff.first, backoff.most
@@ -148,6 +152,7 @@ class NvmlBackend:
         self._forget_handles()
 
     def _session_lost(self) -> None:
+        self._let_go()
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
         self._ready = False
@@ -168,6 +173,7 @@ class NvmlBackend:
         """nvmlShutdown: NVML closes the driver's device files (/dev/nvidiactl,
         /dev/nvidia<N>), whose references keep the kernel module loaded."""
         if self._ready:
+            self._let_go()
             with contextlib.suppress(self._nvml.NVMLError):
                 self._nvml.nvmlShutdown()
         self._ready = False
@@ -402,8 +408,41 @@ class NvmlBackend:
         return time.time_ns() // 1000
 
     def close(self) -> None:
+        if self._ready:
+            self._let_go()
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
+
+    def _let_go(self) -> None:
+        """What NVML allocated for the agent, freed before the session ends: the event set
+        (after the wait in progress, which holds its lock, at most its timeout) and the GPM
+        samples."""
+        with self._xids.lock, contextlib.suppress(GpuError):
+            self._xids.free()
+            self._gpm.free()
+
+    # --- health, efficiency, events (gpu/nvml_health.py) ------------------------------
+
+    def health(self, index: int) -> dict[str, float]:
+        return read_health(self._nvml, self._handle(index), index, self._query)
+
+    def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:
+        return self._gpm.read(self._handle(index), index, gpu_instance)
+
+    def xid_events(self, timeout_s: float) -> list[XidEvent]:
+        return self._xids.wait(timeout_s)
+
+    def _in_session(self) -> bool:
+        """Whether NVML may be called now: initialised, and not released for a driver upgrade."""
+        return self._ready and not self._released
+
+    def _known_handles(self) -> list[tuple[int, Any, str]]:
+        """(index, handle, UUID) of every GPU, for the event set."""
+        out = []
+        for index in range(int(self._call(self._nvml.nvmlDeviceGetCount))):
+            handle = self._handle(index)
+            out.append((index, handle, self._identity(index, handle)[0]))
+        return out
 
     def _handle(self, index: int) -> Any:
         handle = self._handles.get(index)

@@ -43,9 +43,11 @@ from otel_vgpu.gpu.backend import (
     MigDevice,
     ProcessUse,
     UtilizationSample,
+    XidEvent,
 )
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods.directory import PodMeta, StaticDirectory
+from otel_vgpu.sim.health import SimulatedHealth
 from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers
 
 # Memory the driver holds on each device beyond what processes use.
@@ -133,10 +135,14 @@ class _Process:
     """Scenario time it started: it has no sample from before."""
     ends_at: float = math.inf
     """Scenario time it ends: its last sample is from before, and NVML keeps it a while."""
+    pipes: dict[str, Callable[[float], float]] = field(default_factory=dict)
+    """What it keeps busy of the tensor cores and DRAM over time, 0-1 (GPM's figures)."""
 
     def wave(self, figure: str) -> Callable[[float], float]:
-        """Its use of `figure` (SM, or one of `ENGINES`) over time."""
-        return self.sm if figure == "sm" else self.engines.get(figure, _IDLE)
+        """Its use of `figure` (SM, one of `ENGINES`, or of `PIPES`) over time."""
+        if figure == "sm":
+            return self.sm
+        return self.engines.get(figure) or self.pipes.get(figure, _IDLE)
 
 
 class SimulatedNode:
@@ -185,6 +191,7 @@ class SimulatedNode:
         self._gone: dict[tuple[int, int], _Process] = {}
         """Processes that ended in the last SAMPLES_KEPT periods, by (PID, start time): NVML
         keeps their last samples, under their PIDs, which a new process may hold by now."""
+        self._health = SimulatedHealth(scenario, self.now, self._running_at, IDLE_WATTS, FULL_WATTS)
         self.refresh()
 
     # The scenario's time: seconds since the node started.
@@ -314,10 +321,36 @@ class SimulatedNode:
         self._released = True
 
     def resume(self) -> None:
-        """The driver back, reloaded: its energy counters start again from 0, as NVML's do."""
+        """The driver back, reloaded: its energy and other volatile counters start again from 0,
+        as NVML's do."""
         self._released = False
         self._energy_mj = [0.0] * len(self.scenario.gpus)
         self._energy_at = [None] * len(self.scenario.gpus)
+        self._health.reloaded()
+
+    def health(self, index: int) -> dict[str, float]:
+        self._in_session()
+        self._maybe_fail("health", index)
+        return self._health.health(index)
+
+    def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:
+        self._in_session()
+        self._maybe_fail("gpm", index)
+        return self._health.gpm(self.scenario.gpus[index], gpu_instance)
+
+    def xid_events(self, timeout_s: float) -> list[XidEvent]:
+        if self._released or self._driver is None:
+            time.sleep(min(timeout_s, 0.05))  # paused, or not opened yet: no event set
+            return []
+        return self._health.xid_events(timeout_s)
+
+    def _in_session(self) -> None:
+        if self._released:
+            raise GpuError(ErrorCode.UNINITIALIZED, "simulated NVML released while the GPU driver is paused")
+
+    def _running_at(self, t: float) -> list[_Process]:
+        """The processes running at scenario time `t`, those ended since included."""
+        return [p for p in (*self._processes, *self._gone.values()) if p.starts_at <= t < p.ends_at]
 
     def device(self, index: int) -> Device:
         self._maybe_fail("device", index)
@@ -495,6 +528,7 @@ class SimulatedNode:
                         mps=spec.mps,
                         starts_at=started,
                         ends_at=pod.ends(t),
+                        pipes={pipe: _clamped(wave.at) for pipe, wave in spec.pipes.items()},
                     )
                 )
         processes.extend(self._churn_at(t))
@@ -511,6 +545,7 @@ class SimulatedNode:
                     command=host.command,
                     engines={engine: _clamped(wave.at) for engine, wave in host.engines.items()},
                     mps=host.mps,
+                    pipes={pipe: _clamped(wave.at) for pipe, wave in host.pipes.items()},
                 )
             )
         return processes

@@ -11,13 +11,15 @@ from typing import Any
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.gpu.backend import ENGINES
-from otel_vgpu.sim.located import Fields, LineDict, line_of
+from otel_vgpu.sim.health_fields import HealthFields
+from otel_vgpu.sim.located import LineDict, line_of
 from otel_vgpu.sim.scenario import (
     DRIVERS,
     EXPLICIT_PIDS,
     MPS_ROLES,
     MPS_SERVER_COMMAND,
     PHASES,
+    PIPES,
     QOS_CLASSES,
     RUNTIMES,
     CgroupSpec,
@@ -32,7 +34,7 @@ from otel_vgpu.sim.scenario import (
 )
 
 
-class PodFields(Fields):
+class PodFields(HealthFields):
     """The fields of a pod, its processes and a host process."""
 
     def pod(self, raw: Any, where: str, gpus: tuple[GpuSpec, ...]) -> PodSpec:
@@ -212,6 +214,7 @@ class PodFields(Fields):
             if proc.get("pid") is None
             else self.explicit_pid(proc["pid"], f"{where}.pid", line_of(proc, "pid")),
             nested=self.nested(proc.get("nested", ""), f"{where}.nested", line_of(proc, "nested")),
+            pipes=self.pipe_waves(proc, where),
         )
 
     def mps(self, proc: LineDict, where: str) -> str:
@@ -248,6 +251,7 @@ class PodFields(Fields):
             command=self.command(proc),
             engines=self.engine_waves(proc, where, gpus[gpu]),
             mps=self.mps(proc, where),
+            pipes=self.pipe_waves(proc, where),
         )
 
     def engine_waves(self, proc: LineDict, where: str, gpu: GpuSpec) -> dict[str, Wave]:
@@ -267,7 +271,7 @@ class PodFields(Fields):
 
     def gpu_process(self, raw: Any, where: str, gpu_count: int, *extra: str) -> tuple[LineDict, int, Wave, Wave]:
         """What a pod's process and a host process have in common: GPU, memory, SM."""
-        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", *ENGINES, *extra})
+        proc = self.mapping(raw, where, 0, {"gpu", "memory", "sm", *ENGINES, *PIPES, *extra})
         return (
             proc,
             self.gpu_index(proc, where, gpu_count),

@@ -79,6 +79,13 @@ class GpuSpec:
     compute_mode: str = "default"
     """default, or exclusive_process: one context at a time (under MPS, the server's), as the
     NVIDIA device plugin's MPS daemon sets it."""
+    gpm: bool = True
+    """It has GPM (Hopper and newer): by default, as its model says."""
+    nvlink: bool = False
+    ecc: bool = True
+    power_limit_w: float = 700.0
+    unsupported: frozenset[str] = frozenset()
+    """Health figures (gpu/device_figures.py) its driver does not report."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +117,8 @@ class ProcessSpec:
     nested: str = ""
     """A cgroup path its container made below its own and moved it into (a pod running
     systemd, rootless podman, Docker-in-Docker): named as the tenant likes."""
+    pipes: dict[str, Wave] = field(default_factory=dict)
+    """What it keeps busy of what GPM measures beside SM (`PIPES`: tensor cores, DRAM), 0-1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +182,47 @@ class HostProcessSpec:
     engines: dict[str, Wave] = field(default_factory=dict)
     mps: str = ""
     """server or client, as for a pod's process: a host's MPS daemon runs outside every pod."""
+    pipes: dict[str, Wave] = field(default_factory=dict)
+
+
+# What a process may keep busy beside SM and the engines, which GPM measures per GPU.
+PIPES = ("tensor", "dram")
+# The models with GPM, by a word of their name (nvml.h: Hopper and newer).
+GPM_MODELS = ("H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200", "B300", "GB300")
+# Clock event reasons a scenario can put a GPU under, with NVML's bit of each (nvml.h).
+THROTTLE_REASONS = {
+    "power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "power_brake": 0x80,
+}
+HEALTH_EVENTS = ("xid", "ecc", "pcie_replays", "remap", "throttle")
+ECC_KINDS = ("corrected", "uncorrected")
+REMAP_KINDS = ("correctable", "uncorrectable", "pending", "failure")
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEventSpec:
+    """Something that happens to a GPU's health at `at_s` (to `to_s`, for throttling): an XID
+    error (`code`, `count` times: a storm), ECC errors, PCIe replays, remapped rows, or its
+    clocks held down for `reasons` (NVML's bitmask)."""
+
+    gpu: int
+    kind: str
+    at_s: float
+    to_s: float = math.inf
+    code: int = 0
+    what: str = ""
+    """ECC: corrected or uncorrected; remap: correctable, uncorrectable, pending or failure."""
+    count: int = 1
+    reasons: int = 0
 
 
 # The engines a GPU may lack (every GPU has memory).
 VIDEO_ENGINES = tuple(engine.name for engine in ENGINE_TABLE if engine.profile_field is not None)
-FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples")
+FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples", "health", "gpm")
 # The ratio of a scenario that states none, and of the built-in node.
 DEFAULT_RATIO = 2.0
 
@@ -253,6 +298,7 @@ class Scenario:
     churn: ChurnSpec | None = None
     driver: DriverSpec = DriverSpec()
     device_plugin: DevicePluginSpec = DevicePluginSpec()
+    health_events: tuple[HealthEventSpec, ...] = ()
     ratio: float = DEFAULT_RATIO
     """The vGPUs per GPU the node is set up for: the ratio `--simulate` uses when no ratio file is there."""
 

@@ -16,6 +16,7 @@ from typing import Any
 from otel_vgpu.allocation.ratio import MAX_RATIO
 from otel_vgpu.files import FileProblem, read_regular
 from otel_vgpu.gpu.backend import ENGINES, ErrorCode
+from otel_vgpu.sim.health_fields import GPU_HEALTH_FIELDS, HealthFields
 from otel_vgpu.sim.located import item_line, line_of, load_document
 from otel_vgpu.sim.pod_fields import PodFields
 from otel_vgpu.sim.scenario import (
@@ -78,7 +79,7 @@ def _overlap(first: PodSpec, second: PodSpec) -> bool:
     return gap < first.active_s or period - gap < second.active_s
 
 
-class ScenarioReader(PodFields):
+class ScenarioReader(PodFields, HealthFields):
     """Validates a loaded document into a Scenario, with located errors."""
 
     def scenario(self, document: Any) -> Scenario:
@@ -86,7 +87,18 @@ class ScenarioReader(PodFields):
             document,
             "scenario",
             1,
-            {"node", "gpus", "pods", "host_processes", "faults", "churn", "driver", "device_plugin", "ratio"},
+            {
+                "node",
+                "gpus",
+                "pods",
+                "host_processes",
+                "faults",
+                "churn",
+                "driver",
+                "device_plugin",
+                "ratio",
+                "health_events",
+            },
         )
         gpus_raw = self.sequence(top.get("gpus"), "gpus", line_of(top, "gpus"))
         if not gpus_raw:
@@ -125,6 +137,12 @@ class ScenarioReader(PodFields):
             for i, raw in enumerate(self.sequence(top.get("faults"), "faults", line_of(top, "faults")))
         )
         churn = None if top.get("churn") is None else self.churn(top["churn"], "churn", line_of(top, "churn"))
+        events = tuple(
+            self.health_event(raw, f"health_events[{i}]", len(gpus))
+            for i, raw in enumerate(
+                self.sequence(top.get("health_events"), "health_events", line_of(top, "health_events"))
+            )
+        )
         driver = DriverSpec() if top.get("driver") is None else self.driver(top["driver"], line_of(top, "driver"))
         plugin = (
             DevicePluginSpec()
@@ -143,6 +161,7 @@ class ScenarioReader(PodFields):
             host_processes=hosts,
             node_name=None if node is None else str(node),
             faults=faults,
+            health_events=events,
             churn=churn,
             driver=driver,
             device_plugin=plugin,
@@ -297,7 +316,10 @@ class ScenarioReader(PodFields):
     def gpu(self, raw: Any, index: int) -> GpuSpec:
         where = f"gpus[{index}]"
         gpu = self.mapping(
-            raw, where, 0, {"model", "memory", "uuid", "minor", "replicas", "mig", "lacks", "compute_mode"}
+            raw,
+            where,
+            0,
+            {"model", "memory", "uuid", "minor", "replicas", "mig", "lacks", "compute_mode", *GPU_HEALTH_FIELDS},
         )
         mode = gpu.get("compute_mode", "default")
         if mode not in COMPUTE_MODES:
@@ -328,7 +350,16 @@ class ScenarioReader(PodFields):
                 )
         engines = frozenset(ENGINES) - frozenset(lacks)
         return GpuSpec(
-            index, uuid, model, memory, minor=minor, replicas=replicas, migs=migs, engines=engines, compute_mode=mode
+            index,
+            uuid,
+            model,
+            memory,
+            minor=minor,
+            replicas=replicas,
+            migs=migs,
+            engines=engines,
+            compute_mode=mode,
+            **self.gpu_health(gpu, where, model),
         )
 
     def mig(self, raw: Any, where: str, parent: str, position: int, parent_memory: int) -> MigSpec:

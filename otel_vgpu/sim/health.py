@@ -1,0 +1,210 @@
+"""The simulated GPUs' health, GPM figures and XID events, from the scenario and what the
+processes run: what NVML would answer on a node, each figure in the unit the backend gives
+it (gpu/device_figures.py).
+
+- clocks, temperatures and power follow the SMs' use (an idle H200 read 345 MHz and 38 °C,
+  busy ones run at 1,980 MHz), and throttling lowers the clocks and sets NVML's reason bits;
+- the counters (PCIe replays, ECC errors, violation time) count the scenario's events since
+  the driver loaded: a reload (`resume`) starts them from 0, as NVML's volatile counters; the
+  remapped rows, kept in the GPU's InfoROM, stay;
+- GPM figures are the means over the interval since the previous read, on the simulated
+  driver's 200 ms grid: SM active is the SMs' use, tensor and DRAM what the processes keep
+  busy (`tensor`, `dram` in the scenario);
+- XID events are delivered once each, at most `XID_BATCH` a call, so a storm of a million
+  is a long run of calls, as from NVML's event queue.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from otel_vgpu.gpu.backend import ErrorCode, GpuError, XidEvent
+from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S, MIB
+from otel_vgpu.sim.scenario import THROTTLE_REASONS, GpuSpec, HealthEventSpec, Scenario
+
+# What an idle and a busy simulated GPU read (an H200's, issue #39 and nvidia-smi).
+IDLE_SM_CLOCK_MHZ, BUSY_SM_CLOCK_MHZ, MEMORY_CLOCK_MHZ = 345.0, 1980.0, 3201.0
+IDLE_CELSIUS, BUSY_CELSIUS_MORE, THROTTLED_CELSIUS_MORE, MEMORY_CELSIUS_MORE = 30.0, 45.0, 15.0, 4.0
+# Clocks held down by heat or power run at this part of their busy speed.
+THROTTLED_CLOCK_PART = 0.6
+# NVML's bit for an idle GPU, and the reasons that mean heat or the power cap.
+IDLE_BIT = 0x1
+THERMAL_BITS = THROTTLE_REASONS["sw_thermal"] | THROTTLE_REASONS["hw_thermal"]
+POWER_BITS = THROTTLE_REASONS["power_cap"] | THROTTLE_REASONS["power_brake"]
+# PCIe traffic of a GPU that moves nothing to or from the host (an idle H200: 0.17 and 0.05 MiB/s).
+IDLE_PCIE_TX, IDLE_PCIE_RX = 0.171 * MIB, 0.045 * MIB
+# The SMs' warps resident, against their use, and the FP32 pipes' share of SM time without tensor work.
+OCCUPANCY_PART, FP32_PART = 0.6, 0.5
+XID_BATCH = 256
+GRID_S = 0.2
+MOST_PERIODS = 300
+
+
+class Running(Protocol):
+    """A simulated process, as far as this module reads it."""
+
+    @property
+    def gpu(self) -> int: ...
+
+    @property
+    def mig(self) -> str | None: ...
+
+    def wave(self, figure: str) -> Callable[[float], float]: ...
+
+
+class SimulatedHealth:
+    """Health, GPM and XID events for a simulated node's GPUs."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        now: Callable[[], float],
+        running: Callable[[float], Sequence[Running]],
+        idle_watts: float,
+        full_watts: float,
+    ) -> None:
+        """`now`: scenario time; `running(t)`: the processes running at `t`."""
+        self._scenario = scenario
+        self._now = now
+        self._running = running
+        self._idle_watts, self._full_watts = idle_watts, full_watts
+        self._loaded_at = -math.inf
+        """When the driver last loaded: its volatile counters count from there."""
+        self._gpm_at: dict[tuple[int, int | None], float] = {}
+        self._delivered: dict[int, int] = {}
+        """By event: how many of its `count` XID events were delivered."""
+
+    def reloaded(self) -> None:
+        """The driver loaded again: volatile counters from 0, GPM samples gone."""
+        self._loaded_at = self._now()
+        self._gpm_at.clear()
+
+    # --- health -------------------------------------------------------------------
+
+    def health(self, index: int) -> dict[str, float]:
+        gpu = self._scenario.gpus[index]
+        t = self._now()
+        busy = self._use(index, None, "sm", t)
+        reasons = self._reasons(index, t) | (IDLE_BIT if busy == 0 else 0)
+        held = bool(reasons & (THERMAL_BITS | POWER_BITS))
+        clock = IDLE_SM_CLOCK_MHZ if busy == 0 else BUSY_SM_CLOCK_MHZ * (THROTTLED_CLOCK_PART if held else 1.0)
+        celsius = IDLE_CELSIUS + BUSY_CELSIUS_MORE * busy + (THROTTLED_CELSIUS_MORE if reasons & THERMAL_BITS else 0.0)
+        watts = min(gpu.power_limit_w, self._idle_watts + (self._full_watts - self._idle_watts) * busy)
+        out = {
+            "sm.clock": clock * 1e6,
+            "memory.clock": MEMORY_CLOCK_MHZ * 1e6,
+            "temperature": celsius,
+            "memory.temperature": celsius + MEMORY_CELSIUS_MORE,
+            "power": watts,
+            "power.limit": gpu.power_limit_w,
+            "pcie.replays": float(self._counted(index, "pcie_replays", t)),
+            "clock.event.reasons": float(reasons),
+            "power.violation": self._held_s(index, POWER_BITS, t),
+            "thermal.violation": self._held_s(index, THROTTLE_REASONS["sw_thermal"], t),
+        }
+        if gpu.ecc:
+            out["ecc.corrected"] = float(self._counted(index, "ecc", t, "corrected"))
+            out["ecc.uncorrected"] = float(self._counted(index, "ecc", t, "uncorrected"))
+        if not gpu.migs:  # NVML: not supported on MIG-enabled GPUs with active instances
+            for what in ("correctable", "uncorrectable"):
+                out[f"remapped.rows.{what}"] = float(self._counted(index, "remap", t, what, since_load=False))
+            for what in ("pending", "failure"):
+                out[f"remapped.rows.{what}"] = float(self._counted(index, "remap", t, what, since_load=False) > 0)
+        return {name: value for name, value in out.items() if name not in gpu.unsupported}
+
+    def _events(self, index: int, kind: str) -> list[HealthEventSpec]:
+        return [e for e in self._scenario.health_events if e.gpu == index and e.kind == kind]
+
+    def _counted(self, index: int, kind: str, t: float, what: str = "", since_load: bool = True) -> int:
+        start = self._loaded_at if since_load else -math.inf
+        return sum(e.count for e in self._events(index, kind) if start < e.at_s <= t and (not what or e.what == what))
+
+    def _reasons(self, index: int, t: float) -> int:
+        bits = 0
+        for event in self._events(index, "throttle"):
+            if event.at_s <= t < event.to_s:
+                bits |= event.reasons
+        return bits
+
+    def _held_s(self, index: int, bits: int, t: float) -> float:
+        """Seconds the clocks were held down for `bits` since the driver loaded."""
+        held = 0.0
+        for event in self._events(index, "throttle"):
+            if event.reasons & bits:
+                start, end = max(event.at_s, self._loaded_at), min(event.to_s, t)
+                held += max(0.0, end - start)
+        return held
+
+    # --- GPM ------------------------------------------------------------------------
+
+    def gpm(self, gpu: GpuSpec, gpu_instance: int | None) -> dict[str, float] | None:
+        if not gpu.gpm:
+            return None
+        t = self._now()
+        key = (gpu.index, gpu_instance)
+        last = self._gpm_at.get(key)
+        if last is not None and t - last < GPM_MIN_INTERVAL_S:
+            return None
+        self._gpm_at[key] = t
+        if last is None:
+            return None
+        mig = None
+        if gpu_instance is not None:
+            mig = next((m.uuid for m in gpu.migs if m.gpu_instance_id == gpu_instance), None)
+            if mig is None:
+                raise GpuError(ErrorCode.NOT_FOUND, f"simulated: GPU {gpu.index} has no GPU instance {gpu_instance}")
+        periods = max(1, min(MOST_PERIODS, round((t - last) / GRID_S)))
+        stamps = [t - (k + 0.5) * (t - last) / periods for k in range(periods)]
+
+        def mean(figure: str) -> float:
+            return sum(self._use(gpu.index, mig, figure, s) for s in stamps) / periods
+
+        sm, tensor, dram = mean("sm"), mean("tensor"), mean("dram")
+        graphics = sum(
+            min(1.0, max(self._use(gpu.index, mig, "sm", s), self._use(gpu.index, mig, "dram", s))) for s in stamps
+        )
+        out = {
+            "graphics.active": graphics / periods,
+            "sm.active": sm,
+            "sm.occupancy": OCCUPANCY_PART * sm,
+            "tensor.active": tensor,
+            "dram.active": dram,
+            "fp64.active": 0.0,
+            "fp32.active": FP32_PART * max(0.0, sm - tensor),
+            "fp16.active": 0.0,
+            "pcie.transmit": IDLE_PCIE_TX,
+            "pcie.receive": IDLE_PCIE_RX,
+        }
+        if gpu.nvlink and gpu_instance is None:
+            out |= {"nvlink.transmit": 0.0, "nvlink.receive": 0.0}
+        return out
+
+    def _use(self, index: int, mig: str | None, figure: str, t: float) -> float:
+        """What the processes running at `t` on a GPU (or one of its MIG devices) use of `figure`, at most 1."""
+        return min(
+            1.0, sum(p.wave(figure)(t) for p in self._running(t) if p.gpu == index and (mig is None or p.mig == mig))
+        )
+
+    # --- XID events ---------------------------------------------------------------
+
+    def xid_events(self, timeout_s: float) -> list[XidEvent]:
+        t = self._now()
+        out: list[XidEvent] = []
+        for number, event in enumerate(self._scenario.health_events):
+            if event.kind != "xid" or event.at_s > t or event.at_s <= self._loaded_at:
+                continue
+            done = self._delivered.get(number, 0)
+            take = min(event.count - done, XID_BATCH - len(out))
+            if take <= 0:
+                continue
+            uuid = self._scenario.gpus[event.gpu].uuid
+            out += [XidEvent(event.gpu, uuid, event.code)] * take
+            self._delivered[number] = done + take
+            if len(out) >= XID_BATCH:
+                break
+        if not out:
+            time.sleep(min(timeout_s, 0.05))
+        return out

@@ -1,0 +1,390 @@
+"""Each GPU's health, GPM efficiency and XID errors, on the simulated node, as a scrape shows
+them (in process, on a clock the test moves): every family, the cases it is left out, and
+what the scenario injects (XID errors and storms, ECC errors, throttling)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from otel_vgpu.collect.aggregate import GpuRow, PodRow, pod_key
+from otel_vgpu.collect.device_health import DeviceHealth
+from otel_vgpu.collect.gpm import Gpm, step
+from otel_vgpu.collect.reading import GpuReader, Read
+from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.collect.xids import OTHER, XidCounts, XidWatch
+from otel_vgpu.export.exposition import TEXT
+from otel_vgpu.export.families import FAMILIES, selected
+from otel_vgpu.export.telemetry import Telemetry
+from otel_vgpu.gpu.backend import Device, XidEvent
+from otel_vgpu.gpu.device_figures import GPM_TABLE, MAX_XID_CODES
+from otel_vgpu.health import Health
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.scenario_file import parse_scenario
+from testkit.clock import Clock
+from testkit.promtext import Exposition, parse
+from testkit.rows import pod_row
+
+from .conftest import make_sampler
+
+pytestmark = pytest.mark.unit
+T = TypeVar("T")
+
+H100 = "NVIDIA H100 80GB HBM3"
+WINDOW_S = 10.0
+
+
+@dataclass
+class Node:
+    node: SimulatedNode
+    clock: Clock
+    sampler: Sampler
+    telemetry: Telemetry
+    xids: XidCounts
+
+    def scrape(self) -> Exposition:
+        return parse(self.telemetry.render(TEXT).decode())
+
+    def after(self, seconds: float) -> Exposition:
+        """A scrape `seconds` later, with a sweep every 2 s between."""
+        end = self.clock.t + seconds
+        while self.clock.t + 2.0 <= end:
+            self.clock.t += 2.0
+            self.sampler.snapshot(0.0)
+        self.clock.t = end
+        return self.scrape()
+
+
+@contextmanager
+def simulated(tmp_path: Path, text: str, families: tuple[str, ...] = ()) -> Iterator[Node]:
+    """The scenario `text` on a clock the test moves, scraped in process; `families`: a denylist."""
+    clock = Clock(0.0)
+    node = SimulatedNode(parse_scenario(text, "node.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
+    ratio = tmp_path / "gpu_allocation.txt"
+    ratio.write_text("2\n")
+    kept, _ = selected(deny=list(families))
+    reads = frozenset(read for family in kept for read in family.reads)
+    health = Health()
+    sampler = make_sampler(
+        node, ratio, health=health, clock=clock.monotonic, reader=GpuReader(node, clock.monotonic, reads=reads)
+    )
+    xids = XidCounts()
+    devices = DeviceHealth(sampler, health, clock.monotonic) if Read.HEALTH in reads else None
+    telemetry = Telemetry(sampler, health, 1.0, "n", False, families=kept, devices=devices, xids=xids)
+    try:
+        yield Node(node, clock, sampler, telemetry, xids)
+    finally:
+        telemetry.shutdown()
+        node.close()
+
+
+def gpus(*specs: str) -> str:
+    return "gpus:\n" + "".join(f"  - {{{spec}}}\n" for spec in specs)
+
+
+def pods(*pods: tuple[str, str]) -> str:
+    """Pods, each (name, its processes' specs)."""
+    return "pods:\n" + "".join(f"  - {{name: {name}, processes: [{processes}]}}\n" for name, processes in pods)
+
+
+def one(exposition: Exposition, family: str, gpu: str = "0") -> float:
+    return exposition.by(family, "gpu_id")[(gpu,)]
+
+
+# --- health ---------------------------------------------------------------------------------
+
+
+def test_an_idle_and_a_busy_gpus_health_as_nvml_would_give_it(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}", f"model: {H100}") + pods(("busy", "{gpu: 1, memory: 1GiB, sm: 1.0}"))
+    with simulated(tmp_path, text) as node:
+        seen = node.after(2.0)
+    # Idle: 345 MHz, 30 °C, 75 W, the idle bit; busy at full SM: 1,980 MHz, 75 °C, 700 W (sim/health.py).
+    assert one(seen, "vgpu_gpu_sm_clock_hertz") == 345e6 and one(seen, "vgpu_gpu_sm_clock_hertz", "1") == 1980e6
+    assert one(seen, "vgpu_gpu_memory_clock_hertz") == 3201e6
+    assert one(seen, "vgpu_gpu_temperature_celsius") == 30 and one(seen, "vgpu_gpu_temperature_celsius", "1") == 75
+    assert one(seen, "vgpu_gpu_memory_temperature_celsius", "1") == 79
+    assert one(seen, "vgpu_gpu_power_watts") == 75 and one(seen, "vgpu_gpu_power_watts", "1") == 700
+    assert one(seen, "vgpu_gpu_power_limit_watts") == 700
+    assert one(seen, "vgpu_gpu_clock_event_reasons") == 0x1 and one(seen, "vgpu_gpu_clock_event_reasons", "1") == 0
+    for counter in ("pcie_replays", "ecc_corrected", "ecc_uncorrected", "remapped_rows_correctable"):
+        assert seen.types[f"vgpu_gpu_{counter}"] == "counter"
+        assert one(seen, f"vgpu_gpu_{counter}_total") == 0
+    assert one(seen, "vgpu_gpu_remapped_rows_failure") == 0 and one(seen, "vgpu_gpu_remapped_rows_pending") == 0
+
+
+def test_a_figure_the_gpu_does_not_report_is_left_out_never_zero(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = gpus(f"model: {H100}, unsupported: [memory.temperature, pcie.replays], ecc: false")
+    with simulated(tmp_path, text) as node:
+        seen = node.after(2.0)
+    assert "vgpu_gpu_memory_temperature_celsius" not in seen.values
+    assert "vgpu_gpu_pcie_replays_total" not in seen.values
+    # ECC off: NVML gives no counts (nvmlDeviceGetTotalEccErrors requires ECC mode).
+    assert "vgpu_gpu_ecc_corrected_total" not in seen.values and "vgpu_gpu_ecc_uncorrected_total" not in seen.values
+    assert one(seen, "vgpu_gpu_temperature_celsius") == 30
+
+
+def test_throttling_ecc_errors_replays_and_remaps_as_the_scenario_injects_them(tmp_path: Path) -> None:
+    text = (
+        gpus(f"model: {H100}") + pods(("busy", "{gpu: 0, memory: 1GiB, sm: 1.0}")) + "health_events:\n"
+        "  - {gpu: 0, from_s: 3, to_s: 9, throttle: [sw_thermal, hw_slowdown]}\n"
+        "  - {gpu: 0, at_s: 5, ecc: corrected, count: 7}\n"
+        "  - {gpu: 0, at_s: 5, ecc: uncorrected, count: 2}\n"
+        "  - {gpu: 0, at_s: 5, pcie_replays: 3}\n"
+        "  - {gpu: 0, at_s: 5, remap: uncorrectable}\n"
+        "  - {gpu: 0, at_s: 5, remap: pending}\n"
+    )
+    with simulated(tmp_path, text) as node:
+        before = node.after(2.0)
+        during = node.after(4.0)  # t = 6
+        after = node.after(6.0)  # t = 12
+    assert one(before, "vgpu_gpu_clock_event_reasons") == 0
+    assert int(one(during, "vgpu_gpu_clock_event_reasons")) == 0x20 | 0x8
+    assert one(during, "vgpu_gpu_sm_clock_hertz") == pytest.approx(1980e6 * 0.6)
+    assert one(during, "vgpu_gpu_temperature_celsius") == 90
+    # Held down for heat from 3 s: 3 s at 6, the whole 6 s once over.
+    assert one(during, "vgpu_gpu_thermal_violation_seconds_total") == pytest.approx(3.0)
+    assert one(after, "vgpu_gpu_thermal_violation_seconds_total") == pytest.approx(6.0)
+    assert one(after, "vgpu_gpu_power_violation_seconds_total") == 0
+    assert one(after, "vgpu_gpu_clock_event_reasons") == 0
+    assert (one(after, "vgpu_gpu_ecc_corrected_total"), one(after, "vgpu_gpu_ecc_uncorrected_total")) == (7, 2)
+    assert one(after, "vgpu_gpu_pcie_replays_total") == 3
+    assert one(after, "vgpu_gpu_remapped_rows_uncorrectable_total") == 1
+    assert one(after, "vgpu_gpu_remapped_rows_pending") == 1 and one(after, "vgpu_gpu_remapped_rows_failure") == 0
+
+
+def test_health_is_read_once_per_collection_not_every_sweep(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}")
+    with simulated(tmp_path, text) as node:
+        calls: list[int] = []
+        node.node.health = counting(calls, node.node.health)  # type: ignore[method-assign]
+        for _ in range(10):  # ten sweeps, 2 s apart
+            node.clock.t += 2.0
+            node.sampler.snapshot(0.0)
+        assert calls == []
+        node.scrape()
+        assert calls == [0]
+
+
+def test_while_the_driver_is_paused_no_health_is_read_and_its_counters_restart_after(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}") + "health_events:\n  - {gpu: 0, at_s: 1, ecc: corrected, count: 4}\n"
+    with simulated(tmp_path, text) as node:
+        assert one(node.after(2.0), "vgpu_gpu_ecc_corrected_total") == 4
+        node.sampler.pause("nvidia.com/gpu.deploy.driver=paused-for-driver-upgrade")
+        paused = node.after(2.0)
+        assert "vgpu_gpu_ecc_corrected_total" not in paused.values
+        node.sampler.resume()
+        # The driver reloaded: its volatile counters start from 0, as NVML's do.
+        assert one(node.after(2.0), "vgpu_gpu_ecc_corrected_total") == 0
+
+
+def test_a_health_family_turned_off_costs_no_call(tmp_path: Path) -> None:
+    health_families = "|".join(f.prometheus_name for f in FAMILIES if Read.HEALTH in f.reads)
+    with simulated(tmp_path, gpus(f"model: {H100}"), families=(health_families,)) as node:
+        calls: list[int] = []
+        node.node.health = counting(calls, node.node.health)  # type: ignore[method-assign]
+        seen = node.after(4.0)
+    assert calls == [] and "vgpu_gpu_temperature_celsius" not in seen.values
+
+
+# --- XID errors -------------------------------------------------------------------------
+
+
+def test_xid_errors_are_counted_per_gpu_and_code(tmp_path: Path) -> None:
+    counts = XidCounts()
+    counts.add([XidEvent(0, "GPU-a", 79), XidEvent(0, "GPU-a", 13), XidEvent(0, "GPU-a", 13), XidEvent(1, "GPU-b", 79)])
+    assert {(c.gpu_uuid, c.xid): c.count for c in counts.rows()} == {
+        ("GPU-a", "79"): 1,
+        ("GPU-a", "13"): 2,
+        ("GPU-b", "79"): 1,
+    }
+
+
+def test_a_gpu_naming_many_codes_has_at_most_the_bound_of_series(tmp_path: Path) -> None:
+    counts = XidCounts()
+    counts.add([XidEvent(0, "GPU-a", code) for code in range(1, 101)])
+    codes = {c.xid: c.count for c in counts.rows()}
+    assert len(codes) == MAX_XID_CODES + 1 and codes[OTHER] == 100 - MAX_XID_CODES
+    assert sum(codes.values()) == 100
+
+
+def test_an_xid_error_reaches_the_scrape_through_the_watch(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}", f"model: {H100}") + "health_events:\n  - {gpu: 1, at_s: 1, xid: 79}\n"
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)  # the driver is opened by a sweep
+        watch = XidWatch(node.node, node.xids, Health())
+        watch.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not node.xids.rows() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            watch.stop()
+        seen = node.after(2.0)  # the next sweep's collection
+    assert seen.by("vgpu_gpu_xid_errors_total", "gpu_id", "xid") == {("1", "79"): 1}
+    assert seen.types["vgpu_gpu_xid_errors"] == "counter"
+
+
+def test_an_xid_storm_is_counted_at_a_bounded_rate_and_all_of_it_in_the_end(tmp_path: Path) -> None:
+    storm = 3000
+    text = gpus(f"model: {H100}") + f"health_events:\n  - {{gpu: 0, at_s: 0, xid: 13, count: {storm}}}\n"
+    with simulated(tmp_path, text) as node:
+        node.after(0.0)
+        most = 1000
+        counts = XidCounts()
+        watch = XidWatch(node.node, counts, Health(), most_per_s=most)
+        started = time.monotonic()
+        watch.start()
+        try:
+            counted, deadline = 0, started + 60
+            while counted < storm and time.monotonic() < deadline:
+                counted = sum(c.count for c in counts.rows())
+                # Never more than the rate allows, however fast this machine is: a second's
+                # worth, and the batch that crossed it, for every second begun.
+                seconds_begun = int(time.monotonic() - started) + 1
+                assert counted <= seconds_begun * (most + 256), (counted, seconds_begun)
+                time.sleep(0.01)
+        finally:
+            watch.stop()
+    assert counted == storm
+    # and it took the throttle's time: at least storm / most - 1 seconds
+    assert time.monotonic() - started >= storm / most - 1
+
+
+# --- GPM ----------------------------------------------------------------------------------
+
+
+def test_a_pod_alone_on_its_gpu_gets_the_gpus_gpm_figures(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}") + pods(("trainer", "{gpu: 0, memory: 1GiB, sm: 0.9, tensor: 0.8, dram: 0.2}"))
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)  # opens the window
+        seen = node.after(WINDOW_S)
+        later = node.after(WINDOW_S)
+    assert one(seen, "vgpu_gpu_tensor_active_ratio") == pytest.approx(0.8)
+    assert one(seen, "vgpu_gpu_dram_active_ratio") == pytest.approx(0.2)
+    assert one(seen, "vgpu_gpu_sm_active_ratio") == pytest.approx(0.9)
+    assert one(seen, "vgpu_gpu_graphics_active_ratio") == pytest.approx(0.9)
+    mine = seen.by("vgpu_pod_tensor_active_ratio", "pod")
+    assert mine == {("trainer",): pytest.approx(0.8)}
+    assert seen.by("vgpu_pod_dram_active_ratio", "pod") == {("trainer",): pytest.approx(0.2)}
+    # Busy seconds: the figure times the window's seconds, window by window.
+    busy = [one(e, "vgpu_gpu_tensor_busy_seconds_total") for e in (seen, later)]
+    assert busy[1] - busy[0] == pytest.approx(0.8 * WINDOW_S)
+    assert one(later, "vgpu_gpu_gpm_shared_windows_total") == 0
+    assert one(seen, "vgpu_gpu_pcie_transmit_bytes_per_second") > 0
+    assert "vgpu_gpu_nvlink_transmit_bytes_per_second" not in seen.values  # this GPU has no NVLink
+
+
+def test_pods_sharing_a_gpu_get_no_gpm_figure_and_the_windows_are_counted(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}") + pods(
+        ("trainer", "{gpu: 0, memory: 1GiB, sm: 0.5, tensor: 0.4}"),
+        ("loader", "{gpu: 0, memory: 1GiB, sm: 0.0, dram: 0.6}"),  # copies only: no SM, yet DRAM
+    )
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        seen = node.after(WINDOW_S)
+        later = node.after(WINDOW_S)
+    assert one(seen, "vgpu_gpu_tensor_active_ratio") == pytest.approx(0.4)
+    assert one(seen, "vgpu_gpu_dram_active_ratio") == pytest.approx(0.6)
+    assert "vgpu_pod_tensor_active_ratio" not in seen.values and "vgpu_pod_dram_active_ratio" not in later.values
+    assert one(seen, "vgpu_gpu_gpm_shared_windows_total") == 1
+    assert one(later, "vgpu_gpu_gpm_shared_windows_total") == 2
+
+
+def test_a_process_of_no_pod_beside_a_pod_leaves_the_pod_without_gpm(tmp_path: Path) -> None:
+    text = (
+        gpus(f"model: {H100}")
+        + pods(("trainer", "{gpu: 0, memory: 1GiB, sm: 0.5, tensor: 0.4}"))
+        + "host_processes:\n  - {gpu: 0, memory: 1GiB, dram: 0.5}\n"
+    )
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        seen = node.after(WINDOW_S)
+    assert "vgpu_pod_tensor_active_ratio" not in seen.values
+    assert one(seen, "vgpu_gpu_gpm_shared_windows_total") == 1
+
+
+def test_a_pod_that_came_in_the_middle_of_a_window_shares_it() -> None:
+    # a alone at the window's first sweep, b beside it at the second: the window is shared,
+    # whoever is left at its close; the next window, a alone throughout, is a's.
+    gpm = window_step(Gpm(), None, rows_of("a"))
+    gpm = window_step(gpm, None, rows_of("a", "b"))
+    gpm = window_step(gpm, {"tensor.active": 0.5}, rows_of("a"))
+    assert gpm.pod_now == {} and gpm.shared_windows["GPU-a"] == 1
+    gpm = window_step(gpm, None, rows_of("a"))
+    gpm = window_step(gpm, {"tensor.active": 0.5}, rows_of("a"))
+    assert {key[0]: figures for key, figures in gpm.pod_now.items()} == {"uid-a": {"tensor.active": 0.5}}
+    assert gpm.shared_windows["GPU-a"] == 1
+
+
+def test_a_gpu_before_hopper_has_no_gpm_family(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    text = gpus("model: NVIDIA A100-SXM4-80GB") + pods(("trainer", "{gpu: 0, memory: 1GiB, sm: 0.9, tensor: 0.8}"))
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        seen = node.after(WINDOW_S)
+    assert not [name for name in seen.values if any(f.name in name.replace("_", ".") for f in GPM_TABLE)]
+    assert "vgpu_gpu_gpm_shared_windows_total" not in seen.values
+    assert one(seen, "vgpu_gpu_temperature_celsius") > 0  # its health is there
+
+
+def test_each_mig_instance_gives_its_figures_to_the_pod_that_holds_it(tmp_path: Path) -> None:
+    text = gpus(
+        f"model: {H100}, mig: [{{profile: 3g.40gb, memory: 40GiB, gpu_instance: 1}}, "
+        "{profile: 3g.40gb, memory: 40GiB, gpu_instance: 2}]"
+    ) + pods(
+        ("left", "{gpu: 0, mig: 0, memory: 1GiB, sm: 0.9, tensor: 0.7}"),
+        ("right", "{gpu: 0, mig: 1, memory: 1GiB, sm: 0.5, dram: 0.3}"),
+    )
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        seen = node.after(WINDOW_S)
+    tensor = seen.by("vgpu_pod_tensor_active_ratio", "pod", "mig_profile")
+    dram = seen.by("vgpu_pod_dram_active_ratio", "pod")
+    assert tensor == {("left", "3g.40gb"): pytest.approx(0.7), ("right", "3g.40gb"): pytest.approx(0.0)}
+    assert dram == {("left",): pytest.approx(0.0), ("right",): pytest.approx(0.3)}
+    # The GPU as a whole: both instances' work.
+    assert one(seen, "vgpu_gpu_tensor_active_ratio") == pytest.approx(0.7)
+    # No per-process SM on MIG: GPM is the only per-pod activity figure there.
+    assert "vgpu_pod_sm_utilization_ratio" not in seen.values
+    assert seen.by("vgpu_pod_sm_active_ratio", "pod") == {("left",): pytest.approx(0.9), ("right",): pytest.approx(0.5)}
+
+
+def test_gpm_turned_off_costs_no_gpm_call(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}") + pods(("trainer", "{gpu: 0, memory: 1GiB, sm: 0.9}"))
+    gpm_families = "|".join(f.prometheus_name for f in FAMILIES if Read.GPM in f.reads)
+    with simulated(tmp_path, text, families=(gpm_families,)) as node:
+        calls: list[int] = []
+        node.node.gpm = counting(calls, node.node.gpm)  # type: ignore[method-assign]
+        node.after(2 * WINDOW_S)
+    assert calls == []
+
+
+# helpers
+
+
+def counting(calls: list[int], function: Callable[..., T]) -> Callable[..., T]:
+    """`function`, noting the GPU index of each call in `calls`."""
+
+    def counted(index: int, *args: object) -> T:
+        calls.append(index)
+        return function(index, *args)
+
+    return counted
+
+
+def rows_of(*names: str) -> list[PodRow]:
+    """A pod row with one process on GPU-a for each name."""
+    return [pod_row(name) for name in names]
+
+
+def window_step(gpm: Gpm, window: dict[str, float] | None, rows: list[PodRow]) -> Gpm:
+    """A sweep of GPU-a with these rows, closing a 10 s GPM window with `window`'s figures if given."""
+    device = Device(0, "GPU-a", "H100", 80, 0, 0.5, gpm_window=window, gpm_seconds=10.0)
+    return step(gpm, [GpuRow(device=device, vgpus=2.0, unattributed_memory=0)], rows, [pod_key(r) for r in rows])

@@ -1,0 +1,276 @@
+"""Health figures, GPM and XID events through the NVML backend, against a double of
+nvidia-ml-py's module that answers with nvidia-ml-py's own structures (the field values'
+and GPM's ctypes structs) and raises its own errors, as NVML does."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from otel_vgpu.gpu.backend import XidEvent
+from otel_vgpu.gpu.nvml import NvmlBackend
+from otel_vgpu.gpu.nvml_health import FIELD_MEMORY_TEMP, FIELD_POWER_CAP_NS, FIELD_THERMAL_NS
+
+pytestmark = pytest.mark.unit
+
+
+class HealthNvml:
+    """One H200-like GPU: the health calls, GPM and an event set."""
+
+    NVMLError = pynvml.NVMLError
+    c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
+    NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.unsupported: set[str] = set()
+        self.field_status = {FIELD_MEMORY_TEMP: 0, FIELD_POWER_CAP_NS: 0, FIELD_THERMAL_NS: 0}
+        self.ecc_mode = 1
+        self.gpm_supported = 1
+        self.samples_alive: set[int] = set()
+        self.kept: list[Any] = []
+        self.metric_status: dict[int, int] = {}
+        self.events: list[Any] = []
+        self.event_sets = 0
+        self.shutdown_with_alive: set[int] | None = None
+
+    def _ask(self, name: str) -> None:
+        self.calls.append(name)
+        if name in self.unsupported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    # the session
+    def nvmlInit(self) -> None:
+        self.calls.append("init")
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("shutdown")
+        self.shutdown_with_alive = set(self.samples_alive)
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return f"handle{index}"
+
+    def nvmlDeviceGetUUID(self, handle: str) -> str:
+        return "GPU-h200"
+
+    def nvmlDeviceGetName(self, handle: str) -> str:
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
+        return []
+
+    nvmlDeviceGetGraphicsRunningProcesses = nvmlDeviceGetComputeRunningProcesses
+
+    def nvmlDeviceGetIndex(self, handle: str) -> int:
+        return int(handle.removeprefix("handle"))
+
+    # health
+    def nvmlDeviceGetClockInfo(self, handle: str, clock: int) -> int:
+        self._ask(f"clock{clock}")
+        return {1: 1980, 2: 3201}[clock]
+
+    def nvmlDeviceGetTemperatureV(self, handle: str, sensor: int) -> int:
+        self._ask("temperature")
+        return 38
+
+    def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
+        self._ask("power")
+        return 79118
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: str) -> int:
+        self._ask("limit")
+        return 700000
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: str) -> int:
+        self._ask("replays")
+        return 3
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: str) -> int:
+        self._ask("reasons")
+        return 0x20 | 0x1
+
+    def nvmlDeviceGetFieldValues(self, handle: str, ids: list[int]) -> Any:
+        self._ask("fields")
+        values = (pynvml.c_nvmlFieldValue_t * len(ids))()
+        numbers = {FIELD_MEMORY_TEMP: 41, FIELD_POWER_CAP_NS: 2_500_000_000, FIELD_THERMAL_NS: 0}
+        for slot, field_id in enumerate(ids):
+            values[slot].fieldId = field_id
+            values[slot].nvmlReturn = self.field_status[field_id]
+            values[slot].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            values[slot].value.ullVal = numbers[field_id]
+        return values
+
+    def nvmlDeviceGetEccMode(self, handle: str) -> list[int]:
+        self._ask("ecc")
+        return [self.ecc_mode, self.ecc_mode]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: str, kind: int, counter: int) -> int:
+        self._ask(f"ecc{kind}")
+        assert counter == pynvml.NVML_VOLATILE_ECC
+        return {pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: 7, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: 1}[kind]
+
+    def nvmlDeviceGetRemappedRows(self, handle: str) -> tuple[int, int, int, int]:
+        self._ask("remapped")
+        return (2, 0, 1, 0)
+
+    # GPM
+    def nvmlGpmQueryDeviceSupport(self, handle: str) -> Any:
+        self._ask("gpm_support")
+        return SimpleNamespace(isSupportedDevice=self.gpm_supported)
+
+    def nvmlDeviceGetNvLinkState(self, handle: str, link: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # an H200 of the lent kind: no NVLink
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        sample = pynvml.c_nvmlGpmSample_t()  # what nvidia-ml-py gives: the struct nvmlGpmMetricsGet_t holds
+        self.samples_alive.add(id(sample))
+        self.kept.append(sample)
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self.samples_alive.discard(id(sample))
+
+    def nvmlGpmSampleGet(self, handle: str, sample: Any) -> Any:
+        self._ask("gpm_sample")
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        self._ask("gpm_metrics")
+        values = {5: 93.6, 10: 16.0, 2: 14.0, 20: 2.0}
+        for slot in range(request.numMetrics):
+            metric = request.metrics[slot]
+            metric.nvmlReturn = self.metric_status.get(metric.metricId, 0)
+            metric.value = values.get(metric.metricId, 0.0)
+        return request
+
+    # events
+    def nvmlEventSetCreate(self) -> str:
+        self.event_sets += 1
+        return f"set{self.event_sets}"
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: str) -> int:
+        return 0xFF9F
+
+    def nvmlDeviceRegisterEvents(self, handle: str, types: int, event_set: str) -> None:
+        self.calls.append(f"register{types:#x}")
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
+        self.calls.append("wait")
+        if not self.events:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return self.events.pop(0)
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        self.calls.append(f"free {event_set}")
+
+
+@pytest.fixture
+def nvml() -> HealthNvml:
+    return HealthNvml()
+
+
+def backend(nvml: HealthNvml, clock: list[float] | None = None) -> NvmlBackend:
+    times = clock or [0.0]
+    return NvmlBackend(nvml, clock=lambda: times[0])
+
+
+def test_every_health_figure_in_its_unit(nvml: HealthNvml) -> None:
+    figures = backend(nvml).health(0)
+    assert figures == {
+        "sm.clock": 1980e6,
+        "memory.clock": 3201e6,
+        "temperature": 38.0,
+        "memory.temperature": 41.0,
+        "power": pytest.approx(79.118),
+        "power.limit": 700.0,
+        "pcie.replays": 3.0,
+        "clock.event.reasons": float(0x21),
+        "power.violation": pytest.approx(2.5),
+        "thermal.violation": 0.0,
+        "ecc.corrected": 7.0,
+        "ecc.uncorrected": 1.0,
+        "remapped.rows.correctable": 2.0,
+        "remapped.rows.uncorrectable": 0.0,
+        "remapped.rows.pending": 1.0,
+        "remapped.rows.failure": 0.0,
+    }
+
+
+def test_what_the_gpu_lacks_is_left_out_said_once_and_not_asked_again(
+    nvml: HealthNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml.unsupported = {"replays", "remapped"}
+    nvml.field_status[FIELD_MEMORY_TEMP] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    gpu = backend(nvml)
+    with caplog.at_level(logging.INFO):
+        first, second = gpu.health(0), gpu.health(0)
+    assert first == second
+    assert "pcie.replays" not in first and "memory.temperature" not in first and "remapped.rows.failure" not in first
+    assert nvml.calls.count("replays") == 1 and nvml.calls.count("remapped") == 1
+    said = [r.message for r in caplog.records if "does not report" in r.message]
+    assert len(said) == 2 and any("vgpu_gpu_pcie_replays" in m for m in said)
+
+
+def test_ecc_off_gives_no_counts_and_asks_for_none(nvml: HealthNvml) -> None:
+    nvml.ecc_mode = 0
+    figures = backend(nvml).health(0)
+    assert "ecc.corrected" not in figures and "ecc.uncorrected" not in figures
+    assert not [c for c in nvml.calls if c.startswith("ecc") and c != "ecc"]
+
+
+def test_gpm_gives_the_figures_between_two_samples_and_frees_every_sample(nvml: HealthNvml) -> None:
+    clock = [0.0]
+    gpu = backend(nvml, clock)
+    assert gpu.gpm(0) is None  # the first sample opens the window
+    clock[0] = 10.0
+    figures = gpu.gpm(0)
+    assert figures is not None
+    assert figures["tensor.active"] == pytest.approx(0.936)
+    assert figures["dram.active"] == pytest.approx(0.16)
+    assert figures["pcie.transmit"] == pytest.approx(2.0 * 1024 * 1024)
+    assert "nvlink.transmit" not in figures  # no NVLink: not even asked
+    assert len(nvml.samples_alive) == 1  # the older sample freed, the newer kept for the next window
+    gpu.release()
+    assert nvml.shutdown_with_alive == set()  # freed before nvmlShutdown
+
+
+def test_a_metric_nvml_refuses_is_left_out_and_reads_too_close_wait(nvml: HealthNvml) -> None:
+    clock = [0.0]
+    gpu = backend(nvml, clock)
+    nvml.metric_status[5] = pynvml.NVML_ERROR_INVALID_ARGUMENT
+    gpu.gpm(0)
+    clock[0] = 0.05  # under GPM's 100 ms: the driver would answer 0, so the agent does not ask
+    assert gpu.gpm(0) is None and nvml.calls.count("gpm_sample") == 1
+    clock[0] = 10.0
+    figures = gpu.gpm(0)
+    assert figures is not None and "tensor.active" not in figures and "dram.active" in figures
+
+
+def test_a_gpu_without_gpm_is_said_once_and_never_sampled(nvml: HealthNvml, caplog: pytest.LogCaptureFixture) -> None:
+    nvml.gpm_supported = 0
+    gpu = backend(nvml)
+    with caplog.at_level(logging.INFO):
+        assert gpu.gpm(0) is None and gpu.gpm(0) is None
+    assert "gpm_sample" not in nvml.calls and nvml.calls.count("gpm_support") == 1
+    assert len([r for r in caplog.records if "has no GPM" in r.message]) == 1
+
+
+def test_xid_events_come_from_one_event_set_which_is_freed_before_shutdown(nvml: HealthNvml) -> None:
+    gpu = backend(nvml)
+    assert gpu.xid_events(0.01) == []  # a timeout: none came
+    nvml.events.append(SimpleNamespace(device="handle0", eventType=0x8, eventData=79))
+    nvml.events.append(SimpleNamespace(device="handle0", eventType=0x4, eventData=0))  # a P-state change: not counted
+    assert gpu.xid_events(0.01) == [XidEvent(0, "GPU-h200", 79)]
+    assert gpu.xid_events(0.01) == []
+    assert nvml.event_sets == 1 and "register0x8" in nvml.calls
+    gpu.release()
+    assert nvml.calls.index("free set1") < nvml.calls.index("shutdown")
+    waits = nvml.calls.count("wait")
+    assert gpu.xid_events(0.01) == [] and nvml.calls.count("wait") == waits  # released: NVML not called
