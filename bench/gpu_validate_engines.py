@@ -45,10 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from otel_vgpu.gpu.backend import ENGINES
 from testkit.agent import wait_serving
+from testkit.cpu_compare import add_arguments as add_cost_arguments
+from testkit.cpu_compare import before_and_now
 from testkit.cuda_workloads import nvml_truth, require_gpu, start_workloads
 from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, Doubles, pod_harness
 from testkit.host_pods import HostPod, place, stop_pods
-from testkit.report import Report, cpu_while_scraped, scrape
+from testkit.report import Report, scrape
 
 TOLERANCE = 0.05
 SCRAPE_EVERY_S = 15.0
@@ -275,61 +277,13 @@ def proof(args: argparse.Namespace, cluster: Doubles, tmp: Path) -> Report:
     return report
 
 
-def cost(args: argparse.Namespace, cluster: Doubles, tmp: Path) -> Report:
-    report = Report()
-    lines = report.lines
-    _, _, model, gpu_uuid, driver = nvml_truth()
-    per_pod = 4
-    pods = [HostPod("load", f"load-{n}", "systemd", "burstable") for n in range(args.processes // per_pod)]
-    cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
-    modes = [("busy", "copy", "idle")[n % 3] for n in range(len(pods) * per_pod)]
-    try:
-        processes = start_workloads(modes, 0.25)
-        for n, process in enumerate(processes):
-            place(pods[n // per_pod], process)
-        for n, pod in enumerate(pods):
-            cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
-        url = f"http://127.0.0.1:{AGENT_PORT}"
-        figures: dict[str, list[float]] = {"before": [], "now": []}
-        for round_ in range(args.rounds):
-            for label, code in (("before", args.before), ("now", None)):
-                agent = pod_harness(args.pod, tmp / f"{label}-{round_}", cluster, NODE, code=code)
-                try:
-                    wait_serving(url, agent.start(), agent.log.read_text, timeout=60)
-                    time.sleep(12)  # past the first engine window
-                    cpu = cpu_while_scraped(agent.agent_pid(), f"{url}/metrics", args.cost_seconds, SCRAPE_EVERY_S)
-                    figures[label].append(cpu)
-                finally:
-                    agent.stop()
-        lines += [
-            f"GPU: {model}, driver {driver}; {len(processes)} CUDA processes in {len(pods)} pods on GPU 0 "
-            f"(a third compute-bound, a third memory-bound, a third idle); each agent as kustomize/base deploys it "
-            f"(pod harness, sweeps every 2 s), scraped every {SCRAPE_EVERY_S:g} s; {args.rounds} rounds of "
-            f"{args.cost_seconds:g} s each, alternately",
-            "",
-            "| agent | CPU of a core, each round | mean |",
-            "|---|---|---|",
-        ]
-        for label, values in figures.items():
-            lines.append(f"| {label} | {', '.join(f'{v:.2f} %' for v in values)} | {statistics.mean(values):.2f} % |")
-        change = statistics.mean(figures["now"]) / statistics.mean(figures["before"]) - 1
-        lines.append("")
-        report.check(abs(change) <= 0.10 or change < 0, f"now against before: {change:+.1%} (at most +10 %)")
-    finally:
-        stop_pods(pods)
-    return report
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pod", type=Path, required=True, metavar="MANIFEST")
     parser.add_argument("--part", choices=("proof", "cost"), required=True)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--every", type=float, default=15.0, help="seconds between scrapes")
-    parser.add_argument("--before", type=Path, help="with --part cost: the directory of the earlier otel_vgpu")
-    parser.add_argument("--processes", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--cost-seconds", type=float, default=45.0)
+    add_cost_arguments(parser, seconds=45.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.part == "cost" and (args.before is None or not (args.before / "otel_vgpu").is_dir()):
@@ -338,7 +292,11 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gpu-engines-", dir="/var/tmp"))
     cluster = Doubles(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     try:
-        report = proof(args, cluster, tmp) if args.part == "proof" else cost(args, cluster, tmp)
+        report = (
+            proof(args, cluster, tmp)
+            if args.part == "proof"
+            else before_and_now(args, cluster, tmp, deployed_as="kustomize/base")
+        )
     finally:
         cluster.stop()
     title = "Memory copy and the video engines per pod" if args.part == "proof" else "What the engine families cost"

@@ -22,6 +22,7 @@ from testkit.agent import ROOT
 from testkit.helm import CHART, FLAVOURS, NAMESPACE, RELEASE, chart_daemonset, flavour_args, helm, template
 from testkit.helm import values_file as ci_values
 from testkit.manifests import OVERLAYS, render, validate_strictly
+from testkit.scripts import load as load_script
 from testkit.yamldocs import documents
 
 # Helm's standard labels, which kustomize's objects do not carry, and kustomize's
@@ -414,18 +415,8 @@ def test_ci_values_files_are_what_the_readme_offers() -> None:
 
 
 # The README: the values table, the schema's refusal it quotes, the commands of the move from kustomize.
-def _values_table_module() -> Any:
-    import importlib.util  # noqa: PLC0415
-
-    spec = importlib.util.spec_from_file_location("gen_values_table", ROOT / "scripts" / "gen-values-table.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_readme_values_table_is_made_from_values_yaml() -> None:
-    module = _values_table_module()
+    module = load_script("gen-values-table.py")
     text = (CHART / "values.yaml").read_text()
     table = module.values_table(text)
     assert table in (ROOT / "README.md").read_text(), "regenerate it: .venv/bin/python scripts/gen-values-table.py"
@@ -446,7 +437,7 @@ def test_the_readme_values_table_is_made_from_values_yaml() -> None:
 
 
 def test_a_value_without_a_comment_stops_the_table() -> None:
-    module = _values_table_module()
+    module = load_script("gen-values-table.py")
     with pytest.raises(ValueError, match=r"values.yaml:4: image.tag has no `# --` comment"):
         module.rows("image:\n  # -- Registry.\n  registry: ghcr.io\n  tag: latest\n")
 

@@ -4,11 +4,14 @@ the push's side: tests/test_otlp.py)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
 from otel_vgpu.config import ConfigError, parse_config
 from otel_vgpu.export.families import FAMILIES, reads_of, selected
+from testkit.agent import ROOT
 from testkit.fake_gpu import FakeBackend, asked
 
 pytestmark = pytest.mark.unit
@@ -65,3 +68,13 @@ def test_patterns_come_from_the_flag_or_its_twin_and_a_bad_one_is_one_line() -> 
         parse_config([], {"OTEL_VGPU_METRIC_DENYLIST": "["})
     with pytest.raises(ConfigError, match="mutually exclusive"):
         parse_config(["--metric-allowlist", "a"], {"OTEL_VGPU_METRIC_DENYLIST": "b"})
+
+
+def test_the_readmes_pattern_turns_off_exactly_the_health_and_gpm_families() -> None:
+    # README, "Upgrading": the denylist that keeps a node's cardinality as it was before them.
+    readme = (ROOT / "README.md").read_text()
+    (pattern,) = re.findall(r"--metric-denylist '(vgpu_gpu_\(sm_clock[^']+)'", readme)
+    kept, unmatched = selected(deny=pattern.split(","))
+    dropped = {f.name for f in FAMILIES} - {f.name for f in kept}
+    new = {f.name for f in FAMILIES if f.reads & {Read.HEALTH, Read.GPM, Read.XID_EVENTS}}
+    assert unmatched == [] and dropped == new

@@ -30,6 +30,7 @@ from testkit.manifests import (
     rendered_text,
     validate_strictly,
 )
+from testkit.scripts import load as load_script
 from testkit.yamldocs import documents
 
 # Overlays that knowingly differ from the base's security context, and why
@@ -276,12 +277,7 @@ def test_podmonitor_honors_labels_and_is_selected_by_kube_prometheus_stack(targe
 
 
 def test_prometheus_operator_ships_the_tested_rules() -> None:
-    import importlib.util  # noqa: PLC0415
-
-    spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "gen-prometheusrule.py")
-    assert spec is not None and spec.loader is not None
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
+    generator = load_script("gen-prometheusrule.py")
     shipped = (KUSTOMIZE / "components" / "prometheus-operator" / "prometheusrule.yaml").read_text()
     assert shipped == generator.prometheus_rule(), "run scripts/gen-prometheusrule.py"
     rule = one(render("prometheus-operator"), "PrometheusRule", "otel-vgpu")

@@ -199,6 +199,16 @@ def test_dashboard_names_only_families_the_agent_serves() -> None:
         "vgpu_pod_optical_flow_utilization_ratio",
         "vgpu_agent_collection_errors_total",
         "vgpu_agent_collection_duration_seconds_bucket",
+        "vgpu_gpu_temperature_celsius",
+        "vgpu_gpu_memory_temperature_celsius",
+        "vgpu_gpu_power_watts",
+        "vgpu_gpu_power_limit_watts",
+        "vgpu_gpu_xid_errors_total",
+        "vgpu_gpu_power_violation_seconds_total",
+        "vgpu_gpu_thermal_violation_seconds_total",
+        "vgpu_gpu_tensor_active_ratio",
+        "vgpu_gpu_dram_active_ratio",
+        "vgpu_pod_tensor_active_ratio",
         "process_resident_memory_bytes",
         "up",
     }
@@ -210,6 +220,7 @@ def test_dashboard_names_only_families_the_agent_serves() -> None:
     titles = {panel["title"] for panel in dashboard["panels"]}
     assert {"Idle allocations", "Unattributed GPU memory", "SM use against the pod's share"} <= titles
     assert {"Usage and energy by namespace", "GPUs busy by namespace", "Power by namespace"} <= titles
+    assert {"GPU health", "XID errors by code", "Efficiency (GPM, Hopper and newer)"} <= titles
 
 
 def test_the_dashboard_follows_the_fleet() -> None:

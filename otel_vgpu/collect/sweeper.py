@@ -14,6 +14,7 @@ import logging
 import threading
 
 from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.threads import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class Sweeper:
         self._stop.set()
 
     def _run(self) -> None:
+        name_this_thread("sweeper")
         while not self._stop.wait(self._interval_s):
             # The sampler counts and logs a failed sweep itself; this thread must outlive it.
             try:

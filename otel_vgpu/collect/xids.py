@@ -1,12 +1,12 @@
-"""XID errors per GPU and code, counted as NVML reports them: a thread waits on NVML's event set
-(nvmlEventSetWait, with a timeout, so that it lets go of the driver within it when the GPU
-Operator pauses it for an upgrade: gpu/nvml_health.py) and counts each event.
+"""XID errors per GPU and code, counted as NVML reports them: a thread takes the events queued
+in NVML's event set once a second (nvmlEventSetWait without waiting, gpu/nvml_health.py) and
+counts each; while the GPU Operator pauses the driver for an upgrade it asks nothing.
 
 An event storm (a GPU stuck in a loop of errors) costs bounded memory and CPU: each GPU has at
 most MAX_XID_CODES codes counted apart (the rest as `other`), and the thread takes at most
-MAX_XID_EVENTS_PER_S events a second. Past that rate it waits for the next second: NVML keeps
-the events queued meanwhile (nvml.h documents no bound of its queue; what the driver drops
-there, no one counts). The storm is said once in the log, when it starts.
+MAX_XID_EVENTS_PER_S events a second. The rest wait in NVML's queue until the next second
+(nvml.h documents no bound of that queue; what the driver drops there, no one counts). The
+storm is said once in the log, when it starts.
 """
 
 from __future__ import annotations
@@ -20,12 +20,17 @@ from dataclasses import dataclass
 from otel_vgpu.gpu.backend import GpuBackend, GpuError, XidEvent
 from otel_vgpu.gpu.device_figures import MAX_XID_CODES
 from otel_vgpu.health import Health, Stage
+from otel_vgpu.threads import name_this_thread
 
 log = logging.getLogger(__name__)
 
 MAX_XID_EVENTS_PER_S = 2000
-# How long one wait on the event set lasts: what a driver pause waits for, at most.
-WAIT_S = 0.5
+# How often the event set is looked at. Each look waits 0 ms in NVML (nvmlEventSetWait with a
+# zero timeout): one call a second whatever NVML's wait does inside, and a driver pause never
+# waits for a call blocked in NVML. On an H200 with 48 processes, the agent with a thread
+# blocked in 500 ms waits used 23 % more CPU than without these families
+# (bench/results/h200-health.md); an XID is counted within a second either way.
+POLL_S = 1.0
 OTHER = "other"
 
 
@@ -88,34 +93,40 @@ class XidWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5 * WAIT_S)
+        self._thread.join(timeout=5 * POLL_S)
 
     def _run(self) -> None:
-        second, taken, storming = self._clock(), 0, False
+        name_this_thread("xid-events")
+        storming = False
         while not self._stop.is_set():
+            started = self._clock()
+            taken = self._drain()
+            if taken is None:
+                self._stop.wait(POLL_S)
+                continue
+            if taken >= self._most_per_s and not storming:
+                log.warning(
+                    "XID event storm: over %d events a second; counting at that rate, the rest wait in NVML's queue",
+                    self._most_per_s,
+                )
+            storming = taken >= self._most_per_s
+            self._stop.wait(max(0.0, POLL_S - (self._clock() - started)))
+
+    def _drain(self) -> int | None:
+        """Take the events queued now, at most a second's worth: how many; None on a failure."""
+        taken = 0
+        while taken < self._most_per_s and not self._stop.is_set():
             try:
-                events = self._backend.xid_events(WAIT_S)
+                events = self._backend.xid_events(0.0)
             except GpuError as error:
                 self._health.failed(Stage.XID_EVENTS, error.code.value, f"XID events: {error}")
-                self._stop.wait(WAIT_S)
-                continue
+                return None
             except Exception as error:  # the thread must outlive a bug; the sweeps go on
                 self._health.failed(Stage.XID_EVENTS, type(error).__name__, f"XID events: {error!r}")
-                self._stop.wait(WAIT_S)
-                continue
+                return None
             self._health.recovered(Stage.XID_EVENTS, "xid_events recovered ({kinds})")
+            if not events:
+                break
             self._counts.add(events)
-            now = self._clock()
-            if now - second >= 1.0:
-                storming = storming and taken >= self._most_per_s  # a calm second ends the storm
-                second, taken = now, 0
             taken += len(events)
-            if taken >= self._most_per_s:
-                if not storming:
-                    log.warning(
-                        "XID event storm: over %d events a second; counting at that rate, the rest wait in "
-                        "NVML's queue",
-                        self._most_per_s,
-                    )
-                    storming = True
-                self._stop.wait(max(0.0, 1.0 - (self._clock() - second)))
+        return taken

@@ -29,7 +29,8 @@ class HealthFigure:
     dcgm: str = ""
     """The dcgm-exporter field it answers (docs/coming-from.md); empty: none."""
     dcgm_scale: float = 1.0
-    """This figure times `dcgm_scale` is the dcgm-exporter field's value (Hz to MHz: 1e-6)."""
+    """This figure times `dcgm_scale` is the dcgm-exporter field's value (Hz to MHz: 1e-6; s to
+    the violation fields' ns: 1e9, DCGM's dcgm_fields.h)."""
 
 
 HEALTH_TABLE = (
@@ -88,7 +89,7 @@ HEALTH_TABLE = (
         "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP, nanoseconds).",
         counter=True,
         dcgm="DCGM_FI_DEV_POWER_VIOLATION",
-        dcgm_scale=1e6,
+        dcgm_scale=1e9,
     ),
     HealthFigure(
         "thermal.violation",
@@ -97,7 +98,7 @@ HEALTH_TABLE = (
         "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, nanoseconds).",
         counter=True,
         dcgm="DCGM_FI_DEV_THERMAL_VIOLATION",
-        dcgm_scale=1e6,
+        dcgm_scale=1e9,
     ),
     HealthFigure(
         "ecc.corrected",

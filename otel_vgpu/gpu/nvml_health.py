@@ -243,8 +243,8 @@ class XidWatch:
             if self._set is None:
                 time.sleep(timeout_s)
                 return []
-        # NVML_ERROR_TIMEOUT: no event came in the time.
-        waited = max(1, int(timeout_s * 1000))
+        # NVML_ERROR_TIMEOUT: no event came in the time (none queued, with a zero timeout).
+        waited = max(0, int(timeout_s * 1000))
         data = self._query(nvml.nvmlEventSetWait_v2, self._set, waited, default=None, absent=_TIMEOUT)
         if data is None or int(data.eventType) != EVENT_XID:
             return []

@@ -1,0 +1,110 @@
+"""Where the agent's CPU goes, thread by thread, on a real GPU through the pod harness.
+
+Run as root on a GPU node from the repository root (bench/README.md says what the GPU scripts need):
+
+    python3 bench/gpu_thread_cpu.py --pod chart-defaults.yaml [--before DIR] [--seconds 45] [--processes 12]
+        [--out results.md]
+
+`--processes` CUDA processes in pods on GPU 0 (a third compute-bound, a third memory-bound, a
+third idle); the agent as the manifest runs it, scraped every 15 s, as Prometheus would; each
+of its threads' CPU (utime + stime of /proc/<pid>/task/<tid>/stat) over `--seconds`, by name.
+With `--before DIR` (a directory holding an earlier `otel_vgpu`), that version's agent too, over
+the same processes, one after the other: which thread a change made dearer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from testkit.agent import wait_serving
+from testkit.cuda_workloads import nvml_truth, require_gpu, start_workloads
+from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, Doubles, pod_harness
+from testkit.host_pods import HostPod, place, stop_pods
+from testkit.report import publish, scrape
+
+URL = f"http://127.0.0.1:{AGENT_PORT}"
+
+
+def threads(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each of the process's threads, summed by thread name."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def measure(args: argparse.Namespace, cluster: Doubles, tmp: Path, code: Path | None) -> dict[str, float]:
+    """Each thread's CPU, in percent of a core, of the agent in `code` (None: this checkout's)."""
+    agent = pod_harness(args.pod, tmp, cluster, NODE, code=code)
+    try:
+        wait_serving(URL, agent.start(), agent.log.read_text, timeout=60)
+        time.sleep(12)  # past the first engine and GPM windows
+        pid = agent.agent_pid()
+        before, started, next_scrape = threads(pid), time.monotonic(), 0.0
+        while (elapsed := time.monotonic() - started) < args.seconds:
+            if elapsed >= next_scrape:
+                scrape(f"{URL}/metrics")
+                next_scrape += 15.0
+            time.sleep(0.2)
+        after, wall = threads(pid), time.monotonic() - started
+    finally:
+        agent.stop()
+    return {name: 100 * (after[name] - before.get(name, 0.0)) / wall for name in after}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pod", type=Path, required=True, metavar="MANIFEST")
+    parser.add_argument("--seconds", type=float, default=45.0)
+    parser.add_argument("--processes", type=int, default=12)
+    parser.add_argument("--before", type=Path, help="the directory of an earlier otel_vgpu, measured first")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    require_gpu()
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-threads-", dir="/var/tmp"))
+    cluster = Doubles(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
+    _, _, model, gpu_uuid, driver = nvml_truth()
+    pods = [HostPod("load", f"load-{n}", "systemd", "burstable") for n in range(max(1, args.processes // 4))]
+    cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
+    lines: list[str] = []
+    try:
+        processes = start_workloads([("busy", "copy", "idle")[n % 3] for n in range(len(pods) * 4)], 0.25)
+        for n, process in enumerate(processes):
+            place(pods[n // 4], process)
+        for n, pod in enumerate(pods):
+            cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
+        versions = {"now": None} if args.before is None else {"before": args.before, "now": None}
+        spent = {label: measure(args, cluster, tmp / label, code) for label, code in versions.items()}
+        lines += [
+            f"GPU: {model}, driver {driver}; {len(processes)} CUDA processes in {len(pods)} pods; the agent as "
+            f"`{args.pod.name}` runs it, scraped every 15 s; CPU of each thread over {args.seconds:g} s",
+            "",
+            "| thread | " + " | ".join(f"{label}: CPU of a core" for label in spent) + " |",
+            "|---|" + "---|" * len(spent),
+        ]
+        names = sorted({n for threads_ in spent.values() for n in threads_}, key=lambda n: -spent["now"].get(n, 0.0))
+        for name in names:
+            lines.append(f"| {name} | " + " | ".join(f"{t.get(name, 0.0):.3f} %" for t in spent.values()) + " |")
+        lines.append("| all threads | " + " | ".join(f"{sum(t.values()):.3f} %" for t in spent.values()) + " |")
+    finally:
+        stop_pods(pods)
+        cluster.stop()
+    publish("The agent's CPU by thread, on a real GPU", lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
