@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,17 @@ def template(*args: str, chart: Path = CHART) -> str:
     result = helm("template", RELEASE, chart, "--namespace", NAMESPACE, *kinds, *args)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+@functools.cache
+def packaged() -> Path:
+    """The chart as `helm package` makes it (what a chart repository or an OCI registry
+    serves): ci/ is not in it, files/ is."""
+    out = Path(tempfile.mkdtemp(prefix="otel-vgpu-chart-"))
+    result = helm("package", CHART, "--destination", out)
+    assert result.returncode == 0, result.stderr
+    (archive,) = out.glob("otel-vgpu-*.tgz")
+    return archive
 
 
 def flavour_args(flavour: str) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +103,12 @@ def running_prometheus(
 # container and pod from the pod, job and endpoint, then the endpoint's own
 # relabelings.
 def podmonitor_scrape_config(
-    podmonitor: dict[str, Any], targets: dict[str, str], with_own: bool = True, enforced_namespace: str | None = None
+    podmonitor: dict[str, Any],
+    targets: dict[str, str],
+    with_own: bool = True,
+    enforced_namespace: str | None = None,
+    secrets: Mapping[tuple[str, str], bytes] | None = None,
+    assets: Path | None = None,
 ) -> dict[str, Any]:
     """A scrape config as the operator renders the PodMonitor's first
     endpoint, for agents' pods at `targets` (address -> node; the pods'
@@ -114,7 +119,11 @@ def podmonitor_scrape_config(
     monitoring): honor_labels false (promcfg.go, "if OverrideHonorLabels is
     true then honor_labels is always false"), and namespace=<the PodMonitor's
     namespace> appended last to the relabelings and the metric relabelings
-    (pkg/namespacelabeler, GetRelabelingConfigs)."""
+    (pkg/namespacelabeler, GetRelabelingConfigs).
+
+    `secrets`: the monitor's namespace's Secrets, (name, key) -> value, for the endpoint's
+    scheme, tlsConfig, basicAuth and authorization (`endpoint_http_config`); `assets`: the
+    directory the operator mounts its TLS assets at."""
     meta = podmonitor["metadata"]
     spec = podmonitor["spec"]
     endpoint = spec["podMetricsEndpoints"][0]
@@ -159,6 +168,7 @@ def podmonitor_scrape_config(
         enforced = [{"target_label": "namespace", "replacement": enforced_namespace}]
         relabel += enforced
     return {
+        **endpoint_http_config(endpoint, meta.get("namespace", "otel-vgpu"), secrets or {}, assets),
         "job_name": f"podMonitor/otel-vgpu/{meta['name']}/0{'' if with_own else '-without-its-relabelings'}",
         "honor_labels": bool(endpoint.get("honorLabels")) and enforced_namespace is None,
         **({"metric_relabel_configs": enforced} if enforced else {}),
@@ -176,3 +186,60 @@ def podmonitor_scrape_config(
         ],
         "relabel_configs": relabel,
     }
+
+
+# How the Prometheus Operator writes an endpoint's HTTP settings (prometheus-operator
+# 6adcebc5076c34f4f55f8f5f7b1e528929373ac7): pkg/prometheus/promcfg.go
+# generatePodMonitorConfig (scheme lowercased by Scheme.String, never defaulted),
+# addSafeTLStoYaml (ca_file, cert_file and key_file under the TLS assets directory,
+# /etc/prometheus/certs in pkg/prometheus/common.go, each named by pkg/assets/tls.go's
+# tlsAssetKey "<0 for a Secret>_<namespace>_<name>_<key>"; server_name and
+# insecure_skip_verify as given), addBasicAuthToYaml (username and password inline, read
+# from the Secrets) and addSafeAuthorizationToYaml (type, Bearer where empty, and
+# credentials inline). The Secrets are the monitor's own namespace's.
+def endpoint_http_config(
+    endpoint: Mapping[str, Any], namespace: str, secrets: Mapping[tuple[str, str], bytes], assets: Path | None
+) -> dict[str, Any]:
+    def value(selector: Mapping[str, str]) -> bytes:
+        found = secrets.get((selector["name"], selector["key"]))
+        assert found is not None, (
+            f"no Secret {namespace}/{selector['name']} key {selector['key']}: the operator drops the monitor"
+        )
+        return found
+
+    def asset(selector: Mapping[str, str]) -> str:
+        assert assets is not None, "a tlsConfig needs the TLS assets directory"
+        path = assets / f"0_{namespace}_{selector['name']}_{selector['key']}"
+        path.write_bytes(value(selector))
+        return str(path)
+
+    out: dict[str, Any] = {}
+    if "scheme" in endpoint:
+        out["scheme"] = str(endpoint["scheme"]).lower()
+    tls = endpoint.get("tlsConfig")
+    if tls:
+        config: dict[str, Any] = {}
+        if "secret" in tls.get("ca", {}):
+            config["ca_file"] = asset(tls["ca"]["secret"])
+        if "secret" in tls.get("cert", {}):
+            config["cert_file"] = asset(tls["cert"]["secret"])
+        if "keySecret" in tls:
+            config["key_file"] = asset(tls["keySecret"])
+        if tls.get("serverName"):
+            config["server_name"] = tls["serverName"]
+        if "insecureSkipVerify" in tls:
+            config["insecure_skip_verify"] = tls["insecureSkipVerify"]
+        out["tls_config"] = config
+    if "basicAuth" in endpoint:
+        basic = endpoint["basicAuth"]
+        out["basic_auth"] = {
+            "username": value(basic["username"]).decode(),
+            "password": value(basic["password"]).decode(),
+        }
+    if "authorization" in endpoint:
+        authorization = endpoint["authorization"]
+        out["authorization"] = {
+            "type": (authorization.get("type") or "Bearer").strip(),
+            "credentials": value(authorization["credentials"]).decode(),
+        }
+    return out

@@ -19,7 +19,17 @@ import pytest
 import yaml
 
 from testkit.agent import ROOT
-from testkit.helm import CHART, FLAVOURS, NAMESPACE, RELEASE, chart_daemonset, flavour_args, helm, template
+from testkit.helm import (
+    CHART,
+    FLAVOURS,
+    NAMESPACE,
+    RELEASE,
+    chart_daemonset,
+    flavour_args,
+    helm,
+    packaged,
+    template,
+)
 from testkit.helm import values_file as ci_values
 from testkit.manifests import OVERLAYS, render, validate_strictly
 from testkit.scripts import load as load_script
@@ -146,7 +156,8 @@ EXTRA_RENDERS = {
     "mutual-tls-and-auth-apart": (
         "--set", "tls.enabled=true", "--set", "tls.clientCA=true",
         "--set", "basicAuth.enabled=true", "--set", "basicAuth.secretName=otel-vgpu-users",
-        "--set", "prometheus.podMonitor.enabled=true",
+        "--set", "prometheus.podMonitor.enabled=true", "--set", "tls.scraperSecretName=prometheus-client",
+        "--set", "basicAuth.scraperSecretName=prometheus-scraper",
     ),
     "basic-auth-alone": ("--set", "basicAuth.enabled=true", "--set", "basicAuth.secretName=otel-vgpu-users"),
     "every-option": (
@@ -286,12 +297,16 @@ def test_the_schema_knows_every_value_and_no_other() -> None:
 
     # Maps the user fills (labels, annotations, resources, ...) are values, not the chart's keys.
     free = {"resources", "updateStrategy", "nodeSelector", "affinity", "env"}
+    # And the Prometheus Operator's own types, which the schema checks apart.
+    free |= {
+        f"prometheus.{m}.{k}" for m in ("monitor", "podMonitor") for k in ("tlsConfig", "basicAuth", "authorization")
+    }
 
     def keys(node: dict[str, Any], prefix: str = "") -> set[str]:
         found = set()
         for key, value in node.items():
             found.add(prefix + key)
-            owned = key not in free and not key.lower().endswith(("labels", "annotations"))
+            owned = prefix + key not in free and not key.lower().endswith(("labels", "annotations"))
             if isinstance(value, dict) and value and owned:
                 found |= keys(value, f"{prefix}{key}.")
         return found
@@ -300,7 +315,7 @@ def test_the_schema_knows_every_value_and_no_other() -> None:
         found = set()
         for key, sub in node.get("properties", {}).items():
             found.add(prefix + key)
-            if sub.get("additionalProperties") is False:
+            if sub.get("additionalProperties") is False and prefix + key not in free:
                 found |= schema_keys(sub, f"{prefix}{key}.")
         return found
 
@@ -408,10 +423,85 @@ def test_the_chart_ships_the_tested_rules_and_collector_config() -> None:
     assert (files / "collector-gateway.yaml").read_text() == (ROOT / "collector-config/gateway/config.yaml").read_text()
 
 
-def test_ci_values_files_are_what_the_readme_offers() -> None:
+def test_the_readme_offers_every_platform_and_feature() -> None:
     readme = (ROOT / "README.md").read_text()
     for flavour in FLAVOURS:
-        assert str(ci_values(flavour).relative_to(ROOT)) in readme, flavour
+        if flavour in PLATFORMS:
+            assert f"platform={flavour}`" in readme, flavour
+        else:
+            assert str(ci_values(flavour).relative_to(ROOT)) in readme, flavour
+
+
+# Platforms: one value that ships in the package and sets what each overlay sets.
+PLATFORMS_FILE = yaml.safe_load((CHART / "files" / "platforms.yaml").read_text())
+PLATFORMS = sorted(PLATFORMS_FILE["platforms"])
+
+
+def _leaves(tree: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    out = []
+    for key, value in tree.items():
+        out += _leaves(value, (*path, key)) if isinstance(value, dict) else [((*path, key), value)]
+    return out
+
+
+def test_the_platforms_defaults_are_values_yaml_s() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path, default in _leaves(PLATFORMS_FILE["defaults"]):
+        found: Any = values
+        for key in path:
+            found = found[key]
+        assert found == default, f"files/platforms.yaml defaults {'.'.join(path)}: {default!r}, values.yaml {found!r}"
+    # Every key a platform sets has its default there: otherwise a user's value could not be told from it.
+    for name, preset in PLATFORMS_FILE["platforms"].items():
+        for path, _ in _leaves(preset):
+            known: Any = PLATFORMS_FILE["defaults"]
+            for key in path:
+                assert isinstance(known, dict) and key in known, f"{name} sets {'.'.join(path)}, which defaults lacks"
+                known = known[key]
+
+
+def test_each_platform_s_ci_file_is_one_line_naming_it_and_the_schema_lists_them() -> None:
+    assert set(PLATFORMS) <= set(FLAVOURS), "a platform without its overlay"
+    for name in PLATFORMS:
+        assert yaml.safe_load(ci_values(name).read_text()) == {"platform": name}
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["platform"]["enum"] == ["", *PLATFORMS]
+
+
+def test_a_platform_renders_its_settings_given_as_values(tmp_path: Path) -> None:
+    # The same objects as the preset's values given by hand: `platform` adds nothing else.
+    for name in ("eks", "openshift", "k0s"):
+        spelled = tmp_path / f"{name}.yaml"
+        spelled.write_text(yaml.safe_dump(PLATFORMS_FILE["platforms"][name]))
+        assert template("--set", f"platform={name}") == template("--values", str(spelled)), name
+    assert template("--set", "platform=eks") != template()
+
+
+def test_a_value_the_user_sets_wins_over_the_platform_s() -> None:
+    with_eks = chart_daemonset("--set", "platform=eks", "--set", "runtime.mode=nri")
+    by_hand = chart_daemonset("--set", "nodes.presets={eks}", "--set", "runtime.mode=nri")
+    assert with_eks == by_hand
+    assert with_eks != chart_daemonset("--set", "platform=eks")
+    # Lists too: the user's node presets replace the platform's.
+    spec = chart_daemonset("--set", "platform=eks", "--set", "nodes.presets={aks}")["spec"]["template"]["spec"]
+    assert (
+        spec
+        == chart_daemonset("--set", "nodes.presets={aks}", "--set", "runtime.mode=default")["spec"]["template"]["spec"]
+    )
+
+
+def test_the_packaged_chart_renders_every_platform_as_the_source_tree() -> None:
+    archive = packaged()
+    with tarfile.open(archive) as tar:
+        assert "otel-vgpu/files/platforms.yaml" in tar.getnames()
+    for name in PLATFORMS:
+        assert template("--set", f"platform={name}", chart=archive) == template(*flavour_args(name)), name
+
+
+def test_an_unknown_platform_is_refused_with_the_valid_ones() -> None:
+    result = helm("template", RELEASE, CHART, "--set", "platform=eks-auto")
+    assert result.returncode != 0
+    assert "/platform" in result.stderr and "'openshift-oci-hook'" in result.stderr
 
 
 # The README: the values table, the schema's refusal it quotes, the commands of the move from kustomize.
@@ -463,3 +553,77 @@ def test_the_readmes_replace_step_deletes_all_but_the_namespace() -> None:
     deleted = {(d["kind"], d["metadata"]["name"]) for d in documents(ran.stdout)}
     made = {(d["kind"], d["metadata"]["name"]) for d in render(overlay)}
     assert deleted == {key for key in made if key[0] != "Namespace"} and deleted
+
+
+# Ten mistakes a platform team makes, each refused at install with where and what is valid.
+MISTAKES = [
+    (("--set", "resources.limits.memory=192"), ["resources.limits.memory", "192Mi"]),
+    (("--set", "resources.limit.cpu=1"), ["/resources", "'limit' not allowed"]),
+    (("--set", "tolerations[0].opertor=Exists"), ["/tolerations/0", "'opertor' not allowed"]),
+    (("--set", "tolerations[0].operator=exists"), ["/tolerations/0/operator", "'Exists'"]),
+    (("--set", "affinity.nodeAfinity.x=1"), ["/affinity", "'nodeAfinity' not allowed"]),
+    (("--set", "updateStrategy.type=Rollingupdate"), ["/updateStrategy/type", "'RollingUpdate', 'OnDelete'"]),
+    (("--set", "prometheus.podMonitor.interval=30"), ["prometheus.podMonitor.interval", "30s"]),
+    (("--set", "prometheus.monitor.scrapeTimeout=1m"), ["prometheus.monitor.scrapeTimeout", "at most the interval"]),
+    (
+        ("--set", "image.repository=registry.example.com/otel-vgpu"),
+        ["image.repository", "image.registry=registry.example.com", "image.repository=otel-vgpu"],
+    ),
+    (("--set", "metricDenylist={vgpu_(pod}"), ["metricDenylist[0]", '"vgpu_(pod"', "unclosed group"]),
+]
+
+
+@pytest.mark.parametrize("args,expected", MISTAKES, ids=[" ".join(m[0][1:]) for m in MISTAKES])
+def test_a_mistake_is_refused_saying_where_and_what_is_valid(args: tuple[str, ...], expected: list[str]) -> None:
+    result = helm("template", RELEASE, CHART, "--namespace", NAMESPACE, *args)
+    assert result.returncode != 0, f"{args} rendered"
+    for part in expected:
+        assert part in result.stderr, (part, result.stderr)
+
+
+@pytest.mark.parametrize(
+    "pattern,construct",
+    [("vgpu_pod\\z", "\\z"), ("vgpu_[[:alpha:]]+", "[[:"), ("vgpu_\\pL+", "\\p"), ("(?U)vgpu_.*", "(?U")],
+)
+def test_a_pattern_python_reads_otherwise_than_go_is_refused(tmp_path: Path, pattern: str, construct: str) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"metricAllowlist": [pattern]}))
+    result = helm("template", RELEASE, CHART, "--values", values)
+    assert result.returncode != 0
+    assert "metricAllowlist[0]" in result.stderr and json.dumps(construct) in result.stderr, result.stderr
+
+
+def test_what_is_valid_still_renders(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "resources": {"requests": {"cpu": 0.05, "memory": "100M"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a"]}]}
+                            ]
+                        }
+                    }
+                },
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                "prometheus": {"monitor": {"interval": "1m30s", "scrapeTimeout": "90s"}},
+                "image": {"registry": "localhost:5000", "repository": "team/otel-vgpu"},
+                "metricDenylist": ["vgpu_(pod|gpu)_jpeg_.*", "vgpu_pod_[a-z]+_active_ratio$"],
+            }
+        )
+    )
+    daemonset = chart_daemonset("--values", str(values))
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "localhost:5000/team/otel-vgpu:0.2.0"
+    assert container["resources"]["limits"]["memory"] == "1Gi"
+
+
+def test_the_schema_embeds_the_kubernetes_types_it_is_generated_with() -> None:
+    generator = load_script("gen-values-schema-types.py")
+    assert (CHART / "values.schema.json").read_text() == generator.text(), (
+        "run .venv/bin/python scripts/gen-values-schema-types.py"
+    )

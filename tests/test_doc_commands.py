@@ -146,6 +146,15 @@ def test_helm_commands_render_as_written_without_a_cluster(command: DocCommand, 
         argv = argv[: argv.index(">")]
     if argv[1] in ("install", "upgrade"):
         argv = ["helm", "template", *argv[2:], *(f"--api-versions={kind}" for kind in CUSTOM_KINDS)]
+    if any(a.endswith(".tgz") or a.startswith("oci://") for a in argv[2:]):
+        # The archive `helm package` makes, where the docs install it from a file or a
+        # registry (none is reachable here: the archive is what a registry would serve).
+        packaged = helm("package", "charts/otel-vgpu", cwd=tree)
+        assert packaged.returncode == 0, packaged.stderr
+        (archive,) = tree.glob("otel-vgpu-*.tgz")
+        argv = [archive.name if a.startswith("oci://") else a for a in argv]
+        if "--version" in argv:
+            del argv[argv.index("--version") : argv.index("--version") + 2]
     ran = helm(*argv[1:], cwd=tree)
     assert ran.returncode == 0, ran.stderr
     if argv[1] == "lint":

@@ -24,7 +24,7 @@ import pytest
 
 from testkit.agent import free_port, get, wait_serving
 from testkit.certs import make_certs
-from testkit.helm import flavour_args, template
+from testkit.helm import flavour_args, packaged, template
 from testkit.kube_api_double import KubeApiDouble
 from testkit.kube_node import NODE, SCENARIO, U0, U1, populate
 from testkit.kubelet_double import KubeletDouble
@@ -89,7 +89,10 @@ def doubles(workdir: Path) -> Iterator[tuple[KubeApiDouble, KubeletDouble, Path]
 
 
 def manifest_text(target: str) -> str:
-    """A kustomize target's render, or for `chart:<flavour>` the chart's with that flavour's values."""
+    """A kustomize target's render; for `chart:<flavour>` the chart's with that flavour's values;
+    for `package:<platform>` the packaged chart's with `platform` set, as from a chart repository."""
+    if target.startswith("package:"):
+        return template("--set", f"platform={target.removeprefix('package:')}", chart=packaged())
     if target.startswith("chart:"):
         return template(*flavour_args(target.removeprefix("chart:")))
     return rendered_text(target)
@@ -211,6 +214,7 @@ def test_non_root_overlay_loses_the_kubelets_shares_as_documented(
     [
         *("gpu-operator", "eks", "aks", "hami", "k0s", "microk8s", "openshift-nri"),
         *("chart:defaults", "chart:gpu-operator", "chart:eks", "chart:k0s", "chart:openshift-nri"),
+        *("package:eks", "package:openshift"),
     ],
 )
 def test_cluster_overlays_as_deployed_see_every_pod_with_the_kubelets_shares(

@@ -4,6 +4,7 @@ query is valid PromQL that Prometheus evaluates."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -12,12 +13,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import bcrypt
+import pytest
 import yaml
 
 from testkit.agent import ROOT, running_agent, wait_until
 from testkit.certs import make_certs
+from testkit.helm import NAMESPACE, template
 from testkit.manifests import one, render
 from testkit.prometheus import podmonitor_scrape_config, running_prometheus
+from testkit.yamldocs import documents
 
 from .conftest import GIB
 
@@ -309,3 +314,70 @@ def test_on_openshift_the_platform_prometheus_keeps_tenants_namespaces_and_user_
             assert {r["metric"]["namespace"] for r in taken} == {"otel-vgpu"}, "every tenant in the agent's namespace"
             assert {r["metric"].get("exported_namespace") for r in taken} == {"ml"}
         agent.stop()
+
+
+# The chart's monitor in each endpoint mode, put into the real Prometheus's scrape config as
+# the Prometheus Operator puts it (testkit/prometheus.py endpoint_http_config, with its source),
+# scraping an agent started with the same certificates and users: the monitor reaches it.
+MODES = {
+    "tls": (["--set", "tls.enabled=true"], []),
+    "mutual-tls": (
+        ["--set", "tls.enabled=true", "--set", "tls.clientCA=true", "--set", "tls.scraperSecretName=prometheus-client"],
+        ["--tls-client-ca-file"],
+    ),
+    "basic-auth": (
+        [
+            "--set",
+            "tls.enabled=true",
+            "--set",
+            "basicAuth.enabled=true",
+            "--set",
+            "basicAuth.scraperSecretName=scraper",
+        ],
+        ["--basic-auth-file"],
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_charts_monitor_scrapes_the_agent_in_each_endpoint_mode(
+    mode: str, tmp_path: Path, scenario_file: Path, ratio_file: Path
+) -> None:
+    values, flags = MODES[mode]
+    # The test certificate names localhost: the value a user sets to the name theirs holds.
+    chart = template(*values, "--set", "prometheus.podMonitor.enabled=true", "--set", "tls.serverName=localhost")
+    (monitor,) = [d for d in documents(chart) if d["kind"] == "PodMonitor"]
+    certs = make_certs(tmp_path / "pki")
+    users = tmp_path / "users"
+    users.write_text(f"prometheus:{bcrypt.hashpw(b'scrape-secret', bcrypt.gensalt(rounds=4)).decode()}\n")
+    secrets = {
+        ("otel-vgpu-tls", "ca.crt"): certs.ca.read_bytes(),
+        ("prometheus-client", "tls.crt"): certs.client_cert.read_bytes(),
+        ("prometheus-client", "tls.key"): certs.client_key.read_bytes(),
+        ("scraper", "username"): b"prometheus",
+        ("scraper", "password"): b"scrape-secret",
+    }
+    agent_args = ["--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key)]
+    agent_args += [*(["--tls-client-ca-file", str(certs.ca)] if "--tls-client-ca-file" in flags else [])]
+    agent_args += [*(["--basic-auth-file", str(users)] if "--basic-auth-file" in flags else [])]
+    assets = tmp_path / "certs"
+    assets.mkdir()
+    client = certs if "--tls-client-ca-file" in flags else None
+    with running_agent(
+        "--simulate", str(scenario_file), "--allocation-file", str(ratio_file), *agent_args,
+        https_ca=certs.ca, https_client=client,
+    ) as agent:  # fmt: skip
+        nodes = {agent.url.removeprefix("http://"): "node-a"}
+        through_monitor = podmonitor_scrape_config(monitor, nodes, secrets=secrets, assets=assets)
+        # A control: the same monitor as the chart rendered it before it carried the endpoint's
+        # settings (scheme https alone), which reaches no agent that asks for more than HTTPS.
+        bare = copy.deepcopy(monitor)
+        for key in ("tlsConfig", "basicAuth", "authorization"):
+            bare["spec"]["podMetricsEndpoints"][0].pop(key, None)
+        control = podmonitor_scrape_config(bare, nodes, with_own=False)
+        with running_prometheus(tmp_path, [through_monitor, control], []) as prometheus:
+            job = f'job="{NAMESPACE}/{monitor["metadata"]["name"]}"'
+            prometheus.wait_for(f"up{{{job}}} == 1")
+            prometheus.wait_for(f'vgpu_pod_memory_used_bytes{{{job},pod="trainer"}}')
+            down = prometheus.wait_for('up{job="without-its-relabelings"}')
+            assert [r["value"][1] for r in down] == ["0"], "the control reached the agent"

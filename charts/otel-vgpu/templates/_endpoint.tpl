@@ -14,8 +14,16 @@ instance and node.
   interval: {{ $monitor.interval }}
   scrapeTimeout: {{ $monitor.scrapeTimeout }}
   honorLabels: true
-  {{- if $.Values.tls.enabled }}
-  scheme: https
+  {{- $scheme := $monitor.scheme | default (ternary "https" "" $.Values.tls.enabled) }}
+  {{- with $scheme }}
+  scheme: {{ . }}
+  {{- end }}
+  {{- with (include "otel-vgpu.tlsConfig" (list $ $monitor) | fromYaml) }}
+  tlsConfig:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with (include "otel-vgpu.scrapeAuth" (list $ $monitor) | fromYaml) }}
+  {{- toYaml . | nindent 2 }}
   {{- end }}
   relabelings:
     - sourceLabels: [__meta_kubernetes_pod_node_name]
@@ -30,3 +38,65 @@ instance and node.
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end }}
+
+{{/*
+The monitor's tlsConfig: the user's where set; else, where the agent serves HTTPS, the CA
+from the TLS Secret's ca.crt (cert-manager writes it there) and the Service's DNS name to
+verify, which the certificate must hold (pods are scraped by IP); with tls.clientCA, the
+scraper's own certificate from tls.scraperSecretName. The Secrets are the monitor's
+namespace's, as the Prometheus Operator reads them (docs/deploying-with-prometheus-operator.md).
+*/}}
+{{- define "otel-vgpu.tlsConfig" -}}
+{{- $ := index . 0 -}}
+{{- $monitor := index . 1 -}}
+{{- if $monitor.tlsConfig -}}
+{{- toYaml $monitor.tlsConfig -}}
+{{- else if $.Values.tls.enabled -}}
+{{- $tls := $.Values.tls -}}
+ca:
+  secret:
+    name: {{ $tls.secretName }}
+    key: ca.crt
+serverName: {{ $tls.serverName | default (printf "%s.%s.svc" (include "otel-vgpu.fullname" $) $.Release.Namespace) }}
+{{- if $tls.clientCA }}
+{{- if not $tls.scraperSecretName }}
+{{- fail "tls.clientCA makes the agent ask scrapers for a client certificate, and the monitor has none: set tls.scraperSecretName (a kubernetes.io/tls Secret whose certificate the TLS Secret's ca.crt signed) or the monitor's tlsConfig" }}
+{{- end }}
+cert:
+  secret:
+    name: {{ $tls.scraperSecretName }}
+    key: tls.crt
+keySecret:
+  name: {{ $tls.scraperSecretName }}
+  key: tls.key
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The monitor's credentials: its basicAuth or authorization where set (not both: the
+Prometheus Operator refuses the pair); else, where the agent asks for basic auth, the
+username and password keys of basicAuth.scraperSecretName.
+*/}}
+{{- define "otel-vgpu.scrapeAuth" -}}
+{{- $ := index . 0 -}}
+{{- $monitor := index . 1 -}}
+{{- if and $monitor.basicAuth $monitor.authorization -}}
+{{- fail "a monitor takes basicAuth or authorization, not both (the Prometheus Operator refuses the pair): set one" -}}
+{{- else if $monitor.basicAuth -}}
+basicAuth: {{- toYaml $monitor.basicAuth | nindent 2 }}
+{{- else if $monitor.authorization -}}
+authorization: {{- toYaml $monitor.authorization | nindent 2 }}
+{{- else if $.Values.basicAuth.enabled -}}
+{{- if not $.Values.basicAuth.scraperSecretName -}}
+{{- fail "basicAuth.enabled makes the agent ask scrapers for a password, and the monitor has none: set basicAuth.scraperSecretName (a Secret with username and password keys, the password in clear: the users file holds only its hash) or the monitor's basicAuth" -}}
+{{- end -}}
+basicAuth:
+  username:
+    name: {{ $.Values.basicAuth.scraperSecretName }}
+    key: username
+  password:
+    name: {{ $.Values.basicAuth.scraperSecretName }}
+    key: password
+{{- end -}}
+{{- end -}}

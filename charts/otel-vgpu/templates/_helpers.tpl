@@ -105,3 +105,65 @@ pod-security.kubernetes.io/audit: privileged
 openshift.io/cluster-monitoring: "true"
 {{- end }}
 {{- end }}
+
+{{/*
+The platform that `platform` names (files/platforms.yaml), applied to .Values in place:
+each of its settings where the value is still the chart's default, so that a value the
+user set wins. Every template includes this first; applying it twice changes nothing.
+*/}}
+{{- define "otel-vgpu.platform" -}}
+{{- if .Values.platform -}}
+{{- $file := .Files.Get "files/platforms.yaml" | fromYaml -}}
+{{- $preset := index $file.platforms .Values.platform -}}
+{{- if not $preset -}}
+{{- fail (printf "platform: %q is not a platform of this chart; valid: %s (files/platforms.yaml)" .Values.platform (keys $file.platforms | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- include "otel-vgpu.preset" (dict "values" .Values "defaults" $file.defaults "preset" $preset) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "otel-vgpu.preset" -}}
+{{- $values := .values -}}
+{{- $defaults := .defaults -}}
+{{- range $key, $want := .preset -}}
+{{- if kindIs "map" $want -}}
+{{- include "otel-vgpu.preset" (dict "values" (index $values $key) "defaults" (index $defaults $key) "preset" $want) -}}
+{{- else if deepEqual (index $values $key) (index $defaults $key) -}}
+{{- $_ := set $values $key $want -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A Prometheus duration (1h30m, 15s, 500ms; the schema checked its form) in milliseconds.
+*/}}
+{{- define "otel-vgpu.durationMs" -}}
+{{- $ms := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 -}}
+{{- $total := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h|d|w|y)" . -1 -}}
+{{- $unit := regexFind "(ms|s|m|h|d|w|y)$" . -}}
+{{- $total = add $total (mul (trimSuffix $unit . | int64) (index $ms $unit)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/*
+A metric pattern, as the agent will compile it (Python's re, fullmatch): refused here, at
+install, rather than by the agent's pods crash-looping on it. Go's RE2 compiles it first
+(what it refuses, Python's lookarounds and backreferences among them, is refused); then
+the constructs RE2 takes and Python reads otherwise or refuses: \z, \Q...\E, \p and \P
+classes, \C, POSIX classes in brackets, the U flag (ungreedy in Go, Unicode in Python)
+and (?<name>...) groups before Python 3.12.
+*/}}
+{{- define "otel-vgpu.checkPattern" -}}
+{{- $where := index . 0 -}}
+{{- $pattern := index . 1 -}}
+{{- $goOnly := regexFind `\\[zQEpPC]|\[\[:|\(\?[a-zA-Z]*U|\(\?<[a-zA-Z]` $pattern -}}
+{{- if $goOnly -}}
+{{- fail (printf "%s: %q uses %q, which the agent's regular expressions (Python's re) read otherwise or refuse; write it without (\\Z for the end, [a-z] for a class, a non-greedy *? for U, (?P<name>...) for a group)" $where $pattern $goOnly) -}}
+{{- end -}}
+{{- /* "(?:p)|" matches "" wherever p compiles; regexMatch answers false where it does not. */ -}}
+{{- if not (regexMatch (printf "(?:%s)|" $pattern) "") -}}
+{{- fail (printf "%s: %q is not a regular expression both Go's RE2 and the agent's Python re read alike: an unclosed group or bracket, a bad repetition, or Python's lookarounds, backreferences or conditionals, which RE2 lacks" $where $pattern) -}}
+{{- end -}}
+{{- end -}}
