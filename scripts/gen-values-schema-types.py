@@ -12,8 +12,11 @@ Quantity takes any string or number:
 - `MemoryQuantity`: memory with its unit (`192Mi`): a bare `192` is 192 bytes, which no pod
   starts with.
 
-Run from the repository root after a Kubernetes bump: .venv/bin/python scripts/gen-values-schema-types.py
-(tests/test_chart.py checks the schema is current).
+Each of the chart's own properties gets its description from the `# --` comment above its key in
+values.yaml, as the README's values table does.
+
+Run from the repository root after a Kubernetes bump or a values.yaml change:
+.venv/bin/python scripts/gen-values-schema-types.py (tests/test_chart.py checks the schema is current).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testkit.manifests import KUBERNETES_VERSION
 
 SCHEMA = Path(__file__).resolve().parents[1] / "charts" / "otel-vgpu" / "values.schema.json"
+VALUES = SCHEMA.parent / "values.yaml"
 # Each value of the chart that is a Kubernetes type, and the type.
 TYPED = {
     "resources": "io.k8s.api.core.v1.ResourceRequirements",
@@ -117,8 +121,68 @@ def typed(name: str) -> dict[str, Any]:
     return ref
 
 
+def described(node: dict[str, Any], docs: dict[str, str], prefix: str = "") -> dict[str, Any]:
+    """`node` with each property's description the `# --` comment of its key in values.yaml
+    (what `helm show values` shows and the README's table quotes), so that an editor offering
+    the schema says what each value does."""
+    properties = node.get("properties")
+    if not properties:
+        return node
+    out = dict(node)
+    out["properties"] = {}
+    for key, sub in properties.items():
+        dotted = f"{prefix}{key}"
+        inner = described(sub, docs, f"{dotted}.")
+        if dotted in docs:
+            inner = {"description": docs[dotted], **{k: v for k, v in inner.items() if k != "description"}}
+        out["properties"][key] = inner
+    return out
+
+
+# The sections of values.yaml (keys without a value of their own, so without a `# --` comment).
+SECTIONS = {
+    "global": "Helm's values shared with a parent chart; this chart reads none.",
+    "namespace": "The release namespace as a rendered object, for tools that apply manifests.",
+    "image": "The agent's image: registry, repository, tag or digest, pull policy.",
+    "nodes": "Which nodes run the agent: GPU nodes by their labels, or every node.",
+    "gpuOperator": "Working beside the NVIDIA GPU Operator.",
+    "runtime": "How the container gets NVML from the node's container runtime.",
+    "kubelet": "Where the kubelet's pod-resources socket is.",
+    "gke": "Google Kubernetes Engine's requirements.",
+    "openshift": "OpenShift's SecurityContextConstraints and platform monitoring.",
+    "networkPolicy": "A NetworkPolicy for the metrics port.",
+    "prometheus": "Prometheus Operator objects: monitors and rules.",
+    "prometheus.monitor": "The ServiceMonitor.",
+    "prometheus.podMonitor": "The PodMonitor.",
+    "prometheus.rules": "The PrometheusRule.",
+    "tls": "HTTPS on the metrics endpoint, and what the monitors verify.",
+    "basicAuth": "Basic auth on /metrics, and what the monitors send.",
+    "otlp": "OTLP push, and the optional Collector gateway.",
+    "otlp.collector": "The Collector gateway Deployment.",
+    "serviceAccount": "The agent's ServiceAccount.",
+    "rbac": "The ClusterRole that reads the node's pods and the node.",
+    "service": "The headless Service of the metrics port.",
+}
+
+
+def value_docs() -> dict[str, str]:
+    table = _load_script("gen-values-table.py")
+    return {**SECTIONS, **dict(table.rows(VALUES.read_text()))}
+
+
+def _load_script(name: str) -> Any:
+    import importlib.util  # noqa: PLC0415
+
+    path = Path(__file__).resolve().parent / name
+    spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def schema(current: dict[str, Any]) -> dict[str, Any]:
-    out = dict(current)
+    out = described(dict(current), value_docs())
     properties = dict(out["properties"])
     for name in TYPED:
         description = properties[name].get("description")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rewrites the README's table of the chart's values, made from the `# --` comment
+"""Rewrites the README's and the chart's README's table of the chart's values, made from the `# --` comment
 above each key of charts/otel-vgpu/values.yaml (tests/test_chart_docs.py checks
 that the README holds exactly this): .venv/bin/python scripts/gen-values-table.py
 
@@ -78,3 +78,4 @@ if __name__ == "__main__":
         print(error, file=sys.stderr)
         sys.exit(1)
     write_block("chart values table", table)
+    write_block("chart values table", table, VALUES.parent / "README.md")

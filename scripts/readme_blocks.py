@@ -20,13 +20,14 @@ def rewritten(text: str, name: str, body: str) -> str:
     return text[: start + len(begin)] + body + text[stop:]
 
 
-def write_block(name: str, body: str) -> None:
-    """Rewrite block `name` of the README with `body`, and say whether it changed; exit 1 on no block."""
-    text = README.read_text()
+def write_block(name: str, body: str, readme: Path = README) -> None:
+    """Rewrite block `name` of `readme` (the README) with `body`, and say whether it changed; exit 1
+    on no block."""
+    text = readme.read_text()
     try:
         new = rewritten(text, name, body)
     except ValueError as error:
         sys.exit(f"{sys.argv[0]}: {error}")
     if new != text:
-        README.write_text(new)
-    print(f"README.md: {name} {'rewritten' if new != text else 'already current'}")
+        readme.write_text(new)
+    print(f"{readme.relative_to(README.parent)}: {name} {'rewritten' if new != text else 'already current'}")

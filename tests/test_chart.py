@@ -627,3 +627,75 @@ def test_the_schema_embeds_the_kubernetes_types_it_is_generated_with() -> None:
     assert (CHART / "values.schema.json").read_text() == generator.text(), (
         "run .venv/bin/python scripts/gen-values-schema-types.py"
     )
+
+
+def _notes(*args: str) -> str:
+    result = helm("install", RELEASE, CHART, "--namespace", NAMESPACE, "--dry-run=client", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_the_notes_say_the_default_image_must_be_built_and_pushed_and_how() -> None:
+    notes = _notes()
+    assert "no\nregistry publishes" in notes and "docker build" in notes and "docker push" in notes
+    assert "--set image.registry=registry.example.com" in notes
+    assert "docker build" not in _notes("--set", "image.registry=registry.example.com")
+
+
+def test_the_notes_name_the_dns_name_a_monitor_verifies() -> None:
+    args = (
+        "--set",
+        "tls.enabled=true",
+        "--set",
+        "prometheus.podMonitor.enabled=true",
+        "--set",
+        "checkApiVersions=false",
+    )
+    assert f"{RELEASE}.{NAMESPACE}.svc" in _notes(*args)
+    assert "example.org" in _notes(*args, "--set", "tls.serverName=example.org")
+    assert "verifies the agent's certificate" not in _notes("--set", "tls.enabled=true")
+
+
+def test_every_property_of_the_chart_has_a_description() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    operator_types = {"tlsConfig", "basicAuth", "authorization"}
+
+    def undescribed(node: dict[str, Any], prefix: str = "") -> list[str]:
+        out = []
+        for key, sub in node.get("properties", {}).items():
+            out += [] if sub.get("description") else [prefix + key]
+            if not (prefix.startswith("prometheus.") and key in operator_types):
+                out += undescribed(sub, f"{prefix}{key}.")
+        return out
+
+    assert undescribed(schema) == []
+    values = load_script("gen-values-table.py").rows((CHART / "values.yaml").read_text())
+    ratio = dict(values)["ratio"]
+    assert schema["properties"]["ratio"]["description"] == ratio, "the comment in values.yaml is the description"
+
+
+def test_helm_show_readme_prints_the_charts_readme_with_its_values_table() -> None:
+    table = load_script("gen-values-table.py").values_table((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    assert table in readme, "regenerate it: .venv/bin/python scripts/gen-values-table.py"
+    shown = helm("show", "readme", packaged())
+    assert shown.returncode == 0, shown.stderr
+    assert table in shown.stdout and "docker push" in shown.stdout
+
+
+def test_artifact_hub_lists_the_image_the_defaults_run() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    (image,) = yaml.safe_load(chart["annotations"]["artifacthub.io/images"])
+    container = chart_daemonset()["spec"]["template"]["spec"]["containers"][0]
+    assert image["image"] == container["image"]
+    changes = yaml.safe_load(chart["annotations"]["artifacthub.io/changes"])
+    # Artifact Hub's kinds (artifacthub.io/docs/topics/annotations/helm).
+    assert changes and {c["kind"] for c in changes} <= {
+        "added",
+        "changed",
+        "deprecated",
+        "removed",
+        "fixed",
+        "security",
+    }
+    assert chart["maintainers"]
