@@ -21,6 +21,7 @@ Run from the repository root after a Kubernetes bump or a values.yaml change:
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -40,7 +41,17 @@ TYPED = {
     "tolerations": "io.k8s.api.core.v1.Toleration",  # the items of the list
     "affinity": "io.k8s.api.core.v1.Affinity",
     "updateStrategy": "io.k8s.api.apps.v1.DaemonSetUpdateStrategy",
+    "containerSecurityContext": "io.k8s.api.core.v1.SecurityContext",
+    "livenessProbe": "io.k8s.api.core.v1.Probe",
+    "readinessProbe": "io.k8s.api.core.v1.Probe",
+    "otlp.collector.resources": "io.k8s.api.core.v1.ResourceRequirements",
+    "otlp.collector.tolerations": "io.k8s.api.core.v1.Toleration",
+    "otlp.collector.affinity": "io.k8s.api.core.v1.Affinity",
+    "prometheus.monitor.selectorOverride": "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector",
+    "prometheus.podMonitor.selectorOverride": "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector",
 }
+# `env`'s values: a string, or a `valueFrom` of Kubernetes' EnvVarSource.
+ENV_SOURCE = "io.k8s.api.core.v1.EnvVarSource"
 QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 # apimachinery's quantity grammar (resource/quantity.go): a signed decimal, then a binary
 # suffix, a decimal suffix or an exponent.
@@ -94,7 +105,7 @@ ENUMS = {
 
 
 def definitions() -> dict[str, Any]:
-    found = closure(strict_definitions(), [*TYPED.values()])
+    found = closure(strict_definitions(), [*TYPED.values(), ENV_SOURCE])
     for (name, field), values in ENUMS.items():
         found[name]["properties"][field] = {**found[name]["properties"][field], "enum": [*values, None]}
     found[QUANTITY] = {
@@ -113,9 +124,9 @@ def definitions() -> dict[str, Any]:
 
 def typed(name: str) -> dict[str, Any]:
     ref = {"$ref": f"#/definitions/{TYPED[name]}"}
-    if name == "tolerations":
+    if name.endswith("tolerations"):
         return {"type": "array", "items": ref}
-    if name == "resources":
+    if name.endswith("resources"):
         memory = {"properties": {"memory": {"$ref": "#/definitions/MemoryQuantity"}}}
         return {"allOf": [ref, {"properties": {"requests": memory, "limits": memory}}]}
     return ref
@@ -182,12 +193,26 @@ def _load_script(name: str) -> Any:
 
 
 def schema(current: dict[str, Any]) -> dict[str, Any]:
-    out = described(dict(current), value_docs())
-    properties = dict(out["properties"])
+    out = described(copy.deepcopy(current), value_docs())
     for name in TYPED:
-        description = properties[name].get("description")
-        properties[name] = {**({"description": description} if description else {}), **typed(name)}
-    out["properties"] = properties
+        *parents, key = name.split(".")
+        node = out
+        for parent in parents:
+            node = node["properties"][parent]
+        description = node["properties"][key].get("description")
+        node["properties"][key] = {**({"description": description} if description else {}), **typed(name)}
+    env = out["properties"]["env"]
+    env["additionalProperties"] = {
+        "anyOf": [
+            {"type": ["string", "number", "boolean"]},
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["valueFrom"],
+                "properties": {"valueFrom": {"$ref": f"#/definitions/{ENV_SOURCE}"}},
+            },
+        ]
+    }
     out["definitions"] = definitions()
     return out
 

@@ -160,6 +160,15 @@ EXTRA_RENDERS = {
         "--set", "basicAuth.scraperSecretName=prometheus-scraper",
     ),
     "basic-auth-alone": ("--set", "basicAuth.enabled=true", "--set", "basicAuth.secretName=otel-vgpu-users"),
+    "the-keys-from-other-charts": (
+        "--set", "nameOverride=gpu-usage", "--set", "commonLabels.team=platform", "--set", "revisionHistoryLimit=3",
+        "--set", "dnsPolicy=ClusterFirstWithHostNet", "--set", "daemonsetAnnotations.a=b",
+        "--set", "containerSecurityContext.seLinuxOptions.type=spc_t", "--set", "livenessProbe.periodSeconds=60",
+        "--set", "env.X.valueFrom.secretKeyRef.name=s", "--set", "env.X.valueFrom.secretKeyRef.key=k",
+        "--set", "global.imageRegistry=mirror.example.com", "--set", "global.imagePullSecrets={mirror}",
+        "--set", "otlp.collector.enabled=true", "--set", "otlp.collector.minAvailable=1",
+        "--set", "otlp.collector.replicas=3",
+    ),
     "every-option": (
         "--set", "nodes.presets={eks,aks,gke,hami}", "--set", "gpuOperator.clientLabel=true",
         "--set", "runtime.deviceListVolumeMount=true", "--set", "kubelet.rootDir=/var/lib/k0s/kubelet",
@@ -296,7 +305,9 @@ def test_the_schema_knows_every_value_and_no_other() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
 
     # Maps the user fills (labels, annotations, resources, ...) are values, not the chart's keys.
-    free = {"resources", "updateStrategy", "nodeSelector", "affinity", "env"}
+    free = {"resources", "updateStrategy", "nodeSelector", "affinity", "env", "global"}
+    free |= {"containerSecurityContext", "livenessProbe", "readinessProbe"}
+    free |= {f"otlp.collector.{k}" for k in ("resources", "nodeSelector", "affinity")}
     # And the Prometheus Operator's own types, which the schema checks apart.
     free |= {
         f"prometheus.{m}.{k}" for m in ("monitor", "podMonitor") for k in ("tlsConfig", "basicAuth", "authorization")
@@ -320,7 +331,8 @@ def test_the_schema_knows_every_value_and_no_other() -> None:
         return found
 
     assert schema.get("additionalProperties") is False
-    assert keys(values) == schema_keys(schema) - {"global"}  # global: Helm's own, for a parent chart
+    # global: Helm's own, for a parent chart, open to its other keys.
+    assert keys(values) == schema_keys(schema)
 
 
 # The custom kinds: rendered only when asked, and then only where the API has the exact kind.
@@ -699,3 +711,156 @@ def test_artifact_hub_lists_the_image_the_defaults_run() -> None:
         "security",
     }
     assert chart["maintainers"]
+
+
+# The keys users bring from other charts (node-exporter's and Bitnami's names), each doing what it says.
+def test_names_and_namespace_can_be_overridden_and_labels_added_everywhere() -> None:
+    docs = documents(
+        template(
+            "--set", "nameOverride=gpu-usage", "--set", "namespaceOverride=monitoring",
+            "--set", "commonLabels.team=platform", "--set", "otlp.collector.enabled=true",
+        )
+    )  # fmt: skip
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert daemonset["metadata"]["name"] == f"{RELEASE}-gpu-usage"
+    assert daemonset["spec"]["selector"]["matchLabels"][NAME] == "otel-vgpu", "a selector no value changes"
+    for doc in docs:
+        assert doc["metadata"]["labels"]["team"] == "platform", doc["kind"]
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert doc["metadata"]["namespace"] == "monitoring", doc["kind"]
+    assert daemonset["spec"]["template"]["metadata"]["labels"]["team"] == "platform"
+    assert "team" not in daemonset["spec"]["selector"]["matchLabels"]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"][0]["namespace"] == "monitoring"
+
+
+def test_the_daemonset_and_pod_keys_render_where_set_and_not_otherwise(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "daemonsetAnnotations": {"argocd.argoproj.io/sync-wave": "1"},
+                "revisionHistoryLimit": 3,
+                "dnsPolicy": "ClusterFirstWithHostNet",
+                "containerSecurityContext": {"seLinuxOptions": {"type": "spc_t"}},
+                "livenessProbe": {"periodSeconds": 60},
+                "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"}},
+                "serviceAccount": {"automountServiceAccountToken": False},
+                "env": {"OTEL_EXPORTER_OTLP_HEADERS": {"valueFrom": {"secretKeyRef": {"name": "otlp", "key": "h"}}}},
+            }
+        )
+    )
+    daemonset = chart_daemonset("--values", str(values))
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert daemonset["metadata"]["annotations"] == {"argocd.argoproj.io/sync-wave": "1"}
+    assert daemonset["spec"]["revisionHistoryLimit"] == 3 and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    # Merged over the chart's own: what hardens the container stays.
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
+    assert container["livenessProbe"]["periodSeconds"] == 60
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert pod["automountServiceAccountToken"] is False
+    env = {e["name"]: e for e in container["env"]}
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"] == {"secretKeyRef": {"name": "otlp", "key": "h"}}
+    plain = chart_daemonset()
+    assert "annotations" not in plain["metadata"] and "revisionHistoryLimit" not in plain["spec"]
+    assert "dnsPolicy" not in plain["spec"]["template"]["spec"]
+
+
+def test_global_registry_and_pull_secrets_reach_every_pod() -> None:
+    docs = documents(
+        template(
+            "--set", "global.imageRegistry=mirror.example.com", "--set", "global.imagePullSecrets={mirror}",
+            "--set", "imagePullSecrets[0].name=regcred", "--set", "otlp.collector.enabled=true",
+        )
+    )  # fmt: skip
+    pods = {d["kind"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")}
+    assert pods["DaemonSet"]["containers"][0]["image"] == "mirror.example.com/otel-vgpu/otel-vgpu:0.2.0"
+    assert (
+        pods["Deployment"]["containers"][0]["image"]
+        == "mirror.example.com/otel/opentelemetry-collector-contrib:0.165.0"
+    )
+    assert pods["DaemonSet"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+    assert pods["Deployment"]["imagePullSecrets"] == [{"name": "mirror"}]
+
+
+def test_the_collector_gateway_takes_replicas_resources_placement_and_a_budget(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "otlp": {
+                    "collector": {
+                        "enabled": True,
+                        "replicas": 3,
+                        "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+                        "nodeSelector": {"pool": "system"},
+                        "tolerations": [{"key": "system", "operator": "Exists"}],
+                        "minAvailable": 2,
+                    }
+                }
+            }
+        )
+    )
+    docs = documents(template("--values", str(values)))
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 3 and pod["nodeSelector"] == {"pool": "system"}
+    assert pod["containers"][0]["resources"]["limits"]["memory"] == "1Gi"
+    assert pod["tolerations"] == [{"key": "system", "operator": "Exists"}]
+    (budget,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["minAvailable"] == 2
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert not [
+        d for d in documents(template("--set", "otlp.collector.enabled=true")) if d["kind"] == "PodDisruptionBudget"
+    ]
+
+
+def test_extra_manifests_render_as_maps_and_as_templates(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "extraManifests": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra"}, "data": {"a": "b"}},
+                    "apiVersion: v1\nkind: Secret\nmetadata:\n  name: extra\n  namespace: {{ .Release.Namespace }}\n",
+                ]
+            }
+        )
+    )
+    docs = documents(template("--values", str(values)))
+    extra = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "extra")
+    assert extra["data"] == {"a": "b"}
+    (secret,) = [d for d in docs if d["kind"] == "Secret"]
+    assert secret["metadata"]["namespace"] == NAMESPACE
+
+
+@pytest.mark.parametrize("monitor,kind", [("monitor", "ServiceMonitor"), ("podMonitor", "PodMonitor")])
+def test_each_monitor_takes_the_overrides_node_exporters_chart_has(monitor: str, kind: str) -> None:
+    key = f"prometheus.{monitor}"
+    docs = documents(
+        template(
+            "--set", f"{key}.enabled=true", "--set", f"{key}.namespace=monitoring",
+            "--set", f"{key}.jobLabel=app.kubernetes.io/name", "--set", f"{key}.scheme=https",
+            "--set", f"{key}.selectorOverride.matchLabels.team=gpu",
+            "--set", f"{key}.apiVersion=monitoring.coreos.com/v1",
+            "--set", f"{key}.authorization.credentials.name=token", "--set", f"{key}.authorization.credentials.key=t",
+        )
+    )  # fmt: skip
+    (found,) = [d for d in docs if d["kind"] == kind]
+    assert found["metadata"]["namespace"] == "monitoring"
+    assert found["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}, "back to the agents' namespace"
+    assert found["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    assert found["spec"]["selector"] == {"matchLabels": {"team": "gpu"}}
+    (endpoint,) = found["spec"]["endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["authorization"] == {"credentials": {"name": "token", "key": "t"}}
+    both = helm(
+        "template", RELEASE, CHART, "--set", f"{key}.enabled=true", "--set", "checkApiVersions=false",
+        "--set", f"{key}.authorization.credentials.name=t", "--set", f"{key}.authorization.credentials.key=t",
+        "--set", f"{key}.basicAuth.username.name=u", "--set", f"{key}.basicAuth.username.key=u",
+        "--set", f"{key}.basicAuth.password.name=u", "--set", f"{key}.basicAuth.password.key=p",
+    )  # fmt: skip
+    assert both.returncode != 0 and "not both" in both.stderr

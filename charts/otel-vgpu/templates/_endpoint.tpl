@@ -57,7 +57,7 @@ ca:
   secret:
     name: {{ $tls.secretName }}
     key: ca.crt
-serverName: {{ $tls.serverName | default (printf "%s.%s.svc" (include "otel-vgpu.fullname" $) $.Release.Namespace) }}
+serverName: {{ $tls.serverName | default (printf "%s.%s.svc" (include "otel-vgpu.fullname" $) (include "otel-vgpu.namespace" $)) }}
 {{- if $tls.clientCA }}
 {{- if not $tls.scraperSecretName }}
 {{- fail "tls.clientCA makes the agent ask scrapers for a client certificate, and the monitor has none: set tls.scraperSecretName (a kubernetes.io/tls Secret whose certificate the TLS Secret's ca.crt signed) or the monitor's tlsConfig" }}

@@ -1,6 +1,11 @@
-{{/* The chart's name: the app.kubernetes.io/name label, in the selector, so no value changes it. */}}
+{{/* The chart's name: the app.kubernetes.io/name label, in the selector, so no value changes it (nameOverride names objects only). */}}
 {{- define "otel-vgpu.name" -}}
 {{- .Chart.Name }}
+{{- end }}
+
+{{/* The namespace of the namespaced objects: the release's, unless namespaceOverride says another. */}}
+{{- define "otel-vgpu.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride }}
 {{- end }}
 
 {{/* Object names: the release name, with the chart's name unless the release name holds it already. */}}
@@ -8,7 +13,7 @@
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- $name := include "otel-vgpu.name" . }}
+{{- $name := default (include "otel-vgpu.name" .) .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
@@ -34,6 +39,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: otel-vgpu
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "otel-vgpu.serviceAccountName" -}}
@@ -45,7 +53,8 @@ app.kubernetes.io/part-of: otel-vgpu
 {{- end }}
 
 {{- define "otel-vgpu.image" -}}
-{{- $image := printf "%s/%s" .Values.image.registry .Values.image.repository | trimPrefix "/" }}
+{{- $registry := default .Values.image.registry .Values.global.imageRegistry }}
+{{- $image := printf "%s/%s" $registry .Values.image.repository | trimPrefix "/" }}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" $image .Values.image.digest }}
 {{- else }}
@@ -167,3 +176,31 @@ and (?<name>...) groups before Python 3.12.
 {{- fail (printf "%s: %q is not a regular expression both Go's RE2 and the agent's Python re read alike: an unclosed group or bracket, a bad repetition, or Python's lookarounds, backreferences or conditionals, which RE2 lacks" $where $pattern) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+A pod's imagePullSecrets: the list given, then global.imagePullSecrets, each a name or a
+{name: ...}; none: nothing rendered.
+*/}}
+{{- define "otel-vgpu.pullSecrets" -}}
+{{- $ := index . 0 -}}
+{{- $secrets := list -}}
+{{- range concat (index . 1) ($.Values.global.imagePullSecrets | default list) -}}
+{{- $secrets = append $secrets (ternary (dict "name" .) . (kindIs "string" .)) -}}
+{{- end -}}
+{{- with $secrets -}}
+imagePullSecrets:
+{{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* The gateway's image, with global.imageRegistry in place of the registry it names, if any. */}}
+{{- define "otel-vgpu.collectorImage" -}}
+{{- $image := .Values.otlp.collector.image }}
+{{- with .Values.global.imageRegistry }}
+{{- $parts := splitList "/" $image }}
+{{- $first := first $parts }}
+{{- $named := and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $image = printf "%s/%s" . (ternary (join "/" (rest $parts)) $image $named) }}
+{{- end }}
+{{- $image }}
+{{- end }}
