@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testkit.agent import wait_serving
 from testkit.cpu_compare import add_arguments as add_cost_arguments
 from testkit.cpu_compare import before_and_now
-from testkit.cuda_workloads import nvml_truth, require_gpu, start_workloads
+from testkit.cuda_workloads import nvml_truth, require_gpu
 from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, Doubles, pod_harness
-from testkit.host_pods import HostPod, place, stop_pods
+from testkit.host_pods import HostPod, start_in, stop_pods
 from testkit.report import Report, Samples, scrape
 
 URL = f"http://127.0.0.1:{AGENT_PORT}"
@@ -208,8 +208,7 @@ def proof(args: argparse.Namespace, cluster: Doubles, tmp: Path, report: Report)
         consistent_health(report)
 
         lines += ["### GPM: a bf16 matrix-product pod alone", ""]
-        (process,) = start_workloads(["busy"], 2.0)
-        place(matmul, process)
+        start_in(matmul, ["busy"], 2.0)
         cluster.add(matmul, {"main": [f"{gpu_uuid}::0"]})
         first_alone = wait_for(
             "the matmul pod alone", lambda s: "matmul-0" in of_pods(s, "vgpu_pod_tensor_active_ratio")
@@ -224,8 +223,7 @@ def proof(args: argparse.Namespace, cluster: Doubles, tmp: Path, report: Report)
         consistent_health(report)
 
         lines += ["### GPM: a device-to-device copy pod alone", ""]
-        (process,) = start_workloads(["copy"], 2.0)
-        place(copier, process)
+        start_in(copier, ["copy"], 2.0)
         cluster.add(copier, {"main": [f"{gpu_uuid}::1"]})
         stop_pods([matmul])
         first_copy = wait_for("the copy pod alone", lambda s: "copy-0" in of_pods(s, "vgpu_pod_dram_active_ratio"))
@@ -237,8 +235,7 @@ def proof(args: argparse.Namespace, cluster: Doubles, tmp: Path, report: Report)
 
         lines += ["### GPM: both together", ""]
         shared_before = gpu0(copy, "vgpu_gpu_gpm_shared_windows_total") or 0.0
-        (process,) = start_workloads(["busy"], 2.0)
-        place(again, process)
+        start_in(again, ["busy"], 2.0)
         cluster.add(again, {"main": [f"{gpu_uuid}::2"]})
         first = wait_for(
             "a shared window", lambda s: (gpu0(s, "vgpu_gpu_gpm_shared_windows_total") or 0.0) > shared_before

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 WORKLOAD = r"""
 import os, sys, time, torch
@@ -111,19 +112,35 @@ def start_workload(
     return start_workloads([mode], gib, env, burst_ms)[0]
 
 
+def _in_cgroup(cgroup: Path | None, argv: list[str]) -> list[str]:
+    """`argv`, run by a shell that first moves itself into `cgroup` and then execs it: the
+    process is there before its first instruction, as runc puts a container's process."""
+    if cgroup is None:
+        return argv
+    return ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(cgroup / "cgroup.procs"), *argv]
+
+
 def start_workloads(
-    modes: list[str], gib: float, env: dict[str, str] | None = None, burst_ms: float = 100.0
+    modes: list[str],
+    gib: float,
+    env: dict[str, str] | None = None,
+    burst_ms: float = 100.0,
+    cgroups: list[Path] | None = None,
 ) -> list[subprocess.Popen[str]]:
     """`start_workload` for each of `modes`, started together (a PyTorch start takes seconds),
-    each ready when returned."""
+    each ready when returned; with `cgroups`, each in its cgroup from before its first
+    instruction, as the container runtime starts a container's process (testkit/host_pods.py
+    `start_in`)."""
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKLOAD, mode, str(gib), str(burst_ms)],
+            _in_cgroup(
+                None if cgroups is None else cgroups[n], [sys.executable, "-c", WORKLOAD, mode, str(gib), str(burst_ms)]
+            ),
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
         )
-        for mode in modes
+        for n, mode in enumerate(modes)
     ]
     for process, mode in zip(processes, modes, strict=True):
         assert process.stdout is not None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testkit.cuda_workloads import start_workload
+from testkit.cuda_workloads import start_workload, start_workloads
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -64,8 +64,30 @@ def start_pods(pods: list[HostPod]) -> None:
             place(pod, start_workload(mode, gib, {"CUDA_VISIBLE_DEVICES": visible} if visible else None))
 
 
+def start_in(
+    pod: HostPod, modes: list[str], gib: float, env: dict[str, str] | None = None
+) -> list[subprocess.Popen[str]]:
+    """Workloads started in new container cgroups of `pod`, each there from its first
+    instruction, as the container runtime starts them. Use it while an agent runs: a
+    process moved in later (`place`) is on the GPU from its CUDA context on, seconds before
+    it is ready, and an agent that sweeps in between reads it outside every pod, which it
+    keeps for that process (pods/attribution.py caches by PID and start time: in a cluster
+    a process never leaves the pod it was started in)."""
+    directories = []
+    for _ in modes:
+        container_id = uuid.uuid4().hex + uuid.uuid4().hex
+        directory = cgroup_dir(pod, container_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        pod.containers.append((container_id, directory))
+        directories.append(directory)
+    processes = start_workloads(modes, gib, env, cgroups=directories)
+    pod.processes += processes
+    return processes
+
+
 def place(pod: HostPod, process: subprocess.Popen[Any]) -> None:
-    """Move a process into a new container cgroup of `pod`."""
+    """Move a process into a new container cgroup of `pod`: for workloads started before
+    the agent (while an agent runs, `start_in`)."""
     container_id = uuid.uuid4().hex + uuid.uuid4().hex
     directory = cgroup_dir(pod, container_id)
     directory.mkdir(parents=True, exist_ok=True)
