@@ -22,7 +22,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Where users read commands.
-DOCS = ("README.md", "docs/*.md", "kustomize/README.md", "collector-config/**/*.md", "bench/README.md")
+DOCS = (
+    "README.md",
+    "docs/*.md",
+    "kustomize/README.md",
+    "collector-config/**/*.md",
+    "bench/README.md",
+    "charts/*/README.md",
+)
 
 _FENCE = re.compile(r"^```(sh|bash|shell|console)\n(.*?)^```", re.S | re.M)
 _ANY_FENCE = re.compile(r"^```.*?^```", re.S | re.M)

@@ -38,6 +38,7 @@ ALL = [command for doc in doc_files() for command in commands(doc)]
 SLOW_BENCHES = {
     "bench/kube_client_cost.py": "needs the official Kubernetes client in its own venv (docs/kubernetes.md)",
     "bench/wrk_keepalive.py": "needs wrk, Debian's package, which the suite does not install",
+    "bench/health_families_cost.py": "its CPU figures need minutes of run to rise above /proc's 10 ms tick",
 }
 
 
