@@ -32,6 +32,7 @@ import kubernetes_validate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.manifests import KUBERNETES_VERSION
+from testkit.scripts import load as load_script
 
 SCHEMA = Path(__file__).resolve().parents[1] / "charts" / "otel-vgpu" / "values.schema.json"
 VALUES = SCHEMA.parent / "values.yaml"
@@ -177,19 +178,8 @@ SECTIONS = {
 
 
 def value_docs() -> dict[str, str]:
-    table = _load_script("gen-values-table.py")
+    table = load_script("gen-values-table.py")
     return {**SECTIONS, **dict(table.rows(VALUES.read_text()))}
-
-
-def _load_script(name: str) -> Any:
-    import importlib.util  # noqa: PLC0415
-
-    path = Path(__file__).resolve().parent / name
-    spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def schema(current: dict[str, Any]) -> dict[str, Any]:

@@ -864,3 +864,18 @@ def test_each_monitor_takes_the_overrides_node_exporters_chart_has(monitor: str,
         "--set", f"{key}.basicAuth.password.name=u", "--set", f"{key}.basicAuth.password.key=p",
     )  # fmt: skip
     assert both.returncode != 0 and "not both" in both.stderr
+
+
+def test_the_gateways_memory_without_a_unit_is_refused_as_the_agents_is() -> None:
+    result = helm("template", RELEASE, CHART, "--set", "otlp.collector.enabled=true",
+                  "--set", "otlp.collector.resources.limits.memory=512")  # fmt: skip
+    assert result.returncode != 0
+    assert "otlp.collector.resources.limits.memory" in result.stderr and "512Mi" in result.stderr
+    named = documents(
+        template(
+            "--set", "global.imageRegistry=mirror.example.com", "--set", "otlp.collector.enabled=true",
+            "--set", "otlp.collector.image=ghcr.io/team/collector:1",
+        )
+    )  # fmt: skip
+    (deployment,) = [d for d in named if d["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "mirror.example.com/team/collector:1"

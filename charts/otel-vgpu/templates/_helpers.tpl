@@ -197,10 +197,20 @@ imagePullSecrets:
 {{- define "otel-vgpu.collectorImage" -}}
 {{- $image := .Values.otlp.collector.image }}
 {{- with .Values.global.imageRegistry }}
-{{- $parts := splitList "/" $image }}
-{{- $first := first $parts }}
-{{- $named := and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
-{{- $image = printf "%s/%s" . (ternary (join "/" (rest $parts)) $image $named) }}
+{{- $host := include "otel-vgpu.registryHost" $image }}
+{{- $image = printf "%s/%s" . (ternary (trimPrefix (printf "%s/" $host) $image) $image (ne $host "")) }}
 {{- end }}
 {{- $image }}
+{{- end }}
+
+{{/*
+The registry host an image reference starts with, as the container runtimes read one: a first
+path component holding a dot or a colon, or localhost; empty where it names none.
+*/}}
+{{- define "otel-vgpu.registryHost" -}}
+{{- $parts := splitList "/" . }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $first }}
+{{- end }}
 {{- end }}
