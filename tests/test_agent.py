@@ -15,7 +15,17 @@ import pytest
 import yaml
 
 from otel_vgpu.sim.node import PROC_TREE_PREFIX
-from testkit.agent import agent_in_process, clean_env, free_port, get, run_to_exit, running_agent, wait_until
+from testkit.agent import (
+    ROOT,
+    agent_in_process,
+    clean_env,
+    command,
+    free_port,
+    get,
+    run_to_exit,
+    running_agent,
+    wait_until,
+)
 
 from .conftest import GIB, MIB, STEADY
 
@@ -242,13 +252,10 @@ def test_simulate_from_elsewhere_uses_the_scenarios_ratio(tmp_path: Path, monkey
         assert set(agent.scrape().by("vgpu_gpu_vgpus", "gpu_id").values()) == {4.0}
 
 
-def orphaned_proc_trees() -> set[Path]:
-    """Simulated proc trees whose agent has exited: each is named after the PID that made it
-    (agents of other tests, running meanwhile, own theirs)."""
-    trees = Path("/dev/shm").glob(f"{PROC_TREE_PREFIX}*")
-    return {
-        tree for tree in trees if not Path(f"/proc/{tree.name.removeprefix(PROC_TREE_PREFIX).split('-')[0]}").exists()
-    }
+def proc_trees_of(pid: int) -> list[Path]:
+    """The simulated proc trees an agent made: each is named after the PID that made it, so one
+    test's check is not upset by the agents other workers start and stop meanwhile."""
+    return sorted(Path("/dev/shm").glob(f"{PROC_TREE_PREFIX}{pid}-*"))
 
 
 @pytest.mark.parametrize(
@@ -276,12 +283,19 @@ def orphaned_proc_trees() -> set[Path]:
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], env: dict[str, str], fragment: str) -> None:
-    before = orphaned_proc_trees()
-    result = run_to_exit(["--simulate", *args], env=clean_env(**env))
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert fragment in result.stderr
-    assert orphaned_proc_trees() <= before, "the simulated proc tree is left behind"
+    process = subprocess.Popen(
+        command("--simulate", *args),
+        env=clean_env(**env),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 2
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert fragment in stderr
+    assert proc_trees_of(process.pid) == [], "the simulated proc tree is left behind"
 
 
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGUSR2"])
