@@ -54,13 +54,18 @@ def before_and_now(args: argparse.Namespace, cluster: Doubles, tmp: Path, *, dep
         for n, pod in enumerate(pods):
             cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
         figures: dict[str, list[float]] = {"before": [], "now": []}
+        versions = [("before", before), ("now", None)]
         for round_ in range(rounds):
-            for label, code in (("before", before), ("now", None)):
+            # Before, now; then now, before: a drift over the run (the workloads', the
+            # machine's) falls on both alike instead of on whichever always runs second.
+            for label, code in versions if round_ % 2 == 0 else versions[::-1]:
                 agent = pod_harness(manifest, tmp / f"{label}-{round_}", cluster, NODE, code=code)
                 try:
                     wait_serving(url, agent.start(), agent.log.read_text, timeout=60)
                     time.sleep(SETTLE_S)
-                    cpu = cpu_while_scraped(agent.agent_pid(), f"{url}/metrics", seconds, SCRAPE_EVERY_S)
+                    cpu = cpu_while_scraped(
+                        agent.agent_pid(), f"{url}/metrics", seconds, SCRAPE_EVERY_S, cpu=agent.cpu_seconds
+                    )
                     figures[label].append(cpu)
                 finally:
                     agent.stop()
@@ -70,7 +75,8 @@ def before_and_now(args: argparse.Namespace, cluster: Doubles, tmp: Path, *, dep
         f"GPU: {model}, driver {driver}; {len(started)} CUDA processes in {len(pods)} pods on GPU 0 "
         f"(a third compute-bound, a third memory-bound, a third idle); each agent as {deployed_as} runs it "
         f"(pod harness, sweeps every 2 s), scraped every {SCRAPE_EVERY_S:g} s; {rounds} rounds of "
-        f"{seconds:g} s each, alternately",
+        f"{seconds:g} s each, alternately (before first in odd rounds, now first in even ones); CPU from the "
+        f"pod's cgroup (cpu.stat usage_usec)",
         "",
         "| agent | CPU of a core, each round | mean |",
         "|---|---|---|",

@@ -112,6 +112,8 @@ class PodHarness:
         self.extra_args = extra_args
         self.process: subprocess.Popen[str] | None = None
         self.log = workdir / "agent.log"
+        self.cgroup: Path | None = None
+        """The container's cgroup, once the script has made it."""
 
     @property
     def host_pid(self) -> bool:
@@ -245,7 +247,7 @@ class PodHarness:
                 f"mount -o remount,bind,ro {inside}",
             ]
         lines.append('mount -t proc proc "$ROOT/proc"')
-        cgroup = self._cgroup()
+        cgroup = self.cgroup = self._cgroup()
         lines.append(f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))}")
         env = " ".join(shlex.quote(f"{k}={v}") for k, v in self._env().items())
         argv = [*self.container.get("command", []), *self.container.get("args", []), *self.extra_args]
@@ -260,6 +262,18 @@ class PodHarness:
         return "\n".join(lines) + "\n"
 
     # --- running ------------------------------------------------------------------
+
+    def cpu_seconds(self) -> float:
+        """The CPU the container's cgroup has used, in seconds to the microsecond (cgroup v2's
+        cpu.stat usage_usec, kept by every cgroup): every thread of the agent, ended ones too,
+        where /proc/<pid>/stat counts in clock ticks (10 ms)."""
+        assert self.cgroup is not None, "the pod has not started"
+        stat = self.cgroup / "cpu.stat"
+        for line in stat.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+        raise AssertionError(f"{stat} has no usage_usec")
 
     def start(self) -> subprocess.Popen[str]:
         if os.geteuid() != 0:

@@ -218,6 +218,19 @@ def test_what_the_gpu_lacks_is_left_out_said_once_and_not_asked_again(
     assert len(said) == 2 and any("vgpu_gpu_pcie_replays" in m for m in said)
 
 
+def test_the_ecc_mode_is_asked_once_a_session(nvml: HealthNvml) -> None:
+    gpu = backend(nvml)
+    for _ in range(3):
+        assert "ecc.corrected" in gpu.health(0)
+    assert nvml.calls.count("ecc") == 1 and nvml.calls.count("ecc0") == 3
+    gpu.release()  # a driver upgrade's pause: the next session asks again
+    gpu.resume()
+    gpu.device_count()  # the sweep's first call initialises the new session
+    nvml.ecc_mode = 0
+    assert "ecc.corrected" not in gpu.health(0)
+    assert nvml.calls.count("ecc") == 2
+
+
 def test_ecc_off_gives_no_counts_and_asks_for_none(nvml: HealthNvml) -> None:
     nvml.ecc_mode = 0
     figures = backend(nvml).health(0)
@@ -236,7 +249,11 @@ def test_gpm_gives_the_figures_between_two_samples_and_frees_every_sample(nvml: 
     assert figures["dram.active"] == pytest.approx(0.16)
     assert figures["pcie.transmit"] == pytest.approx(2.0 * 1024 * 1024)
     assert "nvlink.transmit" not in figures  # no NVLink: not even asked
-    assert len(nvml.samples_alive) == 1  # the older sample freed, the newer kept for the next window
+    assert len(nvml.samples_alive) == 2  # two buffers: the newer sample, and the older to read into next
+    for window in range(2, 5):
+        clock[0] = 10.0 * window
+        assert gpu.gpm(0) is not None
+    assert len(nvml.kept) == 2 and len(nvml.samples_alive) == 2  # later windows allocate nothing
     gpu.release()
     assert nvml.shutdown_with_alive == set()  # freed before nvmlShutdown
 

@@ -31,6 +31,7 @@ from testkit.kubelet_double import KubeletDouble
 from testkit.manifests import KUBELET_ROOTS, rendered_text
 from testkit.pod_harness import Cluster as HarnessCluster
 from testkit.pod_harness import Pod, PodHarness
+from testkit.procstat import cpu_seconds
 from testkit.promtext import Exposition, parse
 
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
@@ -58,6 +59,8 @@ class PodRun:
     log: str
     evidence: dict[str, str]
     pod: Pod
+    cpu: tuple[float, float]
+    """The CPU seconds of the pod's cgroup and of the agent's process (in clock ticks), as it served."""
 
     def pods(self) -> set[tuple[str, str]]:
         return {(ns, pod) for ns, pod in self.metrics.by("vgpu_pod_memory_allocated_bytes", "namespace", "pod")}
@@ -133,9 +136,11 @@ def run_pod(
         evidence = harness.evidence()
         status, body, _ = get(f"{url}/readyz")
         _, metrics, _ = get(f"{url}/metrics")
+        agent = cpu_seconds(harness.agent_pid())
+        cpu = (harness.cpu_seconds(), agent)
     finally:
         log = harness.stop()
-    return PodRun((status, body.decode()), parse(metrics.decode()), log, evidence, pod)
+    return PodRun((status, body.decode()), parse(metrics.decode()), log, evidence, pod, cpu)
 
 
 def no_capabilities(evidence: dict[str, str]) -> bool:
@@ -170,6 +175,10 @@ def test_base_as_deployed_sees_every_pod_with_the_kubelets_shares(
     assert labels["service_instance_id"] == labels["k8s_pod_uid"] == pod.uid
     assert labels["k8s_pod_name"] == pod.name
     assert labels["k8s_node_name"] == labels["host_name"] == NODE
+    # The cost scripts' CPU (testkit/cpu_compare.py): the pod's cgroup counts the agent, read
+    # after it to the microsecond, where the process's own figure counts whole clock ticks.
+    cgroup, agent = run.cpu
+    assert agent > 0 and cgroup >= agent - 0.01, run.cpu
 
 
 def test_base_without_host_pid_is_blind_and_says_so(

@@ -106,6 +106,8 @@ class NvmlBackend:
         """(UUID, name) by index: fixed while the NVML session lives (a GPU's index can
         change only across a re-initialisation, which forgets them); two driver calls
         fewer per GPU and sweep."""
+        self._session_figures: dict[tuple[int, str], Any] = {}
+        """What holds for an NVML session, by (GPU index, figure): the ECC mode."""
         self._lacking: set[tuple[str, object]] = set()
         """(function, key) of the calls this NVML session lacks (`_query`): not asked again until
         it is initialised anew (a driver upgrade can bring them)."""
@@ -162,6 +164,7 @@ class NvmlBackend:
 
     def _forget_handles(self) -> None:
         self._lacking.clear()
+        self._session_figures.clear()
         self._handles.clear()
         self._minors.clear()
         self._identities.clear()
@@ -424,7 +427,7 @@ class NvmlBackend:
     # --- health, efficiency, events (gpu/nvml_health.py) ------------------------------
 
     def health(self, index: int) -> dict[str, float]:
-        return read_health(self._nvml, self._handle(index), index, self._query)
+        return read_health(self._nvml, self._handle(index), index, self._query, self._session_figures)
 
     def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:
         return self._gpm.read(self._handle(index), index, gpu_instance)

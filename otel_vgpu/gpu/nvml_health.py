@@ -43,8 +43,11 @@ Query = Callable[..., Any]
 """The backend's `query`: a call, or its default where NVML lacks it (gpu/nvml.py)."""
 
 
-def read_health(nvml: Any, handle: Any, index: int, query: Query) -> dict[str, float]:
-    """GPU `index`'s health figures now; each one the GPU or driver lacks is left out."""
+def read_health(
+    nvml: Any, handle: Any, index: int, query: Query, session: dict[tuple[int, str], Any]
+) -> dict[str, float]:
+    """GPU `index`'s health figures now; each one the GPU or driver lacks is left out.
+    `session` keeps what holds for the NVML session (the backend clears it with its handles)."""
 
     def ask(figure: str, function: Any, *args: Any) -> Any:
         return query(
@@ -84,7 +87,7 @@ def read_health(nvml: Any, handle: Any, index: int, query: Query) -> dict[str, f
     reasons = ask("clock.event.reasons", reasons_call)
     out |= {} if reasons is None else {"clock.event.reasons": float(reasons)}
     out |= _fields(nvml, handle, index, query)
-    out |= _ecc(nvml, index, ask)
+    out |= _ecc(nvml, index, ask, session)
     rows = ask("remapped.rows", nvml.nvmlDeviceGetRemappedRows)
     if rows is not None:
         correctable, uncorrectable, pending, failure = (float(value) for value in rows)
@@ -108,9 +111,16 @@ def _fields(nvml: Any, handle: Any, index: int, query: Query) -> dict[str, float
     return out
 
 
-def _ecc(nvml: Any, index: int, ask: Callable[..., Any]) -> dict[str, float]:
-    """The volatile ECC totals, where ECC is on (nvmlDeviceGetTotalEccErrors requires it)."""
-    mode = ask("ecc", nvml.nvmlDeviceGetEccMode)
+def _ecc(nvml: Any, index: int, ask: Callable[..., Any], session: dict[tuple[int, str], Any]) -> dict[str, float]:
+    """The volatile ECC totals, where ECC is on (nvmlDeviceGetTotalEccErrors requires it).
+    The mode is asked once an NVML session: "Changing ECC modes requires a reboot" (nvml.h,
+    nvmlDeviceGetEccMode), and a session begins at every start and every driver reload. A mode
+    a GPU reset applied while the session lasts is seen at the next one; until then a count
+    NVML no longer gives is left out, as any figure it lacks. At 0.16 ms on an H200 the mode
+    was the dearest health call after the PCIe replay counter (bench/results/h200-health.md)."""
+    if (index, "ecc") not in session:
+        session[(index, "ecc")] = ask("ecc", nvml.nvmlDeviceGetEccMode)
+    mode = session[(index, "ecc")]
     if mode is None or int(mode[0]) != 1:
         return {}
     out: dict[str, float] = {}
@@ -125,15 +135,20 @@ def _snake(figure: str) -> str:
 
 
 class Gpm:
-    """GPM samples, one kept per GPU (and MIG GPU instance) between reads: each read takes a
-    new sample and returns the figures between the two (nvmlGpmMetricsGet), then frees the
-    older. Samples are NVML allocations: `free` must run before nvmlShutdown."""
+    """GPM samples, two buffers per GPU (and MIG GPU instance), as nvml.h asks ("at least two
+    of these buffers"): each read takes a sample into the buffer the last read let go, returns
+    the figures between it and the one before (nvmlGpmMetricsGet), and keeps the older buffer
+    for the next read, so that no window pays NVML's allocation and free. Samples are NVML
+    allocations: `free` must run before nvmlShutdown."""
 
     def __init__(self, nvml: Any, query: Query, clock: Callable[[], float] = time.monotonic) -> None:
         self._nvml = nvml
         self._query = query
         self._clock = clock
         self._samples: dict[tuple[int, int | None], tuple[Any, float]] = {}
+        """The newest sample of each GPU (and GPU instance), and when it was taken."""
+        self._spare: dict[tuple[int, int | None], Any] = {}
+        """The buffer of each one's older sample, read into next."""
         self._supported: dict[int, bool] = {}
         self._nvlink: dict[int, bool] = {}
 
@@ -145,24 +160,24 @@ class Gpm:
         kept = self._samples.get(key)
         if kept is not None and self._clock() - kept[1] < GPM_MIN_INTERVAL_S:
             return None  # too soon after the last: the driver would answer 0, not refuse
-        sample = self._query(nvml.nvmlGpmSampleAlloc, default=None, remember="gpm")
+        sample = self._spare.pop(key, None)
         if sample is None:
-            return None
+            sample = self._query(nvml.nvmlGpmSampleAlloc, default=None, remember="gpm")
+            if sample is None:
+                return None
         try:
             if gpu_instance is None:
                 self._query(nvml.nvmlGpmSampleGet, handle, sample, default=None, remember=(index, "gpm"))
             else:
                 self._query(nvml.nvmlGpmMigSampleGet, handle, gpu_instance, sample, default=None, remember=key)
         except GpuError:
-            self._free(sample)
+            self._spare[key] = sample
             raise
         self._samples[key] = (sample, self._clock())
         if kept is None:
             return None
-        try:
-            return self._metrics(kept[0], sample, index)
-        finally:
-            self._free(kept[0])
+        self._spare[key] = kept[0]
+        return self._metrics(kept[0], sample, index)
 
     def _metrics(self, older: Any, newer: Any, index: int) -> dict[str, float]:
         nvml = self._nvml
@@ -199,9 +214,10 @@ class Gpm:
 
     def free(self) -> None:
         """Free every sample and forget what was learnt of the GPUs (a new session asks again)."""
-        for sample, _ in self._samples.values():
+        for sample in [kept for kept, _ in self._samples.values()] + list(self._spare.values()):
             self._free(sample)
         self._samples.clear()
+        self._spare.clear()
         self._supported.clear()
         self._nvlink.clear()
 
