@@ -298,6 +298,17 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], env: dict[str, str], fr
     assert proc_trees_of(process.pid) == [], "the simulated proc tree is left behind"
 
 
+def test_each_thread_has_its_name_in_the_kernel(scenario_file: Path, ratio_file: Path) -> None:
+    # What top and ps show, and what bench/gpu_thread_cpu.py tells the threads' CPU apart by.
+    with running_agent(*agent_args(scenario_file, ratio_file)) as agent:
+        agent.scrape()
+        tasks = Path(f"/proc/{agent.process.pid}/task")
+        names = {(task / "comm").read_text().strip() for task in tasks.iterdir()}
+        code, err = agent.stop()
+    assert code == 0, err
+    assert {"http", "http-worker_0", "sweeper", "xid-events"} <= names, names
+
+
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGUSR2"])
 def test_other_signals_neither_kill_the_agent_nor_leave_anything_behind(
     name: str, scenario_file: Path, ratio_file: Path

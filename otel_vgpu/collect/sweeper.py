@@ -14,7 +14,7 @@ import logging
 import threading
 
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.threads import name_this_thread
+from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ class Sweeper:
         self._sampler = sampler
         self._interval_s = interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sweeper", daemon=True)
+        self._thread = NamedThread(target=self._run, name="sweeper", daemon=True)
 
     def start(self) -> None:
         if self._interval_s > 0:
@@ -34,7 +34,6 @@ class Sweeper:
         self._stop.set()
 
     def _run(self) -> None:
-        name_this_thread("sweeper")
         while not self._stop.wait(self._interval_s):
             # The sampler counts and logs a failed sweep itself; this thread must outlive it.
             try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from otel_vgpu.gpu.backend import GpuBackend, GpuError, XidEvent
 from otel_vgpu.gpu.device_figures import MAX_XID_CODES
 from otel_vgpu.health import Health, Stage
-from otel_vgpu.threads import name_this_thread
+from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class XidWatch:
         self._clock = clock
         self._most_per_s = most_per_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
+        self._thread = NamedThread(target=self._run, name="xid-events", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -96,7 +96,6 @@ class XidWatch:
         self._thread.join(timeout=5 * POLL_S)
 
     def _run(self) -> None:
-        name_this_thread("xid-events")
         storming = False
         while not self._stop.is_set():
             started = self._clock()

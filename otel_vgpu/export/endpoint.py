@@ -29,6 +29,7 @@ from otel_vgpu.export.exposition import Format, negotiate
 from otel_vgpu.export.http import Request, Response, accepts_gzip, no_cache, text
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.pidns import blind_message
+from otel_vgpu.threads import name_this_thread
 from otel_vgpu.wording import counted
 
 # Rendered bodies kept for the current snapshot, one per format and encoding asked for: every
@@ -56,8 +57,12 @@ class Endpoint:
         self._auth = auth
         self._client_certificates = client_certificates
         self._limits = limits
-        self.workers = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="http-worker")
-        self._auth_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-auth")
+        self.workers = ThreadPoolExecutor(
+            max_workers=limits.workers, thread_name_prefix="http-worker", initializer=name_this_thread
+        )
+        self._auth_worker = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="http-auth", initializer=name_this_thread
+        )
         self._checks = CheckQueue(self._auth_worker, limits.password_checks, network_of)
         """Password checks, running or waiting for the bcrypt thread, shared fairly (export/checks.py)."""
         # Keyed by what the body depends on (OpenMetrics or not, escaping, gzip), never by

@@ -26,6 +26,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
 
 from otel_vgpu.health import Health, Stage
+from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class OtlpPusher(MetricReader):
         self._health = health
         self._stop = threading.Event()
         self._export_timeout_s = settings.timeout_s
-        self._thread = threading.Thread(target=self._run, name="otlp-push", daemon=True)
+        self._thread = NamedThread(target=self._run, name="otlp-push", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -210,7 +211,7 @@ class OtlpPusher(MetricReader):
         self._export_timeout_s = min(self._settings.timeout_s, FLUSH_TIMEOUT_S)
         deadline = time.monotonic() + FLUSH_TIMEOUT_S
         self._thread.join(timeout=FLUSH_TIMEOUT_S)
-        final = threading.Thread(target=self.push, name="otlp-flush", daemon=True)
+        final = NamedThread(target=self.push, name="otlp-flush", daemon=True)
         final.start()
         final.join(timeout=max(0.1, deadline - time.monotonic() + FLUSH_TIMEOUT_S))
 

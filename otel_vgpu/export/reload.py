@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_vgpu.health import Health, Stage
+from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class CredentialWatch:
         self._health = health
         self._every_s = every_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="credentials", daemon=True)
+        self._thread = NamedThread(target=self._run, name="credentials", daemon=True)
 
     def start(self) -> None:
         if self._groups:

@@ -45,6 +45,7 @@ from otel_vgpu.export.admission import victim
 from otel_vgpu.export.auth import network_of
 from otel_vgpu.export.http import Application, Request, Response, request_of, text
 from otel_vgpu.export.memory import trim
+from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class Server:
         """Sockets the loop may hold open: a place under the cap, in the admission queue, or
         accepted and not yet admitted or refused (`Limits.backlog`). Past that, new connections
         wait in the kernel's queue (LISTEN_QUEUE) until one closes."""
-        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
+        self._thread = NamedThread(target=self._run, name="http", daemon=True)
 
     @property
     def port(self) -> int:

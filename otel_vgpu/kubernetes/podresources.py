@@ -35,6 +35,7 @@ from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.pods.directory import PodMeta
+from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class KubeletAllocation:
         self._latest: KubeletView | None = None
         self._failed_calls = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
+        self._thread = NamedThread(target=self._run, name="pod-resources", daemon=True)
 
     def start(self) -> None:
         if self._client is not None:

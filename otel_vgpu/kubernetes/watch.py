@@ -25,6 +25,7 @@ from typing import Any
 
 from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
 from otel_vgpu.health import Health, Stage
+from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class ListWatch:
         # taken for hung: the loop lists again on a new connection. On a
         # quiet node that is one extra list every few minutes.
         self._silence_limit = settings.watch_seconds * 1.2 + settings.watch_grace_s
-        self._watchdog = threading.Thread(target=self._watch_the_watch, name=f"watchdog-{what}", daemon=True)
+        self._watchdog = NamedThread(target=self._watch_the_watch, name=f"watchdog-{what}", daemon=True)
 
     def start(self) -> None:
         self._begin()
@@ -107,7 +108,7 @@ class ListWatch:
         if old is not None:
             _give_up(old)
         client = self._client
-        threading.Thread(
+        NamedThread(
             target=self._run, args=(client, generation), name=f"kubernetes-{self._what}-{generation}", daemon=True
         ).start()
 
