@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,9 +45,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import wait_serving
-from testkit.cuda_workloads import require_gpu, start_workload
+from testkit.cuda_workloads import in_cgroup, require_gpu, start_workload
 from testkit.gpu_node import NODE, POD_RESOURCES_DIR, Doubles, pod_harness
-from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, place, stop_pods
+from testkit.host_pods import CGROUP_ROOT, HostPod, new_container, place, stop_pods
 from testkit.kube_api_double import pod_object
 from testkit.pod_harness import PodHarness
 from testkit.report import Report, Samples, scrape
@@ -289,15 +288,10 @@ def mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -> No
         HostPod("ml", "mps-busy-b", "cgroupfs", "besteffort", workloads=[("busy", 3.0)]),
         HostPod("ml", "mps-idle", "systemd", "guaranteed", workloads=[("idle", 2.0)]),
     ]
-    container_id = uuid.uuid4().hex + uuid.uuid4().hex
-    daemon_cgroup = cgroup_dir(daemon_pod, container_id)
-    daemon_cgroup.mkdir(parents=True)
-    daemon_pod.containers.append((container_id, daemon_cgroup))
-
-    # The shell joins the daemon pod's cgroup, then becomes the daemon: the
-    # server it spawns for the first client inherits the cgroup.
+    # The daemon starts in its pod's cgroup: the server it spawns for the first client
+    # inherits the cgroup.
     daemon = subprocess.Popen(
-        ["sh", "-c", f'echo $$ > "{daemon_cgroup}/cgroup.procs" && exec nvidia-cuda-mps-control -f'],
+        in_cgroup(new_container(daemon_pod), ["nvidia-cuda-mps-control", "-f"]),
         env={**os.environ, **mps_env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

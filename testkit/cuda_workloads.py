@@ -112,7 +112,7 @@ def start_workload(
     return start_workloads([mode], gib, env, burst_ms)[0]
 
 
-def _in_cgroup(cgroup: Path | None, argv: list[str]) -> list[str]:
+def in_cgroup(cgroup: Path | None, argv: list[str]) -> list[str]:
     """`argv`, run by a shell that first moves itself into `cgroup` and then execs it: the
     process is there before its first instruction, as runc puts a container's process."""
     if cgroup is None:
@@ -133,7 +133,7 @@ def start_workloads(
     `start_in`)."""
     processes = [
         subprocess.Popen(
-            _in_cgroup(
+            in_cgroup(
                 None if cgroups is None else cgroups[n], [sys.executable, "-c", WORKLOAD, mode, str(gib), str(burst_ms)]
             ),
             stdout=subprocess.PIPE,

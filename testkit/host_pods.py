@@ -73,14 +73,7 @@ def start_in(
     it is ready, and an agent that sweeps in between reads it outside every pod, which it
     keeps for that process (pods/attribution.py caches by PID and start time: in a cluster
     a process never leaves the pod it was started in)."""
-    directories = []
-    for _ in modes:
-        container_id = uuid.uuid4().hex + uuid.uuid4().hex
-        directory = cgroup_dir(pod, container_id)
-        directory.mkdir(parents=True, exist_ok=True)
-        pod.containers.append((container_id, directory))
-        directories.append(directory)
-    processes = start_workloads(modes, gib, env, cgroups=directories)
+    processes = start_workloads(modes, gib, env, cgroups=[new_container(pod) for _ in modes])
     pod.processes += processes
     return processes
 
@@ -88,12 +81,17 @@ def start_in(
 def place(pod: HostPod, process: subprocess.Popen[Any]) -> None:
     """Move a process into a new container cgroup of `pod`: for workloads started before
     the agent (while an agent runs, `start_in`)."""
+    (new_container(pod) / "cgroup.procs").write_text(str(process.pid))
+    pod.processes.append(process)
+
+
+def new_container(pod: HostPod) -> Path:
+    """A new container cgroup of `pod`, made and noted for `stop_pods` to remove."""
     container_id = uuid.uuid4().hex + uuid.uuid4().hex
     directory = cgroup_dir(pod, container_id)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "cgroup.procs").write_text(str(process.pid))
-    pod.processes.append(process)
     pod.containers.append((container_id, directory))
+    return directory
 
 
 def stop_pods(pods: list[HostPod], others: list[subprocess.Popen[str]] = ()) -> None:  # type: ignore[assignment]
