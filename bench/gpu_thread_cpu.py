@@ -24,10 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import wait_serving
-from testkit.cuda_workloads import nvml_truth, require_gpu, start_workloads
+from testkit.cpu_compare import load_gpu
+from testkit.cuda_workloads import nvml_truth, require_gpu
 from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, Doubles, pod_harness
-from testkit.host_pods import HostPod, place, stop_pods
-from testkit.report import publish, scrape
+from testkit.host_pods import HostPod, stop_pods
+from testkit.report import publish, scraped_for
 
 URL = f"http://127.0.0.1:{AGENT_PORT}"
 
@@ -53,13 +54,9 @@ def measure(args: argparse.Namespace, cluster: Doubles, tmp: Path, code: Path | 
         wait_serving(URL, agent.start(), agent.log.read_text, timeout=60)
         time.sleep(12)  # past the first engine and GPM windows
         pid = agent.agent_pid()
-        before, started, next_scrape = threads(pid), time.monotonic(), 0.0
-        while (elapsed := time.monotonic() - started) < args.seconds:
-            if elapsed >= next_scrape:
-                scrape(f"{URL}/metrics")
-                next_scrape += 15.0
-            time.sleep(0.2)
-        after, wall = threads(pid), time.monotonic() - started
+        before = threads(pid)
+        wall = scraped_for(f"{URL}/metrics", args.seconds)
+        after = threads(pid)
     finally:
         agent.stop()
     return {name: 100 * (after[name] - before.get(name, 0.0)) / wall for name in after}
@@ -77,15 +74,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gpu-threads-", dir="/var/tmp"))
     cluster = Doubles(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     _, _, model, gpu_uuid, driver = nvml_truth()
-    pods = [HostPod("load", f"load-{n}", "systemd", "burstable") for n in range(max(1, args.processes // 4))]
-    cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
     lines: list[str] = []
+    pods: list[HostPod] = []
     try:
-        processes = start_workloads([("busy", "copy", "idle")[n % 3] for n in range(len(pods) * 4)], 0.25)
-        for n, process in enumerate(processes):
-            place(pods[n // 4], process)
-        for n, pod in enumerate(pods):
-            cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
+        pods, processes = load_gpu(cluster, args.processes, gpu_uuid)
         versions = {"now": None} if args.before is None else {"before": args.before, "now": None}
         spent = {label: measure(args, cluster, tmp / label, code) for label, code in versions.items()}
         lines += [

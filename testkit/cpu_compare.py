@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -34,25 +35,38 @@ def add_arguments(parser: argparse.ArgumentParser, *, seconds: float) -> None:
     parser.add_argument("--cost-seconds", type=float, default=seconds)
 
 
+def load_gpu(cluster: Doubles, processes: int, gpu_uuid: str) -> tuple[list[HostPod], list[subprocess.Popen[str]]]:
+    """`processes` CUDA processes on GPU 0 (a third compute-bound, a third memory-bound, a
+    third idle), PER_POD to a pod, each pod granted its replica of the GPU by the kubelet
+    double: the load of the cost runs. Started before any agent, so moved into their pods'
+    cgroups once ready (`place`); `stop_pods` ends them."""
+    pods = [HostPod("load", f"load-{n}", "systemd", "burstable") for n in range(max(1, processes // PER_POD))]
+    cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
+    try:
+        started = start_workloads([("busy", "copy", "idle")[n % 3] for n in range(len(pods) * PER_POD)], 0.25)
+        for n, process in enumerate(started):
+            place(pods[n // PER_POD], process)
+    except BaseException:
+        stop_pods(pods)
+        raise
+    for n, pod in enumerate(pods):
+        cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
+    return pods, started
+
+
 def before_and_now(args: argparse.Namespace, cluster: Doubles, tmp: Path, *, deployed_as: str) -> Report:
     """The CPU of the agent in `args.before` (a directory holding its `otel_vgpu`) and of this
     checkout's, each as `args.pod` runs it, with `args.processes` CUDA processes in pods on
     GPU 0 (a third compute-bound, a third memory-bound, a third idle), each scraped every
     15 s, `args.rounds` times each over `args.cost_seconds`; checked against `BOUND`."""
-    manifest, before, processes = args.pod, args.before, args.processes
+    manifest, before = args.pod, args.before
     rounds, seconds = args.rounds, args.cost_seconds
     report = Report()
     _, _, model, gpu_uuid, driver = nvml_truth()
-    pods = [HostPod("load", f"load-{n}", "systemd", "burstable") for n in range(processes // PER_POD)]
-    cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
-    modes = [("busy", "copy", "idle")[n % 3] for n in range(len(pods) * PER_POD)]
     url = f"http://127.0.0.1:{AGENT_PORT}"
+    pods: list[HostPod] = []
     try:
-        started = start_workloads(modes, 0.25)
-        for n, process in enumerate(started):
-            place(pods[n // PER_POD], process)
-        for n, pod in enumerate(pods):
-            cluster.add(pod, {"main": [f"{gpu_uuid}::{n}"]})
+        pods, started = load_gpu(cluster, args.processes, gpu_uuid)
         figures: dict[str, list[float]] = {"before": [], "now": []}
         versions = [("before", before), ("now", None)]
         for round_ in range(rounds):

@@ -35,14 +35,21 @@ def cpu_while_scraped(
     every `every` seconds, as Prometheus would; `cpu` reads its CPU seconds so far, where a
     finer clock than /proc/<pid>/stat's ticks is at hand (a pod's cgroup)."""
     spent = cpu or (lambda: cpu_seconds(pid))
-    before, started = spent(), time.monotonic()
+    before = spent()
+    wall = scraped_for(url, seconds, every)
+    return 100 * (spent() - before) / wall
+
+
+def scraped_for(url: str, seconds: float, every: float = 15.0) -> float:
+    """Scrape `url` every `every` seconds, as Prometheus would, for `seconds`: the seconds it took."""
+    started = time.monotonic()
     next_scrape = started
     while (now := time.monotonic()) - started < seconds:
         if now >= next_scrape:
             scrape(url)
             next_scrape += every
         time.sleep(0.2)
-    return 100 * (spent() - before) / (time.monotonic() - started)
+    return time.monotonic() - started
 
 
 def publish(title: str, lines: list[str], out: Path | None) -> None:
