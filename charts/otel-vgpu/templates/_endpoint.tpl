@@ -1,4 +1,39 @@
 {{/*
+The PodMonitor or the ServiceMonitor: the same object but for its kind and the name of its
+endpoints' list (podMetricsEndpoints, endpoints).
+*/}}
+{{- define "otel-vgpu.monitor" -}}
+{{- $ := index . 0 }}
+{{- $monitor := index . 1 }}
+{{- $kind := index . 2 }}
+{{- $endpoints := index . 3 }}
+apiVersion: {{ $monitor.apiVersion | default "monitoring.coreos.com/v1" }}
+kind: {{ $kind }}
+metadata:
+  name: {{ include "otel-vgpu.fullname" $ }}
+  namespace: {{ $monitor.namespace | default (include "otel-vgpu.namespace" $) }}
+  labels:
+    {{- include "otel-vgpu.monitorLabels" (list $ $monitor.additionalLabels) | nindent 4 }}
+spec:
+  {{- with $monitor.jobLabel }}
+  jobLabel: {{ . }}
+  {{- end }}
+  {{- if $monitor.namespace }}
+  namespaceSelector:
+    matchNames: [{{ include "otel-vgpu.namespace" $ }}]
+  {{- end }}
+  selector:
+    {{- if $monitor.selectorOverride }}
+    {{- toYaml $monitor.selectorOverride | nindent 4 }}
+    {{- else }}
+    matchLabels:
+      {{- include "otel-vgpu.selectorLabels" $ | nindent 6 }}
+    {{- end }}
+  {{ $endpoints }}:
+    {{- include "otel-vgpu.endpoint" (list $ $monitor) | nindent 4 }}
+{{- end }}
+
+{{/*
 One scrape endpoint of the PodMonitor or the ServiceMonitor. The agent's pod,
 namespace and container labels name the pods using the GPUs, not the agent's
 own pod: honorLabels keeps them, and the target's own namespace, pod and
