@@ -40,16 +40,22 @@ def tool(name: str) -> str | None:
 
 # Ports handed to the servers tests start: below Linux's ephemeral range (32768-60999, where
 # every client socket of the session takes its port, and the kernel's choice for port 0), in
-# a block of its own per pytest-xdist worker, each port once per process.
+# a block of its own per pytest-xdist worker, each port once per process. A session without
+# workers has the last block: scripts/test.sh runs the hostile-client tests so beside the
+# xdist workers, and a port both handed out was answered by the other's server (the check
+# below finds a port free before either binds it).
 PORT_BLOCK = 1000
 FIRST_PORT = 20_000
+BLOCKS = 12
 _ports = itertools.count()
 
 
 def free_port() -> int:
-    """A port no other test of the session is given, free when asked."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    base = FIRST_PORT + (int(worker) if worker.isdigit() else 0) % 12 * PORT_BLOCK
+    """A port no other test of the session, nor of a session running beside it, is given,
+    free when asked."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    block = int(worker) % (BLOCKS - 1) if worker.isdigit() else BLOCKS - 1
+    base = FIRST_PORT + block * PORT_BLOCK
     for _ in range(PORT_BLOCK):
         port = base + next(_ports) % PORT_BLOCK
         with socket.socket() as sock:

@@ -16,6 +16,7 @@ import yaml
 
 from otel_vgpu.sim.node import PROC_TREE_PREFIX
 from testkit.agent import (
+    PORT_BLOCK,
     ROOT,
     agent_in_process,
     clean_env,
@@ -296,6 +297,23 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], env: dict[str, str], fr
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert fragment in stderr
     assert proc_trees_of(process.pid) == [], "the simulated proc tree is left behind"
+
+
+def test_a_session_without_workers_is_given_no_port_a_worker_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    # scripts/test.sh runs the hostile-client tests beside the xdist workers: a port both
+    # sessions were given went to whichever server bound it first, and the other's tests
+    # scraped it.
+    def block_of(worker: str | None) -> int:
+        if worker is None:
+            monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+        else:
+            monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        return free_port() // PORT_BLOCK
+
+    alone = block_of(None)
+    workers = {block_of(f"gw{n}") for n in range(16)}
+    assert alone not in workers, (alone, workers)
+    assert max(workers | {alone}) * PORT_BLOCK + PORT_BLOCK <= 32768, "below Linux's ephemeral ports"
 
 
 def test_each_thread_has_its_name_in_the_kernel(scenario_file: Path, ratio_file: Path) -> None:
