@@ -8,8 +8,8 @@ Two compute-bound processes on GPU 0, the second started `--gap` seconds after t
 every half second for 3 s, each process's newest NVML sample and how far it is stamped after
 the start the agent computes for it (pods/attribution.py: the boot time from /proc/uptime and
 the start's clock ticks from /proc/<pid>/stat). The agent keeps a PID's samples only when they
-are stamped a sample period (200 ms) or more after that start (gpu/sampling.py
-`of_their_process`): a negative or small margin here means a running process's work is
+are stamped a sample period (200 ms) or more after that start (collect/ledger.py
+`BORN_SLACK_US`): a negative or small margin here means a running process's work is
 dropped as an ended one's.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from otel_vgpu.gpu.sampling import SAMPLE_PERIOD_US
+from otel_vgpu.collect.ledger import BORN_SLACK_US as SAMPLE_PERIOD_US
 from otel_vgpu.pods.attribution import CLOCK_TICKS, ProcReader
 from testkit.cuda_workloads import require_gpu, start_workloads
 from testkit.report import publish

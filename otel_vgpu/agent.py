@@ -42,6 +42,7 @@ from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.reading import GpuReader, Read
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.collect.sweeper import Sweeper
+from otel_vgpu.collect.watch import ProcessWatch
 from otel_vgpu.collect.xids import XidCounts, XidWatch
 from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_DRIVER_CHANGED, EXIT_NO_GPU, EXIT_USAGE, Config
 from otel_vgpu.export.auth import AuthFileError, BasicAuth, load_users
@@ -201,6 +202,9 @@ class Agent:
         sweeper = Sweeper(self.sampler, self.config.sweep_interval)
         sweeper.start()
         self._closers.append(sweeper.stop)
+        self.process_watch = ProcessWatch(self.sampler, self.config.watch_interval)
+        self.process_watch.start()
+        self._closers.append(self.process_watch.stop)
         if self.xids is not None:
             watch = XidWatch(self._backend, self.xids, self.health)
             watch.start()

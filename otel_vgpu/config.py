@@ -296,20 +296,31 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--min-interval",
-        "oldest a sweep may be, in seconds, to serve a collection; collections closer together share one "
-        "sweep, and scrapes one rendered body",
+        "with --sweep-interval 0 only: oldest a sweep may be, in seconds, to serve a collection; "
+        "collections closer together share one sweep, and scrapes one rendered body (with sweeps of the "
+        "agent's own, a collection never sweeps: it serves the last sweep)",
         "OTEL_VGPU_MIN_INTERVAL",
         _number(float, "interval", 0, 3600),
         1.0,
     ),
     Flag(
         "--sweep-interval",
-        "seconds between the agent's own sweeps of NVML and /proc, which advance the usage counters "
-        "(busy seconds, peak memory) and serve the scrapes and pushes in between; 0: sweep only when "
-        "scraped, pushed or probed",
+        "mean seconds between the agent's own sweeps of NVML and /proc, which advance the usage counters "
+        "(busy seconds, peak memory) and serve the scrapes and pushes in between; each wait is drawn at "
+        "random from half to one and a half times this, so that no client can predict a sweep; 0: sweep "
+        "only when scraped, pushed or probed, at instants a client can choose (docs/trust.md)",
         "OTEL_VGPU_SWEEP_INTERVAL",
         _number(float, "interval", 0, 3600),
         2.0,
+    ),
+    Flag(
+        "--watch-interval",
+        "seconds between looks at each GPU's process list between sweeps, so that a process living "
+        "between two sweeps is attributed and billed (collect/watch.py); 0: no watch, only the sweeps "
+        "see processes",
+        "OTEL_VGPU_WATCH_INTERVAL",
+        _number(float, "interval", 0, 60),
+        0.25,
     ),
     Flag(
         "--gpu-idle-watts",
@@ -479,6 +490,8 @@ class Config:
     min_interval: float = _default("min_interval")
     sweep_interval: float = _default("sweep_interval")
     """0: no sweeps of the agent's own (docs/metrics.md has what each interval costs)."""
+    watch_interval: float = _default("watch_interval")
+    """0: no process watch between sweeps."""
     gpu_idle_watts: float | None = _default("gpu_idle_watts")
     """None: learned per GPU (collect/usage.py)."""
     seed_metrics: bool = _default("seed_metrics")

@@ -70,7 +70,16 @@ def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, process
         )
         ratio = Path(tmp) / "gpu_allocation.txt"
         ratio.write_text("2\n")
-        args = ("--simulate", str(scenario), "--allocation-file", str(ratio), "--min-interval", "0")
+        args = (
+            "--simulate",
+            str(scenario),
+            "--allocation-file",
+            str(ratio),
+            "--min-interval",
+            "0",
+            "--sweep-interval",
+            "0",
+        )
         with running_agent(*args, "--log-level", "warning") as agent:
             pid = agent.process.pid
             started = time.monotonic()

@@ -36,7 +36,17 @@ UNKNOWN_UID = "0e886e9a-3879-45f9-b44d-86ef9df03224"
 
 
 def agent_args(scenario_file: Path, ratio_file: Path, *extra: str) -> list[str]:
-    return ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file), "--min-interval", "0", *extra]
+    return [
+        "--simulate",
+        str(scenario_file),
+        "--allocation-file",
+        str(ratio_file),
+        "--min-interval",
+        "0",
+        "--sweep-interval",
+        "0",
+        *extra,
+    ]
 
 
 def test_scrape_matches_the_scenario(scenario_file: Path, ratio_file: Path) -> None:
@@ -154,7 +164,14 @@ def test_ended_pod_disappears_at_the_next_collection(tmp_path: Path, ratio_file:
     )
     seen: set[bool] = set()
     with running_agent(
-        "--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"
+        "--simulate",
+        str(scenario),
+        "--allocation-file",
+        str(ratio_file),
+        "--min-interval",
+        "0",
+        "--sweep-interval",
+        "0",
     ) as agent:
         deadline = time.monotonic() + 10
         while seen != {True, False} and time.monotonic() < deadline:
@@ -318,13 +335,13 @@ def test_a_session_without_workers_is_given_no_port_a_worker_is(monkeypatch: pyt
 
 def test_each_thread_has_its_name_in_the_kernel(scenario_file: Path, ratio_file: Path) -> None:
     # What top and ps show, and what bench/gpu_thread_cpu.py tells the threads' CPU apart by.
-    with running_agent(*agent_args(scenario_file, ratio_file)) as agent:
+    with running_agent(*agent_args(scenario_file, ratio_file, "--sweep-interval", "2")) as agent:
         agent.scrape()
         tasks = Path(f"/proc/{agent.process.pid}/task")
         names = {(task / "comm").read_text().strip() for task in tasks.iterdir()}
         code, err = agent.stop()
     assert code == 0, err
-    assert {"http", "http-worker_0", "sweeper", "xid-events"} <= names, names
+    assert {"http", "http-worker_0", "sweeper", "process-watch", "xid-events"} <= names, names
 
 
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGUSR2"])

@@ -109,7 +109,7 @@ pods:
     finally:
         node.close()
     sm = {row.pod: row.sm_utilization for row in snapshot.pods}
-    assert sm["a"] == 0.9 / 1.5 and sm["b"] == 0.6 / 1.5
+    assert sm["a"] == pytest.approx(0.9 / 1.5) and sm["b"] == pytest.approx(0.6 / 1.5)
     assert snapshot.gpus[0].device.utilization == 1.0
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
 from otel_vgpu.gpu.backend import MigDevice, ProcessUse, UtilizationSample
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
@@ -20,6 +21,12 @@ GIB = 1024**3
 
 def reader_of(backend: FakeBackend, clock: list[float], **policy: Any) -> GpuReader:
     return GpuReader(backend, clock=lambda: clock[0], **policy)
+
+
+def swept(reader: GpuReader, errors: SweepErrors | None = None) -> GpuReading | None:
+    """GPU 0 read as a sweep reads it: its processes, of no pod here, then what they ran."""
+    reading = reader.read(0, errors or SweepErrors())
+    return None if reading is None else reader.settle(reading, {}, {})
 
 
 def test_each_sweep_reads_the_window_since_the_last_and_never_less_than_a_second() -> None:
@@ -40,7 +47,7 @@ def test_the_processes_are_fitted_under_the_gpus_own_samples_of_the_window() -> 
         UtilizationSample(2, 100 * S - 10, ProcessUse(0.3)),
     ]
     backend.gpu_samples = [(100 * S - 20, 0.4), (100 * S - 10, 0.5)]
-    reading = reader_of(backend, clock).read(0, SweepErrors())
+    reading = swept(reader_of(backend, clock))
     assert reading is not None and reading.use_by_pid is not None
     assert reading.device.utilization_window == pytest.approx(0.45)
     assert sum(use.sm for use in reading.use_by_pid.values()) == pytest.approx(0.45)
@@ -51,7 +58,7 @@ def test_a_gpu_that_cannot_tell_per_process_use_is_asked_again_only_after_ask_ag
     backend, clock = FakeBackend(unsupported=True), [0.0]
     reader = reader_of(backend, clock, ask_again_s=60.0)
     errors = SweepErrors()
-    first = reader.read(0, errors)
+    first = swept(reader, errors)
     assert first is not None and first.use_by_pid is None
     assert (Stage.PROCESS_UTILIZATION, "0:NOT_SUPPORTED") in errors.seen
     clock[0] = 59.0
@@ -61,8 +68,10 @@ def test_a_gpu_that_cannot_tell_per_process_use_is_asked_again_only_after_ask_ag
     assert len(asked(backend, "processes")) == 1 and not errors.seen
     assert (Stage.PROCESS_UTILIZATION, "0:NOT_SUPPORTED") in errors.ongoing
     backend.unsupported, clock[0] = False, 61.0
-    again = reader.read(0, SweepErrors())
-    assert len(asked(backend, "processes")) == 2 and again is not None and again.use_by_pid == {}
+    again = swept(reader)
+    assert len(asked(backend, "processes")) == 2 and again is not None
+    # Asked again, with no samples: its processes were idle, each a figure of 0.
+    assert again.use_by_pid is not None and set(again.use_by_pid.values()) <= {ProcessUse()}
 
 
 def test_the_energy_counter_is_read_every_energy_every_s_and_marked_skipped_between() -> None:
@@ -127,7 +136,7 @@ def engine_reader(clock: list[float]) -> tuple[FakeBackend, GpuReader]:
 def sweep_at(backend: FakeBackend, reader: GpuReader, clock: list[float], at: float) -> Any:
     clock[0] = at
     backend.now = 100 * S + int(at * S)
-    reading = reader.read(0, SweepErrors())
+    reading = swept(reader)
     assert reading is not None
     return reading.device
 

@@ -44,7 +44,16 @@ def test_gpu_lost_mid_run_leaves_the_other_reported_and_recovers(tmp_path: Path,
     scenario = write(
         tmp_path, TWO_GPUS + "faults:\n  - {call: device, gpu: 1, code: GPU_IS_LOST, from_s: 1.5, to_s: 3.5}\n"
     )
-    args = ["--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
+    args = [
+        "--simulate",
+        str(scenario),
+        "--allocation-file",
+        str(ratio_file),
+        "--min-interval",
+        "0",
+        "--sweep-interval",
+        "0",
+    ]
     with running_agent(*args) as agent:
         wait_for(agent, lambda e: gpus_of(e) == {"0", "1"})
         lost = wait_for(agent, lambda e: gpus_of(e) == {"0"})
@@ -61,7 +70,16 @@ def test_driver_away_mid_run_serves_no_stale_figures_and_recovers(tmp_path: Path
     scenario = write(
         tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, code: DRIVER_NOT_LOADED, from_s: 1.5, to_s: 3.5}\n"
     )
-    args = ["--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
+    args = [
+        "--simulate",
+        str(scenario),
+        "--allocation-file",
+        str(ratio_file),
+        "--min-interval",
+        "0",
+        "--sweep-interval",
+        "0",
+    ]
     with running_agent(*args) as agent:
         wait_for(agent, lambda e: gpus_of(e) == {"0", "1"})
         away = wait_for(agent, lambda e: not gpus_of(e))
@@ -80,7 +98,16 @@ SLOW_SWEEP_S = 0.4
 
 def test_slow_sweeps_do_not_pile_up_under_concurrent_scrapes(tmp_path: Path, ratio_file: Path) -> None:
     scenario = write(tmp_path, TWO_GPUS + f"faults:\n  - {{call: device_count, delay_s: {SLOW_SWEEP_S}}}\n")
-    args = ["--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
+    args = [
+        "--simulate",
+        str(scenario),
+        "--allocation-file",
+        str(ratio_file),
+        "--min-interval",
+        "0",
+        "--sweep-interval",
+        "0",
+    ]
     with running_agent(*args) as agent:
         stop = threading.Event()
         timeouts = []
@@ -193,7 +220,9 @@ def test_idle_and_half_open_connections_do_not_block_scrapes(ratio_file: Path) -
 
 
 def test_ratio_rewritten_during_scrapes_is_always_a_valid_ratio(ratio_file: Path) -> None:
-    with running_agent("--simulate", "--allocation-file", str(ratio_file), "--min-interval", "0") as agent:
+    with running_agent(
+        "--simulate", "--allocation-file", str(ratio_file), "--min-interval", "0", "--sweep-interval", "0"
+    ) as agent:
         stop = threading.Event()
 
         def rewrite() -> None:
@@ -234,7 +263,14 @@ def test_sigterm_during_a_sweep_exits_cleanly(tmp_path: Path, ratio_file: Path) 
     # while the scrape below waits for it.
     scenario = write(tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, delay_s: 2.0}\n")
     with running_agent(
-        "--simulate", str(scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"
+        "--simulate",
+        str(scenario),
+        "--allocation-file",
+        str(ratio_file),
+        "--min-interval",
+        "0",
+        "--sweep-interval",
+        "0",
     ) as agent:
         outcome: list[str] = []
 

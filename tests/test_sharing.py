@@ -26,11 +26,12 @@ def scraped(scenario: str | Path, ratio: str, tmp_path: Path, *extra: str) -> It
     """The second scrape of the agent on a sharing scenario (a name in SCENARIOS, or a file), and its log."""
     ratio_file = tmp_path / "gpu_allocation.txt"
     ratio_file.write_text(ratio + "\n")
-    args = ["--simulate", str(SCENARIOS / scenario), "--allocation-file", str(ratio_file), "--min-interval", "0"]
-    # Engine windows close at every sweep after the first: the second scrape has them.
+    args = ["--simulate", str(SCENARIOS / scenario), "--allocation-file", str(ratio_file), "--sweep-interval", "0.2"]
+    # Engine windows close at every sweep after the first: a scrape after two more has them.
     with agent_in_process(*args, "--no-kubernetes", *extra, env=clean_env(), engine_every_s=0.0) as agent:
         agent.scrape()
-        exposition = agent.scrape()  # the second: what holds once the agent runs
+        agent.wait_sweeps(2)
+        exposition = agent.scrape()  # what holds once the agent runs
         yield exposition, agent.logged()
 
 
@@ -139,8 +140,9 @@ def test_a_number_that_disagrees_with_the_kubelet_is_logged_once_and_counted(tmp
     ratio_file = tmp_path / "gpu_allocation.txt"
     ratio_file.write_text("2\n")
     args = ["--simulate", str(SCENARIOS / "renamed.yaml"), "--allocation-file", str(ratio_file)]
-    with agent_in_process(*args, "--min-interval", "0", "--no-kubernetes", env=clean_env()) as agent:
+    with agent_in_process(*args, "--sweep-interval", "0.2", "--no-kubernetes", env=clean_env()) as agent:
         agent.scrape()
+        agent.wait_sweeps(2)
         exposition = agent.scrape()
         log = agent.logged()
     # The number stays in force; GPU 0 (4 replicas) disagrees, GPU 1 (2) agrees.

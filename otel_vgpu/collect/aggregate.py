@@ -30,10 +30,15 @@ class GpuReading:
     unknown_pids: frozenset[int] = frozenset()
     """Processes whose use NVML cannot tell (MPS clients, and their servers, whose samples are
     the clients' work: collect/trust.py): their pods' use on the GPU is unknown."""
-    earlier_use: Mapping[int, ProcessUse] = field(default_factory=dict)
-    """By PID, what processes that have ended used over the window: those whose PIDs no process
-    holds now, and those whose PIDs another process holds since (their samples older than it:
-    gpu/sampling.py `of_their_process`), never the new holder's."""
+    earlier_use: Mapping[PodRef, ProcessUse] = field(default_factory=dict)
+    """By pod, what its processes that have ended used over the window (collect/ledger.py):
+    those the watch saw between sweeps too, however short they lived."""
+    users: frozenset[str] = frozenset()
+    """The pods (UIDs) whose processes lived on the GPU over the window, "" for any of no pod."""
+    unexplained_seconds: float = 0.0
+    """SM-busy seconds of the GPU over the window that no process was given."""
+    reused_pids: frozenset[int] = frozenset()
+    """PIDs listed whose samples were older than the process holding them: not theirs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +204,6 @@ def aggregate(
     allocation: Allocation,
     ratios: Ratios,
     by_container: bool = False,
-    ended: Mapping[int, PodRef] | None = None,
 ) -> tuple[tuple[GpuRow, ...], tuple[PodRow, ...]]:
     """Per-GPU rows, and per-(pod, device) rows (per (pod, container, device)
     with `by_container`), where a device is a whole GPU or a MIG device.
@@ -216,9 +220,9 @@ def aggregate(
       device's memory / its ratio. Compute given: stated, else shares / ratio.
     - Rows are per pod UID: a StatefulSet pod and its terminating predecessor
       share a name and are told apart by `pod_uid`.
-    - The samples of processes that have ended (`ended`: their PIDs, no longer listed or
-      held by another process) are their pods' last interval: added to the pod's row, or
-      to a row marked `ended` where the pod has no process left on the device.
+    - What processes that have ended ran over the window (`earlier_use`: those no longer
+      listed, however short they lived) is their pods': added to the pod's row, or to a row
+      marked `ended` where the pod has no process left on the device.
     """
     labeller = _Labeller(lookup, by_container)
     placed: dict[str, dict[tuple[str, str], Grant]] = {}
@@ -254,8 +258,8 @@ def aggregate(
                 placed_here = placed.get(unit.uuid, {})
                 rows, lost = _unit_rows(reading, mine, pods_by_pid, labeller, placed_here)
                 unattributed += lost
-                if unit.mig is None and ended:
-                    pod_rows.extend(_ended_rows(reading, ended, labeller, rows, by_container))
+                if unit.mig is None and reading.earlier_use:
+                    pod_rows.extend(_ended_rows(reading, labeller, rows, by_container))
                 ratio = ratios.of(unit.uuid)
                 for row in rows.values():
                     grant = _grant(row.keys, placed_here, unplaced, running_on, allocation.answered)
@@ -294,7 +298,6 @@ def aggregate(
 
 def _ended_rows(
     reading: GpuReading,
-    ended: Mapping[int, PodRef],
     labeller: _Labeller,
     rows: dict[tuple[str, str, str, str], _Row],
     by_container: bool,
@@ -304,10 +307,7 @@ def _ended_rows(
     if reading.use_by_pid is None:
         return []
     gone: dict[tuple[str, str, str, str], ProcessUse] = {}
-    for pid, use in reading.earlier_use.items():
-        ref = ended.get(pid)
-        if ref is None:
-            continue
+    for ref, use in reading.earlier_use.items():
         label = labeller.row(labeller.key(ref))
         row = rows.get(label)
         if row is not None:

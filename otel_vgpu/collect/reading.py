@@ -29,19 +29,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from otel_vgpu.collect import ledger
 from otel_vgpu.collect.aggregate import GpuReading
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError, GpuProcess, ProcessUse
-from otel_vgpu.gpu.sampling import (
-    MIN_WINDOW_US,
-    SamplingWindows,
-    fit_under,
-    mean_since,
-    mean_use_by_pid,
-    of_their_process,
-    until_they_ended,
-    window_start,
-)
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuBackend, GpuError, GpuProcess, ProcessUse, UtilizationSample
+from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_since, window_start
 from otel_vgpu.health import Stage
+from otel_vgpu.pods.cgroups import PodRef
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +66,20 @@ ENERGY_EVERY_S = 10.0
 ENGINE_EVERY_S = 10.0
 # A window closes at the first sweep this far into `engine_every_s`.
 CLOSE_EARLY = 0.95
+# How often, at most, the watch reads a GPU's per-process samples for a process that has none
+# yet: each read costs 2 ms of CPU on an H200 (bench/results/h200-sweep-cost.md), so a node
+# whose tenants start a process a second costs at most this bound, and a steady one nothing.
+SAMPLE_EVERY_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """What a sweep read of a GPU's processes, kept until they are attributed (`settle`)."""
+
+    now_us: int
+    samples: tuple[UtilizationSample, ...]
+    born: Mapping[int, int]
+    periods: tuple[tuple[int, float], ...] | None
 
 
 @dataclass(slots=True)
@@ -104,6 +111,9 @@ class Read(str, Enum):
     """NVML's XID events, waited on by a thread of their own (collect/xids.py)."""
 
 
+Identify = Callable[[Sequence[int]], Mapping[int, ledger.Seen]]
+"""Who each of these new processes is, by PID: its start and pod, read at first sight."""
+
 Born = Callable[[Sequence[int]], Mapping[int, int]]
 """When each of these processes started, by PID, on the samples' clock (microseconds); a PID
 absent is gone or unreadable (pods/attribution.py `Attributor.started_us`)."""
@@ -124,6 +134,7 @@ class GpuReader:
         energy_every_s: float = ENERGY_EVERY_S,
         reads: frozenset[Read] = frozenset(Read),
         engine_every_s: float = ENGINE_EVERY_S,
+        sample_every_s: float = SAMPLE_EVERY_S,
     ) -> None:
         """`reads`: what beside the device and its processes is read; the rest is never asked."""
         self._backend = backend
@@ -147,12 +158,25 @@ class GpuReader:
         """The processes each GPU listed at its last sweep, (PID, start), by UUID."""
         self._gpm_opened: dict[str, float] = {}
         """When each GPU's GPM window opened, by UUID (GPM windows last as engine windows do)."""
+        self._ledgers: dict[str, ledger.GpuLedger] = {}
+        """Each GPU's processes' lives (collect/ledger.py), by UUID."""
+        self._pending: dict[str, _Pending] = {}
+        self._periods: dict[str, tuple[tuple[int, float], ...]] = {}
+        self._window_began: dict[str, int] = {}
+        self._uuids: dict[int, str] = {}
+        """Each GPU's UUID by index, as the last sweep read it: what the watch looks at."""
+        self._sample_every_us = round(sample_every_s * 1e6)
+        self._watch_sampled: dict[str, int] = {}
+        """When the watch last read each GPU's per-process samples, by UUID."""
+        self.watch_samples = 0
+        """How many times the watch has read per-process samples (each costs 2 ms on an H200)."""
 
     def keep_only(self, gpu_uuids: Iterable[str]) -> None:
         """Forget the GPUs that are gone (their windows restart if they come back)."""
         keep = set(gpu_uuids)
         self._windows.keep_only(keep)
         self._listed = {uuid: pids for uuid, pids in self._listed.items() if uuid in keep}
+        self._ledgers = {uuid: book for uuid, book in self._ledgers.items() if uuid in keep}
         self._engine_windows = {uuid: w for uuid, w in self._engine_windows.items() if uuid in keep}
         self._gpm_opened = {uuid: at for uuid, at in self._gpm_opened.items() if uuid in keep}
 
@@ -164,6 +188,7 @@ class GpuReader:
         except GpuError as error:
             errors.add(Stage.DEVICE, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return None
+        self._uuids[index] = device.uuid
         if Read.GPU_SAMPLES in self._reads:
             device = self._with_window(index, device)
         try:
@@ -204,20 +229,88 @@ class GpuReader:
                 self._no_process_utilization[device.uuid] = self._clock() + self._ask_again_s
             errors.add(Stage.PROCESS_UTILIZATION, f"{index}:{error.code.value}", f"GPU {index}: {error}")
             return GpuReading(device=device, processes=processes, use_by_pid=None)
+        self._window_began[device.uuid] = since
         self._windows.advance(device.uuid, now)
         self._no_process_utilization.pop(device.uuid, None)
-        listed = {p.pid for p in processes}
-        samples, older = of_their_process(samples, started)
-        # A PID no process holds any more, or one whose samples are older than the process
-        # holding it: the samples of a process that has ended, its pod's last interval.
-        ended = [*older, *(s for s in samples if s.pid not in listed)]
-        use_by_pid, earlier = fit_under(
-            [mean_use_by_pid([s for s in samples if s.pid in listed], since), until_they_ended(ended, since, now)],
-            device.utilization_window,
+        self._pending[device.uuid] = _Pending(now, tuple(samples), started, self._periods.pop(device.uuid, None))
+        return GpuReading(device=device, processes=processes, use_by_pid=None)
+
+    def settle(self, reading: GpuReading, pods: Mapping[int, PodRef | None], starts: Mapping[int, int]) -> GpuReading:
+        """The reading with what each process ran over the window (collect/ledger.py), once its
+        processes are attributed (`pods`, by PID; `starts`: their start times, in clock ticks)
+        and MPS judged (`reading.unknown_pids`). A reading without per-process samples is as read."""
+        device = reading.device
+        pending = self._pending.pop(device.uuid, None)
+        if pending is None or reading.processes is None:
+            self._ledgers.pop(device.uuid, None)
+            return reading
+        book = self._ledgers.setdefault(device.uuid, ledger.GpuLedger())
+        processes = reading.processes
+        ledger.listed(
+            book,
+            pending.now_us,
+            [ledger.Seen(p.pid, starts.get(p.pid), pending.born.get(p.pid), pods.get(p.pid)) for p in processes],
         )
+        refused = ledger.sampled(book, pending.samples)
+        ledger.unknown(book, reading.unknown_pids)
+        periods = pending.periods
+        if periods is None:
+            # No sample buffer of the GPU's own: the window is one period, at its last figure.
+            began = self._window_began.get(device.uuid, pending.now_us - MIN_WINDOW_US)
+            window = ledger.close(book, [(pending.now_us, device.utilization)], max(1, pending.now_us - began))
+        else:
+            window = ledger.close(book, periods)
+        use_by_pid, earlier = ledger.means(window)
         if Read.ENGINE_SAMPLES in self._reads and device.engines:
-            device = self._with_engine_window(index, device, [*use_by_pid.values(), *earlier.values()], now)
-        return GpuReading(device=device, processes=processes, use_by_pid=use_by_pid, earlier_use=earlier)
+            # The samples too: an MPS server's holds its clients' engines, which no pod is given.
+            uses = [*use_by_pid.values(), *earlier.values(), *(sample.use for sample in pending.samples)]
+            device = self._with_engine_window(device.index, device, uses, pending.now_us)
+        return dataclasses.replace(
+            reading,
+            device=device,
+            use_by_pid=use_by_pid,
+            earlier_use=earlier,
+            users=window.users,
+            unexplained_seconds=window.unexplained,
+            reused_pids=refused,
+        )
+
+    def watch(self, index: int, identify: Identify) -> None:
+        """One look at GPU `index` between sweeps (collect/watch.py): its processes listed, each
+        new one attributed at first sight, while its /proc entry exists, and the GPU's samples
+        read where a process listed has none yet, at most every `sample_every_s`."""
+        uuid = self._uuids.get(index)
+        if uuid is None or Read.PROCESS_USE not in self._reads or uuid in self._no_process_utilization:
+            return
+        book = self._ledgers.get(uuid)
+        if book is None:
+            return  # no window open: a MIG GPU, or one not swept yet
+        try:
+            processes = self._backend.processes(index)
+        except GpuError:
+            return  # the sweep says what fails
+        now = self._backend.now_us()
+        known = {pid: book.lives[key] for pid, key in book.listed.items() if key in book.lives}
+        fresh = identify([p.pid for p in processes if p.pid not in known])
+        seen = []
+        for process in processes:
+            life = known.get(process.pid)
+            if life is not None:
+                seen.append(ledger.Seen(process.pid, life.start, life.born_us, life.owner))
+            else:
+                seen.append(fresh.get(process.pid) or ledger.Seen(process.pid, None, None, None))
+        ledger.listed(book, now, seen)
+        unsampled = any(not book.lives[key].samples for key in book.listed.values() if key in book.lives)
+        last = self._watch_sampled.get(uuid, 0)
+        if not unsampled or now - last < self._sample_every_us:
+            return
+        self._watch_sampled[uuid] = now
+        try:
+            samples = self._backend.utilization_samples(index, now - MIN_WINDOW_US)
+        except GpuError:
+            return
+        self.watch_samples += 1
+        ledger.sampled(book, samples)
 
     def _with_compute_mode(self, index: int, device: Device) -> Device:
         """The device with its compute mode, where NVML tells it (collect/trust.py decides on it)."""
@@ -332,4 +425,5 @@ class GpuReader:
         if mean is None:
             return device
         self._gpu_seen[device.uuid] = max(stamp for stamp, _ in samples)
+        self._periods[device.uuid] = tuple((stamp, value) for stamp, value in samples if stamp > since)
         return dataclasses.replace(device, utilization_window=mean)

@@ -13,12 +13,13 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import TypeVar
 
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
 from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
+from otel_vgpu.collect.ledger import Seen
 from otel_vgpu.collect.reading import GpuReader, SweepErrors
 from otel_vgpu.collect.trust import MPS_SERVER_COMMAND, bound_unknown, judge_mps
 from otel_vgpu.collect.usage import Usage, accumulate
@@ -88,6 +89,14 @@ class Sampler:
         self._readers: dict[str, tuple[int, float]] = {}
         """By reader (the scrape, the OTLP push): the sweep it last collected, and when."""
         self.sweeps = 0
+        self._driven = False
+        """Whether sweeps are the agent's own (collect/sweeper.py): then no reader ever sweeps."""
+
+    def drive(self) -> None:
+        """Sweeps come from the agent's own sweeper from now on: a collection serves the last
+        sweep, or waits for the one in flight, and never sweeps itself (docs/trust.md: no
+        client moves a sweep instant), save the first, before the sweeper's."""
+        self._driven = True
 
     def collected(self, reader: str, snapshot: Snapshot) -> None:
         """`reader` collects `snapshot`: the ended pods' series it holds are in its hands."""
@@ -107,7 +116,7 @@ class Sampler:
     def fresh(self, max_age: float) -> Snapshot | None:
         """The latest snapshot if it is no older than `max_age` seconds; never sweeps or waits."""
         latest = self._latest
-        if latest is not None and self._clock() - latest.taken_at <= max_age:
+        if latest is not None and (self._driven or self._clock() - latest.taken_at <= max_age):
             return latest
         return None
 
@@ -152,20 +161,30 @@ class Sampler:
             return read(self._backend, latest)
 
     def snapshot(self, max_age: float) -> Snapshot:
-        """A snapshot no older than `max_age` seconds, sweeping if needed."""
+        """A snapshot no older than `max_age` seconds, sweeping if needed; with sweeps of the
+        agent's own (`drive`), the last sweep's, or the one in flight's, whatever its age."""
         generation = self._generation
         with self._lock:
             latest = self._latest
             if latest is not None and (
+                self._driven
                 # A sweep finished while this caller waited for the lock:
                 # it is as fresh as one this caller would start.
-                self._generation != generation or self._clock() - latest.taken_at <= max_age
+                or self._generation != generation
+                or self._clock() - latest.taken_at <= max_age
             ):
                 return latest
-            snapshot = self._sweep()
-            self._latest = snapshot
-            self._generation += 1
-            return snapshot
+            return self._store(self._sweep())
+
+    def sweep(self) -> Snapshot:
+        """A sweep now: the sweeper's, on the agent's own cadence."""
+        with self._lock:
+            return self._store(self._sweep())
+
+    def _store(self, snapshot: Snapshot) -> Snapshot:
+        self._latest = snapshot
+        self._generation += 1
+        return snapshot
 
     def _sweep(self) -> Snapshot:
         started = self._sweep_started = self._clock()
@@ -254,6 +273,7 @@ class Sampler:
             errors.add(Stage.ATTRIBUTION, "unreadable", message)
         pods_by_pid, unknown = self._refuse(attribution)
         readings = [self._judge_mps(reading, pods_by_pid, attribution) for reading in readings]
+        readings = [self._settle(reading, pods_by_pid, attribution) for reading in readings]
         self._announce(readings)
 
         devices = [reading.device for reading in readings]
@@ -279,7 +299,6 @@ class Sampler:
             allocation,
             resolved.ratios,
             self._by_container,
-            ended=attribution.ended,
         )
         return Snapshot(taken_at=self._clock(), ok=True, gpus=gpus, pods=pods, blind=blind)
 
@@ -328,15 +347,49 @@ class Sampler:
             attribution,
             "calls itself the MPS server on a GPU where it cannot be one; it is its pod's, as any process",
         )
-        listed = {p.pid for p in reading.processes or ()}
+        return judged
+
+    def _settle(
+        self, reading: GpuReading, pods_by_pid: dict[int, PodRef | None], attribution: Attribution
+    ) -> GpuReading:
+        """The reading with what every process ran over the window, those the watch alone saw
+        included (collect/ledger.py); what ended processes of pods the API does not know ran
+        is unattributed, as their listed processes' is past the bound."""
+        settled = self._reader.settle(reading, pods_by_pid, attribution.starts)
         self._refuse_processes(
             Refusal.PID_REUSED,
-            sorted(pid for pid in judged.earlier_use if pid in listed and pid in attribution.ended),
+            sorted(settled.reused_pids),
             attribution,
             "holds a PID whose NVML samples are older than it: they are the ended process's that held it "
             "before, and its pod's",
         )
-        return judged
+        if not settled.earlier_use or not self._directory.knows_every_pod():
+            return settled
+        listed = {ref.pod_uid for ref in pods_by_pid.values() if ref is not None}
+        kept = {
+            ref: use
+            for ref, use in settled.earlier_use.items()
+            if ref.pod_uid in listed or self._directory.lookup(ref.pod_uid) is not None
+        }
+        return settled if len(kept) == len(settled.earlier_use) else dataclasses.replace(settled, earlier_use=kept)
+
+    def watch(self) -> None:
+        """One look at every GPU between sweeps (collect/watch.py): never beside a sweep, while
+        the driver is paused, or before the first sweep."""
+        with self._lock:
+            latest = self._latest
+            if self._paused is not None or latest is None or not latest.ok:
+                return
+            for gpu in latest.gpus:
+                self._reader.watch(gpu.index, self._identify)
+
+    def _identify(self, pids: Sequence[int]) -> dict[int, Seen]:
+        found = {}
+        for pid in pids:
+            looked = self._attributor.look(pid)
+            if looked is not None:
+                found[pid] = Seen(pid, *looked)
+        return found
 
     def _may_serve_mps(self, ref: PodRef) -> bool:
         """Whether a pod may run an MPS server: one in a namespace trusted with it."""

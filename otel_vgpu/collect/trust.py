@@ -12,8 +12,11 @@ docs/trust.md says who can write each input. Here, at each sweep:
   server is every process beside the clients on a GPU in EXCLUSIVE_PROCESS compute mode
   (which the NVIDIA device plugin's MPS daemon sets, and which allows one context: the
   server's); in the default mode, a process named like the server that is outside every pod
-  (a host's daemon) or in a pod of a namespace trusted with it (the device plugin's). A
-  process in a tenant's pod that only calls itself the server is that pod's, as any other.
+  (a host's daemon) or in a pod of a namespace trusted with it (the device plugin's); else,
+  where every client is of one pod, a process so named in that pod: a tenant's own daemon
+  (`nvidia-cuda-mps-control -d`, which needs no privilege), whose samples are its clients'
+  work, all that pod's. A process in a tenant's pod that only calls itself the server is
+  that pod's, as any other: what it is given is its own pod's either way.
 """
 
 from __future__ import annotations
@@ -76,9 +79,21 @@ def judge_mps(
         servers = {p.pid for p in processes if not p.mps_client}
     else:
         servers = {pid for pid in named if in_trusted_place(pid)}
+        if not servers:
+            servers = _own_server(clients, named, pods_by_pid)
     decoys = tuple(sorted(named - servers))
     owners = {None if (ref := pods_by_pid.get(pid)) is None else ref.pod_uid for pid in clients | servers}
     if servers and len(owners) == 1 and None not in owners:
         # One pod runs its own MPS: its server's samples are its own clients' work.
         return dataclasses.replace(reading, mps_servers=len(servers)), decoys
     return dataclasses.replace(reading, unknown_pids=frozenset(clients | servers), mps_servers=len(servers)), decoys
+
+
+def _own_server(clients: set[int], named: set[int], pods_by_pid: Mapping[int, PodRef | None]) -> set[int]:
+    """The processes named like the server in the one pod every client is of: that pod's own
+    MPS daemon (NVML's client list is the driver's, which no pod writes); none otherwise."""
+    client_pods = {None if (ref := pods_by_pid.get(pid)) is None else ref.pod_uid for pid in clients}
+    if len(client_pods) != 1 or None in client_pods:
+        return set()
+    (uid,) = client_pods
+    return {pid for pid in named if (ref := pods_by_pid.get(pid)) is not None and ref.pod_uid == uid}

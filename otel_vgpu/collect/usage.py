@@ -39,8 +39,10 @@ the GPU's exactly:
   until one is seen, it is 0 and all the energy is active;
 - active energy, the rest, goes by SM share: each pod's SM over the larger of
   the GPU's utilization and the pods' sum; what no pod ran is unattributed;
-- where per-pod SM is unknown (MIG, MPS) no pod gets energy: all of it is
-  unattributed, and the pods' energy families are left out, as their SM ones.
+- where a pod's SM is unknown (an MPS client) it gets no energy, and its part is
+  unattributed, while the pods beside it on the GPU keep theirs; where the GPU's is unknown
+  (MIG) no pod gets energy: all of it is unattributed. The pods' energy families are left
+  out where their SM ones are.
 """
 
 from __future__ import annotations
@@ -133,13 +135,15 @@ def note_interval(
     pending: Pending, seconds: float, utilization: float | None, ratio: float, pods: Sequence[PodRow]
 ) -> Pending:
     """`pending` with one more interval of `seconds` of a GPU added."""
-    if any(row.sm_utilization is None for row in pods) or utilization is None:
+    if utilization is None:
         return dataclasses.replace(
             pending, seconds=pending.seconds + seconds, unknown_seconds=pending.unknown_seconds + seconds
         )
     held, ran = dict(pending.held), dict(pending.ran)
     total_shares = sum(row.shares for row in pods)
     for row in pods:
+        if row.sm_utilization is None:
+            continue  # its SM unknown (MPS): its part stays unattributed, its neighbours keep theirs
         key = pod_key(row)
         held[key] = held.get(key, 0.0) + (row.shares / max(ratio, total_shares) if total_shares > 0 else 0.0) * seconds
         ran[key] = ran.get(key, 0.0) + (row.sm_utilization or 0.0) * seconds
@@ -167,7 +171,13 @@ def split_pending(joules: float, idle_watts: float, pending: Pending) -> EnergyS
         idle_part = idle * pending.held.get(key, 0.0) / known
         active_part = active * pending.ran.get(key, 0.0) / pending.busy if pending.busy > 0 else 0.0
         parts[key] = idle_part + active_part
-    return EnergySplit(joules, parts, joules - sum(parts.values()))
+    # Never more than the whole, and the rest never below 0, whatever floating point does: the
+    # unattributed counter is a counter, and OpenMetrics refuses a negative one.
+    given = sum(parts.values())
+    if given > joules:
+        parts = {key: part * joules / given for key, part in parts.items()} if given > 0 else parts
+        given = sum(parts.values())
+    return EnergySplit(joules, parts, max(0.0, joules - given))
 
 
 def accumulate(

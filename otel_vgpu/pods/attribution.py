@@ -9,7 +9,7 @@ a mounted host `/proc` through `--proc-root`.) A process keeps its cgroup for
 life, so each attribution is cached per (PID, start time): a reused PID has a
 different start time and is read again. The start time, on NVML's clock, is also
 what tells a PID's samples of the process holding it now from those of the one
-that held it before (gpu/sampling.py `of_their_process`).
+that held it before (collect/ledger.py `sampled`).
 """
 
 from __future__ import annotations
@@ -161,6 +161,29 @@ class Attributor:
             if isinstance(stat, tuple):
                 started[pid] = self._boot_us + stat[0] * 1_000_000 // CLOCK_TICKS
         return started
+
+    def look(self, pid: int) -> tuple[int, int | None, PodRef | None] | None:
+        """One process seen between sweeps (collect/watch.py): its start time (clock ticks),
+        the same on the samples' clock (None before the first sweep read the boot time), and
+        its pod, read now, while its /proc entry exists; None where it is gone or unreadable.
+        The sweep's own pass is left as it is."""
+        try:
+            stat = self._reader.stat(pid)
+            if stat is None:
+                return None
+            start = stat[0]
+            cached = self._cache.get(pid)
+            if cached is not None and cached.start == start:
+                ref = cached.ref
+            else:
+                text = self._reader.cgroup(pid)
+                if text is None or self._reader.start_time(pid) != start:
+                    return None
+                ref = parse_cgroup(text)
+        except ProcUnreadable:
+            return None
+        born = None if self._boot_us is None else self._boot_us + start * 1_000_000 // CLOCK_TICKS
+        return start, born, ref
 
     def _stat(self, pid: int) -> tuple[int, str] | ProcUnreadable | None:
         if pid not in self._stats:

@@ -68,6 +68,12 @@ DRIVER_FILE = "nvidiactl"
 # grid, and a process's latest busy period is looked for up to 50 periods back.
 SAMPLE_PERIOD_US = 200_000
 SAMPLES_KEPT = 50
+# Sample periods whose running processes are remembered (`_alive`): the energy counter's and
+# the sample buffers' reach, and a little more.
+ALIVE_KEPT = 400
+# A listing this soon after the last brings the processes and the proc tree to no newer time:
+# a watch of several GPUs lists them one after another.
+REFRESH_EVERY_S = 0.01
 _FIRST_PID = 4000
 # The simulated node had been up this long when the scenario began: /proc/uptime, and the
 # start times in /proc/<pid>/stat (clock ticks after boot), count from its boot.
@@ -188,9 +194,10 @@ class SimulatedNode:
         # Each GPU's energy counter, as NVML's: millijoules since the driver loaded.
         self._energy_mj = [0.0] * len(scenario.gpus)
         self._energy_at: list[float | None] = [None] * len(scenario.gpus)
-        self._gone: dict[tuple[int, int], _Process] = {}
-        """Processes that ended in the last SAMPLES_KEPT periods, by (PID, start time): NVML
-        keeps their last samples, under their PIDs, which a new process may hold by now."""
+        self._alive_at: dict[int, list[_Process]] = {}
+        """By sample period (its end, on the samples' clock): the processes that ran in it, from
+        the scenario itself, whether or not any listing saw them."""
+        self._alive_lock = threading.Lock()
         self._health = SimulatedHealth(scenario, self.now, self._running_at, IDLE_WATTS, FULL_WATTS)
         self.refresh()
 
@@ -349,14 +356,30 @@ class SimulatedNode:
             raise GpuError(ErrorCode.UNINITIALIZED, "simulated NVML released while the GPU driver is paused")
 
     def _running_at(self, t: float) -> list[_Process]:
-        """The processes running at scenario time `t`, those ended since included."""
-        return [p for p in (*self._processes, *self._gone.values()) if p.starts_at <= t < p.ends_at]
+        """The processes running at scenario time `t` (in the sample period that holds it),
+        those ended since included, whether or not the agent ever listed them."""
+        stamp = self._wall_started_us + round(t * 1e6)
+        return self._alive(-(-stamp // SAMPLE_PERIOD_US) * SAMPLE_PERIOD_US)
+
+    def _alive(self, stamp_us: int) -> list[_Process]:
+        """The processes that ran in the sample period ending at `stamp_us`, as the scenario
+        says: a process that lived between two listings still ran, and the GPU's own figures,
+        its energy and its samples count it, as a real driver's do."""
+        found = self._alive_at.get(stamp_us)
+        if found is None:
+            t = self._scenario_time(stamp_us)
+            found = [p for p in self._processes_at(t) if p.starts_at <= t < p.ends_at]
+            with self._alive_lock:
+                self._alive_at[stamp_us] = found
+                while len(self._alive_at) > ALIVE_KEPT:
+                    del self._alive_at[min(self._alive_at)]
+        return found
 
     def device(self, index: int) -> Device:
         self._maybe_fail("device", index)
         gpu = self.scenario.gpus[index]
         mine = [p for p in self._processes if p.gpu == index]
-        busy = sum(shares([p.sm for p in mine], self._scenario_time(self._latest_period())))
+        busy = self._busy(index, "sm", self._latest_period())
         migs = tuple(_mig_device(mig, [p for p in mine if p.mig == mig.uuid]) for mig in gpu.migs)
         return Device(
             index=index,
@@ -386,7 +409,10 @@ class SimulatedNode:
         return int(self._energy_mj[index])
 
     def processes(self, index: int) -> list[GpuProcess]:
+        """The processes on the GPU now, as the driver lists them at the time of the call."""
         self._maybe_fail("processes", index)
+        if self._state_at is None or self.now() - self._state_at >= REFRESH_EVERY_S:
+            self.refresh()
         return [GpuProcess(p.pid, p.memory, p.mig, p.mps == "client") for p in self._visible() if p.gpu == index]
 
     def exclusive_process(self, index: int) -> bool:
@@ -404,32 +430,28 @@ class SimulatedNode:
             return []
         # Who ran in each period shares the GPU, ended processes included; whose samples NVML
         # still has: the running ones', and the ended ones' the driver keeps.
-        everyone = [p for p in (*self._processes, *self._gone.values()) if p.gpu == index]
-        kept_since = self.now() - self.scenario.driver.ended_samples_s
-        running = {(p.pid, p.start_time) for p in self._processes}
-        sampled = [p for p in everyone if (p.pid, p.start_time) in running or p.ends_at > kept_since]
+        now = self.now()
+        kept_since = now - self.scenario.driver.ended_samples_s
         latest = self._latest_period()
-        stamps = [latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)]
-        shared: dict[int, list[tuple[_Process, ProcessUse]]] = {}
         newest: dict[int, UtilizationSample] = {}
-        for process in sampled:
-            if process.mps == "client":
+        for stamp in (latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)):
+            if stamp <= since_us:
+                break
+            alive = [p for p in self._alive(stamp) if p.gpu == index]
+            if not alive:
                 continue
-            for stamp in stamps:
-                if stamp <= since_us or (process.pid in newest and newest[process.pid].timestamp_us >= stamp):
-                    break
-                t = self._scenario_time(stamp)
-                if not process.starts_at <= t < process.ends_at:
+            used = uses(alive, self._scenario_time(stamp))
+            clients = _total([u for p, u in zip(alive, used, strict=True) if p.mps == "client"])
+            for process, own in zip(alive, used, strict=True):
+                # One sample per PID, its newest: an older one of the same PID is another
+                # period's, or another holder's.
+                if process.mps == "client" or process.pid in newest:
                     continue
-                if stamp not in shared:
-                    alive = [p for p in everyone if p.starts_at <= t < p.ends_at]
-                    shared[stamp] = list(zip(alive, uses(alive, t), strict=True))
-                use = next(u for p, u in shared[stamp] if p is process)
-                if process.mps == "server":
-                    use = _total([use, *(u for p, u in shared[stamp] if p.mps == "client")])
+                if not (process.starts_at <= now < process.ends_at or process.ends_at > kept_since):
+                    continue
+                use = _total([own, clients]) if process.mps == "server" else own
                 if any(getattr(use, f) > 0 for f in USE_FIGURES):  # NVML keeps the last period it ran in
                     newest[process.pid] = UtilizationSample(process.pid, stamp, use)
-                    break
         return list(newest.values())
 
     def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
@@ -446,12 +468,26 @@ class SimulatedNode:
         """GPU `index`'s figure of one engine over the period ending at `stamp_us`: what the
         processes running then used of it, the ended ones included."""
         t = self._scenario_time(stamp_us)
-        running = [
-            p.wave(figure)
-            for p in (*self._processes, *self._gone.values())
-            if p.gpu == index and p.starts_at <= t < p.ends_at
-        ]
+        running = [p.wave(figure) for p in self._alive(stamp_us) if p.gpu == index]
         return min(1.0, sum(shares(running, t)))
+
+    def ran(self, index: int, start_s: float, end_s: float, pod_uid: str | None = None) -> float:
+        """SM-busy seconds GPU `index` ran between two scenario times, by the scenario itself:
+        its processes', or only those of pod `pod_uid` (its cgroup names it). The driver's
+        truth, which the agent's bill is held to in tests and benchmarks."""
+        first = self._wall_started_us + round(start_s * 1e6)
+        stamp = -(-first // SAMPLE_PERIOD_US) * SAMPLE_PERIOD_US + SAMPLE_PERIOD_US
+        last = self._wall_started_us + round(end_s * 1e6)
+        underscored = None if pod_uid is None else pod_uid.replace("-", "_")
+        total = 0.0
+        while stamp <= last:
+            alive = [p for p in self._alive(stamp) if p.gpu == index]
+            t = self._scenario_time(stamp)
+            for process, use in zip(alive, uses(alive, t), strict=True):
+                if pod_uid is None or underscored is None or pod_uid in process.cgroup or underscored in process.cgroup:
+                    total += use.sm * SAMPLE_PERIOD_US / 1e6
+            stamp += SAMPLE_PERIOD_US
+        return total
 
     def _latest_period(self) -> int:
         """The end of the simulated driver's last complete sample period."""
@@ -478,22 +514,8 @@ class SimulatedNode:
         with self._lock:
             t = self.now()
             self._state_at = t
-            before = self._processes
             self._processes = list(self._processes_at(t))
-            self._remember_gone(before, t)
             self._sync_proc_tree()
-
-    def _remember_gone(self, before: list[_Process], t: float) -> None:
-        """Keep the processes that ended since the last refresh: their part of the GPU's own
-        figures in the periods they ran, and, on a driver that keeps them
-        (`driver.ended_samples_s`), their last samples under their PIDs."""
-        now = {(p.pid, p.start_time) for p in self._processes}
-        for process in before:
-            key = (process.pid, process.start_time)
-            if key not in now and process.ends_at <= t:
-                self._gone[key] = process
-        kept_s = SAMPLES_KEPT * SAMPLE_PERIOD_US / 1e6
-        self._gone = {key: p for key, p in self._gone.items() if p.ends_at > t - kept_s}
 
     def start_ticks(self, t: float) -> int:
         """/proc/<pid>/stat's start time of a process started at scenario time `t`."""
@@ -506,7 +528,7 @@ class SimulatedNode:
             for spec in pod.processes:
                 pid += 1
                 # A pod that has ended runs nothing, whatever the kubelet still lists.
-                if not pod.active(t) or pod.phase in ("Succeeded", "Failed"):
+                if not pod.running(t) or pod.phase in ("Succeeded", "Failed"):
                     continue
                 cid = container_id(pod, spec.container)
                 gpu = self.scenario.gpus[spec.gpu]

@@ -50,6 +50,7 @@ class PodFields(HealthFields):
             "period_s",
             "active_s",
             "offset_s",
+            "restarts",
             "phase",
             "annotations",
             "claims",
@@ -99,6 +100,9 @@ class PodFields(HealthFields):
             raise self.fail(f"{where}.offset_s", line_of(pod, "offset_s"), "an offset needs period_s and active_s")
         if not 0 <= offset < (period or math.inf):
             raise self.fail(f"{where}.offset_s", line_of(pod, "offset_s"), f"{offset} must be in [0, period_s)")
+        restarts = self.boolean(pod.get("restarts", False), f"{where}.restarts", line_of(pod, "restarts"))
+        if restarts and period is None:
+            raise self.fail(f"{where}.restarts", line_of(pod, "restarts"), "restarts needs period_s and active_s")
         return PodSpec(
             namespace=namespace,
             name=name,
@@ -117,6 +121,7 @@ class PodFields(HealthFields):
             period_s=period,
             active_s=active,
             offset_s=offset,
+            restarts=restarts,
         )
 
     def shares(

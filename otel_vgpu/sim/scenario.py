@@ -150,8 +150,16 @@ class PodSpec:
     active_s: float | None = None
     offset_s: float = 0.0
     """With period_s: each period starts this far into the scenario's."""
+    restarts: bool = False
+    """With period_s: only its processes come and go, fresh ones each period; the pod stays
+    (in the API, with its shares)."""
 
     def active(self, t: float) -> bool:
+        """Whether the pod exists at `t`."""
+        return self.restarts or self.running(t)
+
+    def running(self, t: float) -> bool:
+        """Whether its processes run at `t`."""
         if self.period_s is None or self.active_s is None:
             return True
         return ((t - self.offset_s) % self.period_s) < self.active_s

@@ -1,0 +1,330 @@
+"""Every process that touched a GPU, billed what it ran, however short it lived.
+
+NVML keeps one utilization sample per process, its latest, and forgets it when the process
+ends (bench/results/h200-nvml-ended-samples.md). A sweep every few seconds would know only
+the processes alive at its instant, and a process's latest sample times the whole interval:
+a tenant that times its work around the sweeps would shed its bill. So the watch
+(collect/watch.py) lists each GPU's processes between sweeps, and this ledger keeps each
+process's life on the GPU: when it was first and last listed, its pod as read at first
+sight, and every sample taken of it while it lived. At each sweep the GPU's own samples of
+the window (one per sample period, 200 ms on an H200) are split among the processes that
+lived in each period:
+
+- a period in which the processes of one pod alone lived is that pod's, whole: nothing else
+  held a context on the GPU, and a kernel runs only in a context, which NVML lists;
+- a period shared by several pods, or with a process of none, is split by each process's
+  own figure (its first sample taken at or after the period, else its last before), all
+  scaled down together where they add up to more than the GPU ran; what they do not explain
+  is unattributed, never another pod's;
+- a process lived from halfway between the listing that first had it and the one before,
+  to halfway between the last listing that had it and the first without it, so that a
+  listing's cadence neither adds nor takes on average;
+- a process whose use NVML cannot tell (an MPS client, or a server serving several pods)
+  gets no figure, and no period it shares is given whole to anyone.
+
+Pure: no NVML, no clock; the watch and the sweep bring the listings and samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse, UtilizationSample
+from otel_vgpu.pods.cgroups import PodRef
+
+# NVML's sample period on an H200 (bench/results/h200-nvml-samples.md); a window's own
+# spacing of the GPU's samples is used where it has two or more.
+PERIOD_US = 200_000
+# A sample stamped this soon after a process started is its PID's earlier holder's: NVML
+# stamps a sample at the end of its period (bench/results/h200-nvml-samples.md).
+BORN_SLACK_US = 200_000
+# Samples kept per process: the newest, a minute's worth at the watch's cadence at most.
+SAMPLES_KEPT = 64
+# Lives that ended this long before the newest period integrated are forgotten, whatever
+# else: no window reaches that far back.
+FORGET_US = 60_000_000
+
+LifeKey = tuple[int, int | None]
+"""(PID, start time in clock ticks): who a process is; the start time tells a reused PID apart."""
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A process in one listing of a GPU."""
+
+    pid: int
+    start: int | None
+    """/proc/<pid>/stat's start time (clock ticks after boot); None where it could not be read."""
+    born_us: int | None
+    """The same, on the samples' clock (microseconds)."""
+    owner: PodRef | None
+    """Its pod, read from its cgroup at first sight; None: of no pod, or gone already."""
+
+
+@dataclass(slots=True)
+class Life:
+    """One process's life on a GPU, as the listings and samples saw it."""
+
+    pid: int
+    start: int | None
+    born_us: int | None
+    owner: PodRef | None
+    since_us: float
+    """When it appeared (-inf: listed at the first listing, it may have run for long)."""
+    last_listed_us: int
+    until_us: float | None = None
+    """When it went; None while it is listed."""
+    absent_us: int | None = None
+    """The first listing without it: it had ended by then."""
+    samples: list[tuple[int, ProcessUse]] = field(default_factory=list)
+    """Its samples, by stamp, oldest first."""
+    unknown: bool = False
+    """NVML cannot tell its use (MPS): it gets no figure."""
+
+    @property
+    def key(self) -> LifeKey:
+        return (self.pid, self.start)
+
+    def overlap_us(self, start_us: int, end_us: int) -> float:
+        """How much of (start, end] it lived."""
+        until = math.inf if self.until_us is None else self.until_us
+        return max(0.0, min(until, end_us) - max(self.since_us, start_us))
+
+    def figure_at(self, end_us: int, period_us: int) -> ProcessUse | None:
+        """Its figure for the period ending at `end_us`: its first sample at or after the
+        period, else its last before; None with no sample at all."""
+        if not self.samples:
+            return None
+        for stamp, use in self.samples:
+            if stamp > end_us - period_us:
+                return use
+        return self.samples[-1][1]
+
+
+@dataclass(slots=True)
+class GpuLedger:
+    """The lives of one GPU's processes not yet integrated to their end."""
+
+    lives: dict[LifeKey, Life] = field(default_factory=dict)
+    listed: dict[int, LifeKey] = field(default_factory=dict)
+    """By PID: the life each PID of the last listing is."""
+    listed_at: int | None = None
+    """When it was last listed, on the samples' clock."""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What the processes of a GPU ran over one window, in figure-seconds."""
+
+    seconds: float
+    """How long the window is: its periods together."""
+    ran: dict[LifeKey, ProcessUse]
+    """By life: each figure times the seconds it held (SM fitted under the GPU's own)."""
+    gpu_busy: float
+    """The GPU's own SM-busy seconds over the window."""
+    unexplained: float
+    """The part of `gpu_busy` no process was given."""
+    users: frozenset[str]
+    """The pods (UIDs) whose processes lived in the window, and "" for any of no pod."""
+    lives: Mapping[LifeKey, Life] = field(default_factory=dict)
+    """The lives behind `ran`, as they stood when the window closed."""
+
+
+def listed(ledger: GpuLedger, at_us: int, seen: Sequence[Seen]) -> list[Life]:
+    """The ledger after a listing at `at_us` that had `seen`; the lives it begins."""
+    before = ledger.listed_at
+    since = -math.inf if before is None else (before + at_us) / 2
+    now: dict[int, LifeKey] = {}
+    begun = []
+    for process in seen:
+        key = ledger.listed.get(process.pid)
+        life = ledger.lives.get(key) if key is not None else None
+        if life is None or (process.start is not None and life.start is not None and process.start != life.start):
+            life = Life(process.pid, process.start, process.born_us, process.owner, since, at_us)
+            ledger.lives[life.key] = life
+            begun.append(life)
+        elif process.start is not None:
+            # Read anew (the sweep's pass, its refusals applied): that is whose it is.
+            life.owner = process.owner
+        life.last_listed_us = at_us
+        now[process.pid] = life.key
+    for pid, key in ledger.listed.items():
+        if now.get(pid) != key and (gone := ledger.lives.get(key)) is not None and gone.until_us is None:
+            # A sample stamped later says it ran till then (a driver that keeps an ended
+            # process's sample; or the listings far apart).
+            last_sample = gone.samples[-1][0] if gone.samples else -math.inf
+            gone.until_us = min(at_us, max((gone.last_listed_us + at_us) / 2, last_sample))
+            gone.absent_us = at_us
+    ledger.listed = now
+    ledger.listed_at = at_us
+    return begun
+
+
+def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample]) -> frozenset[int]:
+    """Each sample given to the life that held its PID when it was taken; the PIDs listed now
+    whose sample is older than the process holding them (an earlier holder's, never theirs)."""
+    older = set()
+    for sample in samples:
+        life = _holder(ledger, sample.pid, sample.timestamp_us)
+        if life is None:
+            continue  # of no process known here, or from before the one holding the PID began
+        current = ledger.lives.get(ledger.listed.get(sample.pid, (-1, None)))
+        born = None if current is None else current.born_us
+        if current is not life and born is not None and sample.timestamp_us < born + BORN_SLACK_US:
+            older.add(sample.pid)  # the earlier holder's, and given to it
+        if any(stamp == sample.timestamp_us for stamp, _ in life.samples):
+            continue
+        # Drivers have been seen to report more than 100 %.
+        use = ProcessUse(**{f: min(1.0, max(0.0, getattr(sample.use, f))) for f in USE_FIGURES})
+        life.samples.append((sample.timestamp_us, use))
+        if life.until_us is not None and life.until_us < sample.timestamp_us:
+            life.until_us = sample.timestamp_us  # it ran at least until its sample's period ended
+        life.samples.sort(key=lambda s: s[0])
+        del life.samples[:-SAMPLES_KEPT]
+    return frozenset(older)
+
+
+def _holder(ledger: GpuLedger, pid: int, stamp_us: int) -> Life | None:
+    best = None
+    for life in ledger.lives.values():
+        if life.pid != pid or (life.born_us is not None and stamp_us < life.born_us + BORN_SLACK_US):
+            continue
+        if life.absent_us is not None and stamp_us > life.absent_us:
+            continue
+        if best is None or life.since_us > best.since_us:
+            best = life
+    return best
+
+
+def unknown(ledger: GpuLedger, pids: frozenset[int]) -> None:
+    """The listed processes among `pids` have a use NVML cannot tell (MPS), from now on."""
+    for pid in pids:
+        key = ledger.listed.get(pid)
+        if key is not None and key in ledger.lives:
+            ledger.lives[key].unknown = True
+
+
+def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period_us: int | None = None) -> Window:
+    """What each life ran over `periods` (each the GPU's own sample: the end of its period on
+    the samples' clock, and its SM figure, None where the GPU has none), by the module's
+    rules; the lives that ended before the last period are forgotten afterwards. `period_us`:
+    how long each period is; by default, the samples' spacing."""
+    period_us = period_us or _spacing(periods)
+    ran: dict[LifeKey, dict[str, float]] = {}
+    busy = 0.0
+    given = 0.0
+    users: set[str] = set()
+    seconds = period_us / 1e6
+    for end_us, gpu_sm in periods:
+        start_us = end_us - period_us
+        present = [(life, life.overlap_us(start_us, end_us) / period_us) for life in ledger.lives.values()]
+        present = [(life, part) for life, part in present if part > 0]
+        if gpu_sm is not None:
+            busy += gpu_sm * seconds
+        if not present:
+            continue
+        owners = {life.owner.pod_uid if life.owner is not None else "" for life, _ in present}
+        users |= owners
+        figures = [(life, part, None if life.unknown else life.figure_at(end_us, period_us)) for life, part in present]
+        alone = len(owners) == 1 and "" not in owners and not any(life.unknown for life, _ in present)
+        sms = _split(figures, gpu_sm, alone, start_us, end_us)
+        for (life, part, use), sm in zip(figures, sms, strict=True):
+            row = ran.setdefault(life.key, {})
+            if use is not None:
+                for figure in USE_FIGURES:
+                    if figure != "sm":
+                        row[figure] = row.get(figure, 0.0) + getattr(use, figure) * part * seconds
+            row["sm"] = row.get("sm", 0.0) + sm * seconds
+            given += sm * seconds
+    window = Window(
+        seconds=seconds * len(periods),
+        ran={key: ProcessUse(**figures) for key, figures in ran.items()},
+        gpu_busy=busy,
+        unexplained=max(0.0, busy - given),
+        users=frozenset(users),
+        lives={key: ledger.lives[key] for key in ran},
+    )
+    if periods:
+        _forget(ledger, max(end for end, _ in periods))
+    return window
+
+
+def _split(
+    figures: Sequence[tuple[Life, float, ProcessUse | None]],
+    gpu_sm: float | None,
+    alone: bool,
+    start_us: int,
+    end_us: int,
+) -> list[float]:
+    """The GPU's SM over one period, split among the lives present in it (`figures`: each
+    life, the part of the period it lived, its figure), by the module's rules. A life listed
+    at both ends of the period is sure to have run through it; one whose presence rests on
+    the halfway rule alone comes second, with what the sure ones leave. Each tier is scaled
+    down where it wants more than is left; nothing is scaled up, so that no pod is given
+    what its own figure does not say it ran."""
+    wanted = [part * use.sm if use is not None else 0.0 for _, part, use in figures]
+    if gpu_sm is None:
+        return wanted
+    if alone:
+        # One pod's processes alone: the GPU's period is theirs, split by presence.
+        presence = sum(part for _, part, _ in figures)
+        return [gpu_sm * part / presence for _, part, _ in figures]
+    sure = [life.since_us <= start_us and life.last_listed_us >= end_us for life, _, _ in figures]
+    given = list(wanted)
+    left = gpu_sm
+    for tier in (True, False):
+        tier_wanted = sum(w for w, s in zip(wanted, sure, strict=True) if s is tier)
+        scale = 1.0 if tier_wanted <= left else left / tier_wanted
+        for k, is_sure in enumerate(sure):
+            if is_sure is tier:
+                given[k] = wanted[k] * scale
+        left = max(0.0, left - tier_wanted * scale)
+    # What the GPU ran beyond: first to the lives at an edge, up to their figure over the whole
+    # period (a listing's cadence can have cut their presence short); the rest is unexplained.
+    room = [
+        (part and use.sm * (1.0 - part)) if use is not None and not is_sure else 0.0
+        for (_, part, use), is_sure in zip(figures, sure, strict=True)
+    ]
+    if left > 0 and sum(room) > 0:
+        scale = min(1.0, left / sum(room))
+        given = [g + r * scale for g, r in zip(given, room, strict=True)]
+    return given
+
+
+def _spacing(periods: Sequence[tuple[int, float | None]]) -> int:
+    stamps = sorted(end for end, _ in periods)
+    gaps = [b - a for a, b in itertools.pairwise(stamps) if b > a]
+    return min(gaps) if gaps else PERIOD_US
+
+
+def _forget(ledger: GpuLedger, integrated_us: int) -> None:
+    """The lives that can reach no later period, and those of a minute ago, let go."""
+    ledger.lives = {
+        key: life
+        for key, life in ledger.lives.items()
+        if life.until_us is None
+        or (life.until_us > integrated_us and life.until_us > integrated_us - FORGET_US)
+        or key in ledger.listed.values()
+    }
+
+
+def means(window: Window) -> tuple[dict[int, ProcessUse], dict[PodRef, ProcessUse]]:
+    """Each listed process's mean use over the window, by PID, and what the processes that
+    have ended ran, by pod (those of no pod, or whose use is unknown, left out)."""
+    by_pid: dict[int, ProcessUse] = {}
+    ended: dict[PodRef, ProcessUse] = {}
+    if window.seconds <= 0:
+        return by_pid, ended
+    for key, ran in window.ran.items():
+        life = window.lives.get(key)
+        if life is None or life.unknown:
+            continue
+        use = ProcessUse(**{f: min(1.0, getattr(ran, f) / window.seconds) for f in USE_FIGURES})
+        if life.until_us is None:
+            by_pid[life.pid] = use
+        elif life.owner is not None:
+            ended[life.owner] = ended.get(life.owner, ProcessUse()).plus(use)
+    return by_pid, ended

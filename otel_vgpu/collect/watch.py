@@ -1,0 +1,46 @@
+"""The watch: each GPU's process list looked at between sweeps, so that no process is missed.
+
+A sweep sees the processes alive at its instant. A process that lives between two sweeps
+(a tenant's fresh CUDA process a second, phased or not) would be in no sweep's listing, and
+its work in no bill. This thread lists each GPU's processes every `--watch-interval`
+seconds: NVML's listings cost about 0.09 ms a GPU on an H200 (the compute, graphics and MPS
+lists: bench/results/h200-sweep-cost.md). A new PID is attributed at first sight, while its
+/proc entry exists, and the GPU's per-process samples (2 ms a read) are read for it while it
+lives, at most every `SAMPLE_EVERY_S` (collect/reading.py), so that its own figure splits
+the periods it shared. The sweep then integrates every life over the window
+(collect/ledger.py). The watch takes the sampler's lock: it never runs beside a sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from otel_vgpu.collect.sampler import Sampler
+from otel_vgpu.threads import NamedThread
+
+log = logging.getLogger(__name__)
+
+
+class ProcessWatch:
+    def __init__(self, sampler: Sampler, interval_s: float) -> None:
+        self._sampler = sampler
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = NamedThread(target=self._run, name="process-watch", daemon=True)
+        self.looks = 0
+
+    def start(self) -> None:
+        if self._interval_s > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._sampler.watch()
+                self.looks += 1
+            except Exception as error:  # a bug, never a driver's answer (those are the sweep's to say)
+                log.warning("the process watch failed: %s", error)

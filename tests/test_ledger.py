@@ -1,0 +1,93 @@
+"""The ledger's rules on plain data (otel_vgpu/collect/ledger.py): whose each period of the
+GPU's own samples is, given the processes the listings saw and their own figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_vgpu.collect import ledger
+from otel_vgpu.gpu.backend import ProcessUse, UtilizationSample
+from otel_vgpu.pods.cgroups import PodRef
+
+pytestmark = pytest.mark.unit
+
+MS = 1_000
+A = PodRef("aaaaaaaa-0000-4000-8000-000000000001", None)
+B = PodRef("bbbbbbbb-0000-4000-8000-000000000002", None)
+
+
+def periods(start_ms: int, end_ms: int, sm: float) -> list[tuple[int, float | None]]:
+    """The GPU's samples, one per 200 ms period ending after `start_ms` up to `end_ms`."""
+    return [(t * MS, sm) for t in range(start_ms + 200, end_ms + 1, 200)]
+
+
+def seen(pid: int, owner: PodRef | None, start: int = 1) -> ledger.Seen:
+    return ledger.Seen(pid, start, None, owner)
+
+
+def test_a_period_one_pod_held_alone_is_that_pods_whole_whatever_its_figure() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    ledger.sampled(book, [UtilizationSample(1, 100 * MS, ProcessUse(0.1))])  # it read low
+    ledger.listed(book, 1_000 * MS, [seen(1, A)])
+    window = ledger.close(book, periods(0, 1_000, 0.8))
+    assert window.ran[(1, 1)].sm == pytest.approx(0.8 * 1.0)
+    assert window.unexplained == pytest.approx(0.0)
+
+
+def test_a_process_between_two_listings_is_billed_from_halfway_to_halfway() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, B)])
+    ledger.listed(book, 400 * MS, [seen(1, B), seen(2, A)])  # 2 appears: since 200 ms
+    ledger.listed(book, 1_200 * MS, [seen(1, B)])  # and goes: until 800 ms
+    by_key = ledger.close(book, periods(0, 1_200, 0.5)).ran
+    # B's 1 alone in the first 200 ms and the last 400 ms; with A's 2 (no figure yet) between.
+    assert by_key[(1, 1)].sm == pytest.approx(0.5 * 0.2 + 0.5 * 0.4)
+    assert by_key[(2, 1)].sm == pytest.approx(0.0)
+
+
+def test_a_shared_period_is_split_by_the_figures_and_what_they_leave_is_no_ones() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A), seen(2, B)])
+    ledger.sampled(
+        book, [UtilizationSample(1, 200 * MS, ProcessUse(0.3)), UtilizationSample(2, 200 * MS, ProcessUse(0.2))]
+    )
+    ledger.listed(book, 1_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(0, 1_000, 0.9))
+    assert window.ran[(1, 1)].sm == pytest.approx(0.3)
+    assert window.ran[(2, 1)].sm == pytest.approx(0.2)
+    assert window.unexplained == pytest.approx(0.9 - 0.5)
+    # Where they read more than the GPU ran, both are scaled down alike.
+    ledger.sampled(
+        book, [UtilizationSample(1, 1_200 * MS, ProcessUse(0.6)), UtilizationSample(2, 1_200 * MS, ProcessUse(0.6))]
+    )
+    ledger.listed(book, 2_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(1_000, 2_000, 0.6))
+    assert window.ran[(1, 1)].sm == pytest.approx(0.3) and window.ran[(2, 1)].sm == pytest.approx(0.3)
+
+
+def test_a_process_of_no_pod_or_of_unknown_use_keeps_a_period_from_being_anyones_whole() -> None:
+    for other, unknown in ((None, False), (A, True)):
+        book = ledger.GpuLedger()
+        ledger.listed(book, 0, [seen(1, A), seen(2, other)])
+        ledger.sampled(book, [UtilizationSample(1, 200 * MS, ProcessUse(0.2))])
+        if unknown:
+            ledger.unknown(book, frozenset({2}))
+        ledger.listed(book, 1_000 * MS, [seen(1, A), seen(2, other)])
+        window = ledger.close(book, periods(0, 1_000, 0.9))
+        assert window.ran[(1, 1)].sm == pytest.approx(0.2)
+        assert window.unexplained == pytest.approx(0.7)
+        assert ledger.means(window)[0].get(2, ProcessUse()).sm == 0.0
+
+
+def test_a_pid_taken_by_a_new_process_keeps_the_old_ones_sample_and_counts_the_refusal() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [ledger.Seen(7, 1, 0, A)])
+    # At 1 s another process (born at 900 ms) holds PID 7; the sample of 850 ms is the first's.
+    ledger.listed(book, 1_000 * MS, [ledger.Seen(7, 2, 900 * MS, B)])
+    refused = ledger.sampled(book, [UtilizationSample(7, 850 * MS, ProcessUse(0.5))])
+    assert refused == {7}
+    first, second = book.lives[(7, 1)], book.lives[(7, 2)]
+    assert [use.sm for _, use in first.samples] == [0.5] and not second.samples
+    _, ended = ledger.means(ledger.close(book, periods(0, 1_000, 0.5)))
+    assert set(ended) == {A}
