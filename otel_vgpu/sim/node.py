@@ -68,12 +68,12 @@ DRIVER_FILE = "nvidiactl"
 # grid, and a process's latest busy period is looked for up to 50 periods back.
 SAMPLE_PERIOD_US = 200_000
 SAMPLES_KEPT = 50
-# Sample periods whose running processes are remembered (`_alive`): the energy counter's and
-# the sample buffers' reach, and a little more.
-ALIVE_KEPT = 400
-# A listing this soon after the last brings the processes and the proc tree to no newer time:
-# a watch of several GPUs lists them one after another.
-REFRESH_EVERY_S = 0.01
+# Sample periods whose running processes are remembered (`_alive`): two seconds, what a sweep's
+# samples and the watch's reach back; older periods are worked out again if asked for (a GPM
+# window's, say), since on a churning node thousands of processes run in a second. Each GPU's
+# figure of a period is remembered longer (`_busy`), as far as its energy counter reaches.
+ALIVE_KEPT = 10
+BUSY_PERIODS_KEPT = ENERGY_PERIODS_KEPT + SAMPLES_KEPT
 _FIRST_PID = 4000
 # The simulated node had been up this long when the scenario began: /proc/uptime, and the
 # start times in /proc/<pid>/stat (clock ticks after boot), count from its boot.
@@ -86,6 +86,8 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _STAT_ZEROS = " ".join(["0"] * 17)
 _STAT_TAIL = " ".join(["0"] * 30)
 _CHURN_FIRST_PID = 100_000
+# Churning pods whose processes are kept made, in live pods' worth (`_churn_processes`).
+CHURNED_KEPT = 4
 _CHURN_PIDS = 50_000
 _V1_CONTROLLERS = ("cpu,cpuacct", "memory", "pids", "blkio", "devices", "freezer", "perf_event")
 _RUNTIME_PREFIX = {"containerd": "cri-containerd", "crio": "crio", "docker": "docker"}
@@ -181,6 +183,8 @@ class SimulatedNode:
         self._lock = threading.Lock()
         self._written: dict[int, int] = {}  # pid -> start time on disk
         self._state_at: float | None = None
+        self._listed_now: set[int] = set()
+        """The GPUs listed since the processes were last brought to the present."""
         self._processes: list[_Process] = []
         # Faults switched on by tests: the same FaultSpec as the scenario's own.
         self._faults: list[FaultSpec] = []
@@ -198,6 +202,10 @@ class SimulatedNode:
         """By sample period (its end, on the samples' clock): the processes that ran in it, from
         the scenario itself, whether or not any listing saw them."""
         self._alive_lock = threading.Lock()
+        self._churned: dict[int, tuple[_Process, ...]] = {}
+        """The churning pods' processes, by pod index, the newest pods' (`_churn_processes`)."""
+        self._busy_at: dict[tuple[int, str, int], float] = {}
+        """Each GPU's figure of each engine by sample period, as worked out (`_busy`)."""
         self._health = SimulatedHealth(scenario, self.now, self._running_at, IDLE_WATTS, FULL_WATTS)
         self.refresh()
 
@@ -409,10 +417,14 @@ class SimulatedNode:
         return int(self._energy_mj[index])
 
     def processes(self, index: int) -> list[GpuProcess]:
-        """The processes on the GPU now, as the driver lists them at the time of the call."""
+        """The processes on the GPU now, as the driver lists them at the time of the call. A GPU
+        listed again is listed anew (the watch's next look), and the node brought to the present
+        first; the other GPUs are listed at that moment too, so that one sweep's or one look's
+        listings, and the kubelet's view beside them, are of one moment."""
         self._maybe_fail("processes", index)
-        if self._state_at is None or self.now() - self._state_at >= REFRESH_EVERY_S:
+        if index in self._listed_now:
             self.refresh()
+        self._listed_now.add(index)
         return [GpuProcess(p.pid, p.memory, p.mig, p.mps == "client") for p in self._visible() if p.gpu == index]
 
     def exclusive_process(self, index: int) -> bool:
@@ -467,9 +479,16 @@ class SimulatedNode:
     def _busy(self, index: int, figure: str, stamp_us: int) -> float:
         """GPU `index`'s figure of one engine over the period ending at `stamp_us`: what the
         processes running then used of it, the ended ones included."""
-        t = self._scenario_time(stamp_us)
-        running = [p.wave(figure) for p in self._alive(stamp_us) if p.gpu == index]
-        return min(1.0, sum(shares(running, t)))
+        key = (index, figure, stamp_us)
+        busy = self._busy_at.get(key)
+        if busy is None:
+            t = self._scenario_time(stamp_us)
+            running = [p.wave(figure) for p in self._alive(stamp_us) if p.gpu == index]
+            busy = self._busy_at[key] = min(1.0, sum(shares(running, t)))
+            # Each GPU's engines and pipes beside SM, a period each, as far back as is kept.
+            while len(self._busy_at) > len(self.scenario.gpus) * (2 + len(ENGINES) + 2) * BUSY_PERIODS_KEPT:
+                del self._busy_at[next(iter(self._busy_at))]
+        return busy
 
     def ran(self, index: int, start_s: float, end_s: float, pod_uid: str | None = None) -> float:
         """SM-busy seconds GPU `index` ran between two scenario times, by the scenario itself:
@@ -514,6 +533,7 @@ class SimulatedNode:
         with self._lock:
             t = self.now()
             self._state_at = t
+            self._listed_now = set()
             self._processes = list(self._processes_at(t))
             self._sync_proc_tree()
 
@@ -594,26 +614,35 @@ class SimulatedNode:
         churn = self.scenario.churn
         if churn is None:
             return []
-        processes = []
+        return [process for index in self.churn_pods(t) for process in self._churn_processes(index)]
+
+    def _churn_processes(self, index: int) -> tuple[_Process, ...]:
+        """Churning pod `index`'s processes, made once while the pod is among the newest: each
+        period, listing and sample asks for the live pods' processes again."""
+        made = self._churned.get(index)
+        if made is not None:
+            return made
+        churn = self.scenario.churn
+        assert churn is not None
+        pod = self.churn_pod(index)
+        cgroup = cgroup_file(pod.cgroup, pod.uid, container_id(pod, "main"))
         gpus = len(self.scenario.gpus)
-        for index in self.churn_pods(t):
-            pod = self.churn_pod(index)
-            cid = container_id(pod, "main")
-            cgroup = cgroup_file(pod.cgroup, pod.uid, cid)
-            for k in range(churn.processes):
-                processes.append(
-                    _Process(
-                        # PIDs wrap as on a real node, so reuse happens; the
-                        # start time tells the processes apart.
-                        pid=_CHURN_FIRST_PID + (index * churn.processes + k) % _CHURN_PIDS,
-                        start_time=self.start_ticks(index * churn.lifetime_s / churn.live) + k,
-                        gpu=(index + k) % gpus,
-                        memory=churn.memory,
-                        sm=_constant(0.01),
-                        cgroup=cgroup,
-                    )
-                )
-        return processes
+        made = self._churned[index] = tuple(
+            _Process(
+                # PIDs wrap as on a real node, so reuse happens; the
+                # start time tells the processes apart.
+                pid=_CHURN_FIRST_PID + (index * churn.processes + k) % _CHURN_PIDS,
+                start_time=self.start_ticks(index * churn.lifetime_s / churn.live) + k,
+                gpu=(index + k) % gpus,
+                memory=churn.memory,
+                sm=_CHURN_SM,
+                cgroup=cgroup,
+            )
+            for k in range(churn.processes)
+        )
+        while len(self._churned) > CHURNED_KEPT * churn.live:
+            del self._churned[next(iter(self._churned))]
+        return made
 
     def _sync_proc_tree(self) -> None:
         # os calls on strings: a churning soak writes thousands of these a second.
@@ -722,6 +751,7 @@ def _constant(value: float) -> Callable[[float], float]:
 
 
 _IDLE = _constant(0.0)
+_CHURN_SM = _constant(0.01)
 
 
 def uses(processes: Sequence[_Process], t: float) -> list[ProcessUse]:
