@@ -460,7 +460,10 @@ def test_credential_files_turned_fifo_or_endless_on_reload_keep_the_last_and_nev
 ) -> None:
     users = tmp_path / "users"
     users.write_text(alice("first"))
-    args = tls_args(ratio_file, certs, "--basic-auth-file", str(users))
+    # Each scrape sweeps, so that each reads the errors counted so far (with the agent's own
+    # sweeps, a scrape serves the last sweep's body).
+    scraped = ("--sweep-interval", "0", "--min-interval", "0")
+    args = tls_args(ratio_file, certs, "--basic-auth-file", str(users), *scraped)
     with running_agent(*args, https_ca=certs.ca) as agent:
         assert https_get(agent.url, certs.ca, ("alice", "first")) == 200
         # The key becomes a FIFO: its reread must not block the thread the users file shares.
