@@ -91,6 +91,13 @@ def run_to_exit(
     )
 
 
+def swept_per_scrape(scenario: Path | str | None, ratio_file: Path, *extra: str) -> list[str]:
+    """The agent's flags on a simulated node (`scenario`; None: the built-in one) whose every
+    collection sweeps, with no sweeps of its own: each scrape reads a sweep of its moment."""
+    simulate = ["--simulate"] if scenario is None else ["--simulate", str(scenario)]
+    return [*simulate, "--allocation-file", str(ratio_file), "--sweep-interval", "0", "--min-interval", "0", *extra]
+
+
 def get(url: str, headers: dict[str, str] | None = None, timeout: float = 10) -> tuple[int, bytes, dict[str, str]]:
     request = urllib.request.Request(url, headers=headers or {})
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from testkit.agent import get, running_agent
+from testkit.agent import get, running_agent, swept_per_scrape
 from testkit.procstat import rss_mib
 
 
@@ -70,16 +70,7 @@ def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, process
         )
         ratio = Path(tmp) / "gpu_allocation.txt"
         ratio.write_text("2\n")
-        args = (
-            "--simulate",
-            str(scenario),
-            "--allocation-file",
-            str(ratio),
-            "--min-interval",
-            "0",
-            "--sweep-interval",
-            "0",
-        )
+        args = swept_per_scrape(scenario, ratio)
         with running_agent(*args, "--log-level", "warning") as agent:
             pid = agent.process.pid
             started = time.monotonic()

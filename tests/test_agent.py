@@ -25,6 +25,7 @@ from testkit.agent import (
     get,
     run_to_exit,
     running_agent,
+    swept_per_scrape,
     wait_until,
 )
 
@@ -36,17 +37,7 @@ UNKNOWN_UID = "0e886e9a-3879-45f9-b44d-86ef9df03224"
 
 
 def agent_args(scenario_file: Path, ratio_file: Path, *extra: str) -> list[str]:
-    return [
-        "--simulate",
-        str(scenario_file),
-        "--allocation-file",
-        str(ratio_file),
-        "--min-interval",
-        "0",
-        "--sweep-interval",
-        "0",
-        *extra,
-    ]
+    return swept_per_scrape(scenario_file, ratio_file, *extra)
 
 
 def test_scrape_matches_the_scenario(scenario_file: Path, ratio_file: Path) -> None:
@@ -163,16 +154,7 @@ def test_ended_pod_disappears_at_the_next_collection(tmp_path: Path, ratio_file:
         "  - {name: blink, period_s: 1.0, active_s: 0.5, shares: {0: 1}, processes: [{gpu: 0, memory: 2GiB}]}\n"
     )
     seen: set[bool] = set()
-    with running_agent(
-        "--simulate",
-        str(scenario),
-        "--allocation-file",
-        str(ratio_file),
-        "--min-interval",
-        "0",
-        "--sweep-interval",
-        "0",
-    ) as agent:
+    with running_agent(*swept_per_scrape(scenario, ratio_file)) as agent:
         deadline = time.monotonic() + 10
         while seen != {True, False} and time.monotonic() < deadline:
             exposition = agent.scrape()

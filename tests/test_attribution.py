@@ -118,12 +118,13 @@ def test_without_an_uptime_no_start_time_is_given(tmp_path: Path) -> None:
     assert attributor.started_us([10]) == {}
 
 
-def test_a_process_that_ended_or_whose_pid_another_took_is_named_with_its_pod(tmp_path: Path) -> None:
+def test_a_process_seen_between_sweeps_is_named_with_its_pod_and_a_reused_pid_read_anew(tmp_path: Path) -> None:
     write_proc(tmp_path, 10, 100, pod_cgroup(UID_A))
-    write_proc(tmp_path, 11, 100, pod_cgroup(UID_A))
     attributor = Attributor(ProcReader(tmp_path))
-    assert attributor.attribute([10, 11]).ended == {}
-    write_proc(tmp_path, 10, 200, pod_cgroup(UID_B))  # 10 reused by pod B; 11 gone
-    result = attributor.attribute([10])
-    assert result.ended == {10: PodRef(UID_A, CID), 11: PodRef(UID_A, CID)}
-    assert result.pods == {10: PodRef(UID_B, CID)}
+    assert attributor.attribute([10]).pods == {10: PodRef(UID_A, CID)}
+    assert attributor.look(10) == (100, None, PodRef(UID_A, CID))  # no boot time read yet
+    write_proc(tmp_path, 10, 200, pod_cgroup(UID_B))  # 10 reused by pod B
+    assert attributor.look(10) == (200, None, PodRef(UID_B, CID))
+    assert attributor.look(11) is None  # gone
+    # The sweep's pass is as it was: the cached process of start 100 is still its.
+    assert attributor.cached == 1

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from otel_vgpu.sim.scenario import BUILTIN
 from otel_vgpu.sim.scenario_file import load_scenario
-from testkit.agent import get, running_agent, wait_for, wait_until
+from testkit.agent import get, running_agent, swept_per_scrape, wait_for, wait_until
 from testkit.promtext import Exposition, parse
 from testkit.soak import alive_at_one_moment, run_soak
 
@@ -44,16 +44,7 @@ def test_gpu_lost_mid_run_leaves_the_other_reported_and_recovers(tmp_path: Path,
     scenario = write(
         tmp_path, TWO_GPUS + "faults:\n  - {call: device, gpu: 1, code: GPU_IS_LOST, from_s: 1.5, to_s: 3.5}\n"
     )
-    args = [
-        "--simulate",
-        str(scenario),
-        "--allocation-file",
-        str(ratio_file),
-        "--min-interval",
-        "0",
-        "--sweep-interval",
-        "0",
-    ]
+    args = swept_per_scrape(scenario, ratio_file)
     with running_agent(*args) as agent:
         wait_for(agent, lambda e: gpus_of(e) == {"0", "1"})
         lost = wait_for(agent, lambda e: gpus_of(e) == {"0"})
@@ -70,16 +61,7 @@ def test_driver_away_mid_run_serves_no_stale_figures_and_recovers(tmp_path: Path
     scenario = write(
         tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, code: DRIVER_NOT_LOADED, from_s: 1.5, to_s: 3.5}\n"
     )
-    args = [
-        "--simulate",
-        str(scenario),
-        "--allocation-file",
-        str(ratio_file),
-        "--min-interval",
-        "0",
-        "--sweep-interval",
-        "0",
-    ]
+    args = swept_per_scrape(scenario, ratio_file)
     with running_agent(*args) as agent:
         wait_for(agent, lambda e: gpus_of(e) == {"0", "1"})
         away = wait_for(agent, lambda e: not gpus_of(e))
@@ -98,16 +80,7 @@ SLOW_SWEEP_S = 0.4
 
 def test_slow_sweeps_do_not_pile_up_under_concurrent_scrapes(tmp_path: Path, ratio_file: Path) -> None:
     scenario = write(tmp_path, TWO_GPUS + f"faults:\n  - {{call: device_count, delay_s: {SLOW_SWEEP_S}}}\n")
-    args = [
-        "--simulate",
-        str(scenario),
-        "--allocation-file",
-        str(ratio_file),
-        "--min-interval",
-        "0",
-        "--sweep-interval",
-        "0",
-    ]
+    args = swept_per_scrape(scenario, ratio_file)
     with running_agent(*args) as agent:
         stop = threading.Event()
         timeouts = []
@@ -220,9 +193,7 @@ def test_idle_and_half_open_connections_do_not_block_scrapes(ratio_file: Path) -
 
 
 def test_ratio_rewritten_during_scrapes_is_always_a_valid_ratio(ratio_file: Path) -> None:
-    with running_agent(
-        "--simulate", "--allocation-file", str(ratio_file), "--min-interval", "0", "--sweep-interval", "0"
-    ) as agent:
+    with running_agent(*swept_per_scrape(None, ratio_file)) as agent:
         stop = threading.Event()
 
         def rewrite() -> None:
@@ -262,16 +233,7 @@ def test_sigterm_during_a_sweep_exits_cleanly(tmp_path: Path, ratio_file: Path) 
     # Every sweep is slow from the start: the agent's own first sweep is in its slow call
     # while the scrape below waits for it.
     scenario = write(tmp_path, TWO_GPUS + "faults:\n  - {call: device_count, delay_s: 2.0}\n")
-    with running_agent(
-        "--simulate",
-        str(scenario),
-        "--allocation-file",
-        str(ratio_file),
-        "--min-interval",
-        "0",
-        "--sweep-interval",
-        "0",
-    ) as agent:
+    with running_agent(*swept_per_scrape(scenario, ratio_file)) as agent:
         outcome: list[str] = []
 
         def scrape_until_cut() -> None:

@@ -167,8 +167,11 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample]) -> frozense
     """Each sample given to the life that held its PID when it was taken; the PIDs listed now
     whose sample is older than the process holding them (an earlier holder's, never theirs)."""
     older = set()
+    by_pid: dict[int, list[Life]] = {}
+    for each in ledger.lives.values():
+        by_pid.setdefault(each.pid, []).append(each)
     for sample in samples:
-        life = _holder(ledger, sample.pid, sample.timestamp_us)
+        life = _holder(by_pid.get(sample.pid, ()), sample.timestamp_us)
         if life is None:
             continue  # of no process known here, or from before the one holding the PID began
         current = ledger.lives.get(ledger.listed.get(sample.pid, (-1, None)))
@@ -187,10 +190,11 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample]) -> frozense
     return frozenset(older)
 
 
-def _holder(ledger: GpuLedger, pid: int, stamp_us: int) -> Life | None:
+def _holder(lives: Sequence[Life], stamp_us: int) -> Life | None:
+    """Of the lives of one PID, the one that held it at `stamp_us`."""
     best = None
-    for life in ledger.lives.values():
-        if life.pid != pid or (life.born_us is not None and stamp_us < life.born_us + BORN_SLACK_US):
+    for life in lives:
+        if life.born_us is not None and stamp_us < life.born_us + BORN_SLACK_US:
             continue
         if life.absent_us is not None and stamp_us > life.absent_us:
             continue
@@ -218,9 +222,13 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
     given = 0.0
     users: set[str] = set()
     seconds = period_us / 1e6
+    # The lives that reach into the window at all, once, rather than every life every period.
+    first = min((end for end, _ in periods), default=0) - period_us
+    last = max((end for end, _ in periods), default=0)
+    reaching = [life for life in ledger.lives.values() if life.overlap_us(first, last) > 0]
     for end_us, gpu_sm in periods:
         start_us = end_us - period_us
-        present = [(life, life.overlap_us(start_us, end_us) / period_us) for life in ledger.lives.values()]
+        present = [(life, life.overlap_us(start_us, end_us) / period_us) for life in reaching]
         present = [(life, part) for life, part in present if part > 0]
         if gpu_sm is not None:
             busy += gpu_sm * seconds

@@ -1,4 +1,4 @@
-"""The sampling windows of each GPU, and the means and fits over them.
+"""The sampling windows of each GPU, and the means over them.
 
 NVML returns the per-process samples newer than a given timestamp. Each GPU
 remembers when it was last collected; the next collection asks for samples

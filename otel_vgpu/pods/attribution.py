@@ -118,9 +118,6 @@ class Attribution:
     """PID to command name (`comm`), for the processes that could be read."""
     starts: dict[int, int] = field(default_factory=dict)
     """PID to start time (clock ticks after boot), for the processes that could be read."""
-    ended: dict[int, PodRef] = field(default_factory=dict)
-    """PID to the pod of the process that held it in the last pass and has ended since (gone,
-    or its PID reused): NVML still holds its last samples, which are that pod's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +155,8 @@ class Attributor:
         started = {}
         for pid in pids:
             stat = self._stat(pid)
-            if isinstance(stat, tuple):
-                started[pid] = self._boot_us + stat[0] * 1_000_000 // CLOCK_TICKS
+            if isinstance(stat, tuple) and (born := self._on_samples_clock(stat[0])) is not None:
+                started[pid] = born
         return started
 
     def look(self, pid: int) -> tuple[int, int | None, PodRef | None] | None:
@@ -169,21 +166,14 @@ class Attributor:
         The sweep's own pass is left as it is."""
         try:
             stat = self._reader.stat(pid)
-            if stat is None:
-                return None
-            start = stat[0]
-            cached = self._cache.get(pid)
-            if cached is not None and cached.start == start:
-                ref = cached.ref
-            else:
-                text = self._reader.cgroup(pid)
-                if text is None or self._reader.start_time(pid) != start:
-                    return None
-                ref = parse_cgroup(text)
+            found = None if stat is None else self._of(pid, *stat)
         except ProcUnreadable:
             return None
-        born = None if self._boot_us is None else self._boot_us + start * 1_000_000 // CLOCK_TICKS
-        return start, born, ref
+        return None if found is None else (found.start, self._on_samples_clock(found.start), found.ref)
+
+    def _on_samples_clock(self, start: int) -> int | None:
+        """A start time (clock ticks after boot) in microseconds on the samples' clock."""
+        return None if self._boot_us is None else self._boot_us + start * 1_000_000 // CLOCK_TICKS
 
     def _stat(self, pid: int) -> tuple[int, str] | ProcUnreadable | None:
         if pid not in self._stats:
@@ -208,11 +198,6 @@ class Attributor:
             if found is not None:
                 result.commands[pid] = found.command
                 result.starts[pid] = found.start
-        result.ended = {
-            pid: before.ref
-            for pid, before in self._cache.items()
-            if before.ref is not None and (pid not in cache or cache[pid].start != before.start)
-        }
         # Only PIDs seen in this pass survive: the cache can never outgrow the
         # node's current GPU processes. The stat files are read anew in the next pass.
         self._cache = cache
@@ -223,20 +208,23 @@ class Attributor:
         stat = self._stat(pid)
         if isinstance(stat, ProcUnreadable):
             raise stat
-        if stat is None:
-            return None
-        start, command = stat
+        found = None if stat is None else self._of(pid, *stat)
+        if found is not None:
+            cache[pid] = found
+        return found
+
+    def _of(self, pid: int, start: int, command: str) -> _Cached | None:
+        """The process that holds `pid` and started at `start`: from the cache, or its cgroup
+        read now; None where it has gone."""
         cached = self._cache.get(pid)
         if cached is not None and cached.start == start:
-            cache[pid] = cached
             return cached
         text = self._reader.cgroup(pid)
         # The PID may have been reused between the two reads; only a cgroup
         # read between two equal start times belongs to that process.
         if text is None or self._reader.start_time(pid) != start:
             return None
-        found = cache[pid] = _Cached(start, parse_cgroup(text), command)
-        return found
+        return _Cached(start, parse_cgroup(text), command)
 
     @property
     def cached(self) -> int:
