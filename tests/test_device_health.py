@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -324,6 +324,28 @@ def test_a_pod_that_came_in_the_middle_of_a_window_shares_it() -> None:
     assert gpm.shared_windows["GPU-a"] == 1
 
 
+def test_a_pod_alone_at_every_sweep_shares_a_window_another_pod_lived_in_between_them() -> None:
+    # b's processes lived between the sweeps: the ledger saw b, no sweep did.
+    gpm = window_step(Gpm(), None, rows_of("a"), users=frozenset({"uid-a", "uid-b"}))
+    gpm = window_step(gpm, {"tensor.active": 0.5}, rows_of("a"), users=frozenset({"uid-a"}))
+    assert gpm.pod_now == {} and gpm.shared_windows["GPU-a"] == 1
+    # A process of no pod seen between the sweeps, likewise.
+    gpm = window_step(gpm, None, rows_of("a"), users=frozenset({"uid-a", ""}))
+    gpm = window_step(gpm, {"tensor.active": 0.5}, rows_of("a"))
+    assert gpm.pod_now == {} and gpm.shared_windows["GPU-a"] == 2
+
+
+def test_a_pod_alone_whose_processes_do_not_explain_the_gpu_shares_its_window() -> None:
+    # 8 of the GPU's 10 busy seconds went to no process: someone the watch missed ran.
+    gpm = window_step(Gpm(), None, rows_of("a"), busy_seconds=5.0, unexplained_seconds=4.0)
+    gpm = window_step(gpm, {"tensor.active": 0.5}, rows_of("a"), busy_seconds=5.0, unexplained_seconds=4.0)
+    assert gpm.pod_now == {} and gpm.shared_windows["GPU-a"] == 1
+    # Within the slack, the window is a's.
+    gpm = window_step(gpm, None, rows_of("a"), busy_seconds=5.0, unexplained_seconds=0.1)
+    gpm = window_step(gpm, {"tensor.active": 0.5}, rows_of("a"), busy_seconds=5.0, unexplained_seconds=0.1)
+    assert {key[0] for key in gpm.pod_now} == {"uid-a"}
+
+
 def test_a_gpu_before_hopper_has_no_gpm_family(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     text = gpus("model: NVIDIA A100-SXM4-80GB") + pods(("trainer", "{gpu: 0, memory: 1GiB, sm: 0.9, tensor: 0.8}"))
     with simulated(tmp_path, text) as node:
@@ -384,7 +406,9 @@ def rows_of(*names: str) -> list[PodRow]:
     return [pod_row(name) for name in names]
 
 
-def window_step(gpm: Gpm, window: dict[str, float] | None, rows: list[PodRow]) -> Gpm:
-    """A sweep of GPU-a with these rows, closing a 10 s GPM window with `window`'s figures if given."""
+def window_step(gpm: Gpm, window: dict[str, float] | None, rows: list[PodRow], **gpu: Any) -> Gpm:
+    """A sweep of GPU-a with these rows, closing a 10 s GPM window with `window`'s figures if
+    given; `gpu`: the GPU row's other fields (what the ledger saw over the sweep's window)."""
     device = Device(0, "GPU-a", "H100", 80, 0, 0.5, gpm_window=window, gpm_seconds=10.0)
-    return step(gpm, [GpuRow(device=device, vgpus=2.0, unattributed_memory=0)], rows, [pod_key(r) for r in rows])
+    row = GpuRow(device=device, vgpus=2.0, unattributed_memory=0, **gpu)
+    return step(gpm, [row], rows, [pod_key(r) for r in rows])

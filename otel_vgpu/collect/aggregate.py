@@ -35,6 +35,8 @@ class GpuReading:
     those the watch saw between sweeps too, however short they lived."""
     users: frozenset[str] = frozenset()
     """The pods (UIDs) whose processes lived on the GPU over the window, "" for any of no pod."""
+    busy_seconds: float = 0.0
+    """The GPU's own SM-busy seconds over the window, where the ledger split them."""
     unexplained_seconds: float = 0.0
     """SM-busy seconds of the GPU over the window that no process was given."""
     reused_pids: frozenset[int] = frozenset()
@@ -68,6 +70,13 @@ class GpuRow:
     gpm_shared_windows: int | None = None
     """GPM windows in which several pods (or a process of none) used one of its devices, so
     that no pod got its figures; None without GPM."""
+    users: frozenset[str] = frozenset()
+    """The pods (UIDs) whose processes lived on it over the sweep's window, as the process watch
+    and the sweeps saw them (collect/ledger.py); "" for any of no pod."""
+    busy_seconds: float = 0.0
+    """Its own SM-busy seconds over the sweep's window, where the ledger split them."""
+    unexplained_seconds: float = 0.0
+    """The part of `busy_seconds` no process was given."""
 
     @property
     def index(self) -> int:
@@ -291,6 +300,9 @@ def aggregate(
                 vgpus=ratios.of(device.uuid),
                 unattributed_memory=unattributed,
                 mps_servers=reading.mps_servers,
+                users=reading.users,
+                busy_seconds=reading.busy_seconds,
+                unexplained_seconds=reading.unexplained_seconds,
             )
         )
     return tuple(gpu_rows), tuple(pod_rows)

@@ -6,7 +6,11 @@ published until the next close, with a busy-seconds counter for tensor and DRAM 
 figure times the window's seconds, as SM's busy seconds).
 
 A pod gets a device's figures only where they are its own: in a window where it alone had
-processes on that GPU (or MIG device) at every sweep, and no process outside every pod did.
+processes on that GPU (or MIG device) at every sweep and at every look of the process watch
+between them (collect/ledger.py keeps every process that lived in a sweep's window), no
+process outside every pod did, and its processes explain the GPU's own SM time over the
+window: where more than `UNEXPLAINED_SLACK` of it went to no process (one that lived between
+two looks of the watch, say), someone else may have run, and the window is shared.
 SM time alone would not show it: a process with no SM samples can drive DRAM and PCIe
 through the copy engines. In a window shared by several pods, their GPM families are left
 out, never guessed, and the GPU's `shared_windows` counter says how often; a recording rule
@@ -25,6 +29,10 @@ from otel_vgpu.gpu.device_figures import GPM_BUSY
 Figures = Mapping[str, float]
 OUTSIDE = "<outside>"
 """Stands for processes of no pod (or not known to be of one) in a window's set of users."""
+# The part of a GPU's own SM-busy seconds over a window that may go to no process, and the
+# window still be one pod's: the ledger's periods are cut at the watch's looks, which leaves a
+# little unexplained at the edges of a process's life.
+UNEXPLAINED_SLACK = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +41,9 @@ class Gpm:
 
     users: dict[str, frozenset[str]] = field(default_factory=dict)
     """By device (GPU UUID, or MIG device UUID): the pods (UIDs, or OUTSIDE) that had
-    processes on it at a sweep of its open window."""
+    processes on it at a sweep of its open window, or between sweeps."""
+    unexplained: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """By GPU UUID: its SM-busy seconds no process was given, and all of them, over its open window."""
     gpu_now: dict[str, Figures] = field(default_factory=dict)
     gpu_busy: dict[str, dict[str, float]] = field(default_factory=dict)
     shared_windows: dict[str, int] = field(default_factory=dict)
@@ -61,12 +71,20 @@ def step(gpm: Gpm, gpus: Sequence[GpuRow], pods: Sequence[PodRow], keys: Sequenc
             # Processes of no pod on the GPU; under MIG, not known on which instance: all of them.
             for device in devices:
                 on_device.setdefault(device, set()).add(OUTSIDE)
+        if not gpu.device.migs:
+            # Whoever lived on it between the sweeps too.
+            on_device.setdefault(uuid, set()).update(user or OUTSIDE for user in gpu.users)
         users = {d: gpm.users.get(d, frozenset()) | on_device.get(d, set()) for d in devices}
+        so_far, busy_so_far = gpm.unexplained.get(uuid, (0.0, 0.0))
+        unexplained = (so_far + gpu.unexplained_seconds, busy_so_far + gpu.busy_seconds)
         window = gpu.device.gpm_window
         if window is None:
             after.users.update(users)
+            after.unexplained[uuid] = unexplained
             _carry(gpm, after, uuid, [k for d in devices for k in rows_on.get(d, [])])
             continue
+        if unexplained[0] > UNEXPLAINED_SLACK * unexplained[1]:
+            users[uuid] = users[uuid] | {OUTSIDE}
         seconds = gpu.device.gpm_seconds
         after.gpu_now[uuid] = dict(window)
         busy = gpm.gpu_busy.get(uuid, {})

@@ -271,6 +271,7 @@ class GpuReader:
             use_by_pid=use_by_pid,
             earlier_use=earlier,
             users=window.users,
+            busy_seconds=window.gpu_busy,
             unexplained_seconds=window.unexplained,
             reused_pids=refused,
         )
