@@ -7,6 +7,8 @@ root (the manifest rendered where kubectl is; bench/README.md says what the GPU 
     python3 bench/gpu_validate_tenants.py --pod base.yaml --part nested --out bench/results/h200-tenant-nested.md
     python3 bench/gpu_validate_tenants.py --pod base.yaml --part renamed --out bench/results/h200-tenant-renamed.md
     python3 bench/gpu_validate_tenants.py --pod base.yaml --part ended --out bench/results/h200-tenant-ended.md
+    python3 bench/gpu_validate_tenants.py --pod chart-defaults.yaml --part restarts [--code DIR]
+    python3 bench/gpu_validate_tenants.py --pod chart-defaults.yaml --part restarts-scraping [--code DIR]
 
 The agent runs through testkit/pod_harness.py (its namespaces, uid, no capabilities,
 read-only root, volumes); pod names come from the API double, devices from the kubelet
@@ -32,6 +34,13 @@ ran after its last sweep is in no sample once it has ended: NVML drops an ended 
 samples at once on an H200, bench/results/h200-nvml-ended-samples.md.) B's busy seconds are shown beside the GPU
 seconds of work its process counted itself.
 
+`--part restarts`: a tenant pod runs fresh CUDA processes one after another for 60 s, each
+computing 1 s of bf16 matrix products once its context is up, beside a steady pod computing
+30 % of every 100 ms; `--part restarts-scraping` has the tenant scrape `/metrics` before
+each process. Each pod's busy seconds between the first and the last scrape, against the
+GPU seconds of work its processes counted themselves, and the agent's CPU meanwhile; with
+`--code DIR`, an earlier version's agent (a before).
+
 It prints a Markdown report and exits non-zero on any failed check.
 """
 
@@ -39,12 +48,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +63,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testkit.agent import wait_serving
 from testkit.cuda_workloads import require_gpu, start_workloads
 from testkit.gpu_node import NODE, POD_RESOURCES_DIR, Doubles, pod_harness
-from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, place, stop_pods
+from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, place, start_in, stop_pods
 from testkit.kube_api_double import pod_object
 from testkit.report import Report, Samples, scrape
 
 AGENT_URL = "http://127.0.0.1:8080"
 GIB = 1024**3
 SCRAPE_EVERY_S = 15.0
+# `--part restarts`: how long the tenant runs processes, and each one's work once its context is up.
+RESTARTS_S = 60.0
+RESTART_WORK_S = 1.0
 CODE: list[Path | None] = [None]
 """`--code`: a directory holding another version's `otel_vgpu`, run in its place (a before)."""
 
@@ -289,6 +302,83 @@ def ended_part(manifest: Path, workdir: Path, report: Report, settle: float) -> 
         )
 
 
+def work_of(path: Path) -> float:
+    """The GPU seconds of work a workload wrote it had done (testkit/cuda_workloads.py), 0 before any."""
+    return float(path.read_text().split()[1]) if path.exists() else 0.0
+
+
+def restarts_part(manifest: Path, workdir: Path, report: Report, settle: float, scraping: bool = False) -> None:
+    """A tenant that runs fresh CUDA processes one after another, each computing RESTART_WORK_S
+    once its context is up, beside a steady pod; with `scraping`, the tenant scrapes /metrics
+    in its gaps. Each pod's busy seconds between two scrapes RESTARTS_S apart, against the GPU
+    seconds its processes counted themselves."""
+    lines, check = report.lines, report.check
+    steady = HostPod("team-a", "steady", "systemd", "burstable")
+    tenant = HostPod("team-b", "tenant", "systemd", "besteffort")
+    steady_work = workdir / "steady-work"
+    place(steady, start_workloads(["steady"], 2.0, {"WORK_FILE": str(steady_work)}, burst_ms=300)[0])
+    ran = {"steady": 0.0, "tenant": 0.0}
+    try:
+        with (
+            cluster_of([steady, tenant], workdir / "cluster") as cluster,
+            agent(manifest, workdir / "pod", cluster, lines) as harness,
+        ):
+            time.sleep(settle)
+            first, steady_before, cpu_before = (
+                scrape(f"{AGENT_URL}/metrics"),
+                work_of(steady_work),
+                harness.cpu_seconds(),
+            )
+            started, processes, scrapes = time.monotonic(), 0, 0
+            while time.monotonic() - started < RESTARTS_S:
+                if scraping:  # in its gap: were a scrape to sweep, the next sweep would come after its work
+                    scrape(f"{AGENT_URL}/metrics")
+                    scrapes += 1
+                work = workdir / f"tenant-{processes}"
+                once = start_in(tenant, ["once"], 1.0, {"WORK_FILE": str(work), "ONCE_S": str(RESTART_WORK_S)})[0]
+                once.wait()
+                ran["tenant"] += work_of(work)
+                processes += 1
+            time.sleep(SCRAPE_EVERY_S / 5)  # the last process's end reaches a sweep
+            last, cpu = scrape(f"{AGENT_URL}/metrics"), harness.cpu_seconds() - cpu_before
+            ran["steady"] = work_of(steady_work) - steady_before
+            seconds = time.monotonic() - started
+    finally:
+        stop_pods([steady, tenant])
+    lines += [
+        f"{processes} tenant processes of {RESTART_WORK_S} s of work each over {seconds:.0f} s"
+        + (f", the tenant scraping /metrics {scrapes} times in its gaps" if scraping else ""),
+        f"; the agent's CPU over them: {cpu:.2f} s ({100 * cpu / seconds:.2f} % of a core)",
+        "",
+        "| pod | billed busy s | its processes' GPU s of work | billed / ran |",
+        "|---|---|---|---|",
+    ]
+    billed = {}
+    for name in ("tenant", "steady"):
+        before = one(first, "vgpu_pod_sm_busy_seconds_total", pod=name) or 0.0
+        after = one(last, "vgpu_pod_sm_busy_seconds_total", pod=name) or 0.0
+        billed[name] = after - before
+        ratio = billed[name] / ran[name] if ran[name] > 0 else float("nan")
+        lines.append(f"| {name} | {billed[name]:.2f} | {ran[name]:.2f} | {ratio:.2f} |")
+    gpu = [one(m, "vgpu_gpu_sm_busy_seconds_total", gpu_id="0") or 0.0 for m in (first, last)]
+    lines += [
+        f"| the GPU | {gpu[1] - gpu[0]:.2f} | {sum(ran.values()):.2f} | "
+        f"{(gpu[1] - gpu[0]) / max(1e-9, sum(ran.values())):.2f} |",
+        "",
+        "| check | what |",
+        "|---|---|",
+    ]
+    check(processes >= 5, f"{processes} tenant processes ran (>= 5)")
+    check(
+        billed["tenant"] >= 0.8 * ran["tenant"],
+        f"the tenant billed {billed['tenant']:.2f} >= 0.8 x its {ran['tenant']:.2f}",
+    )
+    check(
+        abs(billed["steady"] - ran["steady"]) <= 0.15 * ran["steady"],
+        f"the steady pod billed {billed['steady']:.2f} within 15 % of its {ran['steady']:.2f}",
+    )
+
+
 def table(lines: list[str], metrics: Samples, pods: list[HostPod], used: dict[int, int]) -> None:
     lines += [
         "| pod | memory (agent) | memory (NVML) | SM | SM-busy s | joules |",
@@ -304,11 +394,20 @@ def table(lines: list[str], metrics: Samples, pods: list[HostPod], used: dict[in
         )
 
 
-PARTS = {"nested": nested_part, "renamed": renamed_part, "ended": ended_part}
+Part = Callable[[Path, Path, Report, float], None]
+PARTS: dict[str, Part] = {
+    "nested": nested_part,
+    "renamed": renamed_part,
+    "ended": ended_part,
+    "restarts": restarts_part,
+    "restarts-scraping": functools.partial(restarts_part, scraping=True),
+}
 TITLES = {
     "nested": "A nested cgroup named after another pod",
     "renamed": "A process named like the MPS server",
     "ended": "A pod that ends between scrapes",
+    "restarts": "A tenant that runs fresh short processes one after another",
+    "restarts-scraping": "A tenant that runs fresh short processes and scrapes in its gaps",
 }
 
 

@@ -35,6 +35,8 @@ for _ in range(8):
     torch.cuda.synchronize()
     solo = min(solo, (time.perf_counter() - t) / 10)
 steps, noted = 0, 0.0
+if mode == "once":  # the timed batches were work too
+    steps = 80
 
 def note():
     # GPU seconds of work done so far (steps x their solo time): what the process
@@ -62,6 +64,16 @@ while True:
             torch.cuda.synchronize()
             steps += 1
         time.sleep(max(0.0, period - (time.monotonic() - start)))
+    elif mode == "once":  # bf16 matrix products for ONCE_S seconds, its work written, then gone
+        until = time.monotonic() + float(os.environ.get("ONCE_S", "1.0"))
+        while time.monotonic() < until:
+            for _ in range(20):
+                step()
+            torch.cuda.synchronize()
+            steps += 20
+        noted = 0.0
+        note()
+        sys.exit(0)
     elif mode == "copy":  # memory-bound: device-to-device copies of 2 GiB, SMs nearly idle
         if "src" not in globals():
             src = torch.empty(2**31, dtype=torch.uint8, device="cuda")
@@ -106,7 +118,8 @@ def start_workload(
     """A PyTorch process on the GPU `env`'s CUDA_VISIBLE_DEVICES names (default: CUDA's first):
     `busy` (bf16 matrix products), `copy` (device-to-device copies of 2 GiB: memory-bound),
     `bursty` (kernels for `burst_ms` of each second), `steady` (that share of every 100 ms),
-    `jpeg` (JPEG decoding with nvJPEG) or idle, holding `gib` GiB. With WORK_FILE in `env`, it
+    `jpeg` (JPEG decoding with nvJPEG), `once` (bf16 matrix products for ONCE_S seconds of
+    `env`, then it exits) or idle, holding `gib` GiB. With WORK_FILE in `env`, it
     writes there, twice a second, "<unix time> <GPU seconds of work done>" (steps times one
     step's solo time)."""
     return start_workloads([mode], gib, env, burst_ms)[0]
