@@ -347,8 +347,8 @@ def restarts_part(manifest: Path, workdir: Path, report: Report, settle: float, 
         stop_pods([steady, tenant])
     lines += [
         f"{processes} tenant processes of {RESTART_WORK_S} s of work each over {seconds:.0f} s"
-        + (f", the tenant scraping /metrics {scrapes} times in its gaps" if scraping else ""),
-        f"; the agent's CPU over them: {cpu:.2f} s ({100 * cpu / seconds:.2f} % of a core)",
+        + (f", the tenant scraping /metrics {scrapes} times in its gaps" if scraping else "")
+        + f"; the agent's CPU over them: {cpu:.2f} s ({100 * cpu / seconds:.2f} % of a core)",
         "",
         "| pod | billed busy s | its processes' GPU s of work | billed / ran |",
         "|---|---|---|---|",

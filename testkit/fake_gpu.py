@@ -27,6 +27,8 @@ class FakeBackend:
     """The GPU's own samples of each engine."""
     gpm_figures: dict[str, float] | None = None
     """What each GPM read answers (after the first, which opens the window); None: no GPM."""
+    memory: int = 10 * GIB
+    """The memory in use its probe answers."""
     calls: list[tuple[str, int]] = field(default_factory=list)
     """(call, since_us) of the sample reads; (call, 0) of the others."""
 
@@ -41,7 +43,12 @@ class FakeBackend:
         return self.energy_mj
 
     def processes(self, index: int) -> list[GpuProcess]:
+        self.calls.append(("listing", 0))
         return [GpuProcess(1, GIB), GpuProcess(2, GIB)]
+
+    def memory_used(self, index: int) -> int:
+        self.calls.append(("memory", 0))
+        return self.memory
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         self.calls.append(("processes", since_us))

@@ -41,9 +41,31 @@ def test_a_process_between_two_listings_is_billed_from_halfway_to_halfway() -> N
     ledger.listed(book, 400 * MS, [seen(1, B), seen(2, A)])  # 2 appears: since 200 ms
     ledger.listed(book, 1_200 * MS, [seen(1, B)])  # and goes: until 800 ms
     by_key = ledger.close(book, periods(0, 1_200, 0.5)).ran
-    # B's 1 alone in the first 200 ms and the last 400 ms; with A's 2 (no figure yet) between.
+    # B's 1 alone in the first 200 ms and the last 400 ms; with A's 2 between, where B's 1,
+    # listed from the start and with no sample, was idle: the young process A's 2, whose
+    # figure NVML has not given yet, ran what the GPU did.
     assert by_key[(1, 1)].sm == pytest.approx(0.5 * 0.2 + 0.5 * 0.4)
-    assert by_key[(2, 1)].sm == pytest.approx(0.0)
+    assert by_key[(2, 1)].sm == pytest.approx(0.5 * 0.6)
+
+
+def test_what_the_figures_leave_goes_to_young_processes_only_and_never_past_their_part() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    ledger.listed(book, 9_800 * MS, [seen(1, A)])
+    ledger.listed(book, 10_000 * MS, [seen(1, A), seen(2, B)])  # B's 2 from 9.9 s
+    ledger.sampled(book, [UtilizationSample(1, 10_200 * MS, ProcessUse(0.2))])
+    ledger.listed(book, 11_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(10_000, 11_000, 0.9))
+    # A's 1, listed for 10 s, keeps its figure; B's 2, young and without one, the rest.
+    assert window.ran[(1, 1)].sm == pytest.approx(0.2)
+    assert window.ran[(2, 1)].sm == pytest.approx(0.7)
+    assert window.unexplained == pytest.approx(0.0)
+    # Seven seconds on, B's 2 is no longer young: what the figures leave is no one's.
+    ledger.sampled(book, [UtilizationSample(2, 17_200 * MS, ProcessUse(0.1))])
+    ledger.listed(book, 18_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(17_000, 18_000, 0.9))
+    assert window.ran[(2, 1)].sm == pytest.approx(0.1)
+    assert window.unexplained == pytest.approx(0.9 - 0.2 - 0.1)
 
 
 def test_a_shared_period_is_split_by_the_figures_and_what_they_leave_is_no_ones() -> None:

@@ -159,6 +159,11 @@ def test_device_fields_and_units() -> None:
     assert device.migs == ()
 
 
+def test_the_watchs_probe_is_the_memory_in_use_of_the_device_call() -> None:
+    backend = NvmlBackend(FakeNvml())
+    assert backend.memory_used(0) == backend.device(0).memory_used == 30
+
+
 def test_a_gpu_in_mig_mode_has_its_mig_devices_and_no_utilization() -> None:
     backend = NvmlBackend(FakeNvml())
     device = backend.device(1)

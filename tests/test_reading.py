@@ -181,3 +181,24 @@ def test_engine_windows_are_not_kept_where_their_families_are_off_or_under_mig()
     reader = reader_of(backend, clock, engine_every_s=0.0)
     assert all(sweep_at(backend, reader, clock, at).engine_window is None for at in (0.0, 1.0, 2.0))
     assert [name for name, _ in backend.calls if name.startswith("gpu:")] == []
+
+
+def test_the_watch_lists_a_gpus_processes_only_when_its_memory_in_use_changed() -> None:
+    backend, clock = FakeBackend(), [0.0]
+    reader = reader_of(backend, clock)
+    swept(reader)  # the sweep opens the GPU's ledger; its memory then is the probe's now
+
+    def asked_for(call: str) -> int:
+        return sum(1 for name, _ in backend.calls if name == call)
+
+    listed, sampled = asked_for("listing"), asked_for("processes")
+    for _ in range(4):
+        backend.now += S // 4
+        reader.watch(0, lambda pids: {})
+    assert asked_for("memory") == 4 and asked_for("listing") == listed, backend.calls
+    # Its two processes, listed since before the sweep's read and with no sample, are idle:
+    # the watch reads no samples for them.
+    assert asked_for("processes") == sampled
+    backend.memory += GIB  # a context came
+    reader.watch(0, lambda pids: {})
+    assert asked_for("listing") == listed + 1

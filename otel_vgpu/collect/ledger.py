@@ -43,6 +43,9 @@ PERIOD_US = 200_000
 BORN_SLACK_US = 200_000
 # Samples kept per process: the newest, a minute's worth at the watch's cadence at most.
 SAMPLES_KEPT = 64
+# A process this young (since it was first listed) has a figure that may not have settled yet:
+# NVML smooths it (bench/results/h200-nvml-samples.md); how fast it settles is not measured.
+YOUNG_US = 5_000_000
 # Lives that ended this long before the newest period integrated are forgotten, whatever
 # else: no window reaches that far back.
 FORGET_US = 60_000_000
@@ -163,6 +166,15 @@ def listed(ledger: GpuLedger, at_us: int, seen: Sequence[Seen]) -> list[Life]:
     return begun
 
 
+def confirmed(ledger: GpuLedger, at_us: int) -> None:
+    """The last listing still holds at `at_us`: a probe saw nothing come or go since."""
+    for key in ledger.listed.values():
+        life = ledger.lives.get(key)
+        if life is not None:
+            life.last_listed_us = at_us
+    ledger.listed_at = at_us
+
+
 def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample]) -> frozenset[int]:
     """Each sample given to the life that held its PID when it was taken; the PIDs listed now
     whose sample is older than the process holding them (an earlier holder's, never theirs)."""
@@ -271,8 +283,10 @@ def _split(
     life, the part of the period it lived, its figure), by the module's rules. A life listed
     at both ends of the period is sure to have run through it; one whose presence rests on
     the halfway rule alone comes second, with what the sure ones leave. Each tier is scaled
-    down where it wants more than is left; nothing is scaled up, so that no pod is given
-    what its own figure does not say it ran."""
+    down where it wants more than is left. What the GPU ran beyond goes to the lives at an
+    edge (up to their figure over the whole period), then to the young ones (up to the whole
+    of the period they lived); no life older than `YOUNG_US`, whose figure has settled, is
+    given more than its figure says it ran."""
     wanted = [part * use.sm if use is not None else 0.0 for _, part, use in figures]
     if gpu_sm is None:
         return wanted
@@ -299,6 +313,18 @@ def _split(
     if left > 0 and sum(room) > 0:
         scale = min(1.0, left / sum(room))
         given = [g + r * scale for g, r in zip(given, room, strict=True)]
+        left = max(0.0, left - sum(room) * scale)
+    # The rest to the young lives, up to the whole of the part they lived: NVML smooths a
+    # process's figure, so one just begun reads below what it runs (on an H200, fresh 1 s
+    # processes beside a steady pod were billed half their work without this, and 1.05 of it
+    # with it: bench/results/h200-tenant-restarts.md). A settled figure stands as read.
+    young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US]
+    if left > 0 and young:
+        room = [figures[k][1] - given[k] for k in young]
+        if sum(room) > 0:
+            scale = min(1.0, left / sum(room))
+            for k, r in zip(young, room, strict=True):
+                given[k] += max(0.0, r) * scale
     return given
 
 

@@ -166,6 +166,12 @@ class GpuReader:
         self._uuids: dict[int, str] = {}
         """Each GPU's UUID by index, as the last sweep read it: what the watch looks at."""
         self._sample_every_us = round(sample_every_s * 1e6)
+        self._memory_seen: dict[str, int] = {}
+        """Each GPU's memory in use at its last listing, by UUID: the watch lists it anew on a change."""
+        self.watch_listings = 0
+        """How many times the watch has listed a GPU's processes."""
+        self._swept_at: dict[str, int] = {}
+        """When each GPU's per-process samples were last read by a sweep, by UUID."""
         self._watch_sampled: dict[str, int] = {}
         """When the watch last read each GPU's per-process samples, by UUID."""
         self.watch_samples = 0
@@ -252,6 +258,8 @@ class GpuReader:
             [ledger.Seen(p.pid, starts.get(p.pid), pending.born.get(p.pid), pods.get(p.pid)) for p in processes],
         )
         refused = ledger.sampled(book, pending.samples)
+        self._swept_at[device.uuid] = pending.now_us
+        self._memory_seen[device.uuid] = device.memory_used
         ledger.unknown(book, reading.unknown_pids)
         periods = pending.periods
         if periods is None:
@@ -287,10 +295,23 @@ class GpuReader:
         if book is None:
             return  # no window open: a MIG GPU, or one not swept yet
         try:
-            processes = self._backend.processes(index)
+            used = self._backend.memory_used(index)
+            now = self._backend.now_us()
+            if used == self._memory_seen.get(uuid):
+                # Nothing came or went: a process holds a context, whose memory counts in the
+                # GPU's. The listings, dearer with each process, wait for a change.
+                ledger.confirmed(book, now)
+            else:
+                self._memory_seen[uuid] = used
+                self._list(index, book, now, identify)
         except GpuError:
             return  # the sweep says what fails
-        now = self._backend.now_us()
+        self._sample_young(index, uuid, book, now)
+
+    def _list(self, index: int, book: ledger.GpuLedger, now: int, identify: Identify) -> None:
+        """GPU `index`'s processes listed by the watch into its ledger, a new one attributed."""
+        processes = self._backend.processes(index)
+        self.watch_listings += 1
         known = {pid: book.lives[key] for pid, key in book.listed.items() if key in book.lives}
         fresh = identify([p.pid for p in processes if p.pid not in known])
         seen = []
@@ -301,7 +322,18 @@ class GpuReader:
             else:
                 seen.append(fresh.get(process.pid) or ledger.Seen(process.pid, None, None, None))
         ledger.listed(book, now, seen)
-        unsampled = any(not book.lives[key].samples for key in book.listed.values() if key in book.lives)
+
+    def _sample_young(self, index: int, uuid: str, book: ledger.GpuLedger, now: int) -> None:
+        """The GPU's per-process samples, where a process came since the sweep's own read and
+        has none yet, at most every `sample_every_s`."""
+        # Only a process that came since the sweep's own read and has no sample yet: one that
+        # has been listed since before it and still has none is idle, and the sweep reads it.
+        swept = self._swept_at.get(uuid, 0)
+        unsampled = any(
+            not life.samples and life.since_us > swept
+            for key in book.listed.values()
+            if (life := book.lives.get(key)) is not None
+        )
         last = self._watch_sampled.get(uuid, 0)
         if not unsampled or now - last < self._sample_every_us:
             return

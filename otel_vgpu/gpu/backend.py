@@ -289,6 +289,11 @@ class GpuBackend(Protocol):
         mode, listed per MIG device (`device` was called first)."""
         ...
 
+    def memory_used(self, index: int) -> int:
+        """The GPU's memory in use, in bytes: what the process watch probes between its
+        listings, since a process that comes (its context) or goes changes it."""
+        ...
+
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         """Per-process samples newer than `since_us`; empty when there are none."""
         ...

@@ -184,6 +184,8 @@ class SimulatedNode:
         self._written: dict[int, int] = {}  # pid -> start time on disk
         self._state_at: float | None = None
         self._listed_now: set[int] = set()
+        self._probed_at = -math.inf
+        """When the memory in use was last probed: a listing after it is of a moment no older."""
         """The GPUs listed since the processes were last brought to the present."""
         self._processes: list[_Process] = []
         # Faults switched on by tests: the same FaultSpec as the scenario's own.
@@ -422,10 +424,18 @@ class SimulatedNode:
         first; the other GPUs are listed at that moment too, so that one sweep's or one look's
         listings, and the kubelet's view beside them, are of one moment."""
         self._maybe_fail("processes", index)
-        if index in self._listed_now:
+        if index in self._listed_now or (self._state_at is not None and self._state_at < self._probed_at):
             self.refresh()
         self._listed_now.add(index)
         return [GpuProcess(p.pid, p.memory, p.mig, p.mps == "client") for p in self._visible() if p.gpu == index]
+
+    def memory_used(self, index: int) -> int:
+        """The GPU's memory in use at the time of the call: its driver's part and what the
+        processes running then hold."""
+        self._maybe_fail("device", index)
+        t = self._probed_at = self.now()
+        mine = [p for p in self._processes_at(t) if p.gpu == index and p.starts_at <= t < p.ends_at]
+        return min(self.scenario.gpus[index].memory_total, DRIVER_RESERVED_BYTES + sum(p.memory for p in mine))
 
     def exclusive_process(self, index: int) -> bool:
         return self.scenario.gpus[index].compute_mode == "exclusive_process"
