@@ -71,7 +71,7 @@ AGENT_URL = "http://127.0.0.1:8080"
 GIB = 1024**3
 SCRAPE_EVERY_S = 15.0
 # `--part restarts`: how long the tenant runs processes, and each one's work once its context is up.
-RESTARTS_S = 60.0
+RESTARTS_S = [60.0]
 RESTART_WORK_S = 1.0
 CODE: list[Path | None] = [None]
 """`--code`: a directory holding another version's `otel_vgpu`, run in its place (a before)."""
@@ -310,7 +310,7 @@ def work_of(path: Path) -> float:
 def restarts_part(manifest: Path, workdir: Path, report: Report, settle: float, scraping: bool = False) -> None:
     """A tenant that runs fresh CUDA processes one after another, each computing RESTART_WORK_S
     once its context is up, beside a steady pod; with `scraping`, the tenant scrapes /metrics
-    in its gaps. Each pod's busy seconds between two scrapes RESTARTS_S apart, against the GPU
+    in its gaps. Each pod's busy seconds between two scrapes `--restarts-seconds` apart, against the GPU
     seconds its processes counted themselves."""
     lines, check = report.lines, report.check
     steady = HostPod("team-a", "steady", "systemd", "burstable")
@@ -330,7 +330,7 @@ def restarts_part(manifest: Path, workdir: Path, report: Report, settle: float, 
                 harness.cpu_seconds(),
             )
             started, processes, scrapes = time.monotonic(), 0, 0
-            while time.monotonic() - started < RESTARTS_S:
+            while time.monotonic() - started < RESTARTS_S[0]:
                 if scraping:  # in its gap: were a scrape to sweep, the next sweep would come after its work
                     scrape(f"{AGENT_URL}/metrics")
                     scrapes += 1
@@ -418,8 +418,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also write the report (Markdown) here")
     parser.add_argument("--settle", type=float, default=6.0, help="seconds of load before the first scrape")
     parser.add_argument("--code", type=Path, help="a directory holding another version's otel_vgpu, to run instead")
+    parser.add_argument(
+        "--restarts-seconds", type=float, default=RESTARTS_S[0], help="--part restarts: how long the tenant runs"
+    )
     args = parser.parse_args()
     CODE[0] = args.code
+    RESTARTS_S[0] = args.restarts_seconds
     require_gpu()
     if os.geteuid() != 0 or not (CGROUP_ROOT / "cgroup.controllers").exists():
         raise SystemExit("run as root on a node with cgroup v2 at /sys/fs/cgroup")

@@ -41,22 +41,24 @@ def test_a_process_between_two_listings_is_billed_from_halfway_to_halfway() -> N
     ledger.listed(book, 400 * MS, [seen(1, B), seen(2, A)])  # 2 appears: since 200 ms
     ledger.listed(book, 1_200 * MS, [seen(1, B)])  # and goes: until 800 ms
     by_key = ledger.close(book, periods(0, 1_200, 0.5)).ran
-    # B's 1 alone in the first 200 ms and the last 400 ms; with A's 2 between, where B's 1,
-    # listed from the start and with no sample, was idle: the young process A's 2, whose
-    # figure NVML has not given yet, ran what the GPU did.
+    # B's 1 alone in the first 200 ms and the last 400 ms; with A's 2 between, which has no
+    # figure yet, and no period before it says what its coming added: that is no one's.
     assert by_key[(1, 1)].sm == pytest.approx(0.5 * 0.2 + 0.5 * 0.4)
-    assert by_key[(2, 1)].sm == pytest.approx(0.5 * 0.6)
+    assert by_key[(2, 1)].sm == pytest.approx(0.0)
 
 
 def test_what_the_figures_leave_goes_to_young_processes_only_and_never_past_their_part() -> None:
     book = ledger.GpuLedger()
     ledger.listed(book, 0, [seen(1, A)])
+    ledger.sampled(book, [UtilizationSample(1, t * MS, ProcessUse(0.2)) for t in range(8_200, 9_801, 400)])
     ledger.listed(book, 9_800 * MS, [seen(1, A)])
+    ledger.close(book, periods(7_800, 9_800, 0.2))  # A's 1 alone, at 0.2
     ledger.listed(book, 10_000 * MS, [seen(1, A), seen(2, B)])  # B's 2 from 9.9 s
     ledger.sampled(book, [UtilizationSample(1, 10_200 * MS, ProcessUse(0.2))])
     ledger.listed(book, 11_000 * MS, [seen(1, A), seen(2, B)])
     window = ledger.close(book, periods(10_000, 11_000, 0.9))
-    # A's 1, listed for 10 s, keeps its figure; B's 2, young and without one, the rest.
+    # A's 1, listed for 10 s, keeps its figure; B's 2, young and without one, the rise its
+    # coming made over the 0.2 the GPU ran for A before it.
     assert window.ran[(1, 1)].sm == pytest.approx(0.2)
     assert window.ran[(2, 1)].sm == pytest.approx(0.7)
     assert window.unexplained == pytest.approx(0.0)
@@ -113,3 +115,39 @@ def test_a_pid_taken_by_a_new_process_keeps_the_old_ones_sample_and_counts_the_r
     assert [use.sm for _, use in first.samples] == [0.5] and not second.samples
     _, ended = ledger.means(ledger.close(book, periods(0, 1_000, 0.5)))
     assert set(ended) == {A}
+
+
+def test_a_young_process_is_held_to_the_rise_its_coming_made_beside_still_figures_only() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    for t in range(200, 2_001, 200):  # A's 1 alone for 2 s at 0.3: the GPU's level for others
+        ledger.sampled(book, [UtilizationSample(1, t * MS, ProcessUse(0.3))])
+    ledger.listed(book, 2_000 * MS, [seen(1, A)])
+    ledger.close(book, periods(0, 2_000, 0.3))
+    # B's 2 comes; the GPU reads 0.9 and A's figure holds at 0.3: the rise, 0.6, is B's.
+    ledger.listed(book, 2_200 * MS, [seen(1, A), seen(2, B)])
+    ledger.listed(book, 3_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(2_200, 3_000, 0.9))
+    assert window.ran[(1, 1)].sm == pytest.approx(0.3 * 0.8)
+    assert window.ran[(2, 1)].sm == pytest.approx(0.6 * 0.8)
+    # Were the GPU at 1.0 there, B would still be held to what it could have run of it,
+    # and A's figure reading low leaves the rest to no one: B's share is the rise, 0.7.
+    ledger.listed(book, 3_800 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(3_000, 3_800, 1.0))
+    assert window.ran[(2, 1)].sm == pytest.approx(0.7 * 0.8)
+
+
+def test_beside_a_figure_that_swings_a_young_process_is_given_only_its_own() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    for t, sm in zip(range(200, 2_001, 200), [0.1, 0.9] * 5, strict=True):
+        ledger.sampled(book, [UtilizationSample(1, t * MS, ProcessUse(sm))])
+    ledger.listed(book, 2_000 * MS, [seen(1, A)])
+    ledger.close(book, periods(0, 2_000, 0.5))
+    ledger.listed(book, 2_200 * MS, [seen(1, A), seen(2, B)])
+    ledger.sampled(book, [UtilizationSample(2, 2_400 * MS, ProcessUse(0.2))])
+    ledger.listed(book, 3_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(2_200, 3_000, 1.0))
+    # A's figure (its last, 0.9, swinging) and B's own 0.2 fitted under the GPU's 1.0: B is
+    # given its figure, never what A's may have read low.
+    assert window.ran[(2, 1)].sm == pytest.approx(0.2 * 0.8 * (1.0 / 1.1))

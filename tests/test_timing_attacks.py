@@ -206,6 +206,17 @@ def test_a_trough_at_the_sweeps_never_moves_the_tenants_bill_onto_its_neighbour(
     assert bill.gpu == pytest.approx(bill.gpu_ran, rel=0.05), bill
 
 
+@pytest.mark.parametrize("attack", ["trough-at-sweeps", "phased-between-sweeps"])
+def test_a_tenant_cannot_push_its_work_onto_a_neighbours_young_processes(tmp_path: Path, attack: str) -> None:
+    # The victim starts a fresh process every 2 s: each is young, and young processes are
+    # given what a shared period's figures leave (collect/ledger.py), held to the rise their
+    # coming made. A tenant whose figure reads low beside them must not bill them its work.
+    victim = pod("team-a", "victim", VICTIM, "memory: 4GiB, sm: 0.3", more=restarting(2.0, 1.5, 0.3))
+    bill = run(tmp_path, node(victim, ATTACKS[attack]))
+    assert bill.ran[VICTIM] > 10.0, bill
+    assert bill.pods[VICTIM] <= 1.05 * bill.ran[VICTIM], bill
+
+
 def test_a_tenant_that_scrapes_to_set_the_sweeps_moves_none_and_pays_what_it_ran(tmp_path: Path) -> None:
     # The tenant scrapes at the start of each of its bursts, then works 1.2 s: were a scrape to
     # sweep, the next sweep would come after its burst.

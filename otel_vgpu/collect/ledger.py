@@ -13,9 +13,12 @@ lived in each period:
 - a period in which the processes of one pod alone lived is that pod's, whole: nothing else
   held a context on the GPU, and a kernel runs only in a context, which NVML lists;
 - a period shared by several pods, or with a process of none, is split by each process's
-  own figure (its first sample taken at or after the period, else its last before), all
-  scaled down together where they add up to more than the GPU ran; what they do not explain
-  is unattributed, never another pod's;
+  own figure (its first sample taken at or after the period, else its last before), those
+  listed through the period first, scaled down where they add up to more than the GPU ran;
+  what they leave goes to the processes younger than `YOUNG_US`, whose NVML figure may not
+  have settled, each held to the rise its coming made over what the GPU ran for the other
+  pods just before it, and only beside settled figures that hold still; the rest is
+  unattributed, never a settled neighbour's;
 - a process lived from halfway between the listing that first had it and the one before,
   to halfway between the last listing that had it and the first without it, so that a
   listing's cadence neither adds nor takes on average;
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse, UtilizationSample
@@ -46,6 +49,14 @@ SAMPLES_KEPT = 64
 # A process this young (since it was first listed) has a figure that may not have settled yet:
 # NVML smooths it (bench/results/h200-nvml-samples.md); how fast it settles is not measured.
 YOUNG_US = 5_000_000
+# A settled process's figure holds still when its last samples agree within this: on an H200 a
+# busy process's samples read 90-93 % and a bursty one's 6-7 % (bench/results/h200-nvml-samples.md).
+STILL_SAMPLES = 5
+STILL_SPREAD = 0.15
+# What a young process's share is held to: the GPU's figure for the other pods over this long
+# before it began; the periods integrated are kept this long for it.
+BEFORE_US = 2_000_000
+HISTORY_US = YOUNG_US + BEFORE_US
 # Lives that ended this long before the newest period integrated are forgotten, whatever
 # else: no window reaches that far back.
 FORGET_US = 60_000_000
@@ -116,6 +127,9 @@ class GpuLedger:
     """By PID: the life each PID of the last listing is."""
     listed_at: int | None = None
     """When it was last listed, on the samples' clock."""
+    history: list[tuple[int, float, dict[str, float]]] = field(default_factory=list)
+    """The periods integrated in the last `HISTORY_US`: each one's end, the GPU's figure, and
+    what each pod (UID, "" for none) was given of it: what a young process's share is held to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +264,13 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         users |= owners
         figures = [(life, part, None if life.unknown else life.figure_at(end_us, period_us)) for life, part in present]
         alone = len(owners) == 1 and "" not in owners and not any(life.unknown for life, _ in present)
-        sms = _split(figures, gpu_sm, alone, start_us, end_us)
+        sms = _split(figures, gpu_sm, alone, start_us, end_us, lambda life: _others_before(ledger, life))
+        if gpu_sm is not None:
+            by_owner: dict[str, float] = {}
+            for (life, _, _), sm in zip(figures, sms, strict=True):
+                uid = life.owner.pod_uid if life.owner is not None else ""
+                by_owner[uid] = by_owner.get(uid, 0.0) + sm
+            ledger.history.append((end_us, gpu_sm, by_owner))
         for (life, part, use), sm in zip(figures, sms, strict=True):
             row = ran.setdefault(life.key, {})
             if use is not None:
@@ -268,8 +288,23 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         lives={key: ledger.lives[key] for key in ran},
     )
     if periods:
-        _forget(ledger, max(end for end, _ in periods))
+        newest = max(end for end, _ in periods)
+        _forget(ledger, newest)
+        ledger.history = [h for h in ledger.history if h[0] > newest - HISTORY_US]
     return window
+
+
+def _others_before(ledger: GpuLedger, life: Life) -> float | None:
+    """What the GPU ran for others than `life`'s pod just before `life` began: the mean, over
+    the periods of the last `BEFORE_US` before it, of the GPU's figure less what its pod was
+    given; None where no period was integrated then (the agent had just started)."""
+    uid = life.owner.pod_uid if life.owner is not None else ""
+    before = [
+        gpu_sm - given.get(uid, 0.0)
+        for end, gpu_sm, given in ledger.history
+        if life.since_us - BEFORE_US < end <= life.since_us
+    ]
+    return sum(before) / len(before) if before else None
 
 
 def _split(
@@ -278,6 +313,7 @@ def _split(
     alone: bool,
     start_us: int,
     end_us: int,
+    others_before: Callable[[Life], float | None] = lambda life: None,
 ) -> list[float]:
     """The GPU's SM over one period, split among the lives present in it (`figures`: each
     life, the part of the period it lived, its figure), by the module's rules. A life listed
@@ -318,14 +354,37 @@ def _split(
     # process's figure, so one just begun reads below what it runs (on an H200, fresh 1 s
     # processes beside a steady pod were billed half their work without this, and 1.05 of it
     # with it: bench/results/h200-tenant-restarts.md). A settled figure stands as read.
+    # Each is held to what the GPU ran beyond what it ran for the other pods just before the
+    # process began: a young process is given the rise its coming made, never a neighbour's
+    # figure that reads low (a bursty pod's, say) beside it.
     young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US]
-    if left > 0 and young:
-        room = [figures[k][1] - given[k] for k in young]
+    # Only beside settled lives whose figures hold still: where one swings from sample to
+    # sample, what the figures leave may be its own, read low, as well as a young one's.
+    steady = all(_holds_still(life) for k, (life, _, _) in enumerate(figures) if k not in young and not life.unknown)
+    if left > 0 and young and steady:
+        room = []
+        for k in young:
+            life, part, _ = figures[k]
+            before = others_before(life)
+            uid = life.owner.pod_uid if life.owner is not None else ""
+            mine = sum(g for (other, _, _), g in zip(figures, given, strict=True) if _uid(other) == uid)
+            rise = 0.0 if before is None else max(0.0, gpu_sm - before - mine)
+            room.append(max(0.0, min(part - given[k], rise)))
         if sum(room) > 0:
             scale = min(1.0, left / sum(room))
             for k, r in zip(young, room, strict=True):
-                given[k] += max(0.0, r) * scale
+                given[k] += r * scale
     return given
+
+
+def _holds_still(life: Life) -> bool:
+    """Whether a life's last few samples agree within `STILL_SPREAD` (one with none is idle)."""
+    recent = [use.sm for _, use in life.samples[-STILL_SAMPLES:]]
+    return not recent or max(recent) - min(recent) <= STILL_SPREAD
+
+
+def _uid(life: Life) -> str:
+    return life.owner.pod_uid if life.owner is not None else ""
 
 
 def _spacing(periods: Sequence[tuple[int, float | None]]) -> int:
