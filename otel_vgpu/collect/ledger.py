@@ -360,15 +360,21 @@ def _split(
     young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US]
     # Only beside settled lives whose figures hold still: where one swings from sample to
     # sample, what the figures leave may be its own, read low, as well as a young one's.
-    steady = all(_holds_still(life) for k, (life, _, _) in enumerate(figures) if k not in young and not life.unknown)
+    is_young = set(young)
+    steady = all(_holds_still(life) for k, (life, _, _) in enumerate(figures) if k not in is_young and not life.unknown)
     if left > 0 and young and steady:
+        mine: dict[str, float] = {}
+        for (life, _, _), g in zip(figures, given, strict=True):
+            mine[_uid(life)] = mine.get(_uid(life), 0.0) + g
+        befores: dict[tuple[str, float], float | None] = {}
         room = []
         for k in young:
             life, part, _ = figures[k]
-            before = others_before(life)
-            uid = life.owner.pod_uid if life.owner is not None else ""
-            mine = sum(g for (other, _, _), g in zip(figures, given, strict=True) if _uid(other) == uid)
-            rise = 0.0 if before is None else max(0.0, gpu_sm - before - mine)
+            uid = _uid(life)
+            if (uid, life.since_us) not in befores:  # a churning pod's processes come together
+                befores[uid, life.since_us] = others_before(life)
+            before = befores[uid, life.since_us]
+            rise = 0.0 if before is None else max(0.0, gpu_sm - before - mine[uid])
             room.append(max(0.0, min(part - given[k], rise)))
         if sum(room) > 0:
             scale = min(1.0, left / sum(room))
@@ -395,12 +401,13 @@ def _spacing(periods: Sequence[tuple[int, float | None]]) -> int:
 
 def _forget(ledger: GpuLedger, integrated_us: int) -> None:
     """The lives that can reach no later period, and those of a minute ago, let go."""
+    listed = set(ledger.listed.values())
     ledger.lives = {
         key: life
         for key, life in ledger.lives.items()
         if life.until_us is None
         or (life.until_us > integrated_us and life.until_us > integrated_us - FORGET_US)
-        or key in ledger.listed.values()
+        or key in listed
     }
 
 
