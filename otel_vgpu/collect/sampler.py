@@ -373,15 +373,18 @@ class Sampler:
         }
         return settled if len(kept) == len(settled.earlier_use) else dataclasses.replace(settled, earlier_use=kept)
 
-    def watch(self) -> None:
+    def watch(self) -> float:
         """One look at every GPU between sweeps (collect/watch.py): never beside a sweep, while
-        the driver is paused, or before the first sweep."""
+        the driver is paused, or before the first sweep. The seconds it took, once it had the
+        sweeps' lock."""
         with self._lock:
+            started = time.monotonic()
             latest = self._latest
             if self._paused is not None or latest is None or not latest.ok:
-                return
+                return 0.0
             for gpu in latest.gpus:
                 self._reader.watch(gpu.index, self._identify)
+            return time.monotonic() - started
 
     def _identify(self, pids: Sequence[int]) -> dict[int, Seen]:
         found = {}

@@ -10,7 +10,9 @@ context's memory; listing every look cost 4.5 ms a look at 48 processes on the H
 /proc entry exists, and the GPU's per-process samples (2 ms a read) are read for it while it
 lives, at most every `SAMPLE_EVERY_S` (collect/reading.py), so that its own figure splits
 the periods it shared. The sweep then integrates every life over the window
-(collect/ledger.py). The watch takes the sampler's lock: it never runs beside a sweep.
+(collect/ledger.py). The watch takes the sampler's lock: it never runs beside a sweep, and
+it waits longer between looks that take long (`next_wait`), so that it spends at most a tenth
+of the time looking.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
+
+# The most of the time the watch may spend looking.
+DUTY = 0.1
 
 
 class ProcessWatch:
@@ -40,9 +45,19 @@ class ProcessWatch:
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        wait = self._interval_s
+        while not self._stop.wait(wait):
+            took = 0.0
             try:
-                self._sampler.watch()
+                took = self._sampler.watch()
                 self.looks += 1
             except Exception as error:  # a bug, never a driver's answer (those are the sweep's to say)
                 log.warning("the process watch failed: %s", error)
+            wait = next_wait(self._interval_s, took)
+
+
+def next_wait(interval_s: float, look_s: float) -> float:
+    """The wait before the next look: the interval, or longer where a look took long (a node
+    whose processes churn by thousands a second), so that the watch holds the sampler, and a
+    core, at most `DUTY` of the time, and the sweeps and scrapes it waits beside go on."""
+    return max(interval_s, look_s * (1 - DUTY) / DUTY)
