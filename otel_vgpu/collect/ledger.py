@@ -243,7 +243,7 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
     rules; the lives that ended before the last period are forgotten afterwards. `period_us`:
     how long each period is; by default, the samples' spacing."""
     period_us = period_us or _spacing(periods)
-    ran: dict[LifeKey, dict[str, float]] = {}
+    ran: dict[LifeKey, _Ran] = {}
     busy = 0.0
     given = 0.0
     users: set[str] = set()
@@ -265,23 +265,20 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         figures = [(life, part, None if life.unknown else life.figure_at(end_us, period_us)) for life, part in present]
         alone = len(owners) == 1 and "" not in owners and not any(life.unknown for life, _ in present)
         sms = _split(figures, gpu_sm, alone, start_us, end_us, lambda life: _others_before(ledger, life))
+        by_owner: dict[str, float] = {}
         if gpu_sm is not None:
-            by_owner: dict[str, float] = {}
-            for (life, _, _), sm in zip(figures, sms, strict=True):
-                uid = life.owner.pod_uid if life.owner is not None else ""
-                by_owner[uid] = by_owner.get(uid, 0.0) + sm
             ledger.history.append((end_us, gpu_sm, by_owner))
         for (life, part, use), sm in zip(figures, sms, strict=True):
-            row = ran.setdefault(life.key, {})
-            if use is not None:
-                for figure in USE_FIGURES:
-                    if figure != "sm":
-                        row[figure] = row.get(figure, 0.0) + getattr(use, figure) * part * seconds
-            row["sm"] = row.get("sm", 0.0) + sm * seconds
+            uid = _uid(life)
+            by_owner[uid] = by_owner.get(uid, 0.0) + sm
+            acc = ran.get(life.key)
+            if acc is None:
+                acc = ran[life.key] = _Ran()
+            acc.add(sm * seconds, use, part * seconds)
             given += sm * seconds
     window = Window(
         seconds=seconds * len(periods),
-        ran={key: ProcessUse(**figures) for key, figures in ran.items()},
+        ran={key: acc.use() for key, acc in ran.items()},
         gpu_busy=busy,
         unexplained=max(0.0, busy - given),
         users=frozenset(users),
@@ -292,6 +289,31 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         _forget(ledger, newest)
         ledger.history = [h for h in ledger.history if h[0] > newest - HISTORY_US]
     return window
+
+
+class _Ran:
+    """What one life ran over a window, added up period by period: its SM seconds, and its
+    other figures' weights, kept by the figure they come from (a life's figure is the same
+    object over many periods), so that a period costs two additions, not one per figure."""
+
+    __slots__ = ("sm", "weights")
+
+    def __init__(self) -> None:
+        self.sm = 0.0
+        self.weights: list[tuple[ProcessUse, float]] = []
+
+    def add(self, sm_seconds: float, use: ProcessUse | None, seconds: float) -> None:
+        self.sm += sm_seconds
+        if use is None:
+            return
+        if self.weights and self.weights[-1][0] is use:
+            self.weights[-1] = (use, self.weights[-1][1] + seconds)
+        else:
+            self.weights.append((use, seconds))
+
+    def use(self) -> ProcessUse:
+        figures = {f: sum(getattr(u, f) * w for u, w in self.weights) for f in USE_FIGURES if f != "sm"}
+        return ProcessUse(sm=self.sm, **figures)
 
 
 def _others_before(ledger: GpuLedger, life: Life) -> float | None:
@@ -357,12 +379,14 @@ def _split(
     # Each is held to what the GPU ran beyond what it ran for the other pods just before the
     # process began: a young process is given the rise its coming made, never a neighbour's
     # figure that reads low (a bursty pod's, say) beside it.
+    if left <= 0:
+        return given
     young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US]
     # Only beside settled lives whose figures hold still: where one swings from sample to
     # sample, what the figures leave may be its own, read low, as well as a young one's.
     is_young = set(young)
     steady = all(_holds_still(life) for k, (life, _, _) in enumerate(figures) if k not in is_young and not life.unknown)
-    if left > 0 and young and steady:
+    if young and steady:
         mine: dict[str, float] = {}
         for (life, _, _), g in zip(figures, given, strict=True):
             mine[_uid(life)] = mine.get(_uid(life), 0.0) + g
