@@ -41,6 +41,8 @@ OCCUPANCY_PART, FP32_PART = 0.6, 0.5
 XID_BATCH = 256
 GRID_S = 0.2
 MOST_PERIODS = 300
+# Moments whose processes' use is remembered (`_use`), by figure: a GPM window's, for each figure.
+USES_KEPT = 8 * (MOST_PERIODS + 50)
 
 
 class Running(Protocol):
@@ -70,6 +72,9 @@ class SimulatedHealth:
         self._scenario = scenario
         self._now = now
         self._running = running
+        self._uses: dict[tuple[str, float], dict[tuple[int, str | None], float]] = {}
+        self._figures: set[str] = set()
+        """The figures asked of moments so far (`_use`)."""
         self._idle_watts, self._full_watts = idle_watts, full_watts
         self._loaded_at = -math.inf
         """When the driver last loaded: its volatile counters count from there."""
@@ -183,10 +188,27 @@ class SimulatedHealth:
         return out
 
     def _use(self, index: int, mig: str | None, figure: str, t: float) -> float:
-        """What the processes running at `t` on a GPU (or one of its MIG devices) use of `figure`, at most 1."""
-        return min(
-            1.0, sum(p.wave(figure)(t) for p in self._running(t) if p.gpu == index and (mig is None or p.mig == mig))
-        )
+        """What the processes running at `t` on a GPU (or one of its MIG devices) use of `figure`,
+        at most 1: at `t` to the GRID_S, for every GPU and device at once, since the GPUs ask
+        for the same moments in turn."""
+        at = round(t / GRID_S) * GRID_S
+        uses = self._uses.get((figure, at))
+        if uses is None:
+            # One look at who ran then, for every figure asked of moments: GPM asks each of
+            # its figures over the same moments in turn.
+            self._figures.add(figure)
+            running = self._running(at)
+            for each in self._figures:
+                summed: dict[tuple[int, str | None], float] = {}
+                for p in running:
+                    value = p.wave(each)(at)
+                    for device in ((p.gpu, None), (p.gpu, p.mig)) if p.mig is not None else ((p.gpu, None),):
+                        summed[device] = summed.get(device, 0.0) + value
+                self._uses[each, at] = summed
+            while len(self._uses) > USES_KEPT:
+                del self._uses[next(iter(self._uses))]
+            uses = self._uses[figure, at]
+        return min(1.0, uses.get((index, mig), 0.0))
 
     # --- XID events ---------------------------------------------------------------
 

@@ -15,6 +15,7 @@ sees the devices busy and holding memory, and no process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import os
@@ -48,7 +49,7 @@ from otel_vgpu.gpu.backend import (
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods.directory import PodMeta, StaticDirectory
 from otel_vgpu.sim.health import SimulatedHealth
-from otel_vgpu.sim.scenario import CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers
+from otel_vgpu.sim.scenario import PIPES, CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers
 
 # Memory the driver holds on each device beyond what processes use.
 DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
@@ -68,11 +69,13 @@ DRIVER_FILE = "nvidiactl"
 # grid, and a process's latest busy period is looked for up to 50 periods back.
 SAMPLE_PERIOD_US = 200_000
 SAMPLES_KEPT = 50
-# Sample periods whose running processes are remembered (`_alive`): two seconds, what a sweep's
-# samples and the watch's reach back; older periods are worked out again if asked for (a GPM
+# Sample periods whose running processes are remembered (`_alive`): four seconds, what a sweep's
+# samples reach back at the sweeper's longest wait (1.5 x 2 s) and a second more; older periods are worked out again if asked for (a GPM
 # window's, say), since on a churning node thousands of processes run in a second. Each GPU's
 # figure of a period is remembered longer (`_busy`), as far as its energy counter reaches.
-ALIVE_KEPT = 10
+ALIVE_KEPT = 20
+# Probes of the memory in use this close together are of one moment (`memory_used`).
+PROBE_REUSE_S = 0.01
 BUSY_PERIODS_KEPT = ENERGY_PERIODS_KEPT + SAMPLES_KEPT
 _FIRST_PID = 4000
 # The simulated node had been up this long when the scenario began: /proc/uptime, and the
@@ -94,7 +97,13 @@ _RUNTIME_PREFIX = {"containerd": "cri-containerd", "crio": "crio", "docker": "do
 
 
 def container_id(pod: PodSpec, container: str) -> str:
-    return hashlib.sha256(f"{pod.namespace}/{pod.name}/{container}".encode()).hexdigest()
+    return _container_id(pod.namespace, pod.name, container)
+
+
+@functools.lru_cache(maxsize=65536)
+def _container_id(namespace: str, name: str, container: str) -> str:
+    # Asked for every process each time the node works out who runs: a hash once per container.
+    return hashlib.sha256(f"{namespace}/{name}/{container}".encode()).hexdigest()
 
 
 def cgroup_path(spec: CgroupSpec, pod_uid: str, container: str) -> str:
@@ -111,6 +120,7 @@ def cgroup_path(spec: CgroupSpec, pod_uid: str, container: str) -> str:
     return f"/kubepods{qos}/pod{pod_uid}/{leaf}"
 
 
+@functools.lru_cache(maxsize=65536)
 def cgroup_file(spec: CgroupSpec, pod_uid: str, container: str, nested: str = "") -> str:
     """The whole `/proc/<pid>/cgroup` of a process in that container, or in a cgroup the
     container made below its own (`nested`, relative)."""
@@ -185,6 +195,7 @@ class SimulatedNode:
         self._state_at: float | None = None
         self._listed_now: set[int] = set()
         self._probed_at = -math.inf
+        self._probed: list[int] = []
         """When the memory in use was last probed: a listing after it is of a moment no older."""
         """The GPUs listed since the processes were last brought to the present."""
         self._processes: list[_Process] = []
@@ -206,8 +217,8 @@ class SimulatedNode:
         self._alive_lock = threading.Lock()
         self._churned: dict[int, tuple[_Process, ...]] = {}
         """The churning pods' processes, by pod index, the newest pods' (`_churn_processes`)."""
-        self._busy_at: dict[tuple[int, str, int], float] = {}
-        """Each GPU's figure of each engine by sample period, as worked out (`_busy`)."""
+        self._busy_at: dict[int, dict[str, tuple[float, ...]]] = {}
+        """Every GPU's figure of each engine by sample period, as worked out (`_busy`)."""
         self._health = SimulatedHealth(scenario, self.now, self._running_at, IDLE_WATTS, FULL_WATTS)
         self.refresh()
 
@@ -433,9 +444,16 @@ class SimulatedNode:
         """The GPU's memory in use at the time of the call: its driver's part and what the
         processes running then hold."""
         self._maybe_fail("device", index)
-        t = self._probed_at = self.now()
-        mine = [p for p in self._processes_at(t) if p.gpu == index and p.starts_at <= t < p.ends_at]
-        return min(self.scenario.gpus[index].memory_total, DRIVER_RESERVED_BYTES + sum(p.memory for p in mine))
+        t = self.now()
+        if t - self._probed_at > PROBE_REUSE_S:
+            # One look probes every GPU in turn: the moment is worked out once for all of them.
+            self._probed_at = t
+            held = [DRIVER_RESERVED_BYTES] * len(self.scenario.gpus)
+            for p in self._processes_at(t):
+                if p.starts_at <= t < p.ends_at:
+                    held[p.gpu] += p.memory
+            self._probed = held
+        return min(self.scenario.gpus[index].memory_total, self._probed[index])
 
     def exclusive_process(self, index: int) -> bool:
         return self.scenario.gpus[index].compute_mode == "exclusive_process"
@@ -488,17 +506,20 @@ class SimulatedNode:
 
     def _busy(self, index: int, figure: str, stamp_us: int) -> float:
         """GPU `index`'s figure of one engine over the period ending at `stamp_us`: what the
-        processes running then used of it, the ended ones included."""
-        key = (index, figure, stamp_us)
-        busy = self._busy_at.get(key)
-        if busy is None:
+        processes running then used of it, the ended ones included. Worked out for every GPU
+        at once, from one look at who ran then: the GPUs ask for the same periods in turn."""
+        figures = self._busy_at.get(stamp_us)
+        if figures is None:
             t = self._scenario_time(stamp_us)
-            running = [p.wave(figure) for p in self._alive(stamp_us) if p.gpu == index]
-            busy = self._busy_at[key] = min(1.0, sum(shares(running, t)))
-            # Each GPU's engines and pipes beside SM, a period each, as far back as is kept.
-            while len(self._busy_at) > len(self.scenario.gpus) * (2 + len(ENGINES) + 2) * BUSY_PERIODS_KEPT:
+            alive = self._alive(stamp_us)
+            by_gpu = [[p for p in alive if p.gpu == gpu] for gpu in range(len(self.scenario.gpus))]
+            figures = self._busy_at[stamp_us] = {
+                each: tuple(min(1.0, sum(shares([p.wave(each) for p in mine], t))) for mine in by_gpu)
+                for each in ("sm", *ENGINES, *PIPES)
+            }
+            while len(self._busy_at) > BUSY_PERIODS_KEPT:
                 del self._busy_at[next(iter(self._busy_at))]
-        return busy
+        return figures[figure][index]
 
     def ran(self, index: int, start_s: float, end_s: float, pod_uid: str | None = None) -> float:
         """SM-busy seconds GPU `index` ran between two scenario times, by the scenario itself:
