@@ -70,9 +70,10 @@ DRIVER_FILE = "nvidiactl"
 SAMPLE_PERIOD_US = 200_000
 SAMPLES_KEPT = 50
 # Sample periods whose running processes are remembered (`_alive`): four seconds, what a sweep's
-# samples reach back at the sweeper's longest wait (1.5 x 2 s) and a second more; older periods are worked out again if asked for (a GPM
-# window's, say), since on a churning node thousands of processes run in a second. Each GPU's
-# figure of a period is remembered longer (`_busy`), as far as its energy counter reaches.
+# samples reach back at the sweeper's longest wait (1.5 x 2 s) and a second more. Older periods
+# are worked out again if asked for (a GPM window's, say), since on a churning node thousands of
+# processes run in a second. Each GPU's figure of a period is remembered longer (`_busy`), as
+# far as its energy counter reaches.
 ALIVE_KEPT = 20
 # Probes of the memory in use this close together are of one moment (`memory_used`).
 PROBE_REUSE_S = 0.01
