@@ -9,6 +9,7 @@ root (the manifest rendered where kubectl is; bench/README.md says what the GPU 
     python3 bench/gpu_validate_tenants.py --pod base.yaml --part ended --out bench/results/h200-tenant-ended.md
     python3 bench/gpu_validate_tenants.py --pod chart-defaults.yaml --part restarts [--code DIR]
     python3 bench/gpu_validate_tenants.py --pod chart-defaults.yaml --part restarts-scraping [--code DIR]
+    python3 bench/gpu_validate_tenants.py --pod chart-defaults.yaml --part own-mps [--code DIR]
 
 The agent runs through testkit/pod_harness.py (its namespaces, uid, no capabilities,
 read-only root, volumes); pod names come from the API double, devices from the kubelet
@@ -41,6 +42,13 @@ each process. Each pod's busy seconds between the first and the last scrape, aga
 GPU seconds of work its processes counted themselves, and the agent's CPU meanwhile; with
 `--code DIR`, an earlier version's agent (a before).
 
+`--part own-mps`: a tenant pod starts its own MPS control daemon (`nvidia-cuda-mps-control
+-f`, its pipe directory its own, no privilege) and two clients computing 30 % of every 100 ms,
+beside a pod on the same GPU computing 30 % outside MPS (time-slicing, default compute mode).
+NVML gives the clients' SM to the daemon's server, which is in the tenant's pod: the tenant is
+billed the server's busy seconds and energy, the neighbour keeps its own, and the GPU's energy
+is not left unattributed.
+
 It prints a Markdown report and exits non-zero on any failed check.
 """
 
@@ -50,6 +58,7 @@ import argparse
 import contextlib
 import functools
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,9 +70,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import wait_serving
-from testkit.cuda_workloads import require_gpu, start_workloads
+from testkit.cuda_workloads import in_cgroup, require_gpu, start_workloads
 from testkit.gpu_node import NODE, POD_RESOURCES_DIR, Doubles, pod_harness
-from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, place, start_in, stop_pods
+from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, new_container, place, start_in, stop_pods
 from testkit.kube_api_double import pod_object
 from testkit.report import Report, Samples, scrape
 
@@ -73,6 +82,7 @@ SCRAPE_EVERY_S = 15.0
 # `--part restarts`: how long the tenant runs processes, and each one's work once its context is up.
 RESTARTS_S = [60.0]
 RESTART_WORK_S = 1.0
+OWN_MPS_S = 30.0
 CODE: list[Path | None] = [None]
 """`--code`: a directory holding another version's `otel_vgpu`, run in its place (a before)."""
 
@@ -302,6 +312,13 @@ def ended_part(manifest: Path, workdir: Path, report: Report, settle: float) -> 
         )
 
 
+def command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
 def work_of(path: Path) -> float:
     """The GPU seconds of work a workload wrote it had done (testkit/cuda_workloads.py), 0 before any."""
     return float(path.read_text().split()[1]) if path.exists() else 0.0
@@ -379,6 +396,107 @@ def restarts_part(manifest: Path, workdir: Path, report: Report, settle: float, 
     )
 
 
+def own_mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -> None:
+    """A tenant's own MPS daemon and two clients beside a time-sliced pod; each pod's busy
+    seconds and joules between two scrapes OWN_MPS_S apart, against what its processes counted."""
+    lines, check = report.lines, report.check
+    tenant = HostPod("team-b", "mps-tenant", "systemd", "besteffort")
+    neighbour = HostPod("team-a", "neighbour", "systemd", "burstable")
+    pipe, logs = workdir / "tenant-mps-pipe", workdir / "tenant-mps-log"
+    pipe.mkdir(parents=True)
+    logs.mkdir(parents=True)
+    mps_env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+    # The daemon starts in the tenant's container cgroup: the server it spawns for the first
+    # client inherits it, as in a container.
+    daemon = subprocess.Popen(
+        in_cgroup(new_container(tenant), ["nvidia-cuda-mps-control", "-f"]),
+        env={**os.environ, **mps_env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    works = {"neighbour": [workdir / "neighbour-work"], "mps-tenant": [workdir / f"client-{n}" for n in range(2)]}
+    try:
+        time.sleep(1.0)
+        place(neighbour, start_workloads(["steady"], 1.0, {"WORK_FILE": str(works["neighbour"][0])}, burst_ms=300)[0])
+        for path in works["mps-tenant"]:
+            start_in(tenant, ["steady"], 1.0, {**mps_env, "WORK_FILE": str(path)}, burst_ms=300)
+        with (
+            cluster_of([tenant, neighbour], workdir / "cluster") as cluster,
+            agent(manifest, workdir / "pod", cluster, lines),
+        ):
+            time.sleep(settle)
+            first = scrape(f"{AGENT_URL}/metrics")
+            before = {name: sum(work_of(p) for p in paths) for name, paths in works.items()}
+            time.sleep(OWN_MPS_S)
+            last = scrape(f"{AGENT_URL}/metrics")
+            ran = {name: sum(work_of(p) for p in paths) - before[name] for name, paths in works.items()}
+        listed = nvml_used()
+    finally:
+        stop_pods([tenant, neighbour])
+        subprocess.run(
+            ["nvidia-cuda-mps-control"],
+            input="quit\n",
+            text=True,
+            env={**os.environ, **mps_env},
+            timeout=30,
+            check=False,
+        )
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+    servers = [pid for pid in listed if command_of(pid).startswith("nvidia-cuda-mps")]
+    lines += [
+        f"NVML's compute list at the end: {len(listed)} processes, MPS servers among them: {servers}",
+        "",
+        "| pod | billed busy s | its processes' GPU s of work | joules | MPS client series |",
+        "|---|---|---|---|---|",
+    ]
+
+    def delta(family: str, **labels: str) -> float:
+        return (one(last, family, **labels) or 0.0) - (one(first, family, **labels) or 0.0)
+
+    billed, joules = {}, {}
+    for name in ("mps-tenant", "neighbour"):
+        billed[name] = delta("vgpu_pod_sm_busy_seconds_total", pod=name)
+        joules[name] = delta("vgpu_pod_energy_joules_total", pod=name)
+        sm = series(last, "vgpu_pod_sm_utilization_ratio", pod=name)
+        lines.append(f"| {name} | {billed[name]:.2f} | {ran[name]:.2f} | {joules[name]:.0f} | SM gauge {sm} |")
+    gpu_busy = delta("vgpu_gpu_sm_busy_seconds_total", gpu_id="0")
+    gpu_joules = delta("vgpu_gpu_energy_joules_total", gpu_id="0")
+    unattributed = delta("vgpu_gpu_energy_unattributed_joules_total", gpu_id="0")
+    lines += [
+        f"| the GPU | {gpu_busy:.2f} | {sum(ran.values()):.2f} | "
+        f"{gpu_joules:.0f} ({unattributed:.0f} unattributed) | |",
+        "",
+        f"vgpu_gpu_mps_servers: {series(last, 'vgpu_gpu_mps_servers', gpu_id='0')}",
+        "",
+        "| check | what |",
+        "|---|---|",
+    ]
+    check(ran["mps-tenant"] > 1.0, f"the tenant's clients computed {ran['mps-tenant']:.2f} GPU s (> 1)")
+    # The clients' kernels share the server's context, so the GPU's busy time under MPS can be
+    # less than the sum of their own counts: the tenant is held to what the GPU ran beyond the
+    # neighbour, and to no more than its own count.
+    beyond = gpu_busy - ran["neighbour"]
+    check(
+        billed["mps-tenant"] >= 0.8 * min(beyond, ran["mps-tenant"]),
+        f"the tenant billed {billed['mps-tenant']:.2f} >= 0.8 x min(GPU beyond the neighbour {beyond:.2f}, "
+        f"its clients' {ran['mps-tenant']:.2f})",
+    )
+    check(
+        abs(billed["neighbour"] - ran["neighbour"]) <= 0.15 * ran["neighbour"],
+        f"the neighbour billed {billed['neighbour']:.2f} within 15 % of its {ran['neighbour']:.2f}",
+    )
+    check(joules["mps-tenant"] > 0 and joules["neighbour"] > 0, f"both pods drew joules: {joules}")
+    check(
+        unattributed <= 0.25 * gpu_joules,
+        f"unattributed energy {unattributed:.0f} J <= a quarter of the GPU's {gpu_joules:.0f} J (the idle draw "
+        "of periods no pod ran is the GPU's)",
+    )
+
+
 def table(lines: list[str], metrics: Samples, pods: list[HostPod], used: dict[int, int]) -> None:
     lines += [
         "| pod | memory (agent) | memory (NVML) | SM | SM-busy s | joules |",
@@ -401,6 +519,7 @@ PARTS: dict[str, Part] = {
     "ended": ended_part,
     "restarts": restarts_part,
     "restarts-scraping": functools.partial(restarts_part, scraping=True),
+    "own-mps": own_mps_part,
 }
 TITLES = {
     "nested": "A nested cgroup named after another pod",
@@ -408,6 +527,7 @@ TITLES = {
     "ended": "A pod that ends between scrapes",
     "restarts": "A tenant that runs fresh short processes one after another",
     "restarts-scraping": "A tenant that runs fresh short processes and scrapes in its gaps",
+    "own-mps": "A tenant's own MPS daemon beside a time-sliced pod",
 }
 
 

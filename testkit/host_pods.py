@@ -65,7 +65,7 @@ def start_pods(pods: list[HostPod]) -> None:
 
 
 def start_in(
-    pod: HostPod, modes: list[str], gib: float, env: dict[str, str] | None = None
+    pod: HostPod, modes: list[str], gib: float, env: dict[str, str] | None = None, burst_ms: float = 100.0
 ) -> list[subprocess.Popen[str]]:
     """Workloads started in new container cgroups of `pod`, each there from its first
     instruction, as the container runtime starts them. Use it while an agent runs: a
@@ -73,7 +73,7 @@ def start_in(
     it is ready, and an agent that sweeps in between reads it outside every pod, which it
     keeps for that process (pods/attribution.py caches by PID and start time: in a cluster
     a process never leaves the pod it was started in)."""
-    processes = start_workloads(modes, gib, env, cgroups=[new_container(pod) for _ in modes])
+    processes = start_workloads(modes, gib, env, burst_ms, cgroups=[new_container(pod) for _ in modes])
     pod.processes += processes
     return processes
 
