@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, GpuProcess, MigDevice, UtilizationSample, XidEvent
+from otel_vgpu.gpu.backend import (
+    AccountingRecord,
+    Device,
+    ErrorCode,
+    GpuError,
+    GpuProcess,
+    MigDevice,
+    UtilizationSample,
+    XidEvent,
+)
 
 S = 1_000_000
 GIB = 1024**3
@@ -45,6 +54,12 @@ class FakeBackend:
     def processes(self, index: int) -> list[GpuProcess]:
         self.calls.append(("listing", 0))
         return [GpuProcess(1, GIB), GpuProcess(2, GIB)]
+
+    def accounting_pids(self, index: int) -> list[int] | None:
+        return None
+
+    def accounting_stats(self, index: int, pid: int) -> AccountingRecord | None:
+        return None
 
     def memory_used(self, index: int) -> int:
         self.calls.append(("memory", 0))

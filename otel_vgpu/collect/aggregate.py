@@ -39,6 +39,8 @@ class GpuReading:
     """The GPU's own SM-busy seconds over the window, where the ledger split them."""
     unexplained_seconds: float = 0.0
     """SM-busy seconds of the GPU over the window that no process was given."""
+    unattributed_seconds: Mapping[str, float] = field(default_factory=dict)
+    """SM-busy seconds of the GPU over the window that no pod was given, by reason (collect/ledger.py)."""
     reused_pids: frozenset[int] = frozenset()
     """PIDs listed whose samples were older than the process holding them: not theirs."""
 
@@ -77,6 +79,10 @@ class GpuRow:
     """Its own SM-busy seconds over the sweep's window, where the ledger split them."""
     unexplained_seconds: float = 0.0
     """The part of `busy_seconds` no process was given."""
+    unattributed_seconds: Mapping[str, float] = field(default_factory=dict)
+    """Over the sweep's window, the SM-busy seconds no pod was given, by reason (collect/ledger.py)."""
+    sm_unattributed_seconds: Mapping[str, float] = field(default_factory=dict)
+    """The same, counted so far (collect/usage.py); empty where the ledger has not split its SM."""
 
     @property
     def index(self) -> int:
@@ -303,6 +309,7 @@ def aggregate(
                 users=reading.users,
                 busy_seconds=reading.busy_seconds,
                 unexplained_seconds=reading.unexplained_seconds,
+                unattributed_seconds=reading.unattributed_seconds,
             )
         )
     return tuple(gpu_rows), tuple(pod_rows)

@@ -23,7 +23,15 @@ lived in each period:
   to halfway between the last listing that had it and the first without it, so that a
   listing's cadence neither adds nor takes on average;
 - a process whose use NVML cannot tell (an MPS client, or a server serving several pods)
-  gets no figure, and no period it shares is given whole to anyone.
+  gets no figure, and no period it shares is given whole to anyone;
+- where an administrator turned NVML's accounting mode on, an ended process's figure is its
+  lifetime's, exactly (`accounted`), and one that no listing saw is a life of no pod over the
+  time its record gives: its use is unattributed, and no period it ran in is another pod's whole.
+
+What no pod is given is counted by its reason (`Window.unattributed`): `no_pod` (a process
+of no pod), `unseen` (a process that lived between two listings, known from accounting
+alone), `mps` (a period with a process whose use NVML cannot tell), `unexplained` (what the
+GPU ran beyond what its processes' figures say).
 
 Pure: no NVML, no clock; the watch and the sweep bring the listings and samples.
 """
@@ -35,7 +43,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse, UtilizationSample
+from otel_vgpu.gpu.backend import USE_FIGURES, AccountingRecord, ProcessUse, UtilizationSample
 from otel_vgpu.pods.cgroups import PodRef
 
 # NVML's sample period on an H200 (bench/results/h200-nvml-samples.md); a window's own
@@ -60,6 +68,9 @@ HISTORY_US = YOUNG_US + BEFORE_US
 # Lives that ended this long before the newest period integrated are forgotten, whatever
 # else: no window reaches that far back.
 FORGET_US = 60_000_000
+
+# Why the GPU's SM time went to no pod (the module's docstring says each).
+UNATTRIBUTED_REASONS = ("no_pod", "unseen", "mps", "unexplained")
 
 LifeKey = tuple[int, int | None]
 """(PID, start time in clock ticks): who a process is; the start time tells a reused PID apart."""
@@ -97,6 +108,10 @@ class Life:
     """Its samples, by stamp, oldest first."""
     unknown: bool = False
     """NVML cannot tell its use (MPS): it gets no figure."""
+    exact: ProcessUse | None = None
+    """Its lifetime's figure from NVML's accounting, once it ended: it stands for every sample."""
+    unseen: bool = False
+    """Known from accounting alone: no listing had it."""
 
     @property
     def key(self) -> LifeKey:
@@ -110,6 +125,8 @@ class Life:
     def figure_at(self, end_us: int, period_us: int) -> ProcessUse | None:
         """Its figure for the period ending at `end_us`: its first sample at or after the
         period, else its last before; None with no sample at all."""
+        if self.exact is not None:
+            return self.exact
         if not self.samples:
             return None
         for stamp, use in self.samples:
@@ -148,6 +165,8 @@ class Window:
     """The pods (UIDs) whose processes lived in the window, and "" for any of no pod."""
     lives: Mapping[LifeKey, Life] = field(default_factory=dict)
     """The lives behind `ran`, as they stood when the window closed."""
+    unattributed: Mapping[str, float] = field(default_factory=dict)
+    """The GPU's SM-busy seconds no pod was given, by reason (the module's); each at least 0."""
 
 
 def listed(ledger: GpuLedger, at_us: int, seen: Sequence[Seen]) -> list[Life]:
@@ -237,6 +256,44 @@ def unknown(ledger: GpuLedger, pids: frozenset[int]) -> None:
             ledger.lives[key].unknown = True
 
 
+def accounted(ledger: GpuLedger, records: Sequence[AccountingRecord]) -> None:
+    """NVML's accounting of processes that have ended (nvmlDeviceGetAccountingStats), each
+    given to the life of its PID that it overlaps: its lifetime figure stands for its samples,
+    over the life the listings saw. A record no life overlaps is a process that lived between
+    two listings: a life of no pod, from its start for as long as its context was active."""
+    by_pid: dict[int, list[Life]] = {}
+    for each in ledger.lives.values():
+        by_pid.setdefault(each.pid, []).append(each)
+    for record in records:
+        if record.running or record.seconds <= 0:
+            continue  # `time` is 0 until it ends (nvml.h); a running process has its samples
+        end_us = record.started_us + round(record.seconds * 1e6)
+        use = ProcessUse(sm=min(1.0, record.sm), memory_copy=min(1.0, record.memory_copy))
+        overlapping = [
+            life
+            for life in by_pid.get(record.pid, ())
+            if life.since_us <= end_us and (life.until_us is None or life.until_us >= record.started_us)
+        ]
+        if overlapping:
+            max(overlapping, key=lambda life: life.since_us).exact = use
+            continue
+        unseen = Life(
+            record.pid,
+            None,
+            record.started_us,
+            None,
+            since_us=record.started_us,
+            last_listed_us=end_us,
+            until_us=end_us,
+            absent_us=end_us,
+            exact=use,
+            unseen=True,
+        )
+        if unseen.key not in ledger.lives:
+            ledger.lives[unseen.key] = unseen
+            by_pid.setdefault(record.pid, []).append(unseen)
+
+
 def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period_us: int | None = None) -> Window:
     """What each life ran over `periods` (each the GPU's own sample: the end of its period on
     the samples' clock, and its SM figure, None where the GPU has none), by the module's
@@ -247,6 +304,7 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
     busy = 0.0
     given = 0.0
     users: set[str] = set()
+    unattributed = dict.fromkeys(UNATTRIBUTED_REASONS, 0.0)
     seconds = period_us / 1e6
     # The lives that reach into the window at all, once, rather than every life every period.
     first = min((end for end, _ in periods), default=0) - period_us
@@ -259,6 +317,8 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         if gpu_sm is not None:
             busy += gpu_sm * seconds
         if not present:
+            if gpu_sm:
+                unattributed["unexplained"] += gpu_sm * seconds
             continue
         owners = {life.owner.pod_uid if life.owner is not None else "" for life, _ in present}
         users |= owners
@@ -268,6 +328,7 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         by_owner: dict[str, float] = {}
         if gpu_sm is not None:
             ledger.history.append((end_us, gpu_sm, by_owner))
+        unknown_here = False
         for (life, part, use), sm in zip(figures, sms, strict=True):
             uid = _uid(life)
             by_owner[uid] = by_owner.get(uid, 0.0) + sm
@@ -276,6 +337,14 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
                 acc = ran[life.key] = _Ran()
             acc.add(sm * seconds, use, part * seconds)
             given += sm * seconds
+            unknown_here |= life.unknown
+            if life.unknown:
+                unattributed["mps"] += sm * seconds
+            elif life.owner is None:
+                unattributed["unseen" if life.unseen else "no_pod"] += sm * seconds
+        if gpu_sm is not None:
+            left = max(0.0, gpu_sm - sum(sms)) * seconds
+            unattributed["mps" if unknown_here else "unexplained"] += left
     window = Window(
         seconds=seconds * len(periods),
         ran={key: acc.use() for key, acc in ran.items()},
@@ -283,6 +352,7 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         unexplained=max(0.0, busy - given),
         users=frozenset(users),
         lives={key: ledger.lives[key] for key in ran},
+        unattributed=unattributed,
     )
     if periods:
         newest = max(end for end, _ in periods)
@@ -381,7 +451,8 @@ def _split(
     # figure that reads low (a bursty pod's, say) beside it.
     if left <= 0:
         return given
-    young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US]
+    # A life whose figure is its lifetime's (accounting) is never young: that figure is exact.
+    young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US and life.exact is None]
     # Only beside settled lives whose figures hold still: where one swings from sample to
     # sample, what the figures leave may be its own, read low, as well as a young one's.
     is_young = set(young)
@@ -409,6 +480,8 @@ def _split(
 
 def _holds_still(life: Life) -> bool:
     """Whether a life's last few samples agree within `STILL_SPREAD` (one with none is idle)."""
+    if life.exact is not None:
+        return True
     recent = [use.sm for _, use in life.samples[-STILL_SAMPLES:]]
     return not recent or max(recent) - min(recent) <= STILL_SPREAD
 

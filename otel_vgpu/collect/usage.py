@@ -71,6 +71,8 @@ class Usage:
     """Monotonic time of that sweep; None before the first."""
     gpu_busy: dict[str, float] = field(default_factory=dict)
     """SM-busy seconds by GPU UUID."""
+    gpu_unattributed: dict[str, dict[str, float]] = field(default_factory=dict)
+    """By GPU UUID, the SM-busy seconds no pod was given, by reason (collect/ledger.py)."""
     pod_busy: dict[PodKey, float] = field(default_factory=dict)
     pod_peak: dict[PodKey, int] = field(default_factory=dict)
     energy_mj: dict[str, int] = field(default_factory=dict)
@@ -205,6 +207,7 @@ def accumulate(
             gpu_busy[gpu.uuid] = usage.gpu_busy.get(gpu.uuid, 0.0) + utilization * seconds
         elif gpu.uuid in usage.gpu_busy:
             gpu_busy[gpu.uuid] = usage.gpu_busy[gpu.uuid]  # held while the figure is unknown
+    gpu_unattributed = _unattributed(usage, gpus)
     pod_busy: dict[PodKey, float] = {}
     pod_peak: dict[PodKey, int] = {}
     keys = [pod_key(row) for row in pods]
@@ -223,6 +226,7 @@ def accumulate(
         dataclasses.replace(
             gpu,
             sm_busy_seconds=gpu_busy.get(gpu.uuid) if gpu.interval_utilization is not None else None,
+            sm_unattributed_seconds=gpu_unattributed.get(gpu.uuid, {}),
             energy_joules=energy.gpu_joules.get(gpu.uuid),
             energy_unattributed_joules=energy.unattributed_joules.get(gpu.uuid),
             engine_utilization=engines.gpu_now.get(gpu.uuid, {}),
@@ -246,12 +250,34 @@ def accumulate(
         for key, row in zip(keys, pods, strict=True)
     )
     counters = dataclasses.replace(
-        energy, at=now, gpu_busy=gpu_busy, pod_busy=pod_busy, pod_peak=pod_peak, engines=engines, gpm=gpm
+        energy,
+        at=now,
+        gpu_busy=gpu_busy,
+        gpu_unattributed=gpu_unattributed,
+        pod_busy=pod_busy,
+        pod_peak=pod_peak,
+        engines=engines,
+        gpm=gpm,
     )
     live = tuple(row for row in new_pods if not row.ended)
     ended = _still_kept(usage, counters, new_pods, generation, collected_through)
     last = {pod_key(row): row for row in live}
     return _only(dataclasses.replace(counters, last=last, ended=ended), last.keys() | ended.keys()), new_gpus, live
+
+
+def _unattributed(usage: Usage, gpus: Sequence[GpuRow]) -> dict[str, dict[str, float]]:
+    """Each GPU's unattributed SM-busy seconds by reason, with this sweep's window added (a
+    GPU gone from the sweep keeps its counts, as its other counters do)."""
+    counted = dict(usage.gpu_unattributed)
+    for gpu in gpus:
+        if not gpu.unattributed_seconds:
+            continue
+        before = counted.get(gpu.uuid, {})
+        counted[gpu.uuid] = {
+            reason: before.get(reason, 0.0) + max(0.0, gpu.unattributed_seconds.get(reason, 0.0))
+            for reason in before.keys() | gpu.unattributed_seconds.keys()
+        }
+    return counted
 
 
 def _with_ended(usage: Usage, pods: Sequence[PodRow]) -> list[PodRow]:

@@ -177,6 +177,24 @@ XID: Subject[tuple[GpuRow, XidCount]] = Subject(
     per_snapshot=False,
 )
 """Per GPU and XID code."""
+
+
+def unattributed_rows(seen: Observed) -> list[tuple[GpuRow, str, float]]:
+    """Each GPU's unattributed SM-busy seconds by reason (collect/ledger.py)."""
+    return [
+        (gpu, reason, seconds)
+        for gpu in seen.snapshot.gpus
+        for reason, seconds in sorted(gpu.sm_unattributed_seconds.items())
+    ]
+
+
+UNATTRIBUTED: Subject[tuple[GpuRow, str, float]] = Subject(
+    "unattributed",
+    (*GPU_LABELS, "reason"),
+    unattributed_rows,
+    lambda row: {**gpu_attributes(row[0]), "reason": row[1]},
+)
+"""Per GPU and reason its SM time went to no pod."""
 AGENT: Subject[Observed] = Subject("agent", (), lambda seen: (seen,), lambda _: {}, per_snapshot=False)
 """The agent itself: one series, read from what the collection observed."""
 STAGES: Subject[tuple[Stage, int]] = Subject(
@@ -201,7 +219,19 @@ SWEEPS: Subject[float] = Subject(
 """The sweeps made since the last collection, one row each: taking them empties the list,
 so a histogram of this subject records each sweep once, at the start of a collection."""
 
-SUBJECTS: tuple[Subject[Any], ...] = (POD, POD_COUNTED, GPU, GPU_HEALTH, XID, SEED, AGENT, STAGES, REFUSALS, SWEEPS)
+SUBJECTS: tuple[Subject[Any], ...] = (
+    POD,
+    POD_COUNTED,
+    GPU,
+    UNATTRIBUTED,
+    GPU_HEALTH,
+    XID,
+    SEED,
+    AGENT,
+    STAGES,
+    REFUSALS,
+    SWEEPS,
+)
 
 # UCUM units and the suffix they give a Prometheus name, on a scrape and
 # through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
@@ -517,6 +547,29 @@ _TABLE = (
         reads=frozenset({Read.GPU_SAMPLES}),
         instrument=Instrument.COUNTER,
     ),
+    Family(
+        "vgpu.gpu.sm.unattributed",
+        "s",
+        UNATTRIBUTED,
+        "SM-busy seconds of the GPU that no pod was given, by reason: no_pod (a process of no pod: the host's, "
+        "or one gone before it could be read), unseen (a process that lived between two looks, known from "
+        "NVML's accounting alone), mps (beside a process whose use NVML cannot tell: an MPS client or a server "
+        "of several pods), unexplained (what the GPU ran beyond what its processes' figures say). Its rate over "
+        "the GPU's vgpu.gpu.sm.busy is the share of the GPU's use no bill holds.",
+        value=lambda row: row[2],
+        reads=_USE,
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.gpu.accounting.mode",
+        "",
+        GPU,
+        "1 while NVML's accounting mode is on for the GPU (an administrator's nvidia-smi -am 1; the agent never "
+        "sets it): the processes that end between two looks are then billed their lifetime's use exactly. 0 while "
+        "it is off; absent where it is not asked (MIG mode, or no per-process figures).",
+        value=lambda g: None if g.device.accounting_mode is None else int(g.device.accounting_mode),
+        reads=_USE,
+    ),
     *(family for engine in ENGINES for family in _engine_families(engine) if family.subject is GPU),
     Family(
         "vgpu.gpu.energy",
@@ -709,7 +762,7 @@ def reads_of(families: Sequence[Family[Any]]) -> frozenset[Read]:
 # The README's tables: the subjects each covers, in order, and the line that heads it.
 README_TABLES = (
     ((POD, POD_COUNTED), "Per (pod, GPU or MIG device), labels `namespace`, `pod`, `pod_uid`, `gpu_id`, `gpu_uuid`:"),
-    ((GPU,), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
+    ((GPU, UNATTRIBUTED), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
     (
         (GPU_HEALTH, XID),
         "Per GPU, its health, read once per collection (a scrape or a push), labels `gpu_id`, `gpu_uuid`, `gpu_model`:",

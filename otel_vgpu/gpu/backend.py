@@ -69,6 +69,9 @@ class Device:
     """Whether its compute mode is EXCLUSIVE_PROCESS (one context at a time: under MPS, the
     server's), as the NVIDIA device plugin's MPS daemon sets it; read only on a GPU whose
     processes include MPS clients (collect/reading.py), None elsewhere."""
+    accounting_mode: bool | None = None
+    """Whether NVML's accounting mode is on (an administrator's `nvidia-smi -am 1`), as the
+    sweep read it (collect/reading.py); None where it was not asked (MIG, no per-process figures)."""
 
     @property
     def mig_mode(self) -> bool:
@@ -117,6 +120,26 @@ class ProcessUse:
 
 
 USE_FIGURES = tuple(f.name for f in fields(ProcessUse))
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingRecord:
+    """NVML's accounting of one process over its whole life (nvmlAccountingStats_t, nvml.h:
+    "accounting stats capture GPU utilization and other statistics across the lifetime of a
+    process", kept after it ends in a circular buffer), where an administrator turned
+    accounting mode on (`nvidia-smi -am 1`; the agent never does)."""
+
+    pid: int
+    started_us: int
+    """startTime: when it started, a CPU timestamp in microseconds (the samples' clock)."""
+    seconds: float
+    """time: how long its compute context was active, in seconds; 0 while it runs."""
+    running: bool
+    """isRunning."""
+    sm: float
+    """gpuUtilization: the share of its life in which one or more of its kernels ran, 0-1."""
+    memory_copy: float
+    """memoryUtilization: the share of its life in which device memory was read or written, 0-1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +327,16 @@ class GpuBackend(Protocol):
 
     def exclusive_process(self, index: int) -> bool | None:
         """Whether the GPU's compute mode is EXCLUSIVE_PROCESS; None where NVML cannot tell."""
+        ...
+
+    def accounting_pids(self, index: int) -> list[int] | None:
+        """The PIDs NVML's accounting buffer holds for the GPU, running or ended
+        (nvmlDeviceGetAccountingPids); None where accounting mode is off or the GPU has none."""
+        ...
+
+    def accounting_stats(self, index: int, pid: int) -> AccountingRecord | None:
+        """NVML's accounting of process `pid` on the GPU (nvmlDeviceGetAccountingStats: of the
+        latest process to hold the PID); None where the buffer has none."""
         ...
 
     def health(self, index: int) -> dict[str, float]:

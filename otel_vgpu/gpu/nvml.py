@@ -25,6 +25,7 @@ from otel_vgpu.gpu.backend import (
     NVML_RETURN_VALUES,
     SM_SAMPLE_FIELD,
     SM_SAMPLING_TYPE,
+    AccountingRecord,
     Device,
     ErrorCode,
     GpuError,
@@ -83,6 +84,8 @@ LISTING_ATTEMPTS = 3
 MPS_LISTING = 2
 # nvmlComputeMode_t (nvml.h): one context at a time, which MPS makes its server's.
 COMPUTEMODE_EXCLUSIVE_PROCESS = 3
+# nvmlEnableState_t's NVML_FEATURE_ENABLED (nvml.h).
+FEATURE_ENABLED = 1
 
 
 class NvmlBackend:
@@ -374,6 +377,32 @@ class NvmlBackend:
         mode = self._query(self._nvml.nvmlDeviceGetComputeMode, self._handle(index), default=None, remember=index)
         return None if mode is None else int(mode) == COMPUTEMODE_EXCLUSIVE_PROCESS
 
+    def accounting_pids(self, index: int) -> list[int] | None:
+        """nvmlDeviceGetAccountingPids where nvmlDeviceGetAccountingMode says accounting is on
+        (nvml.h: "accounting mode needs to be on"); a GPU without it answers NOT_SUPPORTED."""
+        handle = self._handle(index)
+        mode = self._query(self._nvml.nvmlDeviceGetAccountingMode, handle, default=None, remember=index)
+        if mode is None or int(mode) != FEATURE_ENABLED:
+            return None
+        pids = self._query(self._nvml.nvmlDeviceGetAccountingPids, handle, default=None)
+        return None if pids is None else [int(pid) for pid in pids]
+
+    def accounting_stats(self, index: int, pid: int) -> AccountingRecord | None:
+        """nvmlDeviceGetAccountingStats: NOT_FOUND where the buffer has no such PID (nvml.h)."""
+        stats = self._query(
+            self._nvml.nvmlDeviceGetAccountingStats, self._handle(index), pid, default=None, absent=ABSENT | EMPTY
+        )
+        if stats is None:
+            return None
+        return AccountingRecord(
+            pid=pid,
+            started_us=int(stats.startTime),
+            seconds=int(stats.time) / 1000.0,
+            running=bool(stats.isRunning),
+            sm=_percent(stats.gpuUtilization),
+            memory_copy=_percent(stats.memoryUtilization),
+        )
+
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         """Per-process samples from nvmlDeviceGetProcessesUtilizationInfo where the driver has
         it (R550 and newer: JPEG and optical flow beside the rest), else from
@@ -512,6 +541,12 @@ class NvmlBackend:
 def _absent(*args: Any) -> Any:
     """Where the library has no such function at all: what calling it would raise."""
     raise GpuError(ErrorCode.FUNCTION_NOT_FOUND, "not in this nvidia-ml-py")
+
+
+def _percent(value: Any) -> float:
+    """An accounting figure in percent, 0-1; NVML_VALUE_NOT_AVAILABLE (all ones) reads 0."""
+    percent = int(value)
+    return 0.0 if percent > 100 else percent / 100.0
 
 
 def _use(sample: Any) -> ProcessUse:

@@ -37,6 +37,7 @@ from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import (
     ENGINES,
     USE_FIGURES,
+    AccountingRecord,
     Device,
     ErrorCode,
     GpuError,
@@ -78,6 +79,8 @@ ALIVE_KEPT = 20
 # Probes of the memory in use this close together are of one moment (`memory_used`).
 PROBE_REUSE_S = 0.01
 BUSY_PERIODS_KEPT = ENERGY_PERIODS_KEPT + SAMPLES_KEPT
+# The processes an accounting buffer holds: 4,000 on an H200 (nvidia-smi -q -d ACCOUNTING).
+ACCOUNTING_KEPT = 4000
 _FIRST_PID = 4000
 # The simulated node had been up this long when the scenario began: /proc/uptime, and the
 # start times in /proc/<pid>/stat (clock ticks after boot), count from its boot.
@@ -164,6 +167,18 @@ class _Process:
         return self.engines.get(figure) or self.pipes.get(figure, _IDLE)
 
 
+@dataclass(slots=True)
+class _Accounted:
+    """One process in a GPU's accounting buffer: its periods and what it ran in them."""
+
+    started_us: int
+    """The start of the first period it ran in (or of the first brought up)."""
+    ends_at: float
+    periods: int = 0
+    sm: float = 0.0
+    memory_copy: float = 0.0
+
+
 class SimulatedNode:
     """A GPU backend, an allocation source and a proc tree for one scenario."""
 
@@ -218,6 +233,9 @@ class SimulatedNode:
         self._alive_lock = threading.Lock()
         self._churned: dict[int, tuple[_Process, ...]] = {}
         """The churning pods' processes, by pod index, the newest pods' (`_churn_processes`)."""
+        self._accounts: dict[int, dict[tuple[int, int], _Accounted]] = {}
+        """Each GPU's accounting buffer, where its accounting mode is on, by (PID, start time)."""
+        self._accounted_to: dict[int, int] = {}
         self._busy_at: dict[int, dict[str, tuple[float, ...]]] = {}
         """Every GPU's figure of each engine by sample period, as worked out (`_busy`)."""
         self._health = SimulatedHealth(scenario, self.now, self._running_at, IDLE_WATTS, FULL_WATTS)
@@ -458,6 +476,58 @@ class SimulatedNode:
 
     def exclusive_process(self, index: int) -> bool:
         return self.scenario.gpus[index].compute_mode == "exclusive_process"
+
+    def accounting_pids(self, index: int) -> list[int] | None:
+        """The PIDs of the accounting buffer, where the GPU's accounting mode is on: every
+        process that ran on it since the node started (the last `ACCOUNTING_KEPT`)."""
+        self._maybe_fail("accounting", index)
+        if not self.scenario.gpus[index].accounting:
+            return None
+        return [] if self._hidden else [pid for pid, _ in self._account(index)]
+
+    def accounting_stats(self, index: int, pid: int) -> AccountingRecord | None:
+        """The accounting of the latest process to hold `pid`, as NVML's: its lifetime's share
+        of periods with its kernels running, in whole percent, and its context's time once it
+        ended (0 while it runs)."""
+        self._maybe_fail("accounting", index)
+        found = [life for (each, _), life in self._account(index).items() if each == pid]
+        if not found or self._hidden:
+            return None
+        life = max(found, key=lambda life: life.started_us)
+        ended = life.ends_at <= self.now()
+        periods = max(1, life.periods)
+        # Its context's time on the driver's grid: the periods it ran in, as `ran` counts them.
+        return AccountingRecord(
+            pid=pid,
+            started_us=life.started_us,
+            seconds=periods * SAMPLE_PERIOD_US / 1e6 if ended else 0.0,
+            running=not ended,
+            sm=round(100 * life.sm / periods) / 100,
+            memory_copy=round(100 * life.memory_copy / periods) / 100,
+        )
+
+    def _account(self, index: int) -> dict[tuple[int, int], _Accounted]:
+        """GPU `index`'s accounting buffer, brought to the last complete sample period: what each
+        process ran in each period since it was last brought up (at most the last minute's)."""
+        book = self._accounts.setdefault(index, {})
+        latest = self._latest_period()
+        done = self._accounted_to.get(index, latest - SAMPLE_PERIOD_US)
+        stamp = max(done, latest - ENERGY_PERIODS_KEPT * SAMPLE_PERIOD_US) + SAMPLE_PERIOD_US
+        while stamp <= latest:
+            alive = [p for p in self._alive(stamp) if p.gpu == index]
+            for process, use in zip(alive, uses(alive, self._scenario_time(stamp)), strict=True):
+                key = (process.pid, process.start_time)
+                life = book.get(key)
+                if life is None:
+                    life = book[key] = _Accounted(stamp - SAMPLE_PERIOD_US, process.ends_at)
+                    while len(book) > ACCOUNTING_KEPT:
+                        del book[next(iter(book))]
+                life.periods += 1
+                life.sm += use.sm
+                life.memory_copy += use.memory_copy
+            stamp += SAMPLE_PERIOD_US
+        self._accounted_to[index] = latest
+        return book
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         """Each PID's latest sample, as NVML keeps it: the last period in which the process

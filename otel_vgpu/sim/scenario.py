@@ -86,6 +86,8 @@ class GpuSpec:
     power_limit_w: float = 700.0
     unsupported: frozenset[str] = frozenset()
     """Health figures (gpu/device_figures.py) its driver does not report."""
+    accounting: bool = False
+    """NVML's accounting mode is on (an administrator's `nvidia-smi -am 1`)."""
 
 
 @dataclass(frozen=True, slots=True)

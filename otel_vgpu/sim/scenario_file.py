@@ -319,8 +319,22 @@ class ScenarioReader(PodFields, HealthFields):
             raw,
             where,
             0,
-            {"model", "memory", "uuid", "minor", "replicas", "mig", "lacks", "compute_mode", *GPU_HEALTH_FIELDS},
+            {
+                "model",
+                "memory",
+                "uuid",
+                "minor",
+                "replicas",
+                "mig",
+                "lacks",
+                "compute_mode",
+                "accounting",
+                *GPU_HEALTH_FIELDS,
+            },
         )
+        accounting = gpu.get("accounting", False)
+        if not isinstance(accounting, bool):
+            raise self.fail(f"{where}.accounting", line_of(gpu, "accounting"), f"{accounting!r}; valid: true, false")
         mode = gpu.get("compute_mode", "default")
         if mode not in COMPUTE_MODES:
             raise self.fail(
@@ -359,6 +373,7 @@ class ScenarioReader(PodFields, HealthFields):
             migs=migs,
             engines=engines,
             compute_mode=mode,
+            accounting=accounting,
             **self.gpu_health(gpu, where, model),
         )
 
