@@ -38,6 +38,8 @@ class FakeBackend:
     """What each GPM read answers (after the first, which opens the window); None: no GPM."""
     memory: int = 10 * GIB
     """The memory in use its probe answers."""
+    accounting: dict[int, AccountingRecord] | None = None
+    """NVML's accounting buffer, by PID; None: accounting mode off."""
     calls: list[tuple[str, int]] = field(default_factory=list)
     """(call, since_us) of the sample reads; (call, 0) of the others."""
 
@@ -56,10 +58,11 @@ class FakeBackend:
         return [GpuProcess(1, GIB), GpuProcess(2, GIB)]
 
     def accounting_pids(self, index: int) -> list[int] | None:
-        return None
+        return None if self.accounting is None else list(self.accounting)
 
     def accounting_stats(self, index: int, pid: int) -> AccountingRecord | None:
-        return None
+        self.calls.append(("accounting", pid))
+        return None if self.accounting is None else self.accounting.get(pid)
 
     def memory_used(self, index: int) -> int:
         self.calls.append(("memory", 0))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from otel_vgpu.collect import ledger
-from otel_vgpu.gpu.backend import ProcessUse, UtilizationSample
+from otel_vgpu.gpu.backend import AccountingRecord, ProcessUse, UtilizationSample
 from otel_vgpu.pods.cgroups import PodRef
 
 pytestmark = pytest.mark.unit
@@ -151,3 +151,62 @@ def test_beside_a_figure_that_swings_a_young_process_is_given_only_its_own() -> 
     # A's figure (its last, 0.9, swinging) and B's own 0.2 fitted under the GPU's 1.0: B is
     # given its figure, never what A's may have read low.
     assert window.ran[(2, 1)].sm == pytest.approx(0.2 * 0.8 * (1.0 / 1.1))
+
+
+def record(pid: int, start_ms: int, end_ms: int, sm: float, running: bool = False) -> AccountingRecord:
+    """NVML's accounting of a process: `time` is 0 while it runs (nvml.h)."""
+    seconds = 0.0 if running else (end_ms - start_ms) / 1_000
+    return AccountingRecord(pid, start_ms * MS, seconds, running, sm, 0.0)
+
+
+def test_an_ended_process_accounted_for_is_billed_its_lifetime_figure_not_its_last_sample() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    ledger.listed(book, 400 * MS, [seen(1, A), seen(2, B)])  # B's 2 from 200 ms
+    ledger.sampled(book, [UtilizationSample(2, 400 * MS, ProcessUse(0.05))])  # its first sample read low
+    ledger.sampled(book, [UtilizationSample(1, t * MS, ProcessUse(0.3)) for t in range(200, 2_001, 200)])
+    ledger.listed(book, 1_800 * MS, [seen(1, A)])  # gone: until 1.1 s
+    ledger.accounted(book, [record(2, 150, 1_150, 0.6)])
+    window = ledger.close(book, periods(0, 2_000, 0.9))
+    ran = window.ran
+    # B's 2 gets its lifetime's 0.6, not its 0.05, from 200 ms to 1.2 s (listed till 1.1 s; the
+    # period its end cut short filled up to its figure, as a listing's cadence may cut one);
+    # A's 1 keeps its 0.3 beside it and has the GPU's whole alone.
+    assert ran[(2, 1)].sm == pytest.approx(0.6 * 1.0)
+    assert ran[(1, 1)].sm == pytest.approx(0.9 * 0.2 + 0.3 * 1.0 + 0.9 * 0.8)
+
+
+def test_a_process_no_listing_saw_is_unattributed_and_keeps_the_period_from_its_neighbour() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    ledger.sampled(book, [UtilizationSample(1, t * MS, ProcessUse(0.3)) for t in range(200, 2_001, 200)])
+    ledger.listed(book, 2_000 * MS, [seen(1, A)])
+    # A process of some pod ran 0.6 s to 1.6 s between the two listings, at 0.5.
+    ledger.accounted(book, [record(7, 600, 1_600, 0.5), record(8, 0, 0, 0.9, running=True)])
+    window = ledger.close(book, periods(0, 2_000, 0.8))
+    # A's 1 is given its figure where the unseen one ran, the whole period elsewhere.
+    assert window.ran[(1, 1)].sm == pytest.approx(0.3 * 1.0 + 0.8 * 1.0)
+    assert window.unattributed["unseen"] == pytest.approx(0.5 * 1.0)
+    assert sum(window.unattributed.values()) == pytest.approx(0.8 * 2.0 - window.ran[(1, 1)].sm)
+    assert (8, None) not in book.lives  # running: its samples serve
+
+
+def test_what_no_pod_is_given_is_counted_by_its_reason_and_adds_up_to_the_rest() -> None:
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [])
+    ledger.listed(book, 1_000 * MS, [seen(1, A), seen(2, None), seen(3, B)])
+    ledger.sampled(
+        book,
+        [UtilizationSample(pid, t * MS, ProcessUse(0.2)) for pid in (1, 2) for t in range(1_200, 3_001, 200)],
+    )
+    ledger.listed(book, 2_000 * MS, [seen(1, A), seen(2, None), seen(3, B)])
+    ledger.unknown(book, frozenset({3}))  # an MPS client: NVML cannot tell its use
+    ledger.listed(book, 3_000 * MS, [seen(1, A), seen(2, None), seen(3, B)])
+    window = ledger.close(book, periods(0, 3_000, 0.7))
+    reasons = window.unattributed
+    assert reasons["unexplained"] == pytest.approx(0.7 * 0.4)  # before anything was listed
+    assert reasons["no_pod"] == pytest.approx(0.2 * 2.6)
+    # Beside the MPS client, what the figures leave is put down to it.
+    assert reasons["mps"] == pytest.approx((0.7 - 0.4) * 2.6)
+    pods = sum(ran.sm for key, ran in window.ran.items() if window.lives[key].owner is not None)
+    assert pods + sum(reasons.values()) == pytest.approx(window.gpu_busy)

@@ -15,6 +15,7 @@ import pytest
 from otel_vgpu.gpu.backend import (
     ENGINES,
     NVML_RETURN_VALUES,
+    AccountingRecord,
     ErrorCode,
     GpuError,
     GpuProcess,
@@ -58,6 +59,26 @@ class FakeNvml:
             code, left = self.fail_times[name]
             self.fail_times[name] = (code, left - 1)
             raise pynvml.NVMLError(code)
+
+    # Accounting (nvml.h): its mode, its circular buffer's PIDs, and each one's lifetime stats.
+    accounting_mode: int = pynvml.NVML_FEATURE_DISABLED
+    accounting: ClassVar[dict[int, Any]] = {
+        7: SimpleNamespace(gpuUtilization=63, memoryUtilization=0xFFFFFFFF, time=1500, startTime=9_000, isRunning=0),
+    }
+
+    def nvmlDeviceGetAccountingMode(self, handle: str) -> int:
+        self._check("accounting_mode")
+        return self.accounting_mode
+
+    def nvmlDeviceGetAccountingPids(self, handle: str) -> list[int]:
+        self._check("accounting_pids")
+        return list(self.accounting)
+
+    def nvmlDeviceGetAccountingStats(self, handle: str, pid: int) -> Any:
+        self._check("accounting_stats")
+        if pid not in self.accounting:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return self.accounting[pid]
 
     def nvmlInit(self) -> None:
         self._check("init")
@@ -559,3 +580,19 @@ def test_a_failure_that_is_no_absence_still_fails_the_call() -> None:
     assert caught.value.code is ErrorCode.GPU_IS_LOST
     del nvml.fail["energy"]
     assert backend.energy(0) == nvml.energy_mj, "a lost GPU is not taken for one without a counter"
+
+
+def test_accounting_is_read_only_where_its_mode_is_on_and_in_its_units() -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    assert backend.accounting_pids(0) is None and "accounting_pids" not in nvml.calls
+    nvml.accounting_mode = pynvml.NVML_FEATURE_ENABLED
+    assert backend.accounting_pids(0) == [7]
+    # Percent to 0-1, milliseconds to seconds, NVML_VALUE_NOT_AVAILABLE to 0; a PID the
+    # buffer lacks is none.
+    assert backend.accounting_stats(0, 7) == AccountingRecord(7, 9_000, 1.5, False, 0.63, 0.0)
+    assert backend.accounting_stats(0, 8) is None
+    nvml.fail["accounting_mode"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert backend.accounting_pids(1) is None
+    asked = nvml.calls.count("accounting_mode")
+    assert backend.accounting_pids(1) is None and nvml.calls.count("accounting_mode") == asked, "not asked again"

@@ -8,7 +8,7 @@ import pytest
 
 from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
-from otel_vgpu.gpu.backend import MigDevice, ProcessUse, UtilizationSample
+from otel_vgpu.gpu.backend import AccountingRecord, MigDevice, ProcessUse, UtilizationSample
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
 from otel_vgpu.health import Stage
 from testkit.fake_gpu import FakeBackend, asked
@@ -202,3 +202,28 @@ def test_the_watch_lists_a_gpus_processes_only_when_its_memory_in_use_changed() 
     backend.memory += GIB  # a context came
     reader.watch(0, lambda pids: {})
     assert asked_for("listing") == listed + 1
+
+
+def accounted(pid: int, start_s: int, running: bool = False) -> AccountingRecord:
+    return AccountingRecord(pid, start_s * S, 0.0 if running else 1.0, running, 0.5, 0.0)
+
+
+def test_accounting_is_asked_only_of_processes_that_ended_since_the_last_read() -> None:
+    # The FakeBackend lists PIDs 1 and 2; NVML's buffer holds what ran before the agent too.
+    backend, clock = FakeBackend(), [0.0]
+    reader = reader_of(backend, clock)
+    off = swept(reader)
+    assert off is not None and off.device.accounting_mode is False
+    backend.accounting = {pid: accounted(pid, 10) for pid in range(100, 140)} | {1: accounted(1, 90, running=True)}
+    first = swept(reader)
+    # The buffer as first found is history: not asked about at all (4,000 PIDs on an H200).
+    assert first is not None and first.device.accounting_mode is True and asked(backend, "accounting") == []
+    backend.accounting |= {7: accounted(7, 98), 8: accounted(8, 99, running=True)}
+    backend.now += 2 * S
+    swept(reader)
+    # The new ones, not the listed ones (running: their samples serve), nor the history.
+    assert asked(backend, "accounting") == [7, 8]
+    backend.now += 2 * S
+    swept(reader)
+    # 7's record was taken; 8 still runs, and is asked again until it ends.
+    assert asked(backend, "accounting") == [7, 8, 8]

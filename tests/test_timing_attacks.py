@@ -32,9 +32,11 @@ VICTIM = "5a1e0c2b-7d3f-4e8a-9b6c-1d2e3f405162"
 ATTACKER = "a77ac4e2-0b1d-4c2e-8f3a-6b5c4d3e2f10"
 
 
-def node(*pods: str) -> str:
-    """A scenario of one GPU and `pods` (each from `pod`)."""
-    return "gpus:\n  - {model: NVIDIA H100 80GB HBM3, memory: 80GiB}\npods:\n" + "".join(pods)
+def node(*pods: str, accounting: bool = False) -> str:
+    """A scenario of one GPU and `pods` (each from `pod`); with `accounting`, NVML's
+    accounting mode on."""
+    gpu = "{model: NVIDIA H100 80GB HBM3, memory: 80GiB" + (", accounting: true}" if accounting else "}")
+    return f"gpus:\n  - {gpu}\npods:\n" + "".join(pods)
 
 
 def pod(namespace: str, name: str, uid: str, *processes: str, more: str = "") -> str:
@@ -75,12 +77,14 @@ class Bill:
     joules: dict[str, float] = field(default_factory=dict)
     unattributed_joules: float = 0.0
     gpu_joules: float = 0.0
+    unattributed_sm: dict[str, float] = field(default_factory=dict)
+    """The GPU's SM-busy seconds no pod was given, by reason."""
 
 
-def run(tmp_path: Path, text: str, scrapes: list[float] | None = None, seed: int = 1) -> Bill:
+def run(tmp_path: Path, text: str, scrapes: list[float] | None = None, seed: int = 1, watch: bool = True) -> Bill:
     """The agent's parts on the scenario `text` for SECONDS: sweeps at jittered instants, the
-    watch every WATCH_S, an OpenMetrics scrape every 15 s and at each of `scrapes` (the
-    tenant's own)."""
+    watch every WATCH_S (unless not `watch`: `--watch-interval 0`), an OpenMetrics scrape every
+    15 s and at each of `scrapes` (the tenant's own)."""
     clock = Clock(0.0)
     sim = SimulatedNode(parse_scenario(text, "attack.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
     health = Health()
@@ -90,7 +94,7 @@ def run(tmp_path: Path, text: str, scrapes: list[float] | None = None, seed: int
     telemetry = Telemetry(sampler, health, min_interval=1.0, node_name="n", seed_metrics=False)
     sampler.drive()
     draw = random.Random(seed)
-    events: list[tuple[float, int, str]] = [(0.0, 0, "sweep"), (WATCH_S, 1, "watch")]
+    events: list[tuple[float, int, str]] = [(0.0, 0, "sweep"), *([(WATCH_S, 1, "watch")] if watch else [])]
     events += [(t, 2, "scrape") for t in [*(15.0 * k for k in range(1, 5)), *(scrapes or [])]]
     heapq.heapify(events)
     bill = Bill()
@@ -118,6 +122,7 @@ def run(tmp_path: Path, text: str, scrapes: list[float] | None = None, seed: int
                     bill.gpu = gpu.sm_busy_seconds or 0.0
                     bill.gpu_joules = gpu.energy_joules or 0.0
                     bill.unattributed_joules = gpu.energy_unattributed_joules or 0.0
+                    bill.unattributed_sm = dict(gpu.sm_unattributed_seconds)
                 bill.sweeps += 1
                 heapq.heappush(events, (t + next_wait(SWEEP_S, draw), 0, "sweep"))
             elif kind == "watch":
@@ -267,3 +272,27 @@ def test_no_counter_goes_below_zero_or_down_under_any_attack(tmp_path: Path, att
             assert value >= 0, series
             # A series that stayed from one scrape to the next never went down.
             assert series not in before or value >= before[series], (series, before[series], value)
+
+
+@pytest.mark.parametrize("attack", sorted(set(ATTACKS) - {"trough-at-sweeps"}))
+def test_with_accounting_on_each_process_is_billed_its_lifetime_use(tmp_path: Path, attack: str) -> None:
+    # NVML's accounting (an administrator's nvidia-smi -am 1) gives an ended process's lifetime
+    # figure: the young-process estimate gives way to it, and the bill is the work, not a floor.
+    bill = run(tmp_path, node(ATTACKS[attack], STEADY, accounting=True))
+    assert bill.ran[ATTACKER] > 10.0
+    assert bill.pods.get(ATTACKER, 0.0) == pytest.approx(bill.ran[ATTACKER], rel=0.05)
+    assert bill.pods[VICTIM] == pytest.approx(bill.ran[VICTIM], rel=0.05)
+
+
+def test_with_the_watch_off_what_no_look_saw_is_unattributed_never_the_victims(tmp_path: Path) -> None:
+    # No watch (--watch-interval 0): the tenant's processes phased between the sweeps are seen by
+    # none. Without accounting, the periods they ran in look like the victim's alone, and the
+    # victim pays for them; with it, each is a process of no pod there, unattributed as unseen.
+    attack = ATTACKS["phased-between-sweeps"]
+    blind = run(tmp_path / "off", node(attack, STEADY), watch=False)
+    accounted = run(tmp_path / "on", node(attack, STEADY, accounting=True), watch=False)
+    assert blind.pods[VICTIM] > 1.3 * blind.ran[VICTIM]
+    assert accounted.pods[VICTIM] == pytest.approx(accounted.ran[VICTIM], rel=0.05)
+    billed = accounted.pods.get(ATTACKER, 0.0)
+    assert accounted.unattributed_sm["unseen"] + billed >= 0.9 * accounted.ran[ATTACKER]
+    assert blind.unattributed_sm.get("unseen", 0.0) == 0.0

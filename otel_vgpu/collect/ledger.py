@@ -275,6 +275,9 @@ def accounted(ledger: GpuLedger, records: Sequence[AccountingRecord]) -> None:
             if life.since_us <= end_us and (life.until_us is None or life.until_us >= record.started_us)
         ]
         if overlapping:
+            # Over the life the looks saw, not the record's times: a look that found the GPU's
+            # memory unchanged confirms the listing, and a successor of the same size in the
+            # same pod is then seen as this life going on, which bills the pod what it ran.
             max(overlapping, key=lambda life: life.since_us).exact = use
             continue
         unseen = Life(
@@ -422,7 +425,9 @@ def _split(
         # One pod's processes alone: the GPU's period is theirs, split by presence.
         presence = sum(part for _, part, _ in figures)
         return [gpu_sm * part / presence for _, part, _ in figures]
-    sure = [life.since_us <= start_us and life.last_listed_us >= end_us for life, _, _ in figures]
+    # A process known from accounting alone comes second: what the looks saw was measured beside
+    # it, and it gets what their figures leave, up to its own.
+    sure = [life.since_us <= start_us and life.last_listed_us >= end_us and not life.unseen for life, _, _ in figures]
     given = list(wanted)
     left = gpu_sm
     for tier in (True, False):

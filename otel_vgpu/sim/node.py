@@ -93,6 +93,10 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _STAT_ZEROS = " ".join(["0"] * 17)
 _STAT_TAIL = " ".join(["0"] * 30)
 _CHURN_FIRST_PID = 100_000
+# The PIDs of the processes of pods that restart them (`restarts`), under Linux's default
+# pid_max (4,194,304 on 64-bit).
+_RESTARTED_FIRST_PID = 1_000_000
+_RESTARTED_PIDS = 3_000_000
 # Churning pods whose processes are kept made, in live pods' worth (`_churn_processes`).
 CHURNED_KEPT = 4
 _CHURN_PIDS = 50_000
@@ -656,9 +660,17 @@ class SimulatedNode:
                 gpu = self.scenario.gpus[spec.gpu]
                 # Pods that stay started before the scenario, each at its own moment, as on a node.
                 started = pod.started(t) if pod.period_s is not None else -STARTED_BEFORE_S - _jitter(pod.uid)
+                if spec.pid is not None:
+                    own_pid = spec.pid
+                elif pod.restarts:
+                    # A restarted container's process is a new process to the kernel, which
+                    # hands out the next free PID: fresh PIDs, cycle by cycle.
+                    own_pid = _RESTARTED_FIRST_PID + (pod.cycle(t) * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
+                else:
+                    own_pid = pid
                 processes.append(
                     _Process(
-                        pid=pid if spec.pid is None else spec.pid,
+                        pid=own_pid,
                         # A new cycle of a coming-and-going pod, or another pod,
                         # may reuse the PID; like a real one, its start time differs.
                         start_time=self.start_ticks(started),
