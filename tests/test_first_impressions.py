@@ -66,8 +66,11 @@ faults: [{call: utilization_samples, gpu: 0, code: NOT_SUPPORTED, to_s: 1.5}]
         seen: list[tuple[bool, bool]] = []
 
         def back() -> bool:
+            # The log first: a scrape serves the last sweep or waits for the one in flight, so
+            # one begun after the sweep that said "recovered" has that sweep's figures.
+            recovered = "process_utilization recovered" in agent.logged()
             has_sm = bool(agent.scrape().series("vgpu_pod_sm_utilization_ratio"))
-            seen.append((has_sm, "process_utilization recovered" in agent.logged()))
+            seen.append((has_sm, recovered))
             return has_sm
 
         wait_until(back, timeout=15, what="the SM families to come back")
@@ -76,7 +79,7 @@ faults: [{call: utilization_samples, gpu: 0, code: NOT_SUPPORTED, to_s: 1.5}]
     assert "cannot report per-process utilization; SM families omitted, asking again every 0.5 s" in log
     assert log.count("cannot report per-process utilization") == 1
     # "recovered" is never in the log while the SM families are still missing.
-    assert not any(recovered and not has_sm for has_sm, recovered in seen[:-1])
+    assert not any(recovered and not has_sm for has_sm, recovered in seen)
     assert "process_utilization recovered" in log
 
 

@@ -210,3 +210,50 @@ def test_what_no_pod_is_given_is_counted_by_its_reason_and_adds_up_to_the_rest()
     assert reasons["mps"] == pytest.approx((0.7 - 0.4) * 2.6)
     pods = sum(ran.sm for key, ran in window.ran.items() if window.lives[key].owner is not None)
     assert pods + sum(reasons.values()) == pytest.approx(window.gpu_busy)
+
+
+def steady_and_swinging(book: ledger.GpuLedger, swinging_owner: PodRef, third: PodRef | None = None) -> None:
+    """A's 1 at a still 0.3 and 2 whose samples swing 0.1 to 0.9, listed for 10 s; with
+    `third`, a process of that pod beside them, swinging too."""
+    pids = [(1, A), (2, swinging_owner)] + ([(3, third)] if third is not None else [])
+    ledger.listed(book, 0, [seen(pid, owner) for pid, owner in pids])
+    for t in range(200, 10_001, 200):
+        swing = 0.1 if (t // 200) % 2 else 0.9
+        ledger.sampled(
+            book,
+            [UtilizationSample(1, t * MS, ProcessUse(0.3)), UtilizationSample(2, t * MS, ProcessUse(swing))]
+            + ([UtilizationSample(3, t * MS, ProcessUse(1.0 - swing))] if third is not None else []),
+        )
+    ledger.listed(book, 10_000 * MS, [seen(pid, owner) for pid, owner in pids])
+    ledger.close(book, periods(0, 10_000, 0.8))
+
+
+def test_beside_still_figures_what_the_gpu_ran_beyond_them_is_the_swinging_pods() -> None:
+    book = ledger.GpuLedger()
+    steady_and_swinging(book, B)
+    # The next second: B's figure was sampled at a trough (0.1), the GPU ran 0.8.
+    ledger.sampled(book, [UtilizationSample(pid, 11_000 * MS, ProcessUse(sm)) for pid, sm in ((1, 0.3), (2, 0.1))])
+    ledger.listed(book, 11_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(10_000, 11_000, 0.8))
+    assert window.ran[(1, 1)].sm == pytest.approx(0.3 * 1.0)  # A's still figure, as read
+    assert window.ran[(2, 1)].sm == pytest.approx(0.5 * 1.0)  # B: the rest, not its 0.1
+    # Sampled at a crest (0.9): A keeps its 0.3, B is held to what is left.
+    ledger.sampled(book, [UtilizationSample(pid, 12_000 * MS, ProcessUse(sm)) for pid, sm in ((1, 0.3), (2, 0.9))])
+    ledger.listed(book, 12_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(11_000, 12_000, 0.8))
+    assert window.ran[(1, 1)].sm == pytest.approx(0.3 * 1.0)
+    assert window.ran[(2, 1)].sm == pytest.approx(0.5 * 1.0)
+
+
+def test_where_two_pods_figures_swing_neither_is_given_what_the_figures_leave() -> None:
+    book = ledger.GpuLedger()
+    other = PodRef("cccccccc-0000-4000-8000-000000000003", None)
+    steady_and_swinging(book, B, third=other)
+    # B at a trough, C beside it: what the figures leave (0.8 - 0.3 - 0.1 - 0.1) may be either's.
+    samples = ((1, 0.3), (2, 0.1), (3, 0.1))
+    ledger.sampled(book, [UtilizationSample(pid, 11_000 * MS, ProcessUse(sm)) for pid, sm in samples])
+    ledger.listed(book, 11_000 * MS, [seen(1, A), seen(2, B), seen(3, other)])
+    window = ledger.close(book, periods(10_000, 11_000, 0.8))
+    assert window.ran[(2, 1)].sm == pytest.approx(0.1 * 1.0)
+    assert window.ran[(3, 1)].sm == pytest.approx(0.1 * 1.0)
+    assert window.unattributed["unexplained"] == pytest.approx(0.3 * 1.0)

@@ -185,7 +185,7 @@ ATTACKS = {
 }
 
 
-@pytest.mark.parametrize("attack", sorted(set(ATTACKS) - {"trough-at-sweeps"}))
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_a_tenant_that_times_its_processes_pays_what_it_ran_and_its_neighbour_keeps_its_bill(
     tmp_path: Path, attack: str
 ) -> None:
@@ -200,10 +200,9 @@ def test_a_tenant_that_times_its_processes_pays_what_it_ran_and_its_neighbour_ke
 
 def test_a_trough_at_the_sweeps_never_moves_the_tenants_bill_onto_its_neighbour(tmp_path: Path) -> None:
     # The sweeps are jittered, so the tenant's troughs meet them at random: its per-process
-    # figure, sampled at the sweeps, is wrong both ways from period to period. Where it reads
-    # low, what the GPU ran beyond the figures is unexplained, never the neighbour's; where it
-    # reads high, both are scaled down. (The tenant is billed less than it ran here: see
-    # docs/chargeback.md, "What the watch cannot see".)
+    # figure, sampled at the sweeps, is wrong both ways from period to period. Beside the
+    # victim's figure, which holds still, what the GPU ran beyond it is the tenant's: a figure
+    # read low sheds nothing, and one read high takes nothing from the victim.
     bill = run(tmp_path, node(STEADY, ATTACKS["trough-at-sweeps"]))
     assert bill.pods[VICTIM] <= 1.02 * bill.ran[VICTIM], bill
     assert bill.pods[ATTACKER] <= 1.02 * bill.ran[ATTACKER], bill

@@ -15,6 +15,8 @@ lived in each period:
 - a period shared by several pods, or with a process of none, is split by each process's
   own figure (its first sample taken at or after the period, else its last before), those
   listed through the period first, scaled down where they add up to more than the GPU ran;
+  beside settled figures that hold still, what the GPU ran beyond them is the one pod's
+  whose figures swing, since a sample of a swinging figure can be a trough or a crest;
   what they leave goes to the processes younger than `YOUNG_US`, whose NVML figure may not
   have settled, each held to the rise its coming made over what the GPU ran for the other
   pods just before it, and only beside settled figures that hold still; the rest is
@@ -38,6 +40,7 @@ Pure: no NVML, no clock; the watch and the sweep bring the listings and samples.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -129,10 +132,8 @@ class Life:
             return self.exact
         if not self.samples:
             return None
-        for stamp, use in self.samples:
-            if stamp > end_us - period_us:
-                return use
-        return self.samples[-1][1]
+        at = bisect.bisect_right(self.samples, end_us - period_us, key=lambda sample: sample[0])
+        return self.samples[min(at, len(self.samples) - 1)][1]
 
 
 @dataclass(slots=True)
@@ -313,6 +314,8 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
     first = min((end for end, _ in periods), default=0) - period_us
     last = max((end for end, _ in periods), default=0)
     reaching = [life for life in ledger.lives.values() if life.overlap_us(first, last) > 0]
+    # Whether each life's figure holds still: its samples do not change while the window closes.
+    still = {life.key: _holds_still(life) for life in reaching}
     for end_us, gpu_sm in periods:
         start_us = end_us - period_us
         present = [(life, life.overlap_us(start_us, end_us) / period_us) for life in reaching]
@@ -327,7 +330,9 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         users |= owners
         figures = [(life, part, None if life.unknown else life.figure_at(end_us, period_us)) for life, part in present]
         alone = len(owners) == 1 and "" not in owners and not any(life.unknown for life, _ in present)
-        sms = _split(figures, gpu_sm, alone, start_us, end_us, lambda life: _others_before(ledger, life))
+        sms = _split(
+            figures, gpu_sm, alone, start_us, end_us, lambda life: _others_before(ledger, life), still.__getitem__
+        )
         by_owner: dict[str, float] = {}
         if gpu_sm is not None:
             ledger.history.append((end_us, gpu_sm, by_owner))
@@ -409,6 +414,7 @@ def _split(
     start_us: int,
     end_us: int,
     others_before: Callable[[Life], float | None] = lambda life: None,
+    is_still: Callable[[LifeKey], bool] | None = None,
 ) -> list[float]:
     """The GPU's SM over one period, split among the lives present in it (`figures`: each
     life, the part of the period it lived, its figure), by the module's rules. A life listed
@@ -425,6 +431,21 @@ def _split(
         # One pod's processes alone: the GPU's period is theirs, split by presence.
         presence = sum(part for _, part, _ in figures)
         return [gpu_sm * part / presence for _, part, _ in figures]
+    holds_still = (lambda life: is_still(life.key)) if is_still is not None else _holds_still
+    swinging = _swinging(figures, end_us, holds_still)
+    if swinging:
+        # Beside settled figures that hold still, a figure that swings from sample to sample is
+        # the one a sample can have caught at a trough or a crest: the GPU's period beyond what
+        # the still ones read is its pod's, each of its lives up to the part it lived. A trough
+        # timed at the sweeps sheds nothing, and a crest takes nothing from a neighbour.
+        read = sum(w for k, w in enumerate(wanted) if k not in swinging)
+        if read <= gpu_sm:
+            presence = sum(figures[k][1] for k in swinging)
+            given = list(wanted)
+            for k in swinging:
+                part = figures[k][1]
+                given[k] = min(part, (gpu_sm - read) * part / presence)
+            return given
     # A process known from accounting alone comes second: what the looks saw was measured beside
     # it, and it gets what their figures leave, up to its own.
     sure = [life.since_us <= start_us and life.last_listed_us >= end_us and not life.unseen for life, _, _ in figures]
@@ -461,7 +482,7 @@ def _split(
     # Only beside settled lives whose figures hold still: where one swings from sample to
     # sample, what the figures leave may be its own, read low, as well as a young one's.
     is_young = set(young)
-    steady = all(_holds_still(life) for k, (life, _, _) in enumerate(figures) if k not in is_young and not life.unknown)
+    steady = all(holds_still(life) for k, (life, _, _) in enumerate(figures) if k not in is_young and not life.unknown)
     if young and steady:
         mine: dict[str, float] = {}
         for (life, _, _), g in zip(figures, given, strict=True):
@@ -481,6 +502,31 @@ def _split(
             for k, r in zip(young, room, strict=True):
                 given[k] += r * scale
     return given
+
+
+def _swinging(
+    figures: Sequence[tuple[Life, float, ProcessUse | None]], end_us: int, holds_still: Callable[[Life], bool]
+) -> frozenset[int]:
+    """The lives (by position) whose figures swing, where they are all of one pod and every
+    other life is of a pod, settled, with a figure that holds still; else none. Any process of
+    no pod, of unknown use, without a figure, or young in another pod, and what the figures
+    leave may be its: the rule is off."""
+    swinging = set()
+    pods = set()
+    for k, (life, _, use) in enumerate(figures):
+        if use is None or life.unknown or life.owner is None:
+            return frozenset()
+        if not holds_still(life):
+            swinging.add(k)
+            pods.add(life.owner.pod_uid)
+    if len(pods) != 1:
+        return frozenset()
+    (pod,) = pods
+    for k, (life, _, _) in enumerate(figures):
+        young = end_us - life.since_us < YOUNG_US and life.exact is None
+        if k not in swinging and young and _uid(life) != pod:
+            return frozenset()
+    return frozenset(swinging)
 
 
 def _holds_still(life: Life) -> bool:
