@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from otel_vgpu import __version__
+from otel_vgpu.patterns import PatternError, compile_pattern
 
 # Exit statuses: a bad flag, file or configuration; no GPU to read; the
 # driver changed under a running agent (its container must restart to get
@@ -118,6 +119,31 @@ def _number(kind: type[int] | type[float], what: str, low: float, high: float, l
     return parse
 
 
+# The shortest interval any loop of the agent's may take: NVML's per-process and device samples
+# come one per 200 ms period (bench/results/h200-nvml-samples.md), so a sweep or a look more
+# often than twice a period reads nothing new, and only burns CPU (a sweep interval of 1e-9
+# took 96 % of a core).
+MIN_INTERVAL_S = 0.1
+
+
+def _interval(what: str, high: float, off: str | None = None) -> Any:
+    """A parser: seconds from MIN_INTERVAL_S to `high`; with `off`, also 0, which means `off`."""
+    valid = f"a number of seconds from {MIN_INTERVAL_S:g} to {high:g}"
+    if off is not None:
+        valid = f"0 ({off}) or {valid}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}") from None
+        if (value == 0 and off is not None) or MIN_INTERVAL_S <= value <= high:
+            return value
+        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}")
+
+    return parse
+
+
 def _log_level(text: str) -> str:
     if text.lower() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"invalid log level {text!r}: expected one of {', '.join(LOG_LEVELS)}")
@@ -129,11 +155,11 @@ def _patterns(text: str) -> tuple[str, ...]:
     patterns = tuple(part.strip() for part in text.split(",") if part.strip())
     for pattern in patterns:
         try:
-            re.compile(pattern)
-        except re.error as error:
+            compile_pattern(pattern)
+        except PatternError as error:
             raise argparse.ArgumentTypeError(
-                f"invalid pattern {pattern!r}: {error}; expected comma-separated regular expressions over family "
-                "names, e.g. vgpu_pod_energy.*"
+                f"invalid pattern {pattern!r}: {error}; expected comma-separated RE2 regular expressions over "
+                "family names, as Prometheus writes them (no lookarounds or backreferences), e.g. vgpu_pod_energy.*"
             ) from None
     return patterns
 
@@ -310,7 +336,7 @@ FLAGS: tuple[Flag, ...] = (
         "random from half to one and a half times this, so that no client can predict a sweep; 0: sweep "
         "only when scraped, pushed or probed, at instants a client can choose (docs/trust.md)",
         "OTEL_VGPU_SWEEP_INTERVAL",
-        _number(float, "interval", 0, 3600),
+        _interval("interval", 3600, off="sweep only when collected"),
         2.0,
     ),
     Flag(
@@ -319,7 +345,7 @@ FLAGS: tuple[Flag, ...] = (
         "between two sweeps is attributed and billed (collect/watch.py); 0: no watch, only the sweeps "
         "see processes",
         "OTEL_VGPU_WATCH_INTERVAL",
-        _number(float, "interval", 0, 60),
+        _interval("interval", 60, off="no watch"),
         0.25,
     ),
     Flag(
@@ -373,7 +399,7 @@ FLAGS: tuple[Flag, ...] = (
         "--pod-resources-interval",
         "seconds between calls to the kubelet's pod-resources API",
         "OTEL_VGPU_POD_RESOURCES_INTERVAL",
-        _number(float, "interval", 0, 3600),
+        _interval("interval", 3600),
         5.0,
     ),
     Flag(
@@ -396,7 +422,7 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--metric-allowlist",
-        "publish only the families these comma-separated regular expressions name (each matched against the "
+        "publish only the families these comma-separated RE2 regular expressions name (each matched against the "
         "whole Prometheus or OpenTelemetry name), on the scrape and the OTLP push alike; a call to NVML that "
         "only turned-off families need is not made",
         "OTEL_VGPU_METRIC_ALLOWLIST",
@@ -446,7 +472,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--otlp-interval",
         "seconds between pushes",
-        parse=_number(float, "interval", 0, 86400, low_open=True),
+        parse=_interval("interval", 86400),
         metavar="SECONDS",
         shown_default="OTEL_METRIC_EXPORT_INTERVAL in ms, else 60",
     ),

@@ -268,9 +268,10 @@ def proc_trees_of(pid: int) -> list[Path]:
         ([], {"OTEL_VGPU_SEED_METRICS": "maybe"}, "OTEL_VGPU_SEED_METRICS='maybe'"),
         (["--no-such-flag"], {}, "unrecognized arguments"),
         # OTLP settings, each checked whole at start (no spinning or dead push thread later).
-        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "nan"}, "milliseconds from 1 to"),
-        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "inf"}, "milliseconds from 1 to"),
-        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "1e20"}, "milliseconds from 1 to"),
+        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "nan"}, "milliseconds from 100 to"),
+        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "inf"}, "milliseconds from 100 to"),
+        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "1e20"}, "milliseconds from 100 to"),
+        (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "1"}, "milliseconds from 100 to"),
         (["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_TIMEOUT": "nan"}, "OTEL_METRIC_EXPORT_TIMEOUT"),
         (["--otlp-endpoint", "http://[::1"], {}, "--otlp-endpoint='http://[::1': not a URL"),
         (["--otlp-endpoint", "collector:4317"], {}, "expected an http:// or https:// URL"),

@@ -57,7 +57,31 @@ def test_a_bad_environment_value_names_the_variable_and_what_is_valid(environ: d
 def test_a_number_past_its_ceiling_says_the_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_config(["--otlp-interval", "100000"], {})
-    assert "expected a number above 0 and at most 86400" in capsys.readouterr().err
+    assert "expected a number of seconds from 0.1 to 86400" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flag,env,off",
+    [
+        ("--sweep-interval", "OTEL_VGPU_SWEEP_INTERVAL", "0 (sweep only when collected) or "),
+        ("--watch-interval", "OTEL_VGPU_WATCH_INTERVAL", "0 (no watch) or "),
+        ("--pod-resources-interval", "OTEL_VGPU_POD_RESOURCES_INTERVAL", ""),
+        ("--otlp-interval", None, ""),
+    ],
+)
+def test_every_interval_is_bounded_below_naming_the_range(
+    capsys: pytest.CaptureFixture[str], flag: str, env: str | None, off: str
+) -> None:
+    # 1e-9 s between sweeps was accepted and burnt 96 % of a core.
+    with pytest.raises(SystemExit) as stopped:
+        parse_config([flag, "1e-9"], {})
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and flag in said[0] and f"expected {off}a number of seconds from 0.1 to" in said[0]
+    if env is not None:
+        with pytest.raises(ConfigError, match=f"{env}: invalid interval '1e-9'"):
+            parse_config([], {env: "1e-9"})
+        assert getattr(parse_config([flag, "0.1"], {}), flag[2:].replace("-", "_")) == 0.1
 
 
 def test_help_is_the_table() -> None:

@@ -139,6 +139,11 @@ def test_wave_moves_around_its_mean() -> None:
             "gpus:\n  - memory: " + "9" * 400 + "\n",
             "gpus[0].memory: '99999999999999999999...(400 characters)' is too large",
         ),
+        (
+            # PyYAML raised a bare ValueError past Python's 4,300 digits, with no file or line.
+            "gpus:\n  - memory: 1GiB\n    replicas: " + "9" * 100_000 + "\n",
+            "bad.yaml:3: '99999999999999999999...(100000 characters)' is too large: a number has at most 4300 digits",
+        ),
         ("[" * 100_000, "bad.yaml: nested too deep to be a scenario"),
         (
             # A billion laughs: 521 bytes that would expand to 10^9 values.

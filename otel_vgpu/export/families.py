@@ -26,7 +26,6 @@ Then `./scripts/gen-metric-tables.py` rewrites the README's tables.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -39,6 +38,7 @@ from otel_vgpu.collect.xids import XidCount
 from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES
 from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_TABLE, MAX_XID_CODES, GpmFigure, HealthFigure
 from otel_vgpu.health import COLLECTION_STAGES, Health, Refusal, Stage
+from otel_vgpu.patterns import compile_pattern
 
 MIB = 1024 * 1024
 
@@ -742,8 +742,10 @@ def selected(allow: Sequence[str] = (), deny: Sequence[str] = ()) -> tuple[tuple
     family's Prometheus name or its OpenTelemetry name, as kube-state-metrics'
     --metric-allowlist and --metric-denylist match theirs."""
 
+    compiled = {text: compile_pattern(text) for text in (*allow, *deny)}
+
     def named(pattern: str, family: Family[Any]) -> bool:
-        return bool(re.fullmatch(pattern, family.prometheus_name) or re.fullmatch(pattern, family.name))
+        return compiled[pattern].names(family.prometheus_name) or compiled[pattern].names(family.name)
 
     unmatched = [p for p in (*allow, *deny) if not any(named(p, family) for family in FAMILIES)]
     kept = tuple(

@@ -25,6 +25,7 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
 
+from otel_vgpu.config import MIN_INTERVAL_S
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.threads import NamedThread
 
@@ -60,7 +61,8 @@ def settings_from(endpoint: str | None, protocol: str | None, interval_s: float 
     if chosen not in PROTOCOLS:
         raise ValueError(f"OTLP protocol {chosen!r}: expected one of {', '.join(PROTOCOLS)}")
     if interval_s is None:
-        interval_s = _env_millis("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_INTERVAL_S)
+        # No shorter than any other loop of the agent's (config.py MIN_INTERVAL_S).
+        interval_s = _env_millis("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_INTERVAL_S, low=MIN_INTERVAL_S * 1000)
     timeout_s = min(_env_millis("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_TIMEOUT_S), interval_s)
     for name in ("--otlp-endpoint", *ENDPOINT_VARIABLES):
         url = endpoint if name == "--otlp-endpoint" else os.environ.get(name)
@@ -91,7 +93,7 @@ def _check_url(name: str, url: str) -> None:
         raise ValueError(f"{name}={url!r}: expected an http:// or https:// URL with a host, e.g. http://collector:4317")
 
 
-def _env_millis(name: str, default_s: float) -> float:
+def _env_millis(name: str, default_s: float, low: float = 1) -> float:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default_s
@@ -99,8 +101,8 @@ def _env_millis(name: str, default_s: float) -> float:
         millis = float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r}: expected milliseconds, e.g. 60000") from None
-    if not math.isfinite(millis) or not 1 <= millis <= MAX_MILLIS:
-        raise ValueError(f"{name}={raw!r}: expected milliseconds from 1 to {MAX_MILLIS} (a day)")
+    if not math.isfinite(millis) or not low <= millis <= MAX_MILLIS:
+        raise ValueError(f"{name}={raw!r}: expected milliseconds from {low:g} to {MAX_MILLIS} (a day)")
     return millis / 1000.0
 
 

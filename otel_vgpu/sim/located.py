@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from typing import Any
 
 import yaml
@@ -60,6 +61,11 @@ def load_document(text: str, source: str) -> Any:
         # aliases expand to more than any scenario holds.
         if node is not None and expanded_size(node, {}) > MAX_SCENARIO_NODES:
             raise ScenarioError(f"{source}: expands to over {MAX_SCENARIO_NODES} values through its aliases")
+        if node is not None and (long := too_long_number(node, set())) is not None:
+            raise ScenarioError(
+                f"{source}:{long.start_mark.line + 1}: '{long.value[:20]}...({len(long.value)} characters)' is too "
+                f"large: a number has at most {sys.get_int_max_str_digits()} digits"
+            )
         document = loader.construct_document(node) if node is not None else None
     except RecursionError:
         raise ScenarioError(f"{source}: nested too deep to be a scenario") from None
@@ -71,6 +77,24 @@ def load_document(text: str, source: str) -> Any:
     finally:
         loader.dispose()
     return document
+
+
+def too_long_number(node: yaml.Node, seen: set[int]) -> yaml.ScalarNode | None:
+    """The first whole number with more digits than Python converts (PyYAML raises a bare
+    ValueError there, with no line), if any."""
+    if id(node) in seen:
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.ScalarNode):
+        limit = sys.get_int_max_str_digits()
+        return node if node.tag.endswith(":int") and limit and len(node.value) > limit else None
+    children = node.value if isinstance(node, yaml.SequenceNode) else []
+    if isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    for child in children:
+        if (found := too_long_number(child, seen)) is not None:
+            return found
+    return None
 
 
 def expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:

@@ -157,23 +157,17 @@ A Prometheus duration (1h30m, 15s, 500ms; the schema checked its form) in millis
 {{- end -}}
 
 {{/*
-A metric pattern, as the agent will compile it (Python's re, fullmatch): refused here, at
-install, rather than by the agent's pods crash-looping on it. Go's RE2 compiles it first
-(what it refuses, Python's lookarounds and backreferences among them, is refused); then
-the constructs RE2 takes and Python reads otherwise or refuses: \z, \Q...\E, \p and \P
-classes, \C, POSIX classes in brackets, the U flag (ungreedy in Go, Unicode in Python)
-and (?<name>...) groups before Python 3.12.
+A metric pattern, as the agent will compile it (RE2, whole names: otel_vgpu/patterns.py):
+refused here, at install, rather than by the agent's pods crash-looping on it. Go's RE2
+compiles it, as the agent's does; what it refuses (lookarounds, backreferences, \C, a
+repetition above 1000) the agent refuses too (tests/test_chart.py holds the two alike).
 */}}
 {{- define "otel-vgpu.checkPattern" -}}
 {{- $where := index . 0 -}}
 {{- $pattern := index . 1 -}}
-{{- $goOnly := regexFind `\\[zQEpPC]|\[\[:|\(\?[a-zA-Z]*U|\(\?<[a-zA-Z]` $pattern -}}
-{{- if $goOnly -}}
-{{- fail (printf "%s: %q uses %q, which the agent's regular expressions (Python's re) read otherwise or refuse; write it without (\\Z for the end, [a-z] for a class, a non-greedy *? for U, (?P<name>...) for a group)" $where $pattern $goOnly) -}}
-{{- end -}}
 {{- /* "(?:p)|" matches "" wherever p compiles; regexMatch answers false where it does not. */ -}}
 {{- if not (regexMatch (printf "(?:%s)|" $pattern) "") -}}
-{{- fail (printf "%s: %q is not a regular expression both Go's RE2 and the agent's Python re read alike: an unclosed group or bracket, a bad repetition, or Python's lookarounds, backreferences or conditionals, which RE2 lacks" $where $pattern) -}}
+{{- fail (printf "%s: %q is not an RE2 regular expression, as Prometheus and the agent read them: an unclosed group or bracket, a bad repetition, or a lookaround or backreference, which RE2 lacks" $where $pattern) -}}
 {{- end -}}
 {{- end -}}
 
