@@ -144,7 +144,7 @@ class Agent:
 
         config = self.config
         reads = reads_of(self.families)
-        devices = DeviceHealth(self.sampler, self.health) if Read.HEALTH in reads else None
+        devices = self.devices = DeviceHealth(self.sampler, self.health) if Read.HEALTH in reads else None
         self.xids = XidCounts() if Read.XID_EVENTS in reads else None
         try:
             self.telemetry = Telemetry(
@@ -205,6 +205,9 @@ class Agent:
         self.process_watch = ProcessWatch(self.sampler, self.config.watch_interval)
         self.process_watch.start()
         self._closers.append(self.process_watch.stop)
+        if self.devices is not None:
+            self.devices.start()
+            self._closers.append(self.devices.stop)
         if self.xids is not None:
             watch = XidWatch(self._backend, self.xids, self.health)
             watch.start()

@@ -38,7 +38,7 @@ class Stage(str, Enum):
     POD_ANNOTATIONS = "pod_annotations"
     """A pod's allocator annotation (HAMi) that cannot be read."""
     DEVICE_HEALTH = "device_health"
-    """A GPU's health figures, read once per collection (collect/device_health.py)."""
+    """A GPU's health figures, read every 10 s off the scrape's path (collect/device_health.py)."""
     GPM = "gpm"
     """A GPU's GPM figures, read once per engine window."""
     XID_EVENTS = "xid_events"

@@ -1,57 +1,231 @@
-"""Each GPU's health figures, read once per collection (a scrape or an OTLP push), not every
-sweep: the collections within `max_age` of a read share it, as they share a sweep. The read
-runs beside no sweep and not while the driver is paused (the sampler's `read_devices`), on the
-GPUs of the latest sweep."""
+"""Each GPU's health figures, read off every scrape's path.
+
+A health read is a dozen NVML calls a GPU, and a driver can take seconds over one, or never
+answer: read serially inside each scrape, eight GPUs whose health call took 1.5 s each made
+every scrape take 12 s, past Prometheus' default 10 s `scrape_timeout`, and the whole scrape,
+every pod's bill with it, was lost. node_exporter's rule holds here: one collector never
+fails a scrape. So:
+
+- each GPU is read by a worker thread of its own, every `every_s` (`start`), beside the
+  sweeps (NVML is thread-safe: nvml.h) and never while the driver is paused
+  (`Sampler.driver_use`);
+- a read has `deadline_s`: a GPU whose read is still in flight then is said to fail
+  (`device_health`, kind `<index>:DEADLINE`), and is not asked again until that read
+  returns, so that a hung call holds one thread, not one per cadence;
+- a collection serves each GPU's last values, with their age (`HealthRow.age_s`), and leaves
+  out a GPU whose last values are older than `stale_s`: a slow or hung GPU costs its own
+  health families, never the scrape's time nor the pods' families.
+
+Without `start` (the in-process tests, a sampler driven by hand), a collection reads the GPUs
+itself when the last read is older than its `max_age`, through the same workers and deadline.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from otel_vgpu.collect.aggregate import GpuRow, Snapshot
+from otel_vgpu.collect.aggregate import GpuRow
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.gpu.backend import GpuBackend, GpuError
 from otel_vgpu.health import Health, Stage
+from otel_vgpu.threads import NamedThread
+
+log = logging.getLogger(__name__)
+
+# How often each GPU's health is read: Prometheus scrapes every 15-60 s, and a health figure
+# (a temperature, a clock, an error count) that is 10 s old tells what a fresher one would.
+HEALTH_EVERY_S = 10.0
+# How long one GPU's read may take: on an H200 it takes milliseconds
+# (bench/results/h200-health.md); a read still in flight after this is the driver's trouble.
+HEALTH_DEADLINE_S = 2.0
+# A GPU's values older than this are not served: three reads missed.
+STALE_READS = 3
 
 
 @dataclass(frozen=True, slots=True)
 class HealthRow:
-    """One GPU's health figures as read at one collection."""
+    """One GPU's health figures, as last read."""
 
     gpu: GpuRow
     figures: Mapping[str, float]
     """By figure (gpu/device_figures.py `HEALTH_TABLE`); one the GPU does not report is absent."""
+    age_s: float = 0.0
+    """How long ago they were read."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    at: float
+    figures: Mapping[str, float]
+
+
+class _Worker:
+    """One GPU's reads, on a thread of its own: a hung call in the driver holds this thread alone."""
+
+    def __init__(self, index: int, clock: Callable[[], float]) -> None:
+        self.index = index
+        self._clock = clock
+        self._asked = threading.Event()
+        self._done = threading.Event()
+        self._done.set()
+        self._read: Callable[[], Mapping[str, float] | None] = lambda: None
+        self.started_at: float | None = None
+        """When the read in flight began; None while idle."""
+        self.last: _Read | None = None
+        self.stopped = False
+        self._thread = NamedThread(target=self._run, name=f"gpu{index}-health", daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return not self._done.is_set()
+
+    def ask(self, read: Callable[[], Mapping[str, float] | None]) -> None:
+        self._read = read
+        self.started_at = self._clock()
+        self._done.clear()
+        self._asked.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            self._asked.wait()
+            self._asked.clear()
+            if self.stopped:
+                return
+            try:
+                figures = self._read()
+                if figures is not None:
+                    self.last = _Read(self._clock(), figures)
+            except Exception as error:  # a bug, never the driver's answer (`read` says those)
+                log.warning("GPU %d: reading its health failed: %s", self.index, error)
+            finally:
+                self.started_at = None
+                self._done.set()
 
 
 class DeviceHealth:
-    def __init__(self, sampler: Sampler, health: Health, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        sampler: Sampler,
+        health: Health,
+        clock: Callable[[], float] = time.monotonic,
+        every_s: float = HEALTH_EVERY_S,
+        deadline_s: float = HEALTH_DEADLINE_S,
+    ) -> None:
         self._sampler = sampler
         self._health = health
         self._clock = clock
+        self._every_s = every_s
+        self._deadline_s = deadline_s
         self._lock = threading.Lock()
-        self._kept: tuple[float, tuple[HealthRow, ...]] | None = None
+        self._workers: dict[int, _Worker] = {}
         self._failing: set[str] = set()
+        """The kinds of failure in force, by GPU (`<index>:<code>`), which the workers change too."""
+        self._failing_lock = threading.Lock()
+        self._refreshed_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: NamedThread | None = None
+
+    def start(self) -> None:
+        """Read on the cadence, on a thread of its own, from now on."""
+        self._thread = NamedThread(target=self._run, name="device-health", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for worker in self._workers.values():
+            worker.stopped = True
+            worker.ask(lambda: None)
 
     def rows(self, max_age: float) -> tuple[HealthRow, ...]:
-        """The GPUs' health, read now unless a read no older than `max_age` seconds serves."""
-        with self._lock:
-            kept = self._kept
-            if kept is not None and self._clock() - kept[0] <= max_age:
-                return kept[1]
-            rows = self._sampler.read_devices(self._read) or ()
-            self._kept = (self._clock(), rows)
-            return rows
-
-    def _read(self, backend: GpuBackend, snapshot: Snapshot) -> tuple[HealthRow, ...]:
-        rows, failing = [], set()
+        """Each GPU's last health figures, with their age; without `start`, read now unless a read
+        no older than `max_age` seconds serves."""
+        if self._thread is None:
+            refreshed = self._refreshed_at
+            if refreshed is None or self._clock() - refreshed > max_age:
+                self.refresh()
+        snapshot = self._sampler.latest()
+        if snapshot is None:
+            return ()
+        now = self._clock()
+        stale = max(self._every_s if self._thread is not None else max_age, self._deadline_s) * STALE_READS
+        rows = []
         for gpu in snapshot.gpus:
-            try:
-                rows.append(HealthRow(gpu, backend.health(gpu.index)))
-            except GpuError as error:
-                kind = f"{gpu.index}:{error.code.value}"
-                failing.add(kind)
-                self._health.failed(Stage.DEVICE_HEALTH, kind, f"GPU {gpu.index}: health figures: {error}")
-        self._health.recovered(Stage.DEVICE_HEALTH, "device_health recovered ({kinds})", still=failing)
+            worker = self._workers.get(gpu.index)
+            last = worker.last if worker is not None else None
+            if last is not None and now - last.at <= stale:
+                rows.append(HealthRow(gpu, last.figures, max(0.0, now - last.at)))
         return tuple(rows)
+
+    def refresh(self) -> None:
+        """Each GPU of the last sweep read once, in parallel, waiting at most `deadline_s`."""
+        with self._lock:
+            self._refreshed_at = self._clock()
+            snapshot = self._sampler.latest()
+            if snapshot is None:
+                return
+            asked, late = [], set()
+            for gpu in snapshot.gpus:
+                worker = self._workers.get(gpu.index)
+                if worker is None:
+                    worker = self._workers[gpu.index] = _Worker(gpu.index, self._clock)
+                if worker.busy:
+                    late.add(gpu.index)  # its last read has not returned: not asked again meanwhile
+                    continue
+                worker.ask(functools.partial(self._read, gpu.index))
+                asked.append(worker)
+            until = time.monotonic() + self._deadline_s
+            for worker in asked:
+                if not worker.wait(max(0.0, until - time.monotonic())):
+                    late.add(worker.index)
+            for index in late:
+                kind = f"{index}:DEADLINE"
+                with self._failing_lock:
+                    self._failing.add(kind)
+                self._health.failed(
+                    Stage.DEVICE_HEALTH,
+                    kind,
+                    f"GPU {index}: health figures: no answer from the driver in {self._deadline_s:g} s; "
+                    "its health families are left out until it answers",
+                )
+            with self._failing_lock:
+                self._failing -= {f"{index}:DEADLINE" for index in self._workers if index not in late}
+                failing = set(self._failing)
+            self._health.recovered(Stage.DEVICE_HEALTH, "device_health recovered ({kinds})", still=failing)
+
+    def _read(self, index: int) -> Mapping[str, float] | None:
+        """GPU `index`'s figures, on its worker's thread; None where they could not be read."""
+        with self._sampler.driver_use() as backend:
+            if backend is None:
+                return None
+            return self._figures(backend, index)
+
+    def _figures(self, backend: GpuBackend, index: int) -> Mapping[str, float] | None:
+        try:
+            figures = backend.health(index)
+        except GpuError as error:
+            kind = f"{index}:{error.code.value}"
+            with self._failing_lock:
+                self._failing.add(kind)
+            self._health.failed(Stage.DEVICE_HEALTH, kind, f"GPU {index}: health figures: {error}")
+            return None
+        with self._failing_lock:
+            self._failing = {kind for kind in self._failing if not kind.startswith(f"{index}:")}
+        return figures
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.refresh()
+            except Exception as error:  # a bug: said, and the next round tries again
+                log.warning("reading the GPUs' health failed: %s", error)
+            self._stop.wait(max(0.0, self._every_s - (time.monotonic() - started)))

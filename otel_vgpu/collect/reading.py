@@ -117,7 +117,7 @@ class Read(str, Enum):
     GPM = "gpm"
     """GPM's figures of the GPU and its MIG GPU instances, when a GPM window closes."""
     HEALTH = "health"
-    """The GPU's health figures, once per collection (collect/device_health.py), not in sweeps."""
+    """The GPU's health figures, every 10 s off the scrape's path (collect/device_health.py), not in sweeps."""
     XID_EVENTS = "xid_events"
     """NVML's XID events, waited on by a thread of their own (collect/xids.py)."""
 

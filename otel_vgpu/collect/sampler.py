@@ -9,12 +9,12 @@ one sweep is in flight.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
@@ -32,7 +32,8 @@ from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodDirectory
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+# How long a driver upgrade's pause waits for the reads beside the sweeps to end.
+PAUSE_WAIT_S = 5.0
 
 # A reader that has not collected for this long (a Prometheus that went away) no longer holds
 # the ended pods' series (collect/usage.py) for itself.
@@ -76,6 +77,9 @@ class Sampler:
         self._reader = reader or GpuReader(backend, clock)
         self._announced: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+        self._users = 0
+        """Reads beside the sweeps in flight (`driver_use`)."""
+        self._users_changed = threading.Condition()
         self._generation = 0
         self._latest: Snapshot | None = None
         self._host_pid_namespace = in_host_pid_namespace() if host_pid_namespace is None else host_pid_namespace
@@ -128,7 +132,12 @@ class Sampler:
         with self._lock:
             if self._paused is not None:
                 return
-            self._paused = reason
+            with self._users_changed:
+                self._paused = reason
+                # A read beside the sweeps (a GPU's health) that hangs in the driver must not
+                # hold the upgrade forever: NVML is let go of after PAUSE_WAIT_S regardless.
+                if not self._users_changed.wait_for(lambda: self._users == 0, timeout=PAUSE_WAIT_S):
+                    log.warning("%d NVML reads in flight after %g s; letting go of NVML", self._users, PAUSE_WAIT_S)
             self._backend.release()
             self._latest = None
         log.warning(
@@ -151,14 +160,27 @@ class Sampler:
     def paused(self) -> str | None:
         return self._paused
 
-    def read_devices(self, read: Callable[[GpuBackend, Snapshot], T]) -> T | None:
-        """`read(backend, latest snapshot)` outside a sweep, never beside one nor while the driver
-        is paused (the backend is released then); None then, or before the first sweep."""
-        with self._lock:
-            latest = self._latest
-            if self._paused is not None or latest is None or not latest.ok:
-                return None
-            return read(self._backend, latest)
+    def latest(self) -> Snapshot | None:
+        """The last sweep's snapshot, if it read the GPUs; never waits (a sweep in flight is not waited for)."""
+        latest = self._latest
+        return latest if latest is not None and latest.ok and self._paused is None else None
+
+    @contextlib.contextmanager
+    def driver_use(self) -> Iterator[GpuBackend | None]:
+        """The backend, for a read beside the sweeps (NVML is thread-safe: nvml.h, "it is safe to
+        make simultaneous NVML calls from multiple threads"); None while the driver is paused. A
+        pause waits for the reads in use, at most `PAUSE_WAIT_S`, before it lets go of NVML."""
+        with self._users_changed:
+            if self._paused is not None:
+                yield None
+                return
+            self._users += 1
+        try:
+            yield self._backend
+        finally:
+            with self._users_changed:
+                self._users -= 1
+                self._users_changed.notify_all()
 
     def snapshot(self, max_age: float) -> Snapshot:
         """A snapshot no older than `max_age` seconds, sweeping if needed; with sweeps of the

@@ -378,7 +378,7 @@ _GPM_ABSENT = "Absent on a GPU without GPM (before Hopper) and until the first w
 
 
 def _health_family(figure: HealthFigure) -> Family[HealthRow]:
-    """A health figure's family: read once per collection (a scrape or a push), not every sweep."""
+    """A health figure's family: read every 10 s off the scrape's path (collect/device_health.py), not every sweep."""
     name = figure.name
     return Family(
         f"vgpu.gpu.{name}",
@@ -626,6 +626,17 @@ _TABLE = (
     ),
     *(_health_family(figure) for figure in HEALTH_TABLE),
     Family(
+        "vgpu.gpu.health.age",
+        "s",
+        GPU_HEALTH,
+        "How long ago the GPU's health figures were read. They are read every 10 s, each GPU on a thread of "
+        "its own, off the scrape's path; a GPU whose driver has not answered for three reads has no health "
+        'series until it does (collection_errors_total{stage="device_health"} counts it), and its pods\' '
+        "families are served as ever.",
+        value=lambda row: row.age_s,
+        reads=_HEALTH_READS,
+    ),
+    Family(
         "vgpu.gpu.xid.errors",
         "{error}",
         XID,
@@ -767,7 +778,7 @@ README_TABLES = (
     ((GPU, UNATTRIBUTED), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
     (
         (GPU_HEALTH, XID),
-        "Per GPU, its health, read once per collection (a scrape or a push), labels `gpu_id`, `gpu_uuid`, `gpu_model`:",
+        "Per GPU, its health, read every 10 s off the scrape's path, labels `gpu_id`, `gpu_uuid`, `gpu_model`:",
     ),
     ((AGENT, STAGES, REFUSALS, SWEEPS), "The agent itself:"),
     ((SEED,), "With `--seed-metrics`, the original exporter's, labels `pod`, `gpu_id`:"),

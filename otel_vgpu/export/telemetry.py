@@ -91,7 +91,7 @@ class CollectionScope:
         xids: Callable[[], tuple[XidCount, ...]] = tuple,
     ) -> None:
         """`before` runs at the start of each collection, after its sweep; `devices` gives the
-        GPUs' health figures, read once per collection (at most once per `max_age`), `xids` the
+        GPUs' health figures as last read (collect/device_health.py), `xids` the
         XID counts."""
         self._sampler = sampler
         self.max_age = max_age

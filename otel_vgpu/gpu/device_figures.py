@@ -1,7 +1,7 @@
 """Each GPU's health and efficiency figures, declared once: what NVML calls them, the unit
 each is published in, what it means, and the dcgm-exporter field it answers.
 
-Health figures are read once per collection (a scrape or a push), not every sweep: each is
+Health figures are read every 10 s off the scrape's path (collect/device_health.py), not every sweep: each is
 one NVML call of under a millisecond (nvmlDeviceGetClockInfo, GetTemperatureV, GetPowerUsage,
 GetFieldValues...), and nobody reads a temperature every 2 s. Efficiency figures come from
 GPM (GPU Performance Monitoring, Hopper and newer: nvmlGpmSampleGet, nvmlGpmMetricsGet), read

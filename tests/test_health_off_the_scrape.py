@@ -1,0 +1,56 @@
+"""A GPU whose driver is slow or hung over its health figures costs that GPU's health
+families alone: never the scrape's time, never the pods' families (collect/device_health.py).
+Read serially in the scrape, eight GPUs whose health call took 1.5 s each made every scrape
+take 12 s, past Prometheus' default 10 s scrape_timeout, and the whole scrape was lost."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from testkit.agent import running_agent, wait_until
+
+# Prometheus' default scrape_timeout: a scrape that takes longer is lost whole.
+SCRAPE_TIMEOUT_S = 10.0
+# Each of the first seven GPUs' health call takes this long: far past any scrape's timeout.
+SLOW_S = 60.0
+GPUS = 8
+
+
+def test_eight_gpus_with_a_hung_health_call_cost_their_health_alone(tmp_path: Path) -> None:
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text(
+        "gpus:\n"
+        + "".join("  - {model: NVIDIA H100 80GB HBM3, memory: 80GiB}\n" for _ in range(GPUS))
+        + "pods:\n"
+        + "".join(
+            f"  - {{name: p{n}, shares: {{{n}: 1}}, processes: [{{gpu: {n}, memory: 1GiB, sm: 0.4}}]}}\n"
+            for n in range(GPUS)
+        )
+        + "faults:\n"
+        + "".join(f"  - {{call: health, gpu: {n}, delay_s: {SLOW_S}}}\n" for n in range(GPUS - 1))
+    )
+    ratio = tmp_path / "gpu_allocation.txt"
+    ratio.write_text("2\n")
+    with running_agent("--simulate", str(scenario), "--allocation-file", str(ratio)) as agent:
+        took = []
+
+        def deadline_said() -> bool:
+            started = time.monotonic()
+            served = agent.scrape()
+            took.append(time.monotonic() - started)
+            errors = served.by("vgpu_agent_collection_errors_total", "stage").get(("device_health",), 0.0)
+            return errors >= GPUS - 1
+
+        # Each slow GPU's read misses its 2 s deadline and is counted; the scrapes meanwhile
+        # answer at once (they took 7 x 60 s before).
+        wait_until(deadline_said, timeout=60, what="the slow GPUs' missed deadlines counted")
+        served = agent.scrape()
+        agent.stop()
+    assert max(took) < SCRAPE_TIMEOUT_S, took
+    # Every pod's figures are there; only the healthy GPU has health series, with their age.
+    pods = served.by("vgpu_pod_memory_used_bytes", "gpu_id")
+    assert sorted(pods) == [(str(n),) for n in range(GPUS)]
+    assert list(served.by("vgpu_gpu_temperature_celsius", "gpu_id")) == [(str(GPUS - 1),)]
+    ages = served.by("vgpu_gpu_health_age_seconds", "gpu_id")
+    assert list(ages) == [(str(GPUS - 1),)] and 0 <= ages[(str(GPUS - 1),)] < 60
