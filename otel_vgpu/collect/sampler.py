@@ -34,6 +34,9 @@ from otel_vgpu.pods.directory import PodDirectory
 log = logging.getLogger(__name__)
 # How long a driver upgrade's pause waits for the reads beside the sweeps to end.
 PAUSE_WAIT_S = 5.0
+# How long a collection waits for the sweep in flight before it serves the last one: a sweep
+# takes milliseconds (bench/results/h200-sweep-cost.md), and Prometheus' scrape_timeout is 10 s.
+SWEEP_WAIT_S = 2.0
 
 # A reader that has not collected for this long (a Prometheus that went away) no longer holds
 # the ended pods' series (collect/usage.py) for itself.
@@ -171,10 +174,12 @@ class Sampler:
         make simultaneous NVML calls from multiple threads"); None while the driver is paused. A
         pause waits for the reads in use, at most `PAUSE_WAIT_S`, before it lets go of NVML."""
         with self._users_changed:
-            if self._paused is not None:
-                yield None
-                return
-            self._users += 1
+            paused = self._paused is not None
+            if not paused:
+                self._users += 1
+        if paused:
+            yield None
+            return
         try:
             yield self._backend
         finally:
@@ -184,8 +189,20 @@ class Sampler:
 
     def snapshot(self, max_age: float) -> Snapshot:
         """A snapshot no older than `max_age` seconds, sweeping if needed; with sweeps of the
-        agent's own (`drive`), the last sweep's, or the one in flight's, whatever its age."""
+        agent's own (`drive`), the last sweep's, or the one in flight's, whatever its age, but
+        never after waiting more than `SWEEP_WAIT_S` for it."""
         generation = self._generation
+        before = self._latest
+        if self._driven and before is not None:
+            if not self._lock.acquire(timeout=SWEEP_WAIT_S):
+                # A sweep stuck in a slow driver call: its predecessor serves, rather than a
+                # scrape that waits past its timeout and loses every figure.
+                return before
+            try:
+                latest = self._latest
+                return latest if latest is not None else self._store(self._sweep())
+            finally:
+                self._lock.release()
         with self._lock:
             latest = self._latest
             if latest is not None and (

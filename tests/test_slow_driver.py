@@ -1,7 +1,8 @@
-"""A GPU whose driver is slow or hung over its health figures costs that GPU's health
-families alone: never the scrape's time, never the pods' families (collect/device_health.py).
-Read serially in the scrape, eight GPUs whose health call took 1.5 s each made every scrape
-take 12 s, past Prometheus' default 10 s scrape_timeout, and the whole scrape was lost."""
+"""A driver slow or hung over a call never costs the scrape's time. A GPU whose health call
+hangs costs that GPU's health families alone (collect/device_health.py): read serially in the
+scrape, eight GPUs whose health call took 1.5 s each made every scrape take 12 s, past
+Prometheus' default 10 s scrape_timeout, and the whole scrape was lost. A sweep stuck in a
+call is waited for at most 2 s (collect/sampler.py `SWEEP_WAIT_S`): the last sweep serves."""
 
 from __future__ import annotations
 
@@ -54,3 +55,29 @@ def test_eight_gpus_with_a_hung_health_call_cost_their_health_alone(tmp_path: Pa
     assert list(served.by("vgpu_gpu_temperature_celsius", "gpu_id")) == [(str(GPUS - 1),)]
     ages = served.by("vgpu_gpu_health_age_seconds", "gpu_id")
     assert list(ages) == [(str(GPUS - 1),)] and 0 <= ages[(str(GPUS - 1),)] < 60
+
+
+def test_a_sweep_stuck_in_the_driver_leaves_the_scrapes_the_last_sweep(tmp_path: Path) -> None:
+    scenario = tmp_path / "node.yaml"
+    # From 3 s on, every device call takes a minute: the sweep in flight then is stuck in it.
+    scenario.write_text(
+        "gpus: [{memory: 80GiB}]\n"
+        "pods: [{name: p, shares: {0: 1}, processes: [{gpu: 0, memory: 1GiB, sm: 0.4}]}]\n"
+        f"faults: [{{call: device, delay_s: {SLOW_S}, from_s: 3}}]\n"
+    )
+    ratio = tmp_path / "gpu_allocation.txt"
+    ratio.write_text("2\n")
+    with running_agent("--simulate", str(scenario), "--allocation-file", str(ratio)) as agent:
+        serving = time.monotonic()
+        first = agent.scrape()
+        assert first.series("vgpu_pod_memory_used_bytes")
+        # Past the fault's start on the node's clock, and a sweep's interval more.
+        wait_until(lambda: time.monotonic() - serving > 5.5, what="the sweeps to be stuck")
+        took, served = [], []
+        for _ in range(3):
+            started = time.monotonic()
+            served.append(agent.scrape())
+            took.append(time.monotonic() - started)
+        agent.stop()
+    assert max(took) < SCRAPE_TIMEOUT_S, took
+    assert all(each.series("vgpu_pod_memory_used_bytes") for each in served)
