@@ -42,10 +42,13 @@ def compile_pattern(text: str) -> Pattern:
         if _escapes(text, construct):
             raise PatternError(f"invalid escape sequence: {construct}")
     try:
-        return Pattern(text, re2.compile(text, _OPTIONS))
+        # Anchored as Prometheus anchors its own (^(?:<regex>)$) and as the chart checks it
+        # ((?:<regex>)|): a pattern is read alike by the three.
+        return Pattern(text, re2.compile(f"(?:{text})", _OPTIONS))
     except re2.error as error:
         reason = error.args[0] if error.args else error
-        raise PatternError(reason.decode() if isinstance(reason, bytes) else str(reason)) from None
+        said = reason.decode() if isinstance(reason, bytes) else str(reason)
+        raise PatternError(said.replace(f"(?:{text})", text)) from None
 
 
 def _escapes(text: str, construct: str) -> bool:

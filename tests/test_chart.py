@@ -613,6 +613,9 @@ PATTERNS = [
     "vgpu_{1001}",
     "vgpu_(pod",
     "[vgpu",
+    # Read inside a group, as Prometheus anchors its own: a ")|(" in it is an alternation there.
+    "vgpu_pod)|(vgpu_gpu",
+    "\\Qvgpu",
 ]
 
 

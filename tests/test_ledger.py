@@ -159,21 +159,22 @@ def record(pid: int, start_ms: int, end_ms: int, sm: float, running: bool = Fals
     return AccountingRecord(pid, start_ms * MS, seconds, running, sm, 0.0)
 
 
-def test_an_ended_process_accounted_for_is_billed_its_lifetime_figure_not_its_last_sample() -> None:
-    book = ledger.GpuLedger()
-    ledger.listed(book, 0, [seen(1, A)])
-    ledger.listed(book, 400 * MS, [seen(1, A), seen(2, B)])  # B's 2 from 200 ms
-    ledger.sampled(book, [UtilizationSample(2, 400 * MS, ProcessUse(0.05))])  # its first sample read low
-    ledger.sampled(book, [UtilizationSample(1, t * MS, ProcessUse(0.3)) for t in range(200, 2_001, 200)])
-    ledger.listed(book, 1_800 * MS, [seen(1, A)])  # gone: until 1.1 s
-    ledger.accounted(book, [record(2, 150, 1_150, 0.6)])
-    window = ledger.close(book, periods(0, 2_000, 0.9))
-    ran = window.ran
-    # B's 2 gets its lifetime's 0.6, not its 0.05, from 200 ms to 1.2 s (listed till 1.1 s; the
-    # period its end cut short filled up to its figure, as a listing's cadence may cut one);
-    # A's 1 keeps its 0.3 beside it and has the GPU's whole alone.
-    assert ran[(2, 1)].sm == pytest.approx(0.6 * 1.0)
-    assert ran[(1, 1)].sm == pytest.approx(0.9 * 0.2 + 0.3 * 1.0 + 0.9 * 0.8)
+def test_a_record_of_a_process_the_looks_saw_changes_nothing_of_its_bill() -> None:
+    # Its lifetime figure is no figure of its last window (a process that idled, then ran hard
+    # before it ended, would hide its work), and nvml.h's "just like nvmlDeviceGetUtilizationRates"
+    # may be the device's: the samples stand.
+    def bill(records: list[AccountingRecord]) -> dict[ledger.LifeKey, float]:
+        book = ledger.GpuLedger()
+        ledger.listed(book, 0, [seen(1, A)])
+        ledger.listed(book, 400 * MS, [seen(1, A), seen(2, B)])
+        ledger.sampled(book, [UtilizationSample(1, t * MS, ProcessUse(0.3)) for t in range(200, 2_001, 200)])
+        ledger.sampled(book, [UtilizationSample(2, t * MS, ProcessUse(0.6)) for t in range(400, 1_001, 200)])
+        ledger.listed(book, 1_800 * MS, [seen(1, A)])
+        ledger.accounted(book, records)
+        return {key: ran.sm for key, ran in ledger.close(book, periods(0, 2_000, 0.9)).ran.items()}
+
+    assert bill([record(2, 150, 1_150, 0.02)]) == bill([])
+    assert bill([])[(2, 1)] == pytest.approx(0.6 * 1.0)
 
 
 def test_a_process_no_listing_saw_is_unattributed_and_keeps_the_period_from_its_neighbour() -> None:
@@ -184,7 +185,8 @@ def test_a_process_no_listing_saw_is_unattributed_and_keeps_the_period_from_its_
     # A process of some pod ran 0.6 s to 1.6 s between the two listings, at 0.5.
     ledger.accounted(book, [record(7, 600, 1_600, 0.5), record(8, 0, 0, 0.9, running=True)])
     window = ledger.close(book, periods(0, 2_000, 0.8))
-    # A's 1 is given its figure where the unseen one ran, the whole period elsewhere.
+    # A's 1 is given its figure where the unseen one ran, the whole period elsewhere; what its
+    # figure leaves beside the unseen one is counted as unseen.
     assert window.ran[(1, 1)].sm == pytest.approx(0.3 * 1.0 + 0.8 * 1.0)
     assert window.unattributed["unseen"] == pytest.approx(0.5 * 1.0)
     assert sum(window.unattributed.values()) == pytest.approx(0.8 * 2.0 - window.ran[(1, 1)].sm)
@@ -257,3 +259,22 @@ def test_where_two_pods_figures_swing_neither_is_given_what_the_figures_leave() 
     assert window.ran[(2, 1)].sm == pytest.approx(0.1 * 1.0)
     assert window.ran[(3, 1)].sm == pytest.approx(0.1 * 1.0)
     assert window.unattributed["unexplained"] == pytest.approx(0.3 * 1.0)
+
+
+def test_a_swinging_pod_is_never_given_more_than_its_own_samples_read() -> None:
+    # A still figure beside it may read low (its work timed away from the samples): what the GPU
+    # ran beyond the still figures goes to the swinging pod only up to the most it read itself.
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A), seen(2, B)])
+    for t in range(200, 10_001, 200):
+        bursty = 0.1 if (t // 200) % 2 else 0.5
+        ledger.sampled(
+            book, [UtilizationSample(1, t * MS, ProcessUse(0.05)), UtilizationSample(2, t * MS, ProcessUse(bursty))]
+        )
+    ledger.listed(book, 10_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(0, 10_000, 0.95))
+    assert window.ran[(2, 1)].sm <= 0.5 * 10.0 + 1e-9
+    assert window.ran[(1, 1)].sm == pytest.approx(0.05 * 10.0)
+    assert window.unattributed["unexplained"] == pytest.approx(
+        0.95 * 10.0 - window.ran[(1, 1)].sm - window.ran[(2, 1)].sm
+    )

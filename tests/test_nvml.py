@@ -450,6 +450,26 @@ def test_driver_going_away_mid_run_is_recovered_without_restart() -> None:
     assert nvml.handles_asked == asked + 1, "handles of the old session are not reused"
 
 
+def test_a_call_that_fails_after_the_session_it_began_in_tears_down_no_newer_one() -> None:
+    # A health read that hung across a driver pause and resume returns UNINITIALIZED from the old
+    # session: the new one stays up.
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    backend.device(0)
+    calls_before = nvml.calls.count("count")
+
+    def stale(*args: Any) -> Any:
+        backend.release()  # meanwhile: the pause ...
+        backend.resume()
+        backend.device_count()  # ... and the next sweep's new session
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    with pytest.raises(GpuError):
+        backend._call(stale)
+    assert backend.ready and nvml.calls.count("count") == calls_before + 1
+    assert backend.device(0).uuid == "GPU-handle0"
+
+
 def test_backoff_is_capped() -> None:
     nvml, clock = FakeNvml(), Clock()
     nvml.fail["init"] = pynvml.NVML_ERROR_DRIVER_NOT_LOADED

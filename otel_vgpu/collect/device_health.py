@@ -95,7 +95,7 @@ class _Worker:
         return self._done.wait(timeout)
 
     def _run(self) -> None:
-        while True:
+        while not self.stopped:
             self._asked.wait()
             self._asked.clear()
             if self.stopped:
@@ -140,10 +140,15 @@ class DeviceHealth:
         self._thread.start()
 
     def stop(self) -> None:
+        """No more reads: the cadence ends, and each worker once its read in flight returns (a
+        read hung in the driver holds its daemon thread until the process exits)."""
         self._stop.set()
-        for worker in self._workers.values():
+        with self._lock:
+            workers = list(self._workers.values())
+        for worker in workers:
             worker.stopped = True
-            worker.ask(lambda: None)
+            if not worker.busy:
+                worker.ask(lambda: None)
 
     def rows(self, max_age: float) -> tuple[HealthRow, ...]:
         """Each GPU's last health figures, with their age; without `start`, read now unless a read

@@ -26,14 +26,18 @@ lived in each period:
   listing's cadence neither adds nor takes on average;
 - a process whose use NVML cannot tell (an MPS client, or a server serving several pods)
   gets no figure, and no period it shares is given whole to anyone;
-- where an administrator turned NVML's accounting mode on, an ended process's figure is its
-  lifetime's, exactly (`accounted`), and one that no listing saw is a life of no pod over the
-  time its record gives: its use is unattributed, and no period it ran in is another pod's whole.
+- where an administrator turned NVML's accounting mode on, a process that no listing saw is
+  known from its record (`accounted`): a life of no pod, without a figure, over the time the
+  record gives, so that no period it ran in is another pod's whole, and what the figures leave
+  there is counted as its. Its lifetime figure is not used as its figure: nvml.h calls it
+  "utilization stats just like returned by nvmlDeviceGetUtilizationRates but for the life
+  time of a process", which may be the device's, and a lifetime's mean says nothing of the
+  last window, where a process that idled then ran hard would hide its work.
 
 What no pod is given is counted by its reason (`Window.unattributed`): `no_pod` (a process
-of no pod), `unseen` (a process that lived between two listings, known from accounting
-alone), `mps` (a period with a process whose use NVML cannot tell), `unexplained` (what the
-GPU ran beyond what its processes' figures say).
+of no pod), `unseen` (a period with a process no listing saw, known from accounting alone),
+`mps` (a period with a process whose use NVML cannot tell), `unexplained` (what the GPU ran
+beyond what its processes' figures say).
 
 Pure: no NVML, no clock; the watch and the sweep bring the listings and samples.
 """
@@ -111,8 +115,6 @@ class Life:
     """Its samples, by stamp, oldest first."""
     unknown: bool = False
     """NVML cannot tell its use (MPS): it gets no figure."""
-    exact: ProcessUse | None = None
-    """Its lifetime's figure from NVML's accounting, once it ended: it stands for every sample."""
     unseen: bool = False
     """Known from accounting alone: no listing had it."""
 
@@ -128,8 +130,6 @@ class Life:
     def figure_at(self, end_us: int, period_us: int) -> ProcessUse | None:
         """Its figure for the period ending at `end_us`: its first sample at or after the
         period, else its last before; None with no sample at all."""
-        if self.exact is not None:
-            return self.exact
         if not self.samples:
             return None
         at = bisect.bisect_right(self.samples, end_us - period_us, key=lambda sample: sample[0])
@@ -258,28 +258,21 @@ def unknown(ledger: GpuLedger, pids: frozenset[int]) -> None:
 
 
 def accounted(ledger: GpuLedger, records: Sequence[AccountingRecord]) -> None:
-    """NVML's accounting of processes that have ended (nvmlDeviceGetAccountingStats), each
-    given to the life of its PID that it overlaps: its lifetime figure stands for its samples,
-    over the life the listings saw. A record no life overlaps is a process that lived between
-    two listings: a life of no pod, from its start for as long as its context was active."""
+    """NVML's accounting of processes that have ended (nvmlDeviceGetAccountingStats): each
+    that no life of its PID overlaps lived between two listings, and becomes a life of no pod,
+    without a figure, from its start for as long as its context was active. A record that a
+    life overlaps adds nothing to what the looks and samples say of it."""
     by_pid: dict[int, list[Life]] = {}
     for each in ledger.lives.values():
         by_pid.setdefault(each.pid, []).append(each)
     for record in records:
         if record.running or record.seconds <= 0:
-            continue  # `time` is 0 until it ends (nvml.h); a running process has its samples
+            continue  # `time` is 0 until it ends (nvml.h); a running process is listed
         end_us = record.started_us + round(record.seconds * 1e6)
-        use = ProcessUse(sm=min(1.0, record.sm), memory_copy=min(1.0, record.memory_copy))
-        overlapping = [
-            life
+        if any(
+            life.since_us <= end_us and (life.until_us is None or life.until_us >= record.started_us)
             for life in by_pid.get(record.pid, ())
-            if life.since_us <= end_us and (life.until_us is None or life.until_us >= record.started_us)
-        ]
-        if overlapping:
-            # Over the life the looks saw, not the record's times: a look that found the GPU's
-            # memory unchanged confirms the listing, and a successor of the same size in the
-            # same pod is then seen as this life going on, which bills the pod what it ran.
-            max(overlapping, key=lambda life: life.since_us).exact = use
+        ):
             continue
         unseen = Life(
             record.pid,
@@ -290,7 +283,6 @@ def accounted(ledger: GpuLedger, records: Sequence[AccountingRecord]) -> None:
             last_listed_us=end_us,
             until_us=end_us,
             absent_us=end_us,
-            exact=use,
             unseen=True,
         )
         if unseen.key not in ledger.lives:
@@ -336,7 +328,7 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         by_owner: dict[str, float] = {}
         if gpu_sm is not None:
             ledger.history.append((end_us, gpu_sm, by_owner))
-        unknown_here = False
+        unknown_here = unseen_here = False
         for (life, part, use), sm in zip(figures, sms, strict=True):
             uid = _uid(life)
             by_owner[uid] = by_owner.get(uid, 0.0) + sm
@@ -346,13 +338,14 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
             acc.add(sm * seconds, use, part * seconds)
             given += sm * seconds
             unknown_here |= life.unknown
+            unseen_here |= life.unseen
             if life.unknown:
                 unattributed["mps"] += sm * seconds
             elif life.owner is None:
                 unattributed["unseen" if life.unseen else "no_pod"] += sm * seconds
         if gpu_sm is not None:
             left = max(0.0, gpu_sm - sum(sms)) * seconds
-            unattributed["mps" if unknown_here else "unexplained"] += left
+            unattributed["mps" if unknown_here else "unseen" if unseen_here else "unexplained"] += left
     window = Window(
         seconds=seconds * len(periods),
         ran={key: acc.use() for key, acc in ran.items()},
@@ -443,8 +436,10 @@ def _split(
             presence = sum(figures[k][1] for k in swinging)
             given = list(wanted)
             for k in swinging:
-                part = figures[k][1]
-                given[k] = min(part, (gpu_sm - read) * part / presence)
+                life, part, _ = figures[k]
+                # Never past the most its own recent samples read: what is beyond that may be a
+                # still neighbour's, read low, as well as its own.
+                given[k] = min(part * _highest(life), (gpu_sm - read) * part / presence)
             return given
     # A process known from accounting alone comes second: what the looks saw was measured beside
     # it, and it gets what their figures leave, up to its own.
@@ -477,8 +472,7 @@ def _split(
     # figure that reads low (a bursty pod's, say) beside it.
     if left <= 0:
         return given
-    # A life whose figure is its lifetime's (accounting) is never young: that figure is exact.
-    young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US and life.exact is None]
+    young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US]
     # Only beside settled lives whose figures hold still: where one swings from sample to
     # sample, what the figures leave may be its own, read low, as well as a young one's.
     is_young = set(young)
@@ -523,16 +517,19 @@ def _swinging(
         return frozenset()
     (pod,) = pods
     for k, (life, _, _) in enumerate(figures):
-        young = end_us - life.since_us < YOUNG_US and life.exact is None
+        young = end_us - life.since_us < YOUNG_US
         if k not in swinging and young and _uid(life) != pod:
             return frozenset()
     return frozenset(swinging)
 
 
+def _highest(life: Life) -> float:
+    """The highest of a life's last few samples' SM figures."""
+    return max((use.sm for _, use in life.samples[-STILL_SAMPLES:]), default=0.0)
+
+
 def _holds_still(life: Life) -> bool:
     """Whether a life's last few samples agree within `STILL_SPREAD` (one with none is idle)."""
-    if life.exact is not None:
-        return True
     recent = [use.sm for _, use in life.samples[-STILL_SAMPLES:]]
     return not recent or max(recent) - min(recent) <= STILL_SPREAD
 

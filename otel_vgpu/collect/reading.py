@@ -269,7 +269,9 @@ class GpuReader:
         try:
             pids = self._backend.accounting_pids(index)
         except GpuError:
-            pids = None  # unknown this sweep: the samples and listings serve
+            # Unknown this sweep: the samples and listings serve, and what the buffer held is
+            # kept, so that the next read asks about what ended meanwhile.
+            return device, ()
         if pids is None:
             self._accounted.pop(device.uuid, None)
             return dataclasses.replace(device, accounting_mode=False), ()

@@ -193,11 +193,12 @@ class Sampler:
         never after waiting more than `SWEEP_WAIT_S` for it."""
         generation = self._generation
         before = self._latest
-        if self._driven and before is not None:
+        if self._driven:
             if not self._lock.acquire(timeout=SWEEP_WAIT_S):
-                # A sweep stuck in a slow driver call: its predecessor serves, rather than a
-                # scrape that waits past its timeout and loses every figure.
-                return before
+                # A sweep stuck in a slow driver call (the first after a driver upgrade, in
+                # nvmlInit, among them): its predecessor serves, or none, rather than a scrape
+                # that waits past its timeout and loses every figure.
+                return before if before is not None else Snapshot(taken_at=self._clock(), ok=False)
             try:
                 latest = self._latest
                 return latest if latest is not None else self._store(self._sweep())

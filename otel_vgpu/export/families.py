@@ -565,7 +565,8 @@ _TABLE = (
         "",
         GPU,
         "1 while NVML's accounting mode is on for the GPU (an administrator's nvidia-smi -am 1; the agent never "
-        "sets it): the processes that end between two looks are then billed their lifetime's use exactly. 0 while "
+        "sets it): a process that lived between two looks is then known from its record, and no period it ran in "
+        "is billed whole to the pod beside it. 0 while "
         "it is off; absent where it is not asked (MIG mode, or no per-process figures).",
         value=lambda g: None if g.device.accounting_mode is None else int(g.device.accounting_mode),
         reads=_USE,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -128,6 +129,10 @@ class NvmlBackend:
         self._xids = XidWatch(self._nvml, self._query, self._known_handles, self._in_session)
         self._ready = False
         self._released = False
+        self._session = 0
+        """Which NVML session the backend is in: a call that fails in an older one (a health
+        read that hung across a driver pause and resume) tears down no newer one."""
+        self._session_lock = threading.RLock()
         self._first_backoff, self._max_backoff = backoff.first, backoff.most
         self._backoff = self._first_backoff
         self._next_attempt = 0.0
@@ -146,17 +151,28 @@ class NvmlBackend:
         return self._ready
 
     def _initialise(self) -> None:
-        try:
-            self._nvml.nvmlInit()
-        except self._nvml.NVMLError as error:
-            self._next_attempt = self._clock() + self._backoff
-            self._backoff = min(self._max_backoff, self._backoff * 2)
-            raise GpuError(_code(error), _describe(error)) from None
-        self._ready = True
-        self._backoff = self._first_backoff
-        self._forget_handles()
+        with self._session_lock:
+            try:
+                self._nvml.nvmlInit()
+            except self._nvml.NVMLError as error:
+                self._next_attempt = self._clock() + self._backoff
+                self._backoff = min(self._max_backoff, self._backoff * 2)
+                raise GpuError(_code(error), _describe(error)) from None
+            self._session += 1
+            self._ready = True
+            self._backoff = self._first_backoff
+            self._forget_handles()
 
-    def _session_lost(self) -> None:
+    def _session_lost(self, session: int | None = None) -> None:
+        """NVML's session is gone (the driver unloaded or changed): let go of it, and try again
+        with backoff; a call of an older `session` than the current one changes nothing."""
+        with self._session_lock:
+            if session is not None and session != self._session:
+                return
+            self._session += 1
+            self._tear_down()
+
+    def _tear_down(self) -> None:
         self._let_go()
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
@@ -178,13 +194,15 @@ class NvmlBackend:
     def release(self) -> None:
         """nvmlShutdown: NVML closes the driver's device files (/dev/nvidiactl,
         /dev/nvidia<N>), whose references keep the kernel module loaded."""
-        if self._ready:
-            self._let_go()
-            with contextlib.suppress(self._nvml.NVMLError):
-                self._nvml.nvmlShutdown()
-        self._ready = False
-        self._released = True
-        self._forget_handles()
+        with self._session_lock:
+            if self._ready:
+                self._let_go()
+                with contextlib.suppress(self._nvml.NVMLError):
+                    self._nvml.nvmlShutdown()
+            self._session += 1
+            self._ready = False
+            self._released = True
+            self._forget_handles()
 
     def resume(self) -> None:
         self._released = False
@@ -529,12 +547,13 @@ class NvmlBackend:
             return default
 
     def _call(self, function: Any, *args: Any) -> Any:
+        session = self._session
         try:
             return function(*args)
         except self._nvml.NVMLError as error:
             code = _code(error)
             if code in SESSION_LOST:
-                self._session_lost()
+                self._session_lost(session)
             raise GpuError(code, _describe(error)) from None
 
 
