@@ -93,6 +93,12 @@ def pods(*pods: tuple[str, str]) -> str:
     return "pods:\n" + "".join(f"  - {{name: {name}, processes: [{processes}]}}\n" for name, processes in pods)
 
 
+def two_h100s(events: list[str], faults: list[str]) -> str:
+    """Two H100s with these health events and faults, each a YAML flow mapping."""
+    text = gpus(f"model: {H100}", f"model: {H100}") + "health_events:\n" + "".join(f"  - {e}\n" for e in events)
+    return text + "faults:\n" + "".join(f"  - {f}\n" for f in faults)
+
+
 def one(exposition: Exposition, family: str, gpu: str = "0") -> float:
     return exposition.by(family, "gpu_id")[(gpu,)]
 
@@ -258,6 +264,77 @@ def test_an_xid_storm_is_counted_at_a_bounded_rate_and_all_of_it_in_the_end(tmp_
     assert time.monotonic() - started >= storm / most - 1
 
 
+def test_a_gpu_lost_after_its_xid_79_keeps_the_series_and_says_it_is_lost_until_the_end(tmp_path: Path) -> None:
+    # GPU 1 falls off the bus at 10 s (XID 79) and answers GPU_IS_LOST from 12 s on; scraped every 15 s.
+    text = two_h100s(["{gpu: 1, at_s: 10, xid: 79}"], ["{call: device, gpu: 1, code: GPU_IS_LOST, from_s: 12}"])
+    with simulated(tmp_path, text) as node:
+        uuid = node.node.scenario.gpus[1].uuid
+        before = node.after(10.0)
+        assert before.by("vgpu_gpu_lost", "gpu_id") == {("0",): 0, ("1",): 0}
+        count_xids(node, lambda counts: counts.get((uuid, "79")) == 1)
+        scrapes = [node.after(15.0 - node.clock.t)]
+        while node.clock.t < 120.0:
+            scrapes.append(node.after(15.0))
+    assert len(scrapes) == 8  # 15 s to 120 s
+    for seen in scrapes:
+        assert gpus_read(seen) == {"0"}  # GPU 1's other series are gone...
+        assert seen.by("vgpu_gpu_lost", "gpu_id", "gpu_uuid", "gpu_model") == {
+            ("0", node.node.scenario.gpus[0].uuid, H100): 0,
+            ("1", uuid, H100): 1,
+        }
+        # ...its XID series stays, under the labels it had when it was read.
+        assert seen.by("vgpu_gpu_xid_errors_total", "gpu_id", "gpu_uuid", "gpu_model", "xid") == {
+            ("1", uuid, H100, "79"): 1
+        }
+
+
+def test_a_lost_gpu_that_returns_goes_on_counting_its_xids(tmp_path: Path) -> None:
+    text = two_h100s(
+        ["{gpu: 1, at_s: 4, xid: 79}", "{gpu: 1, at_s: 40, xid: 79}"],
+        ["{call: device, gpu: 1, code: GPU_IS_LOST, from_s: 6, to_s: 30}"],
+    )
+    with simulated(tmp_path, text) as node:
+        uuid = node.node.scenario.gpus[1].uuid
+        node.after(4.0)
+        count_xids(node, lambda counts: counts.get((uuid, "79")) == 1)
+        lost = node.after(16.0)  # t = 20
+        back = node.after(20.0)  # t = 40
+        count_xids(node, lambda counts: counts.get((uuid, "79")) == 2)
+        later = node.after(2.0)
+    assert one(lost, "vgpu_gpu_lost", "1") == 1 and one(lost, "vgpu_gpu_xid_errors_total", "1") == 1
+    assert one(back, "vgpu_gpu_lost", "1") == 0 and one(back, "vgpu_gpu_xid_errors_total", "1") == 1
+    assert gpus_read(back) == {"0", "1"}
+    assert one(later, "vgpu_gpu_xid_errors_total", "1") == 2  # never reset by the loss
+
+
+def test_while_no_gpu_can_be_listed_every_known_gpu_is_lost_and_keeps_its_xids(tmp_path: Path) -> None:
+    text = two_h100s(
+        ["{gpu: 0, at_s: 1, xid: 48}"], ["{call: device_count, code: DRIVER_NOT_LOADED, from_s: 5, to_s: 9}"]
+    )
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        count_xids(node, lambda counts: counts.get((node.node.scenario.gpus[0].uuid, "48")) == 1)
+        away = node.after(4.0)  # t = 6
+        back = node.after(4.0)  # t = 10
+    assert gpus_read(away) == set()
+    assert away.by("vgpu_gpu_lost", "gpu_id") == {("0",): 1, ("1",): 1}
+    assert away.by("vgpu_gpu_xid_errors_total", "gpu_id", "xid") == {("0", "48"): 1}
+    assert back.by("vgpu_gpu_lost", "gpu_id") == {("0",): 0, ("1",): 0}
+
+
+def test_while_the_driver_is_paused_no_gpu_is_lost_nor_has_xid_series(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}") + "health_events:\n  - {gpu: 0, at_s: 1, xid: 48}\n"
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        count_xids(node, bool)
+        node.sampler.pause("nvidia.com/gpu.deploy.driver=paused-for-driver-upgrade")
+        paused = node.after(2.0)
+        node.sampler.resume()
+        resumed = node.after(2.0)
+    assert "vgpu_gpu_lost" not in paused.values and "vgpu_gpu_xid_errors_total" not in paused.values
+    assert one(resumed, "vgpu_gpu_lost") == 0 and one(resumed, "vgpu_gpu_xid_errors_total") == 1
+
+
 # --- GPM ----------------------------------------------------------------------------------
 
 
@@ -389,6 +466,29 @@ def test_gpm_turned_off_costs_no_gpm_call(tmp_path: Path) -> None:
 
 
 # helpers
+
+
+def count_xids(node: Node, done: Callable[[dict[tuple[str, str], int]], bool]) -> None:
+    """The XID watch run on the node until its counts, by (GPU UUID, code), are `done`: polled,
+    at most 30 s; the simulated clock stands still meanwhile."""
+    watch = XidWatch(node.node, node.xids, Health())
+    watch.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not done(counts_of(node.xids)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        watch.stop()
+    assert done(counts_of(node.xids)), counts_of(node.xids)
+
+
+def counts_of(xids: XidCounts) -> dict[tuple[str, str], int]:
+    return {(row.gpu_uuid, row.xid): row.count for row in xids.rows()}
+
+
+def gpus_read(exposition: Exposition) -> set[str]:
+    """The GPUs a sweep read, as their per-GPU series show them."""
+    return {gpu for (gpu,) in exposition.by("vgpu_gpu_memory_total_bytes", "gpu_id")}
 
 
 def counting(calls: list[int], function: Callable[..., T]) -> Callable[..., T]:
