@@ -155,6 +155,14 @@ class Sampler:
     def paused(self) -> str | None:
         return self._paused
 
+    def gpu_indices(self) -> tuple[int, ...]:
+        """The GPUs of the last sweep, read or lost, by index: those whose XID events the watch
+        takes (collect/xids.py). None before the first sweep and while the driver is paused."""
+        latest = self._latest
+        if latest is None:
+            return ()
+        return tuple(sorted({gpu.index for gpu in latest.gpus} | {gpu.index for gpu in latest.lost}))
+
     def read_devices(self, read: Callable[[GpuBackend, Snapshot], T]) -> T | None:
         """`read(backend, latest snapshot)` outside a sweep, never beside one nor while the driver
         is paused (the backend is released then); None then, or before the first sweep."""
