@@ -157,7 +157,7 @@ class Sampler:
 
     def gpu_indices(self) -> tuple[int, ...]:
         """The GPUs of the last sweep, read or lost, by index: those whose XID events the watch
-        takes (collect/xids.py). None before the first sweep and while the driver is paused."""
+        takes (collect/xids.py); none before the first sweep and while the driver is paused."""
         latest = self._latest
         if latest is None:
             return ()

@@ -169,7 +169,7 @@ GPU_HEALTH: Subject[HealthRow] = Subject(
 
 def known_gpus(snapshot: Snapshot) -> list[tuple[GpuIdentity, bool]]:
     """Each GPU the agent knows, and whether it is lost: those the sweep read, then those it
-    could not, under their last identity (collect/lost_gpus.py). None while the driver is paused."""
+    could not, under their last identity (collect/lost_gpus.py); none while the driver is paused."""
     return [(identity_of(gpu.device), False) for gpu in snapshot.gpus] + [(gpu, True) for gpu in snapshot.lost]
 
 
