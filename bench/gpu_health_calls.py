@@ -49,6 +49,7 @@ def main() -> int:
     require_gpu()
     import pynvml as n  # noqa: PLC0415
 
+    from otel_vgpu.collect.xids import XID_SLICE  # noqa: PLC0415
     from otel_vgpu.gpu.nvml import NvmlBackend  # noqa: PLC0415
 
     n.nvmlInit()
@@ -87,7 +88,7 @@ def main() -> int:
         "NvmlBackend.health(0)": (lambda: backend.health(0), 0.0),
         # GPM answers only 0.1 s after the last sample: paced, as the agent's windows are.
         "NvmlBackend.gpm(0)": (lambda: backend.gpm(0), 0.11),
-        "NvmlBackend.xid_events(0)": (lambda: backend.xid_events(0.0), 0.0),
+        "NvmlBackend.xid_events(0)": (lambda: backend.xid_events(0, XID_SLICE), 0.0),
     }
     for name, (call, pause) in readers.items():
         repeat = args.repeat if not pause else min(args.repeat, 50)

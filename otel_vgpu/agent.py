@@ -209,7 +209,7 @@ class Agent:
             self.devices.start()
             self._closers.append(self.devices.stop)
         if self.xids is not None:
-            watch = XidWatch(self._backend, self.xids, self.health)
+            watch = XidWatch(self._backend, self.xids, self.health, self.sampler.gpu_indices)
             watch.start()
             self._closers.append(watch.stop)
         self.telemetry.start()

@@ -91,7 +91,7 @@ class FakeBackend:
         first = sum(1 for name, _ in self.calls if name == "gpm") == 1
         return None if first or self.gpm_figures is None else dict(self.gpm_figures)
 
-    def xid_events(self, timeout_s: float) -> list[XidEvent]:
+    def xid_events(self, index: int, most: int) -> list[XidEvent]:
         return []
 
     def now_us(self) -> int:

@@ -4,8 +4,9 @@ what the scenario injects (XID errors and storms, ECC errors, throttling)."""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +19,13 @@ from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.gpm import Gpm, step
 from otel_vgpu.collect.reading import GpuReader, Read
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.collect.xids import OTHER, XidCounts, XidWatch
+from otel_vgpu.collect.xids import MAX_XID_EVENTS_PER_S, OTHER, XidCounts, XidWatch, take_round
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.families import FAMILIES, selected
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.gpu.backend import Device, XidEvent
+from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, XidEvent
 from otel_vgpu.gpu.device_figures import GPM_TABLE, MAX_XID_CODES
-from otel_vgpu.health import Health
+from otel_vgpu.health import Health, Stage
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.clock import Clock
@@ -91,6 +92,12 @@ def gpus(*specs: str) -> str:
 def pods(*pods: tuple[str, str]) -> str:
     """Pods, each (name, its processes' specs)."""
     return "pods:\n" + "".join(f"  - {{name: {name}, processes: [{processes}]}}\n" for name, processes in pods)
+
+
+def two_h100s(events: Sequence[str], faults: Sequence[str] = ()) -> str:
+    """Two H100s with these health events and faults, each a YAML flow mapping."""
+    text = gpus(f"model: {H100}", f"model: {H100}") + "health_events:\n" + "".join(f"  - {e}\n" for e in events)
+    return text + ("faults:\n" + "".join(f"  - {f}\n" for f in faults) if faults else "")
 
 
 def one(exposition: Exposition, family: str, gpu: str = "0") -> float:
@@ -219,7 +226,7 @@ def test_an_xid_error_reaches_the_scrape_through_the_watch(tmp_path: Path) -> No
     text = gpus(f"model: {H100}", f"model: {H100}") + "health_events:\n  - {gpu: 1, at_s: 1, xid: 79}\n"
     with simulated(tmp_path, text) as node:
         node.after(2.0)  # the driver is opened by a sweep
-        watch = XidWatch(node.node, node.xids, Health())
+        watch = XidWatch(node.node, node.xids, Health(), node.sampler.gpu_indices)
         watch.start()
         try:
             deadline = time.monotonic() + 30
@@ -239,23 +246,182 @@ def test_an_xid_storm_is_counted_at_a_bounded_rate_and_all_of_it_in_the_end(tmp_
         node.after(0.0)
         most = 1000
         counts = XidCounts()
-        watch = XidWatch(node.node, counts, Health(), most_per_s=most)
+        watch = XidWatch(node.node, counts, Health(), node.sampler.gpu_indices, most_per_s=most)
         started = time.monotonic()
         watch.start()
         try:
             counted, deadline = 0, started + 60
             while counted < storm and time.monotonic() < deadline:
                 counted = sum(c.count for c in counts.rows())
-                # Never more than the rate allows, however fast this machine is: a second's
-                # worth, and the batch that crossed it, for every second begun.
+                # Never more than the rate allows, however fast this machine is: a round's
+                # worth for every second begun.
                 seconds_begun = int(time.monotonic() - started) + 1
-                assert counted <= seconds_begun * (most + 256), (counted, seconds_begun)
+                assert counted <= seconds_begun * most, (counted, seconds_begun)
                 time.sleep(0.01)
         finally:
             watch.stop()
     assert counted == storm
     # and it took the throttle's time: at least storm / most - 1 seconds
     assert time.monotonic() - started >= storm / most - 1
+
+
+def test_a_storm_on_one_gpu_holds_back_no_other_gpus_xid(tmp_path: Path) -> None:
+    # 3x10^6 events on GPU 0, happening (and listed) before GPU 1's XID 79: in one queue for
+    # every GPU, the 79 waited for the whole storm, 25 minutes at 2,000 events a second.
+    bound = 10 * MAX_XID_EVENTS_PER_S
+    storm = ["{gpu: 0, at_s: 1, xid: 13, count: 1000000}"] * 3  # a scenario's event holds at most 10^6
+    text = two_h100s([*storm, "{gpu: 1, at_s: 1, xid: 79}"])
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        first, second = (gpu.uuid for gpu in node.node.scenario.gpus)
+        watch = XidWatch(node.node, node.xids, Health(), node.sampler.gpu_indices)
+        watch.start()
+        try:
+            # Until the 79 is counted, or the storm has had ten rounds' worth (a safety deadline
+            # only: nothing is asserted of the time).
+            counts, deadline = counts_of(node.xids), time.monotonic() + 120
+            while (second, "79") not in counts and counts.get((first, "13"), 0) <= bound:
+                assert time.monotonic() < deadline, counts
+                time.sleep(0.01)
+                counts = counts_of(node.xids)
+        finally:
+            watch.stop()
+    assert counts.get((second, "79")) == 1, counts
+    assert counts.get((first, "13"), 0) <= bound  # under 1 % of the storm was taken before it
+
+
+def test_a_round_takes_each_gpus_few_events_at_its_first_turn_and_the_storm_at_the_rate(tmp_path: Path) -> None:
+    text = two_h100s(
+        ["{gpu: 0, at_s: 1, xid: 13, count: 10000}", "{gpu: 1, at_s: 1.5, xid: 48}", "{gpu: 1, at_s: 1, xid: 79}"]
+    )
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        first, second = (gpu.uuid for gpu in node.node.scenario.gpus)
+        watch = XidWatch(node.node, node.xids, Health(), node.sampler.gpu_indices, most_per_s=1000)
+        one_round = watch.take()
+        after_one = counts_of(node.xids)
+        watch.take()
+        after_two = counts_of(node.xids)
+    assert one_round.taken == {0: 998, 1: 2} and one_round.cut == (0,) and one_round.failed == {}
+    assert after_one == {(first, "13"): 998, (second, "79"): 1, (second, "48"): 1}
+    assert after_two[(first, "13")] == 1998  # the storm goes on at the rate, round by round
+
+
+def test_the_simulated_driver_delivers_each_gpus_events_in_the_order_they_happen(tmp_path: Path) -> None:
+    # Listed out of order, and GPU 0's first: GPU 1's set has only its own, the earlier first.
+    text = two_h100s(["{gpu: 0, at_s: 1, xid: 13}", "{gpu: 1, at_s: 1.5, xid: 48}", "{gpu: 1, at_s: 1, xid: 79}"])
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        uuid = node.node.scenario.gpus[1].uuid
+        taken = [node.node.xid_events(1, 1), node.node.xid_events(1, 1), node.node.xid_events(1, 1)]
+    assert taken == [[XidEvent(1, uuid, 79)], [XidEvent(1, uuid, 48)], []]
+
+
+def test_a_lost_gpus_event_set_failing_leaves_the_other_gpus_events_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = two_h100s(["{gpu: 0, at_s: 3, xid: 31}"], ["{call: all, gpu: 1, code: GPU_IS_LOST, from_s: 3}"])
+    with simulated(tmp_path, text) as node:
+        node.after(4.0)  # GPU 1 is lost from the sweep at 4 s; its event set still looked at
+        health = Health()
+        watch = XidWatch(node.node, node.xids, health, node.sampler.gpu_indices)
+        with caplog.at_level(logging.WARNING):
+            first_round, _ = watch.take(), watch.take()
+        assert node.sampler.gpu_indices() == (0, 1)
+    assert first_round.failed[1].code is ErrorCode.GPU_IS_LOST and first_round.taken == {0: 1, 1: 0}
+    assert counts_of(node.xids) == {(node.node.scenario.gpus[0].uuid, "31"): 1}
+    assert health.counts()[Stage.XID_EVENTS] == 2  # each round's failure counted...
+    assert len([r for r in caplog.records if "XID events of GPU 1" in r.getMessage()]) == 1  # ...said once
+
+
+def test_rounds_take_turns_a_slice_at_a_time_until_each_gpu_is_drained_or_the_budget_spent() -> None:
+    queued = {0: 10_000, 1: 1, 2: 70}
+    asked: list[tuple[int, int]] = []
+
+    def take(index: int, most: int) -> list[XidEvent]:
+        asked.append((index, most))
+        if index == 3:
+            raise GpuError(ErrorCode.GPU_IS_LOST, "fallen off the bus")
+        got = min(most, queued[index])
+        queued[index] -= got
+        return [XidEvent(index, f"GPU-{index}", 13)] * got
+
+    counted = XidCounts()
+    done = take_round(take, [0, 3, 1, 2], counted.add, most=200, slice_of=64)
+    assert asked == [(0, 64), (3, 64), (1, 64), (2, 64), (0, 64), (2, 7), (0, 1)]
+    assert done.taken == {0: 129, 3: 0, 1: 1, 2: 70} and done.cut == (0,) and set(done.failed) == {3}
+    assert sum(row.count for row in counted.rows()) == 200
+
+
+def test_a_gpu_lost_after_its_xid_79_keeps_the_series_and_says_it_is_lost_until_the_end(tmp_path: Path) -> None:
+    # GPU 1 falls off the bus at 10 s (XID 79) and answers GPU_IS_LOST from 12 s on; scraped every 15 s.
+    text = two_h100s(["{gpu: 1, at_s: 10, xid: 79}"], ["{call: all, gpu: 1, code: GPU_IS_LOST, from_s: 12}"])
+    with simulated(tmp_path, text) as node:
+        uuid = node.node.scenario.gpus[1].uuid
+        before = node.after(10.0)
+        assert before.by("vgpu_gpu_lost", "gpu_id") == {("0",): 0, ("1",): 0}
+        count_xids(node, lambda counts: counts.get((uuid, "79")) == 1)
+        scrapes = [node.after(15.0 - node.clock.t)]
+        while node.clock.t < 120.0:
+            scrapes.append(node.after(15.0))
+    assert len(scrapes) == 8  # 15 s to 120 s
+    for seen in scrapes:
+        assert gpus_read(seen) == {"0"}  # GPU 1's other series are gone...
+        assert seen.by("vgpu_gpu_lost", "gpu_id", "gpu_uuid", "gpu_model") == {
+            ("0", node.node.scenario.gpus[0].uuid, H100): 0,
+            ("1", uuid, H100): 1,
+        }
+        # ...its XID series stays, under the labels it had when it was read.
+        assert seen.by("vgpu_gpu_xid_errors_total", "gpu_id", "gpu_uuid", "gpu_model", "xid") == {
+            ("1", uuid, H100, "79"): 1
+        }
+
+
+def test_a_lost_gpu_that_returns_goes_on_counting_its_xids(tmp_path: Path) -> None:
+    text = two_h100s(
+        ["{gpu: 1, at_s: 4, xid: 79}", "{gpu: 1, at_s: 40, xid: 79}"],
+        ["{call: all, gpu: 1, code: GPU_IS_LOST, from_s: 6, to_s: 30}"],
+    )
+    with simulated(tmp_path, text) as node:
+        uuid = node.node.scenario.gpus[1].uuid
+        node.after(4.0)
+        count_xids(node, lambda counts: counts.get((uuid, "79")) == 1)
+        lost = node.after(16.0)  # t = 20
+        back = node.after(20.0)  # t = 40
+        count_xids(node, lambda counts: counts.get((uuid, "79")) == 2)
+        later = node.after(2.0)
+    assert one(lost, "vgpu_gpu_lost", "1") == 1 and one(lost, "vgpu_gpu_xid_errors_total", "1") == 1
+    assert one(back, "vgpu_gpu_lost", "1") == 0 and one(back, "vgpu_gpu_xid_errors_total", "1") == 1
+    assert gpus_read(back) == {"0", "1"}
+    assert one(later, "vgpu_gpu_xid_errors_total", "1") == 2  # never reset by the loss
+
+
+def test_while_no_gpu_can_be_listed_every_known_gpu_is_lost_and_keeps_its_xids(tmp_path: Path) -> None:
+    text = two_h100s(
+        ["{gpu: 0, at_s: 1, xid: 48}"], ["{call: device_count, code: DRIVER_NOT_LOADED, from_s: 5, to_s: 9}"]
+    )
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        count_xids(node, lambda counts: counts.get((node.node.scenario.gpus[0].uuid, "48")) == 1)
+        away = node.after(4.0)  # t = 6
+        back = node.after(4.0)  # t = 10
+    assert gpus_read(away) == set()
+    assert away.by("vgpu_gpu_lost", "gpu_id") == {("0",): 1, ("1",): 1}
+    assert away.by("vgpu_gpu_xid_errors_total", "gpu_id", "xid") == {("0", "48"): 1}
+    assert back.by("vgpu_gpu_lost", "gpu_id") == {("0",): 0, ("1",): 0}
+
+
+def test_while_the_driver_is_paused_no_gpu_is_lost_nor_has_xid_series(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}") + "health_events:\n  - {gpu: 0, at_s: 1, xid: 48}\n"
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        count_xids(node, bool)
+        node.sampler.pause("nvidia.com/gpu.deploy.driver=paused-for-driver-upgrade")
+        paused = node.after(2.0)
+        node.sampler.resume()
+        resumed = node.after(2.0)
+    assert "vgpu_gpu_lost" not in paused.values and "vgpu_gpu_xid_errors_total" not in paused.values
+    assert one(resumed, "vgpu_gpu_lost") == 0 and one(resumed, "vgpu_gpu_xid_errors_total") == 1
 
 
 # --- GPM ----------------------------------------------------------------------------------
@@ -389,6 +555,29 @@ def test_gpm_turned_off_costs_no_gpm_call(tmp_path: Path) -> None:
 
 
 # helpers
+
+
+def count_xids(node: Node, done: Callable[[dict[tuple[str, str], int]], bool]) -> None:
+    """The XID watch run on the node until its counts, by (GPU UUID, code), are `done`: polled,
+    at most 30 s; the simulated clock stands still meanwhile."""
+    watch = XidWatch(node.node, node.xids, Health(), node.sampler.gpu_indices)
+    watch.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not done(counts_of(node.xids)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        watch.stop()
+    assert done(counts_of(node.xids)), counts_of(node.xids)
+
+
+def counts_of(xids: XidCounts) -> dict[tuple[str, str], int]:
+    return {(row.gpu_uuid, row.xid): row.count for row in xids.rows()}
+
+
+def gpus_read(exposition: Exposition) -> set[str]:
+    """The GPUs a sweep read, as their per-GPU series show them."""
+    return {gpu for (gpu,) in exposition.by("vgpu_gpu_memory_total_bytes", "gpu_id")}
 
 
 def counting(calls: list[int], function: Callable[..., T]) -> Callable[..., T]:

@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
+from otel_vgpu.collect.lost_gpus import GpuIdentity
+from otel_vgpu.collect.xids import XidCount
 from otel_vgpu.export.families import (
     AGENT,
     FAMILIES,
     GPU,
+    KNOWN,
     POD,
     POD_COUNTED,
     REFUSALS,
@@ -21,6 +24,7 @@ from otel_vgpu.export.families import (
     STAGES,
     SUBJECTS,
     SWEEPS,
+    XID,
     Family,
     Instrument,
     Observed,
@@ -134,6 +138,26 @@ def test_a_gpus_figures() -> None:
     assert observations(GPU, "vgpu.gpu.decoder.utilization", observed) == {key: 0.25}
     assert observations(GPU, "vgpu.gpu.encoder.utilization", observed) == {}  # it has no encoder figure
     assert observations(GPU, "vgpu.gpu.energy.unattributed", observed) == {key: 100.0}
+
+
+def test_a_lost_gpu_keeps_its_xid_series_under_its_last_labels_and_says_it_is_lost() -> None:
+    read = GpuRow(device=H100, vgpus=2.0, unattributed_memory=0)
+    gone = GpuIdentity(1, "GPU-1b", "H200")
+    xids = (XidCount(0, UUID, "13", 2), XidCount(1, "GPU-1b", "79", 1), XidCount(2, "GPU-never-read", "79", 1))
+    observed = Observed(Snapshot(taken_at=1.0, ok=True, gpus=(read,), lost=(gone,)), Health(), xids=xids)
+    first = labels(gpu_id="0", gpu_uuid=UUID, gpu_model="H100")
+    lost = labels(gpu_id="1", gpu_uuid="GPU-1b", gpu_model="H200")
+    assert observations(KNOWN, "vgpu.gpu.lost", observed) == {first: 0, lost: 1}
+    # A count of a GPU no sweep read has no labels to go under: left out.
+    assert observations(XID, "vgpu.gpu.xid.errors", observed) == {
+        (*first, ("xid", "13")): 2,
+        (*lost, ("xid", "79")): 1,
+    }
+    assert observations(GPU, "vgpu.gpu.memory.total", observed) == {first: 80 * GIB}  # no stale figure of GPU 1
+    # While the driver is paused the agent reads no GPU on purpose: none is lost, no XID series.
+    paused = Observed(Snapshot(taken_at=1.0, ok=False, paused="label"), Health(), xids=xids)
+    assert observations(KNOWN, "vgpu.gpu.lost", paused) == {}
+    assert observations(XID, "vgpu.gpu.xid.errors", paused) == {}
 
 
 def test_the_original_exporters_families_add_up_per_pod_name_and_gpu() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from otel_vgpu.gpu.backend import XidEvent
+from otel_vgpu.gpu.backend import ErrorCode, GpuError, XidEvent
 from otel_vgpu.gpu.nvml import NvmlBackend
 from otel_vgpu.gpu.nvml_health import FIELD_MEMORY_TEMP, FIELD_POWER_CAP_NS, FIELD_THERMAL_NS
 
@@ -19,7 +19,8 @@ pytestmark = pytest.mark.unit
 
 
 class HealthNvml:
-    """One H200-like GPU: the health calls, GPM and an event set."""
+    """H200-like GPUs (the health calls and GPM of GPU 0), and event sets: each set queues the
+    events of the GPUs registered in it, as nvml.h has it."""
 
     NVMLError = pynvml.NVMLError
     c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
@@ -34,8 +35,14 @@ class HealthNvml:
         self.samples_alive: set[int] = set()
         self.kept: list[Any] = []
         self.metric_status: dict[int, int] = {}
-        self.events: list[Any] = []
         self.event_sets = 0
+        self.registered: dict[str, list[str]] = {}
+        """By event set, the GPUs (handles) registered in it."""
+        self.queued: dict[str, list[Any]] = {}
+        """By event set, what it holds to deliver."""
+        self.lost_sets: set[str] = set()
+        self.failing_registration: set[str] = set()
+        self.without_xid_events: set[str] = set()
         self.shutdown_with_alive: set[int] | None = None
 
     def _ask(self, name: str) -> None:
@@ -58,7 +65,7 @@ class HealthNvml:
         return f"handle{index}"
 
     def nvmlDeviceGetUUID(self, handle: str) -> str:
-        return "GPU-h200"
+        return "GPU-h200" if handle == "handle0" else f"GPU-h200-{handle}"
 
     def nvmlDeviceGetName(self, handle: str) -> str:
         return "NVIDIA H200"
@@ -151,24 +158,40 @@ class HealthNvml:
         return request
 
     # events
+    def happen(self, handle: str, event_type: int, data: int, times: int = 1) -> None:
+        """An event on a GPU: queued in every set that GPU is registered in."""
+        for event_set, handles in self.registered.items():
+            if handle in handles:
+                event = SimpleNamespace(device=handle, eventType=event_type, eventData=data)
+                self.queued[event_set] += [event] * times
+
     def nvmlEventSetCreate(self) -> str:
         self.event_sets += 1
-        return f"set{self.event_sets}"
+        name = f"set{self.event_sets}"
+        self.registered[name], self.queued[name] = [], []
+        return name
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: str) -> int:
-        return 0xFF9F
+        return 0xFF97 if handle in self.without_xid_events else 0xFF9F
 
     def nvmlDeviceRegisterEvents(self, handle: str, types: int, event_set: str) -> None:
-        self.calls.append(f"register{types:#x}")
+        self.calls.append(f"register{types:#x} {handle} {event_set}")
+        if handle in self.failing_registration:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        self.registered[event_set].append(handle)
 
     def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
-        self.calls.append("wait")
-        if not self.events:
+        self.calls.append(f"wait {event_set}")
+        assert timeout_ms == 0  # never blocks in NVML
+        if event_set in self.lost_sets:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if not self.queued[event_set]:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-        return self.events.pop(0)
+        return self.queued[event_set].pop(0)
 
     def nvmlEventSetFree(self, event_set: str) -> None:
         self.calls.append(f"free {event_set}")
+        del self.registered[event_set]
 
 
 @pytest.fixture
@@ -279,15 +302,49 @@ def test_a_gpu_without_gpm_is_said_once_and_never_sampled(nvml: HealthNvml, capl
     assert len([r for r in caplog.records if "has no GPM" in r.message]) == 1
 
 
-def test_xid_events_come_from_one_event_set_which_is_freed_before_shutdown(nvml: HealthNvml) -> None:
+def test_each_gpus_xid_events_come_from_its_own_event_set_freed_before_shutdown(nvml: HealthNvml) -> None:
     gpu = backend(nvml)
-    assert gpu.xid_events(0.01) == []  # a timeout: none came
-    nvml.events.append(SimpleNamespace(device="handle0", eventType=0x8, eventData=79))
-    nvml.events.append(SimpleNamespace(device="handle0", eventType=0x4, eventData=0))  # a P-state change: not counted
-    assert gpu.xid_events(0.01) == [XidEvent(0, "GPU-h200", 79)]
-    assert gpu.xid_events(0.01) == []
-    assert nvml.event_sets == 1 and "register0x8" in nvml.calls
+    assert gpu.xid_events(0, 8) == [] and gpu.xid_events(1, 8) == []  # none queued: NVML's timeout
+    # One set per GPU, each holding that GPU alone.
+    assert nvml.registered == {"set1": ["handle0"], "set2": ["handle1"]}
+    nvml.happen("handle0", 0x8, 13, times=100)  # a storm on GPU 0...
+    nvml.happen("handle1", 0x8, 79)  # ...queued before GPU 1's XID 79
+    nvml.happen("handle1", 0x4, 0)  # a P-state change: not counted
+    assert gpu.xid_events(1, 8) == [XidEvent(1, "GPU-h200-handle1", 79)]  # not behind GPU 0's storm
+    assert gpu.xid_events(0, 8) == [XidEvent(0, "GPU-h200", 13)] * 8  # at most what was asked
+    assert len(nvml.queued["set1"]) == 92  # the rest wait in GPU 0's own queue
     gpu.release()
     assert nvml.calls.index("free set1") < nvml.calls.index("shutdown")
-    waits = nvml.calls.count("wait")
-    assert gpu.xid_events(0.01) == [] and nvml.calls.count("wait") == waits  # released: NVML not called
+    assert nvml.calls.index("free set2") < nvml.calls.index("shutdown")
+    waits = [call for call in nvml.calls if call.startswith("wait")]
+    assert gpu.xid_events(0, 8) == [] and [c for c in nvml.calls if c.startswith("wait")] == waits  # released
+
+
+def test_a_lost_gpus_event_set_fails_alone_and_a_failed_registration_frees_its_set(nvml: HealthNvml) -> None:
+    gpu = backend(nvml)
+    for index in (0, 1):
+        gpu.xid_events(index, 8)  # both sets made
+    nvml.lost_sets.add("set2")  # GPU 1 fell off the bus
+    nvml.happen("handle0", 0x8, 31)
+    with pytest.raises(GpuError) as lost:
+        gpu.xid_events(1, 8)
+    assert lost.value.code is ErrorCode.GPU_IS_LOST
+    assert gpu.xid_events(0, 8) == [XidEvent(0, "GPU-h200", 31)]
+    # A registration that fails (UNKNOWN: "event set is in undefined state and should be freed").
+    nvml.failing_registration.add("handle2")
+    with pytest.raises(GpuError):
+        gpu.xid_events(2, 8)
+    assert nvml.calls[-1] == "free set3" and "set3" not in nvml.registered
+    nvml.failing_registration.clear()
+    assert gpu.xid_events(2, 8) == [] and nvml.registered["set4"] == ["handle2"]  # made anew at the next take
+
+
+def test_a_gpu_without_xid_events_gets_no_set_and_is_said_once(
+    nvml: HealthNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml.without_xid_events.add("handle1")
+    gpu = backend(nvml)
+    with caplog.at_level(logging.INFO):
+        assert gpu.xid_events(1, 8) == [] and gpu.xid_events(1, 8) == []
+    assert nvml.event_sets == 0
+    assert len([r for r in caplog.records if "does not report XID events" in r.message]) == 1

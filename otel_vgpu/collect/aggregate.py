@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from otel_vgpu.allocation.ratio import Ratios
 from otel_vgpu.allocation.shares import Allocation, Grant
+from otel_vgpu.collect.lost_gpus import GpuIdentity
 from otel_vgpu.gpu.backend import Device, GpuProcess, MigDevice, ProcessUse
 from otel_vgpu.gpu.pidns import BlindGpu
 from otel_vgpu.pods.cgroups import PodRef
@@ -180,6 +181,9 @@ class Snapshot:
     """GPUs in use whose processes the driver hides from the agent (no hostPID)."""
     paused: str | None = None
     """Why NVML is released (the node label of a driver upgrade), or None."""
+    lost: tuple[GpuIdentity, ...] = ()
+    """GPUs an earlier sweep read and this one could not (collect/lost_gpus.py), under the
+    identity they last had; none while the driver is paused."""
 
 
 @dataclass(slots=True)

@@ -18,8 +18,9 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
-from otel_vgpu.collect.aggregate import GpuReading, Snapshot, aggregate
+from otel_vgpu.collect.aggregate import GpuReading, GpuRow, Snapshot, aggregate
 from otel_vgpu.collect.ledger import Seen
+from otel_vgpu.collect.lost_gpus import GpuIdentity, after_sweep
 from otel_vgpu.collect.reading import GpuReader, SweepErrors
 from otel_vgpu.collect.trust import MPS_SERVER_COMMAND, bound_unknown, judge_mps
 from otel_vgpu.collect.usage import Usage, accumulate
@@ -90,6 +91,9 @@ class Sampler:
         self._sweep_started: float | None = None
         self._paused: str | None = None
         self._usage = Usage()
+        self._known: dict[str, GpuIdentity] = {}
+        """Every GPU a sweep has read, by UUID, under its last identity (collect/lost_gpus.py)."""
+        self._lost: tuple[GpuIdentity, ...] = ()
         self._idle_watts = idle_watts
         self._on_driver_changed = on_driver_changed
         self._mps_server_namespaces = frozenset(mps_server_namespaces)
@@ -187,6 +191,14 @@ class Sampler:
                 self._users -= 1
                 self._users_changed.notify_all()
 
+    def gpu_indices(self) -> tuple[int, ...]:
+        """The GPUs of the last sweep, read or lost, by index: those whose XID events the watch
+        takes (collect/xids.py); none before the first sweep and while the driver is paused."""
+        latest = self._latest
+        if latest is None:
+            return ()
+        return tuple(sorted({gpu.index for gpu in latest.gpus} | {gpu.index for gpu in latest.lost}))
+
     def snapshot(self, max_age: float) -> Snapshot:
         """A snapshot no older than `max_age` seconds, sweeping if needed; with sweeps of the
         agent's own (`drive`), the last sweep's, or the one in flight's, whatever its age, but
@@ -258,6 +270,7 @@ class Sampler:
         self._health.swept(finished - started)
         self._report(errors)
         self._report_blind(snapshot)
+        lost = self._account_lost(gpus) if snapshot.paused is None else ()
         return Snapshot(
             taken_at=finished,
             ok=snapshot.ok,
@@ -268,6 +281,7 @@ class Sampler:
             errors=tuple((stage.value, message) for (stage, _), message in errors.seen.items()),
             blind=snapshot.blind,
             paused=snapshot.paused,
+            lost=lost,
         )
 
     def _collect(self, errors: SweepErrors) -> Snapshot:
@@ -459,6 +473,24 @@ class Sampler:
                     device.uuid,
                     why,
                 )
+
+    def _account_lost(self, gpus: Sequence[GpuRow]) -> tuple[GpuIdentity, ...]:
+        """The GPUs known and not read in this sweep, each said once when it is lost and when it
+        is read again. Not asked while the driver is paused: the agent let go of it on purpose,
+        and no GPU is lost meanwhile."""
+        before = {gpu.uuid for gpu in self._lost}
+        self._known, self._lost = after_sweep(self._known, [gpu.device for gpu in gpus])
+        for gpu in self._lost:
+            if gpu.uuid not in before:
+                log.warning(
+                    "GPU %d (%s) cannot be read: vgpu_gpu_lost says so and its XID series stay, until it is read again",
+                    gpu.index,
+                    gpu.uuid,
+                )
+        back = before - {gpu.uuid for gpu in self._lost}
+        for uuid in sorted(back):
+            log.info("GPU %s is read again", uuid)
+        return self._lost
 
     def _report_blind(self, snapshot: Snapshot) -> None:
         """One error line when the agent goes blind (or other GPUs join), one when it sees again."""

@@ -1,21 +1,27 @@
 """XID errors per GPU and code, counted as NVML reports them: a thread takes the events queued
-in NVML's event set once a second (nvmlEventSetWait without waiting, gpu/nvml_health.py) and
+for each GPU once a second (each GPU's own event set, without waiting: gpu/nvml_health.py) and
 counts each; while the GPU Operator pauses the driver for an upgrade it asks nothing.
 
+Fair across GPUs: each GPU's events wait in a queue of their own (one NVML event set per GPU),
+and a round takes them in turns, at most XID_SLICE of one GPU at a time, so that a GPU with a
+few events has them all taken at its first turn however many another GPU has queued. With one
+event set for every GPU, an XID 79 on GPU 1 behind 3x10^6 events of a storm on GPU 0 waited
+~25 minutes at the bound below; now it waits for one round.
+
 An event storm (a GPU stuck in a loop of errors) costs bounded memory and CPU: each GPU has at
-most MAX_XID_CODES codes counted apart (the rest as `other`), and the thread takes at most
-MAX_XID_EVENTS_PER_S events a second. The rest wait in NVML's queue until the next second
-(nvml.h documents no bound of that queue; what the driver drops there, no one counts). The
-storm is said once in the log, when it starts.
+most MAX_XID_CODES codes counted apart (the rest as `other`), and a round takes at most
+MAX_XID_EVENTS_PER_S events over every GPU. What a storming GPU has beyond its turns waits in
+its own NVML queue until the next round, delaying only that GPU's later events (nvml.h
+documents no bound of that queue; what the driver drops there, no one counts). A storm is said
+once in the log per GPU, when it starts.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from otel_vgpu.gpu.backend import GpuBackend, GpuError, XidEvent
 from otel_vgpu.gpu.device_figures import MAX_XID_CODES
@@ -25,8 +31,11 @@ from otel_vgpu.threads import NamedThread
 log = logging.getLogger(__name__)
 
 MAX_XID_EVENTS_PER_S = 2000
-# How often the event set is looked at. Each look waits 0 ms in NVML (nvmlEventSetWait with a
-# zero timeout): one call a second whatever NVML's wait does inside, and a driver pause never
+# The most events of one GPU taken at its turn: a GPU with fewer queued is drained at its first
+# turn, so another GPU's storm holds its events back by at most this many calls per storming GPU.
+XID_SLICE = 64
+# How often the event sets are looked at. Each look waits 0 ms in NVML (nvmlEventSetWait with a
+# zero timeout): one round a second whatever NVML's wait does inside, and a driver pause never
 # waits for a call blocked in NVML. On an H200 with 48 processes, the agent with a thread
 # blocked in 500 ms waits used 23 % more CPU than without these families
 # (bench/results/h200-health.md); an XID is counted within a second either way.
@@ -69,22 +78,68 @@ class XidCounts:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What one round took: by GPU index, how many events; the GPUs that still had events when
+    the round's budget ran out (storming); those whose events could not be taken, and why."""
+
+    taken: dict[int, int] = field(default_factory=dict)
+    cut: tuple[int, ...] = ()
+    failed: dict[int, GpuError] = field(default_factory=dict)
+
+
+def take_round(
+    take: Callable[[int, int], Sequence[XidEvent]],
+    gpus: Sequence[int],
+    count: Callable[[Sequence[XidEvent]], None],
+    most: int = MAX_XID_EVENTS_PER_S,
+    slice_of: int = XID_SLICE,
+) -> Round:
+    """One round over `gpus`: each in turn takes up to `slice_of` of its events (`take(index,
+    at_most)`, which never waits) and `count`s them, until every GPU is drained or `most` are
+    taken. A GPU whose take fails is left out of the round; the others go on."""
+    pending = list(dict.fromkeys(gpus))
+    taken = dict.fromkeys(pending, 0)
+    failed: dict[int, GpuError] = {}
+    left = most
+    while pending and left > 0:
+        for index in list(pending):
+            ask = min(slice_of, left)
+            if ask <= 0:
+                break
+            try:
+                events = take(index, ask)
+            except GpuError as error:
+                failed[index] = error
+                pending.remove(index)
+                continue
+            count(events)
+            taken[index] += len(events)
+            left -= len(events)
+            if len(events) < ask:
+                pending.remove(index)  # drained
+    return Round(taken, tuple(pending), failed)
+
+
 class XidWatch:
-    """The thread that waits on NVML's events and counts them."""
+    """The thread that takes each GPU's events, round by round, and counts them."""
 
     def __init__(
         self,
         backend: GpuBackend,
         counts: XidCounts,
         health: Health,
-        clock: Callable[[], float] = time.monotonic,
+        gpus: Callable[[], Sequence[int]],
         most_per_s: int = MAX_XID_EVENTS_PER_S,
     ) -> None:
+        """`gpus`: the indices of the GPUs to look at, those of the last sweep, read or lost
+        (Sampler.gpu_indices)."""
         self._backend = backend
         self._counts = counts
         self._health = health
-        self._clock = clock
+        self._gpus = gpus
         self._most_per_s = most_per_s
+        self._storming: set[int] = set()
         self._stop = threading.Event()
         self._thread = NamedThread(target=self._run, name="xid-events", daemon=True)
 
@@ -96,36 +151,27 @@ class XidWatch:
         self._thread.join(timeout=5 * POLL_S)
 
     def _run(self) -> None:
-        storming = False
         while not self._stop.is_set():
-            started = self._clock()
-            taken = self._drain()
-            if taken is None:
-                self._stop.wait(POLL_S)
-                continue
-            if taken >= self._most_per_s and not storming:
-                log.warning(
-                    "XID event storm: over %d events a second; counting at that rate, the rest wait in NVML's queue",
-                    self._most_per_s,
-                )
-            storming = taken >= self._most_per_s
-            self._stop.wait(max(0.0, POLL_S - (self._clock() - started)))
-
-    def _drain(self) -> int | None:
-        """Take the events queued now, at most a second's worth: how many; None on a failure."""
-        taken = 0
-        while taken < self._most_per_s and not self._stop.is_set():
             try:
-                events = self._backend.xid_events(0.0)
-            except GpuError as error:
-                self._health.failed(Stage.XID_EVENTS, error.code.value, f"XID events: {error}")
-                return None
+                self.take()
             except Exception as error:  # the thread must outlive a bug; the sweeps go on
                 self._health.failed(Stage.XID_EVENTS, type(error).__name__, f"XID events: {error!r}")
-                return None
-            self._health.recovered(Stage.XID_EVENTS, "xid_events recovered ({kinds})")
-            if not events:
-                break
-            self._counts.add(events)
-            taken += len(events)
-        return taken
+            self._stop.wait(POLL_S)
+
+    def take(self) -> Round:
+        """One round: every GPU's queued events taken in turns and counted, failures reported."""
+        done = take_round(self._backend.xid_events, self._gpus(), self._counts.add, self._most_per_s)
+        for index, error in done.failed.items():
+            self._health.failed(Stage.XID_EVENTS, f"{index}:{error.code.value}", f"XID events of GPU {index}: {error}")
+        still = {f"{index}:{error.code.value}" for index, error in done.failed.items()}
+        self._health.recovered(Stage.XID_EVENTS, "xid_events recovered ({kinds})", still=still)
+        for index in sorted(set(done.cut) - self._storming):
+            log.warning(
+                "XID event storm on GPU %d: over %d events a second on this node; its events are counted at "
+                "that rate in turns with the other GPUs', whose events it does not hold back; the rest wait "
+                "in its own NVML queue",
+                index,
+                self._most_per_s,
+            )
+        self._storming = set(done.cut)
+        return done

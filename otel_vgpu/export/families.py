@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar
 
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.device_health import HealthRow
+from otel_vgpu.collect.lost_gpus import GpuIdentity, identity_of
 from otel_vgpu.collect.reading import Read
 from otel_vgpu.collect.xids import XidCount
 from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES
@@ -121,7 +122,11 @@ def pod_attributes(row: PodRow) -> dict[str, str]:
 
 
 def gpu_attributes(row: GpuRow) -> dict[str, str]:
-    return {"gpu_id": str(row.index), "gpu_uuid": row.uuid, "gpu_model": row.device.model}
+    return identity_attributes(identity_of(row.device))
+
+
+def identity_attributes(gpu: GpuIdentity) -> dict[str, str]:
+    return {"gpu_id": str(gpu.index), "gpu_uuid": gpu.uuid, "gpu_model": gpu.model}
 
 
 def seed_rows(snapshot: Snapshot) -> tuple[SeedRow, ...]:
@@ -162,21 +167,32 @@ GPU_HEALTH: Subject[HealthRow] = Subject(
 """Per GPU, its health figures as read for the collection (collect/device_health.py)."""
 
 
-def xid_rows(seen: Observed) -> list[tuple[GpuRow, XidCount]]:
-    """Each GPU's XID counts, with the GPU's row of the snapshot (a GPU not in it, the driver
-    paused, has none meanwhile)."""
-    gpus = {gpu.uuid: gpu for gpu in seen.snapshot.gpus}
+def known_gpus(snapshot: Snapshot) -> list[tuple[GpuIdentity, bool]]:
+    """Each GPU the agent knows, and whether it is lost: those the sweep read, then those it
+    could not, under their last identity (collect/lost_gpus.py); none while the driver is paused."""
+    return [(identity_of(gpu.device), False) for gpu in snapshot.gpus] + [(gpu, True) for gpu in snapshot.lost]
+
+
+def xid_rows(seen: Observed) -> list[tuple[GpuIdentity, XidCount]]:
+    """Each GPU's XID counts, under the GPU's identity: that of the sweep's row, or for a GPU the
+    sweep could not read, the last one it had, so that a GPU fallen off the bus keeps the series
+    of the XID that said so. While the driver is paused, none."""
+    gpus = {gpu.uuid: gpu for gpu, _ in known_gpus(seen.snapshot)}
     return [(gpus[xid.gpu_uuid], xid) for xid in seen.xids if xid.gpu_uuid in gpus]
 
 
-XID: Subject[tuple[GpuRow, XidCount]] = Subject(
+XID: Subject[tuple[GpuIdentity, XidCount]] = Subject(
     "xid",
     (*GPU_LABELS, "xid"),
     xid_rows,
-    lambda row: {**gpu_attributes(row[0]), "xid": row[1].xid},
+    lambda row: {**identity_attributes(row[0]), "xid": row[1].xid},
     per_snapshot=False,
 )
 """Per GPU and XID code."""
+KNOWN: Subject[tuple[GpuIdentity, bool]] = Subject(
+    "known", GPU_LABELS, lambda seen: known_gpus(seen.snapshot), lambda row: identity_attributes(row[0])
+)
+"""Per GPU the agent knows, lost or not."""
 
 
 def unattributed_rows(seen: Observed) -> list[tuple[GpuRow, str, float]]:
@@ -224,6 +240,7 @@ SUBJECTS: tuple[Subject[Any], ...] = (
     POD_COUNTED,
     GPU,
     UNATTRIBUTED,
+    KNOWN,
     GPU_HEALTH,
     XID,
     SEED,
@@ -625,6 +642,17 @@ _TABLE = (
         reads=_GPM_READS,
         instrument=Instrument.COUNTER,
     ),
+    Family(
+        "vgpu.gpu.lost",
+        "",
+        KNOWN,
+        "1 while the GPU cannot be read: a sweep read it since the agent started and the last one could not (NVML "
+        "answers GPU_IS_LOST, fallen off the bus, or another error for it, lists it no more, or lists no GPU). Its "
+        "other series are gone meanwhile; its XID series stay, under the labels it last had, until it is read "
+        "again (its counts go on from where they were) or the agent restarts. 0 while it is read; absent while "
+        "the driver is paused for an upgrade.",
+        value=lambda row: int(row[1]),
+    ),
     *(_health_family(figure) for figure in HEALTH_TABLE),
     Family(
         "vgpu.gpu.health.age",
@@ -644,7 +672,7 @@ _TABLE = (
         "XID errors NVML reported for the GPU since the agent started, by code (xid; 999: a code the driver does "
         f"not know; past {MAX_XID_CODES} codes on one GPU, other): the driver's word that something failed, from "
         "an application fault (13, 31, 43) to a GPU that must be reset (48, 63, 64, 74, 79, 94, 95). A series "
-        "appears at its first error.",
+        "appears at its first error, and stays while the GPU cannot be read (vgpu_gpu_lost 1).",
         value=lambda row: row[1].count,
         reads=frozenset({Read.XID_EVENTS}),
         instrument=Instrument.COUNTER,
@@ -776,7 +804,7 @@ def reads_of(families: Sequence[Family[Any]]) -> frozenset[Read]:
 # The README's tables: the subjects each covers, in order, and the line that heads it.
 README_TABLES = (
     ((POD, POD_COUNTED), "Per (pod, GPU or MIG device), labels `namespace`, `pod`, `pod_uid`, `gpu_id`, `gpu_uuid`:"),
-    ((GPU, UNATTRIBUTED), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
+    ((GPU, UNATTRIBUTED, KNOWN), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
     (
         (GPU_HEALTH, XID),
         "Per GPU, its health, read every 10 s off the scrape's path, labels `gpu_id`, `gpu_uuid`, `gpu_model`:",

@@ -349,10 +349,11 @@ class GpuBackend(Protocol):
         same GPU or MIG GPU instance; None on the first call, and where the GPU has no GPM."""
         ...
 
-    def xid_events(self, timeout_s: float) -> list[XidEvent]:
-        """The XID errors reported since the last call, waiting up to `timeout_s` for one; []
-        when none came. Safe to call from one thread beside the others; `release` and `close`
-        end a wait within `timeout_s`."""
+    def xid_events(self, index: int, most: int) -> list[XidEvent]:
+        """Up to `most` of the XID errors queued for GPU `index`, oldest first, without waiting;
+        [] when none is, and while the driver is released. Each GPU's are queued apart, so that
+        one GPU's storm holds back no other GPU's. GpuError is that GPU's alone (GPU_IS_LOST).
+        Safe to call from one thread beside the others."""
         ...
 
     def now_us(self) -> int:

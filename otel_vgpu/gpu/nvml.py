@@ -126,7 +126,7 @@ class NvmlBackend:
             getattr(self._nvml, "nvmlDeviceGetMPSComputeRunningProcesses", _absent),
         ]
         self._gpm = Gpm(self._nvml, self._query, clock)
-        self._xids = XidWatch(self._nvml, self._query, self._known_handles, self._in_session)
+        self._xids = XidWatch(self._nvml, self._query, self._identified, self._in_session)
         self._ready = False
         self._released = False
         self._session = 0
@@ -484,20 +484,18 @@ class NvmlBackend:
     def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:
         return self._gpm.read(self._handle(index), index, gpu_instance)
 
-    def xid_events(self, timeout_s: float) -> list[XidEvent]:
-        return self._xids.wait(timeout_s)
+    def xid_events(self, index: int, most: int) -> list[XidEvent]:
+        return self._xids.take(index, most)
 
     def _in_session(self) -> bool:
         """Whether NVML may be called now: initialised, and not released for a driver upgrade."""
         return self._ready and not self._released
 
-    def _known_handles(self) -> list[tuple[int, Any, str]]:
-        """(index, handle, UUID) of every GPU, for the event set."""
-        out = []
-        for index in range(int(self._call(self._nvml.nvmlDeviceGetCount))):
-            handle = self._handle(index)
-            out.append((index, handle, self._identity(index, handle)[0]))
-        return out
+    def _identified(self, index: int) -> tuple[Any, str]:
+        """GPU `index`'s handle and UUID, for its event set: both kept for the NVML session, so
+        that a GPU lost since it was first read still names its events."""
+        handle = self._handle(index)
+        return handle, self._identity(index, handle)[0]
 
     def _handle(self, index: int) -> Any:
         handle = self._handles.get(index)

@@ -226,69 +226,92 @@ class Gpm:
 
 
 class XidWatch:
-    """XID events of every GPU through one NVML event set, made on the first wait of a session.
-    A wait holds `lock`; the backend takes it before nvmlShutdown, so no call is ever inside a
+    """XID events through one NVML event set per GPU, each made at the first take of that GPU in
+    an NVML session and holding that GPU alone, so that each GPU's events wait in a queue of
+    their own. What nvml.h (NVIDIA/go-nvml pkg/nvml/nvml.h, NVML 13.3.29) says, and this relies on:
+
+    - nvmlDeviceRegisterEvents "starts recording of events on specific device" into the set it
+      is given ("All events that occurred before this call are not recorded"); one set may hold
+      several devices, which is what made one queue of every GPU's events, in which a storm on
+      one GPU kept every other GPU's behind it;
+    - nvmlEventSetWait_v2 delivers one event of its set per call ("If some events are ready to be
+      delivered at the time of the call, function returns immediately"), NVML_ERROR_TIMEOUT where
+      none came in the time (at once, with a zero timeout), and NVML_ERROR_GPU_IS_LOST "if a GPU
+      has fallen off the bus": with a set per GPU, a lost GPU's set fails alone;
+    - if nvmlDeviceRegisterEvents reports NVML_ERROR_UNKNOWN "event set is in undefined state and
+      should be freed"; NOT_SUPPORTED registers none of the types (the GPU is said once and left
+      out);
+    - nvml.h documents no bound of a set's queue, nor any order across sets.
+
+    A take holds `lock`; the backend takes it before nvmlShutdown, so no call is ever inside a
     wait when the session ends (nvml.h says nothing of a wait across nvmlShutdown)."""
 
     def __init__(
         self,
         nvml: Any,
         query: Query,
-        handles: Callable[[], list[tuple[int, Any, str]]],
+        identified: Callable[[int], tuple[Any, str]],
         in_session: Callable[[], bool],
     ) -> None:
+        """`identified(index)`: the GPU's handle and UUID."""
         self._nvml = nvml
         self._query = query
-        self._handles = handles
+        self._identified = identified
         self._in_session = in_session
         self.lock = threading.RLock()
-        self._set: Any = None
+        self._sets: dict[int, tuple[Any, str] | None] = {}
+        """By GPU index: its event set and UUID; None for a GPU that reports no XID events."""
 
-    def wait(self, timeout_s: float) -> list[XidEvent]:
+    def take(self, index: int, most: int) -> list[XidEvent]:
+        """Up to `most` events queued in GPU `index`'s set, without waiting; [] outside a session
+        (paused for a driver upgrade, or NVML not initialised yet)."""
         with self.lock:
-            if self._in_session():
-                return self._waited(timeout_s)
-        # Paused for a driver upgrade, or NVML not initialised yet: nothing to wait on.
-        time.sleep(timeout_s)
-        return []
-
-    def _waited(self, timeout_s: float) -> list[XidEvent]:
-        nvml = self._nvml
-        if self._set is None:
-            self._set = self._made()
-            if self._set is None:
-                time.sleep(timeout_s)
+            if not self._in_session():
                 return []
-        # NVML_ERROR_TIMEOUT: no event came in the time (none queued, with a zero timeout).
-        waited = max(0, int(timeout_s * 1000))
-        data = self._query(nvml.nvmlEventSetWait_v2, self._set, waited, default=None, absent=_TIMEOUT)
-        if data is None or int(data.eventType) != EVENT_XID:
-            return []
-        index = int(self._query(nvml.nvmlDeviceGetIndex, data.device, default=-1))
-        uuid = next((u for i, _, u in self._handles() if i == index), "")
-        return [XidEvent(index, uuid, int(data.eventData))]
+            if index not in self._sets:
+                self._sets[index] = self._made(index)
+            made = self._sets[index]
+            if made is None:
+                return []
+            event_set, uuid = made
+            out: list[XidEvent] = []
+            for _ in range(most):
+                # NVML_ERROR_TIMEOUT: none queued (with a zero timeout, NVML answers at once).
+                data = self._query(self._nvml.nvmlEventSetWait_v2, event_set, 0, default=None, absent=_TIMEOUT)
+                if data is None:
+                    break
+                if int(data.eventType) == EVENT_XID:
+                    out.append(XidEvent(index, uuid, int(data.eventData)))
+            return out
 
-    def _made(self) -> Any:
-        """An event set with every GPU registered for XID errors where it reports them; a GPU
-        that does not is said once and left out (registering an unsupported type registers none)."""
+    def _made(self, index: int) -> tuple[Any, str] | None:
+        """GPU `index`'s event set, with the GPU registered for XID errors; None where it does not
+        report them (said once). A registration that fails frees its set: nothing leaks."""
         nvml = self._nvml
-        made = self._query(nvml.nvmlEventSetCreate, default=None, remember="events")
-        if made is None:
+        handle, uuid = self._identified(index)
+        supported = self._query(nvml.nvmlDeviceGetSupportedEventTypes, handle, default=0, remember=(index, "events"))
+        if not int(supported) & EVENT_XID:
+            log.info("GPU %d does not report XID events: vgpu_gpu_xid_errors_total is left out for it", index)
             return None
-        for index, handle, _ in self._handles():
-            supported = self._query(
-                nvml.nvmlDeviceGetSupportedEventTypes, handle, default=0, remember=(index, "events")
+        event_set = self._query(nvml.nvmlEventSetCreate, default=None, remember="events")
+        if event_set is None:
+            return None
+        try:
+            self._query(
+                nvml.nvmlDeviceRegisterEvents, handle, EVENT_XID, event_set, default=None, remember=(index, "xid")
             )
-            if int(supported) & EVENT_XID:
-                self._query(
-                    nvml.nvmlDeviceRegisterEvents, handle, EVENT_XID, made, default=None, remember=(index, "xid")
-                )
-            else:
-                log.info("GPU %d does not report XID events: vgpu_gpu_xid_errors_total is left out for it", index)
-        return made
+        except GpuError:
+            self._free(event_set)
+            raise
+        return event_set, uuid
 
     def free(self) -> None:
+        """Every set freed, for the session's end; the next session makes them anew."""
         with self.lock:
-            if self._set is not None:
-                self._query(self._nvml.nvmlEventSetFree, self._set, default=None, absent=frozenset(ErrorCode))
-                self._set = None
+            for made in self._sets.values():
+                if made is not None:
+                    self._free(made[0])
+            self._sets.clear()
+
+    def _free(self, event_set: Any) -> None:
+        self._query(self._nvml.nvmlEventSetFree, event_set, default=None, absent=frozenset(ErrorCode))

@@ -10,14 +10,14 @@ it (gpu/device_figures.py).
 - GPM figures are the means over the interval since the previous read, on the simulated
   driver's 200 ms grid: SM active is the SMs' use, tensor and DRAM what the processes keep
   busy (`tensor`, `dram` in the scenario);
-- XID events are delivered once each, at most `XID_BATCH` a call, so a storm of a million
-  is a long run of calls, as from NVML's event queue.
+- XID events are delivered once each, per GPU in the order they happen, at most what the agent
+  asks a call, so a storm of a million is a long run of calls, as from that GPU's NVML event
+  set, and no other GPU's events wait behind it.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -38,7 +38,6 @@ POWER_BITS = THROTTLE_REASONS["power_cap"] | THROTTLE_REASONS["power_brake"]
 IDLE_PCIE_TX, IDLE_PCIE_RX = 0.171 * MIB, 0.045 * MIB
 # The SMs' warps resident, against their use, and the FP32 pipes' share of SM time without tensor work.
 OCCUPANCY_PART, FP32_PART = 0.6, 0.5
-XID_BATCH = 256
 GRID_S = 0.2
 MOST_PERIODS = 300
 # Moments whose processes' use is remembered (`_use`), by figure: a GPM window's, for each figure.
@@ -81,6 +80,11 @@ class SimulatedHealth:
         self._gpm_at: dict[tuple[int, int | None], float] = {}
         self._delivered: dict[int, int] = {}
         """By event: how many of its `count` XID events were delivered."""
+        self._xids_of: dict[int, list[tuple[int, HealthEventSpec]]] = {}
+        """By GPU, its XID events (numbered as in the scenario) in the order they happen."""
+        for number, event in sorted(enumerate(scenario.health_events), key=lambda e: (e[1].at_s, e[0])):
+            if event.kind == "xid":
+                self._xids_of.setdefault(event.gpu, []).append((number, event))
 
     def reloaded(self) -> None:
         """The driver loaded again: volatile counters from 0, GPM samples gone."""
@@ -212,21 +216,20 @@ class SimulatedHealth:
 
     # --- XID events ---------------------------------------------------------------
 
-    def xid_events(self, timeout_s: float) -> list[XidEvent]:
+    def xid_events(self, index: int, most: int) -> list[XidEvent]:
+        """Up to `most` of GPU `index`'s events that have happened and not been delivered, in
+        the order they happened (a storm's, each one of them at its `at_s`), as from the GPU's
+        own event set: another GPU's events are never in its way."""
         t = self._now()
         out: list[XidEvent] = []
-        for number, event in enumerate(self._scenario.health_events):
-            if event.kind != "xid" or event.at_s > t or event.at_s <= self._loaded_at:
-                continue
-            done = self._delivered.get(number, 0)
-            take = min(event.count - done, XID_BATCH - len(out))
-            if take <= 0:
-                continue
-            uuid = self._scenario.gpus[event.gpu].uuid
-            out += [XidEvent(event.gpu, uuid, event.code)] * take
-            self._delivered[number] = done + take
-            if len(out) >= XID_BATCH:
+        uuid = self._scenario.gpus[index].uuid
+        for number, event in self._xids_of.get(index, ()):
+            if event.at_s > t or len(out) >= most:
                 break
-        if not out:
-            time.sleep(min(timeout_s, 0.05))
+            if event.at_s <= self._loaded_at:
+                continue  # before the driver loaded: no event set held it
+            done = self._delivered.get(number, 0)
+            take = min(event.count - done, most - len(out))
+            out += [XidEvent(index, uuid, event.code)] * take
+            self._delivered[number] = done + take
         return out

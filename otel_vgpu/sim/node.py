@@ -389,11 +389,11 @@ class SimulatedNode:
         self._maybe_fail("gpm", index)
         return self._health.gpm(self.scenario.gpus[index], gpu_instance)
 
-    def xid_events(self, timeout_s: float) -> list[XidEvent]:
+    def xid_events(self, index: int, most: int) -> list[XidEvent]:
         if self._released or self._driver is None:
-            time.sleep(min(timeout_s, 0.05))  # paused, or not opened yet: no event set
-            return []
-        return self._health.xid_events(timeout_s)
+            return []  # paused, or not opened yet: no event set
+        self._maybe_fail("xid_events", index)
+        return self._health.xid_events(index, most)
 
     def _in_session(self) -> None:
         if self._released:

@@ -232,7 +232,8 @@ class HealthEventSpec:
 
 # The engines a GPU may lack (every GPU has memory).
 VIDEO_ENGINES = tuple(engine.name for engine in ENGINE_TABLE if engine.profile_field is not None)
-FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples", "health", "gpm")
+FAULT_CALLS = ("device_count", "device", "processes", "utilization_samples", "health", "gpm", "xid_events", "all")
+"""`all`: every call about a GPU (all but device_count), as a GPU fallen off the bus answers them."""
 # The ratio of a scenario that states none, and of the built-in node.
 DEFAULT_RATIO = 2.0
 
@@ -250,7 +251,8 @@ class FaultSpec:
     to_s: float = math.inf
 
     def active(self, call: str, gpu: int | None, t: float) -> bool:
-        return call == self.call and (self.gpu is None or self.gpu == gpu) and self.from_s <= t < self.to_s
+        named = call == self.call or (self.call == "all" and call != "device_count")
+        return named and (self.gpu is None or self.gpu == gpu) and self.from_s <= t < self.to_s
 
 
 @dataclass(frozen=True, slots=True)
