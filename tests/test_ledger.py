@@ -278,3 +278,25 @@ def test_a_swinging_pod_is_never_given_more_than_its_own_samples_read() -> None:
     assert window.unattributed["unexplained"] == pytest.approx(
         0.95 * 10.0 - window.ran[(1, 1)].sm - window.ran[(2, 1)].sm
     )
+
+
+def test_a_pod_restarting_back_to_back_keeps_its_rise_from_process_to_process() -> None:
+    # Fresh processes of B read low (NVML smooths a new process's figure) beside A's still 0.3,
+    # the GPU at 0.9 while B runs, 0.3 before. What B's predecessor's figure left was B's own:
+    # counted as the others' level, it would hold each successor lower than the last.
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    ledger.sampled(book, [UtilizationSample(1, t * MS, ProcessUse(0.3)) for t in range(200, 12_001, 200)])
+    ledger.listed(book, 2_000 * MS, [seen(1, A)])
+    ledger.close(book, periods(0, 2_000, 0.3))
+    billed = []
+    for k in range(5):
+        start, end = 2_000 + 1_000 * k, 3_000 + 1_000 * k
+        ledger.listed(book, start * MS, [seen(1, A), seen(10 + k, B, start=10 + k)])
+        ledger.sampled(book, [UtilizationSample(10 + k, (start + 200) * MS, ProcessUse(0.1))])
+        ledger.confirmed(book, end * MS)  # the watch's looks found nothing come or go
+        ledger.listed(book, end * MS, [seen(1, A)])
+        window = ledger.close(book, periods(start, end, 0.9))
+        billed.append(sum(ran.sm for key, ran in window.ran.items() if key[0] == 10 + k))
+    assert billed == pytest.approx([billed[0]] * 5, rel=0.02)
+    assert billed[0] >= 0.5

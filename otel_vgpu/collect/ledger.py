@@ -145,9 +145,10 @@ class GpuLedger:
     """By PID: the life each PID of the last listing is."""
     listed_at: int | None = None
     """When it was last listed, on the samples' clock."""
-    history: list[tuple[int, float, dict[str, float]]] = field(default_factory=list)
-    """The periods integrated in the last `HISTORY_US`: each one's end, the GPU's figure, and
-    what each pod (UID, "" for none) was given of it: what a young process's share is held to."""
+    history: list[tuple[int, float, dict[str, float], frozenset[str]]] = field(default_factory=list)
+    """The periods integrated in the last `HISTORY_US`: each one's end, the GPU's figure, what
+    each pod (UID, "" for none) was given of it, and the pods with a young process in it: what
+    a young process's share is held to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +328,8 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         )
         by_owner: dict[str, float] = {}
         if gpu_sm is not None:
-            ledger.history.append((end_us, gpu_sm, by_owner))
+            young = frozenset(_uid(life) for life, _ in present if end_us - life.since_us < YOUNG_US)
+            ledger.history.append((end_us, gpu_sm, by_owner, young))
         unknown_here = unseen_here = False
         for (life, part, use), sm in zip(figures, sms, strict=True):
             uid = _uid(life)
@@ -390,11 +392,14 @@ class _Ran:
 def _others_before(ledger: GpuLedger, life: Life) -> float | None:
     """What the GPU ran for others than `life`'s pod just before `life` began: the mean, over
     the periods of the last `BEFORE_US` before it, of the GPU's figure less what its pod was
-    given; None where no period was integrated then (the agent had just started)."""
+    given, and less what no one was given where the pod had a young process then (a pod that
+    restarts its processes back to back: what its predecessor's figure left was its own, and
+    counted for the others it would hold each successor lower and lower); None where no
+    period was integrated then (the agent had just started)."""
     uid = life.owner.pod_uid if life.owner is not None else ""
     before = [
-        gpu_sm - given.get(uid, 0.0)
-        for end, gpu_sm, given in ledger.history
+        gpu_sm - given.get(uid, 0.0) - (max(0.0, gpu_sm - sum(given.values())) if uid in young else 0.0)
+        for end, gpu_sm, given, young in ledger.history
         if life.since_us - BEFORE_US < end <= life.since_us
     ]
     return sum(before) / len(before) if before else None
