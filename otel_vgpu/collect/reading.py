@@ -79,6 +79,10 @@ CLOSE_EARLY = 0.95
 # yet: each read costs 2 ms of CPU on an H200 (bench/results/h200-sweep-cost.md), so a node
 # whose tenants start a process a second costs at most this bound, and a steady one nothing.
 SAMPLE_EVERY_S = 0.5
+# How long after a change of a GPU's memory in use the watch lists it at every look: on an
+# H200 a new process's context holds its memory 220 ms before NVML lists the process
+# (bench/results/h200-memory-probe.md), so a listing at the change alone finds it not yet there.
+LIST_AFTER_CHANGE_US = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +181,8 @@ class GpuReader:
         self._uuids: dict[int, str] = {}
         """Each GPU's UUID by index, as the last sweep read it: what the watch looks at."""
         self._sample_every_us = round(sample_every_s * 1e6)
+        self._list_until: dict[str, int] = {}
+        """Until when each GPU is listed at every look, after its memory in use changed."""
         self._memory_seen: dict[str, int] = {}
         """Each GPU's memory in use at its last listing, by UUID: the watch lists it anew on a change."""
         self.watch_listings = 0
@@ -358,13 +364,15 @@ class GpuReader:
         try:
             used = self._backend.memory_used(index)
             now = self._backend.now_us()
-            if used == self._memory_seen.get(uuid):
+            if used != self._memory_seen.get(uuid):
+                self._memory_seen[uuid] = used
+                self._list_until[uuid] = now + LIST_AFTER_CHANGE_US
+            if now <= self._list_until.get(uuid, 0):
+                self._list(index, book, now, identify)
+            else:
                 # Nothing came or went: a process holds a context, whose memory counts in the
                 # GPU's. The listings, dearer with each process, wait for a change.
                 ledger.confirmed(book, now)
-            else:
-                self._memory_seen[uuid] = used
-                self._list(index, book, now, identify)
         except GpuError:
             return  # the sweep says what fails
         self._sample_young(index, uuid, book, now)

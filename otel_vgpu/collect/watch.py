@@ -4,8 +4,9 @@ A sweep sees the processes alive at its instant. A process that lives between tw
 (a tenant's fresh CUDA process a second, phased or not) would be in no sweep's listing, and
 its work in no bill. This thread looks at each GPU every `--watch-interval` seconds: it
 probes the memory in use (0.007 ms on an H200: bench/results/h200-sweep-cost.md) and lists
-the processes only when it changed, since a process that comes or goes holds or frees a
-context's memory; listing every look cost 4.5 ms a look at 48 processes on the H200
+the processes at every look for a second after it changed, since a process that comes or goes
+holds or frees a context's memory, 220 ms before NVML lists it on an H200
+(bench/results/h200-memory-probe.md); listing every look cost 4.5 ms a look at 48 processes on the H200
 (bench/results/h200-tenant-restarts.md). A new PID is attributed at first sight, while its
 /proc entry exists, and the GPU's per-process samples (2 ms a read) are read for it while it
 lives, at most every `SAMPLE_EVERY_S` (collect/reading.py), so that its own figure splits

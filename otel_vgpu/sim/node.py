@@ -78,6 +78,9 @@ SAMPLES_KEPT = 50
 ALIVE_KEPT = 20
 # Probes of the memory in use this close together are of one moment (`memory_used`).
 PROBE_REUSE_S = 0.01
+# How long before NVML lists a new process its context's memory counts in the GPU's memory in
+# use: 218-227 ms on an H200, driver 580 (bench/results/h200-memory-probe.md).
+MEMORY_LEAD_S = 0.22
 BUSY_PERIODS_KEPT = ENERGY_PERIODS_KEPT + SAMPLES_KEPT
 # The processes an accounting buffer holds: 4,000 on an H200 (nvidia-smi -q -d ACCOUNTING).
 ACCOUNTING_KEPT = 4000
@@ -474,6 +477,11 @@ class SimulatedNode:
             held = [DRIVER_RESERVED_BYTES] * len(self.scenario.gpus)
             for p in self._processes_at(t):
                 if p.starts_at <= t < p.ends_at:
+                    held[p.gpu] += p.memory
+            # A process's context holds its memory before the driver lists the process, as on
+            # the H200 (bench/results/h200-memory-probe.md).
+            for p in self._processes_at(t + MEMORY_LEAD_S):
+                if t < p.starts_at <= t + MEMORY_LEAD_S:
                     held[p.gpu] += p.memory
             self._probed = held
         return min(self.scenario.gpus[index].memory_total, self._probed[index])
