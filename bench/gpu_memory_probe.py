@@ -10,7 +10,9 @@ Each round starts a fresh CUDA process (PyTorch: a context, 1 GiB held, a matrix
 loop for a second, then exit) while this script polls GPU 0 every `--poll-ms`: the memory in
 use (nvmlDeviceGetMemoryInfo) and the compute process list. It records, for the process's
 arrival and its departure, when the list first showed it (or stopped showing it) and when
-the memory in use first changed, and prints the lags. Nothing on the GPU is reconfigured.
+the memory in use first changed, and prints the lags; then how often the memory in use
+changes while 12 steady processes run and none comes or goes. Nothing on the GPU is
+reconfigured.
 """
 
 from __future__ import annotations
@@ -21,13 +23,41 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testkit.cuda_workloads import WORKLOAD, require_gpu
+from testkit.cuda_workloads import WORKLOAD, require_gpu, start_workloads
 
 ROUNDS = 6
+
+
+def steady_changes(look: Callable[[], tuple[int, frozenset[int]]], seconds: float) -> list[str]:
+    """How often the memory in use changes while no process comes or goes: 12 processes (a
+    third compute-bound, a third memory-bound, a third idle, as the cost runs load the GPU),
+    looked at every 0.25 s, as the watch looks."""
+    started = start_workloads([("busy", "copy", "idle")[n % 3] for n in range(12)], 0.25)
+    try:
+        time.sleep(2.0)
+        changes = looks = listing_changes = 0
+        used, pids = look()
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            time.sleep(0.25)
+            now_used, now_pids = look()
+            looks += 1
+            changes += now_used != used
+            listing_changes += now_pids != pids
+            used, pids = now_used, now_pids
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+    return [
+        f"With 12 steady processes, looked at every 0.25 s for {seconds:g} s: the memory in use changed at "
+        f"{changes} of {looks} looks, the process list at {listing_changes}.",
+    ]
 
 
 def main() -> int:
@@ -35,6 +65,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--poll-ms", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--steady-seconds", type=float, default=10.0, help="0: no steady part")
     args = parser.parse_args()
     require_gpu()
     import pynvml  # noqa: PLC0415
@@ -104,6 +135,8 @@ def main() -> int:
         f"departure lag, memory after list: median {statistics.median(departures) if departures else None} ms, "
         f"max {max(departures) if departures else None} ms",
     ]
+    if args.steady_seconds > 0:
+        lines += ["", *steady_changes(look, args.steady_seconds)]
     pynvml.nvmlShutdown()
     text = "\n".join(lines) + "\n"
     print(text)
