@@ -86,7 +86,12 @@ class Limits:
     admit_wait_s: float = 2.0
     """A new connection over the cap waits this long for a place before its 503."""
     admit_queue: int = 128
-    """New connections waiting for a place at most; past that, 503 at once."""
+    """New connections waiting for a place at most; past that, the newest waiter of whoever
+    waits most (by network, then address) is refused for a newcomer, or the newcomer is."""
+    handshakes: int = 16
+    """TLS handshakes running at once; the rest wait (their ClientHello unread in the kernel),
+    the next started of whoever has the fewest running. Each holds OpenSSL's state and a
+    256 KiB buffer: this bounds what a flood of handshakes takes."""
     stall_s: float = 2.0
     """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
     password_checks: int = 4

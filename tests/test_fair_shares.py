@@ -1,5 +1,6 @@
-"""The admission rule (export/admission.py) and the password checks' queue (export/checks.py),
-as pure rules over plain data: who goes when the cap is full, whose check runs next."""
+"""The admission rule (export/admission.py), the shares and queues it and the server use
+(export/shares.py, export/queues.py) and the password checks' queue (export/checks.py), as
+rules over plain data: who goes when the cap is full, who waits, whose check runs next."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from otel_vgpu.config import Limits
 from otel_vgpu.export.admission import victim
 from otel_vgpu.export.auth import network_of
 from otel_vgpu.export.checks import CheckQueue
+from otel_vgpu.export.queues import FairQueue
+from otel_vgpu.export.shares import Holder, over_share
 
 pytestmark = pytest.mark.unit
 
@@ -32,6 +35,7 @@ class Conn:
     opened: float = 0.0
     answered: int = 1
     handshaking: bool = False
+    partial: bool = False
     writing_since: float | None = None
     credentialed: bool = False
     unread: bool = False
@@ -88,14 +92,43 @@ def test_with_credentials_required_those_that_never_showed_one_go_first() -> Non
     assert victim(alone, "10.0.98.1", NOW, LIMITS, True, network_of) is None
 
 
-def test_a_connection_just_opened_or_in_its_handshake_is_not_taken() -> None:
-    # A scraper's connection that has not sent its request yet, and a handshake, stay.
+def test_a_lone_connection_just_opened_or_in_its_handshake_is_not_taken() -> None:
+    # A scraper's connection that has not sent its request yet, and a handshake, each its
+    # address's one place, stay.
     young = Conn("10.0.1.1", opened=NOW - 0.01)
-    shaking = Conn("10.0.1.1", handshaking=True)
-    assert victim([young, shaking, *held(("10.0.2.1", 2))], "10.0.9.9", NOW, LIMITS, True, network_of) not in (
-        young,
-        shaking,
-    )
+    shaking = Conn("10.0.3.1", handshaking=True)
+    for credentials in (False, True):
+        connections = [young, shaking, *held(("10.0.2.1", 3))]
+        assert victim(connections, "10.0.9.9", NOW, LIMITS, credentials, network_of) not in (young, shaking)
+
+
+@pytest.mark.parametrize("credentials", [False, True], ids=["open", "credentials"])
+def test_young_connections_and_handshakes_of_one_over_its_share_are_taken(credentials: bool) -> None:
+    # A client opening a fresh connection per request holds only young ones, some in their
+    # handshake: over its share, they go for a newcomer, one that has sent its request last.
+    busy = [Conn("10.0.1.1", opened=NOW - 0.01, waiting_since=NOW - 0.01, answered=0) for _ in range(40)]
+    shaking = [Conn("10.0.1.1", waiting=True, opened=NOW - 0.2, waiting_since=NOW - 0.2, handshaking=True)]
+    connections = [*busy, *shaking, *(Conn(f"10.0.{n}.1", opened=NOW - 0.01) for n in range(2, 25))]
+    assert victim(connections, "10.0.99.9", NOW, LIMITS, credentials, network_of) is shaking[0]
+    assert victim(busy, "10.0.99.9", NOW, LIMITS, credentials, network_of) in busy
+
+
+def test_a_request_unread_behind_a_busy_loop_is_no_trickler() -> None:
+    # Its bytes wait in the kernel while the loop serves a flood: it has not trickled.
+    unread = Conn("10.0.99.9", waiting=True, waiting_since=NOW - 5, opened=NOW - 5, answered=0, unread=True)
+    trickler = Conn("10.0.1.1", waiting=True, waiting_since=NOW - 5, opened=NOW - 5, answered=0, unread=True)
+    trickler.partial = True
+    assert victim([unread, trickler], "10.0.2.1", NOW, LIMITS, False, network_of) is trickler
+    assert victim([unread], "10.0.2.1", NOW, LIMITS, False, network_of) is None
+
+
+def test_a_new_silent_connection_is_shed_later_than_an_idle_kept_alive_one() -> None:
+    # A loaded client may take a few hundred milliseconds from its connect to its send.
+    age = (LIMITS.quiet_after_s + LIMITS.shed_after_s) / 2
+    new = Conn("10.0.99.9", waiting=True, waiting_since=NOW - age, opened=NOW - age, answered=0)
+    idle = Conn("10.0.1.1", waiting=True, waiting_since=NOW - age, opened=NOW - 60, answered=3)
+    assert victim([new, idle], "10.0.2.1", NOW, LIMITS, False, network_of) is idle
+    assert victim([new], "10.0.2.1", NOW, LIMITS, False, network_of) is None
 
 
 def test_behind_one_proxy_a_newcomer_takes_its_own_oldest_idle_place() -> None:
@@ -158,3 +191,30 @@ def test_a_full_queue_of_fewer_checked_clients_refuses_a_newcomer() -> None:
 @pytest.mark.parametrize("peer", ["10.0.3.4", "2001:db8::1", "::ffff:10.0.3.4"])
 def test_networks_are_24s_and_64s(peer: str) -> None:
     assert network_of(peer) in {"10.0.3.0/24", "2001:db8::/64"}
+
+
+def test_a_holder_gives_way_only_while_it_holds_more_than_the_newcomer_would() -> None:
+    assert over_share(["10.0.1.1"] * 3, "10.0.2.1", network_of) == Holder("10.0.1.0/24")
+    assert over_share(["10.0.1.1"], "10.0.2.1", network_of) is None
+    # Within one network, the address holding the most.
+    assert over_share(["10.0.1.1"] * 3 + ["10.0.1.2"], "10.0.1.3", network_of) == Holder("10.0.1.0/24", "10.0.1.1")
+    assert over_share(["10.0.1.1"] * 3, "10.0.1.1", network_of) is None
+
+
+def test_a_full_queue_refuses_the_newest_waiter_of_whoever_waits_most() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(4, network_of)
+        flood = [queue.join("10.0.1.1") for _ in range(3)]
+        other = queue.join("10.0.2.1")
+        assert None not in flood and other is not None
+        scraper = queue.join("10.0.99.9")
+        assert scraper is not None and len(queue) == 4
+        newest = flood[-1]
+        assert newest is not None and newest.turn.done() and newest.turn.result() is False
+        # The flood's own newcomer waits no more than it already does: refused.
+        assert queue.join("10.0.1.1") is None
+        # Served first: whoever holds least under the cap (the scraper and 10.0.2.1 hold none).
+        ranked = queue.ranked(["10.0.1.1"] * 60 + ["10.0.2.1"])
+        assert ranked[0] is scraper and ranked[1] is other
+
+    asyncio.run(scenario())
