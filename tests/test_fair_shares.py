@@ -5,6 +5,7 @@ rules over plain data: who goes when the cap is full, who waits, whose check run
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import pytest
 from otel_vgpu.config import Limits
 from otel_vgpu.export.admission import victim
 from otel_vgpu.export.auth import network_of
-from otel_vgpu.export.checks import CheckQueue
+from otel_vgpu.export.checks import NETWORK_HALF_LIFE_S, CheckQueue, decayed
 from otel_vgpu.export.queues import FairQueue
 from otel_vgpu.export.shares import Holder, over_share
 
@@ -36,6 +37,7 @@ class Conn:
     answered: int = 1
     handshaking: bool = False
     partial: bool = False
+    presenting: bool = False
     writing_since: float | None = None
     credentialed: bool = False
     unread: bool = False
@@ -216,5 +218,141 @@ def test_a_full_queue_refuses_the_newest_waiter_of_whoever_waits_most() -> None:
         # Served first: whoever holds least under the cap (the scraper and 10.0.2.1 hold none).
         ranked = queue.ranked(["10.0.1.1"] * 60 + ["10.0.2.1"])
         assert ranked[0] is scraper and ranked[1] is other
+
+    asyncio.run(scenario())
+
+
+def test_a_networks_checks_count_half_as_much_a_half_life_later() -> None:
+    assert decayed(8, 0.0, 0.0) == 8
+    assert decayed(8, 0.0, NETWORK_HALF_LIFE_S) == pytest.approx(4)
+    assert decayed(8, 10.0, 0.0) == 8  # a clock that went back counts nothing off
+
+
+def checked_in_turn(asks: list[tuple[str, str]], limit: int = 8) -> list[str]:
+    """Each (name, peer) asks for a check in turn, the first held running until all have
+    asked; a name starting "ok" passes. The order they ran in."""
+
+    async def scenario() -> list[str]:
+        ran: list[str] = []
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            queue = CheckQueue(executor, limit, network_of, passed=lambda result: str(result).startswith("ok"))
+            gate = threading.Event()
+
+            def check(name: str) -> str:
+                gate.wait(5)
+                ran.append(name)
+                return name
+
+            tasks = []
+            for name, peer in asks:
+                tasks.append(asyncio.ensure_future(queue.run(functools.partial(check, name), peer)))
+                await asyncio.sleep(0.01)
+            gate.set()
+            await asyncio.gather(*tasks)
+        return ran
+
+    return asyncio.run(scenario())
+
+
+def test_an_address_that_failed_goes_after_one_that_never_did_of_its_own_network() -> None:
+    # The attacker's addresses of the scraper's /24, each failed once, ask again: the
+    # scraper, whose password is not remembered yet, has failed nothing.
+    failed = checked_in_turn([(f"bad-{n}", f"10.0.1.{n}") for n in range(1, 5)])
+    assert failed == ["bad-1", "bad-2", "bad-3", "bad-4"]
+
+    async def scenario() -> list[str]:
+        ran: list[str] = []
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            queue = CheckQueue(executor, 8, network_of, passed=lambda result: str(result).startswith("ok"))
+            for n in range(1, 5):  # each address fails once
+                await queue.run(functools.partial(ran.append, f"first-{n}"), f"10.0.1.{n}")
+            gate = threading.Event()
+
+            def check(name: str) -> str:
+                gate.wait(5)
+                ran.append(name)
+                return name
+
+            tasks = [asyncio.ensure_future(queue.run(functools.partial(check, "held"), "10.0.9.9"))]
+            await asyncio.sleep(0.01)
+            for n in range(1, 5):
+                tasks.append(asyncio.ensure_future(queue.run(functools.partial(check, f"again-{n}"), f"10.0.1.{n}")))
+            tasks.append(asyncio.ensure_future(queue.run(functools.partial(check, "ok-scraper"), "10.0.1.200")))
+            await asyncio.sleep(0.01)
+            gate.set()
+            await asyncio.gather(*tasks)
+        return ran
+
+    ran = asyncio.run(scenario())
+    assert ran[ran.index("held") + 1] == "ok-scraper", ran
+
+
+def test_fresh_addresses_of_a_busy_network_go_after_an_address_of_a_quiet_one() -> None:
+    # The scraper's address was checked before (and passed: a rotation since); fresh addresses
+    # of a /24 that has had many checks lately ask first.
+    asks = [(f"bad-{n}", f"10.0.1.{n}") for n in range(1, 6)]
+    asks += [("ok-scraper", "10.0.2.1")]
+    ran = checked_in_turn(asks)
+    assert ran[:2] == ["bad-1", "ok-scraper"], ran
+
+
+def test_an_address_refused_a_check_keeps_its_claim_before_fresh_ones_that_came_after() -> None:
+    async def scenario() -> tuple[list[str | None], list[str]]:
+        ran: list[str] = []
+        gates = {name: threading.Event() for name in ("a1", "a2", "a3", "scraper")}
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            queue = CheckQueue(executor, 2, network_of)  # one running, one waiting
+
+            def check(name: str) -> str:
+                gates[name].wait(5)
+                ran.append(name)
+                return name
+
+            def ask(name: str, peer: str) -> asyncio.Future[str | None]:
+                return asyncio.ensure_future(queue.run(functools.partial(check, name), peer))
+
+            first, second = ask("a1", "10.0.1.1"), ask("a2", "10.0.1.2")
+            await asyncio.sleep(0.01)
+            refused = [await queue.run(functools.partial(check, "scraper"), "10.0.1.200")]  # full: its claim stays
+            gates["a1"].set()
+            await first  # a2 runs; the waiting place is free
+            late = ask("a3", "10.0.1.3")  # a fresh address, after the scraper's claim, takes it
+            await asyncio.sleep(0.01)
+            again = ask("scraper", "10.0.1.200")  # its older claim takes a3's place
+            await asyncio.sleep(0.01)
+            for gate in gates.values():
+                gate.set()
+            refused += await asyncio.gather(second, late, again)
+        return refused, ran
+
+    results, ran = asyncio.run(scenario())
+    assert results == [None, "a2", None, "scraper"] and ran == ["a1", "a2", "scraper"], (results, ran)
+
+
+def test_a_request_presenting_a_credential_is_not_shed_as_one_that_never_showed_one() -> None:
+    # The scraper's first request waits for its password's check; the flood's addresses of
+    # its /24 hold one place each, all settled, none having shown a credential.
+    scraper = Conn("10.0.1.200", presenting=True)
+    flood = [Conn(f"10.0.1.{n}") for n in range(1, 64)]
+    shed = victim([scraper, *flood], "10.0.1.100", NOW, LIMITS, True, network_of)
+    assert shed is not None and shed is not scraper
+
+
+def test_a_newcomer_of_an_address_that_showed_a_credential_is_served_as_if_it_held_nothing() -> None:
+    # It holds one place already (a scrape in progress) and every other address one too.
+    connections = [Conn("10.0.1.200", credentialed=True), *(Conn(f"10.0.1.{n}") for n in range(1, 64))]
+    assert victim(connections, "10.0.1.200", NOW, LIMITS, True, network_of) is None
+    shed = victim(connections, "10.0.1.200", NOW, LIMITS, True, network_of, shown=True)
+    assert shed is not None and shed.source != "10.0.1.200"
+
+
+def test_a_full_queue_makes_room_for_an_address_that_showed_a_credential() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(3, network_of, favoured=lambda source: source == "10.0.1.200")
+        flood = [queue.join(f"10.0.1.{n}") for n in range(1, 4)]
+        assert queue.join("10.0.1.99") is None  # one waiter each: no newcomer is owed a place
+        scraper = queue.join("10.0.1.200")
+        assert scraper is not None and flood[-1] is not None and flood[-1].turn.result() is False
+        assert queue.ranked(["10.0.1.1"])[0] is scraper
 
     asyncio.run(scenario())

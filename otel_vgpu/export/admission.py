@@ -12,10 +12,10 @@ In order, the first that finds one:
    busy (a scraper's request unread behind 256 keep-alive connections was shed so);
 2. one whose peer has taken nothing of its response for `stall_s`;
 3. with credentials required (client certificates, basic auth), one that has never
-   presented a valid one, of another address than the newcomer's, holding the most such
-   places and more than the newcomer holds, oldest first (of any age where it holds more
-   than the newcomer would): a client that has shown it may scrape never waits behind
-   those that have not;
+   presented a valid one and is not presenting one (a password waiting for its check), of
+   another address than the newcomer's, holding the most such places and more than the
+   newcomer holds, oldest first (of any age where it holds more than the newcomer would):
+   a client that has shown it may scrape never waits behind those that have not;
 4. one of the network (/24, /64) holding the most places, where it holds more than the
    newcomer's network would (its places plus the newcomer's), else of the address holding
    the most, where it holds more than the newcomer's address would (export/shares.py): the
@@ -52,6 +52,7 @@ class Held(Protocol):
     answered: int
     handshaking: bool
     partial: bool
+    presenting: bool
     writing_since: float | None
     credentialed: bool
 
@@ -67,9 +68,11 @@ def victim(
     limits: Limits,
     credentials: bool,
     network_of: Callable[[str], str],
+    shown: bool = False,
 ) -> Held | None:
     """The connection to shed for a newcomer from address `newcomer` (module docstring), or
-    None: the newcomer waits, then gets its 503."""
+    None: the newcomer waits, then gets its 503. `shown`: the newcomer's address has shown
+    a valid credential lately."""
     old = [
         c
         for c in connections
@@ -86,7 +89,7 @@ def victim(
         return min(stalled, key=lambda c: c.writing_since or now)
     settled = [c for c in connections if not c.handshaking and now - c.opened >= limits.quiet_after_s]
     if credentials:
-        found = _anonymous(connections, settled, newcomer)
+        found = _anonymous(connections, settled, newcomer, shown)
         if found is not None:
             return found
     return _fairest(connections, newcomer, network_of) or _first(
@@ -94,19 +97,27 @@ def victim(
     )
 
 
-def _anonymous(connections: Collection[Held], settled: list[Held], newcomer: str) -> Held | None:
+def _anonymous(connections: Collection[Held], settled: list[Held], newcomer: str, shown: bool) -> Held | None:
     """One that never presented a valid credential, of the address holding the most such
     places, where it holds more than the newcomer does: settled ones, or any where it holds
     more than the newcomer would with the newcomer's place (a flood of fresh connections
     holds only young ones). Never one of the newcomer's own address: a flood's newcomers
-    took each other's places, and no handshake of it ever finished."""
-    anonymous = collections.Counter(c.source for c in connections if not c.credentialed and c.source != newcomer)
+    took each other's places, and no handshake of it ever finished. For a newcomer of an
+    address that has shown a valid credential, as if it held none."""
+    anonymous = collections.Counter(c.source for c in connections if _anonymous_now(c) and c.source != newcomer)
     most = max(anonymous.values(), default=0)
-    mine = sum(1 for c in connections if c.source == newcomer)
+    mine = 0 if shown else sum(1 for c in connections if c.source == newcomer)
     if most <= mine:
         return None
     pool = settled if most <= mine + 1 else connections
-    return _first([c for c in pool if not c.credentialed and anonymous[c.source] == most])
+    return _first([c for c in pool if _anonymous_now(c) and anonymous[c.source] == most])
+
+
+def _anonymous_now(c: Held) -> bool:
+    """Never presented a valid credential, and not presenting one now: a request whose
+    password waits for its check (a scraper's, after a restart) is not shed as anonymous
+    for a flood's newcomers; such requests are few (export/checks.py holds 4)."""
+    return not c.credentialed and not c.presenting
 
 
 def _fairest(connections: Collection[Held], newcomer: str, network_of: Callable[[str], str]) -> Held | None:

@@ -30,9 +30,14 @@ class Waiter:
 class FairQueue:
     """At most `limit` waiters."""
 
-    def __init__(self, limit: int, network_of: Callable[[str], str]) -> None:
+    def __init__(
+        self, limit: int, network_of: Callable[[str], str], favoured: Callable[[str], bool] = lambda source: False
+    ) -> None:
+        """`favoured`: sources served before the rest, and given room before them (addresses
+        that have shown a valid credential)."""
         self._limit = limit
         self._network_of = network_of
+        self._favoured = favoured
         self._waiting: list[Waiter] = []
         self._order = itertools.count()
 
@@ -43,21 +48,30 @@ class FairQueue:
         """A place in the queue for `source`, or None: full of waiters none of whom waits
         more than the newcomer would."""
         if len(self._waiting) >= self._limit:
-            holder = over_share((w.source for w in self._waiting), source, self._network_of)
-            if holder is None:
+            others = [w for w in self._waiting if not self._favoured(w.source)]
+            if self._favoured(source) and others:
+                holder = over_share((w.source for w in others), "", self._network_of)
+            else:
+                others = self._waiting
+                holder = over_share((w.source for w in others), source, self._network_of)
+            if holder is None and others is self._waiting:
                 return None
             # Its newest: the one that has waited least for its turn.
-            newest = max((w for w in self._waiting if holder.holds(w.source, self._network_of)), key=lambda w: w.order)
-            self.end(newest, served=False)
+            held = [w for w in others if holder is None or holder.holds(w.source, self._network_of)]
+            self.end(max(held, key=lambda w: w.order), served=False)
         waiter = Waiter(source, next(self._order))
         self._waiting.append(waiter)
         return waiter
 
     def ranked(self, held: Iterable[str]) -> list[Waiter]:
         """The waiters, the next to serve first: the least held (`held`: a source per unit
-        its holder holds now) by the waiter's network, then by its address, then the oldest."""
+        its holder holds now) by the waiter's network, then by its address, then the oldest;
+        the favoured before all."""
         tally = Tally.of(held, self._network_of)
-        return sorted(self._waiting, key=lambda w: (*tally.rank(w.source, self._network_of), w.order))
+        return sorted(
+            self._waiting,
+            key=lambda w: (not self._favoured(w.source), *tally.rank(w.source, self._network_of), w.order),
+        )
 
     def end(self, waiter: Waiter, served: bool) -> None:
         """Serve or refuse `waiter`; nothing if it has left the queue already."""

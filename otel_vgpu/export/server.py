@@ -68,6 +68,10 @@ LISTEN_QUEUE = 1024
 ACCEPT_RETRY_S = 1.0
 # A response is written this much at a time, each piece once the peer has taken the last.
 WRITE_CHUNK = 64 * 1024
+# An address that has shown a valid credential is favoured for this long after (a scrape
+# interval is a minute at most), and this many such addresses are remembered.
+SHOWN_FOR_S = 600.0
+SHOWN_REMEMBERED = 1024
 # An unexpected error of one kind is logged at most this often.
 UNEXPECTED_LOG_EVERY_S = 60.0
 
@@ -133,6 +137,9 @@ class _Connection:
     waits to be read, or for a newcomer below its holder's share (the handshake has its own deadline)."""
     partial: bool = False
     """The loop has read part of a request head and waits for the rest (a trickler, past `shed_after_s`)."""
+    presenting: bool = False
+    """Its request, not answered yet, presents a credential (its password may wait for its
+    check): not shed as one that never presented one."""
     slot: Waiter | None = None
     """Its place in the queue for a handshake slot, while it waits for one."""
     writing_since: float | None = None
@@ -194,7 +201,9 @@ class Server:
         self.limits = limits
         self.counters = Counters()
         self._logged_errors: dict[str, float] = {}
-        self._queue = FairQueue(limits.admit_queue, network_of)
+        self._credentials_shown: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Addresses that have shown a valid credential, when they last did, the least recent first."""
+        self._queue = FairQueue(limits.admit_queue, network_of, self._shown)
         """New connections waiting for a place under the cap, served fairly (export/queues.py)."""
         self._reserved: collections.Counter[str] = collections.Counter()
         """Places given to waiting connections that have not taken them yet, by address."""
@@ -328,8 +337,27 @@ class Server:
 
     def _victim(self, now: float, newcomer: str) -> _Connection | None:
         """A connection to shed for a new one from `newcomer` (export/admission.py)."""
-        found = victim(self.counters.connections, newcomer, now, self.limits, self._credentials, network_of)
+        found = victim(
+            self.counters.connections, newcomer, now, self.limits, self._credentials, network_of, self._shown(newcomer)
+        )
         return found if isinstance(found, _Connection) else None
+
+    def _note_shown(self, connection: _Connection) -> None:
+        """Its address has shown a valid credential (now)."""
+        if connection.credentialed:
+            self._credentials_shown.pop(connection.source, None)
+            self._credentials_shown[connection.source] = time.monotonic()
+            while len(self._credentials_shown) > SHOWN_REMEMBERED:
+                self._credentials_shown.popitem(last=False)
+
+    def _shown(self, source: str) -> bool:
+        """`source` has shown a valid credential within SHOWN_FOR_S: its new connections are
+        admitted before, and in place of, those of addresses that have not (the scraper
+        among 253 addresses of its /24 was otherwise one waiter of as many)."""
+        if not self._credentials:
+            return False
+        shown = self._credentials_shown.get(source)
+        return shown is not None and time.monotonic() - shown < SHOWN_FOR_S
 
     async def _admit(self, source: str) -> bool:
         """A place under the cap for a new connection from `source`: a free one, one a shed
@@ -370,21 +398,17 @@ class Server:
 
     def _dispatch(self) -> None:
         """Give the waiting connections the places there are, fairly: in turn, the waiter whose
-        network, then address, holds the fewest places, of those a place can be made for
-        (whom a place is made for depends on who asks)."""
-        unplaceable: set[str] = set()  # no place for them now; giving or shedding one does not change that
+        network, then address, holds the fewest places. Where no place is free, one is made
+        (a connection shed) for that waiter only: the rule finds one for whoever holds the
+        fewest if for anyone, and asking it for each of 128 waiters of 128 addresses took
+        the loop's every turn."""
         while len(self._queue):
             held = [c.source for c in self.counters.connections] + list(self._reserved.elements())
-            for waiter in self._queue.ranked(held):
-                if waiter.source in unplaceable:
-                    continue
-                if self._place_now(waiter.source):
-                    self._reserved[waiter.source] += 1
-                    self._queue.end(waiter, served=True)
-                    break
-                unplaceable.add(waiter.source)
-            else:
+            first = self._queue.ranked(held)[0]
+            if not self._place_now(first.source):
                 return
+            self._reserved[first.source] += 1
+            self._queue.end(first, served=True)
 
     def _tick(self) -> None:
         """While connections wait, look for places every ADMIT_TICK_S too: one may become
@@ -504,6 +528,7 @@ class Server:
                 tls_object = writer.get_extra_info("ssl_object")
                 certificate = bool(tls_object.getpeercert()) if tls_object is not None else False
                 connection.credentialed = certificate
+                self._note_shown(connection)
             while True:
                 connection.waiting, connection.waiting_since = True, time.monotonic()
                 event = await self._next_request(reader, protocol, connection)
@@ -512,7 +537,9 @@ class Server:
                     return
                 connection.waiting = False
                 request = request_of(event, peer[0] if peer else "", certificate)
+                connection.presenting = "authorization" in request.headers
                 connection.credentialed = connection.credentialed or self._endpoint.credentialed(request)
+                self._note_shown(connection)
                 if "content-length" in request.headers and "transfer-encoding" in request.headers:
                     # A request smuggling's shape: answered, then the connection closed (RFC 9112 6.1).
                     raise _HttpError(400, "Content-Length and Transfer-Encoding together")
@@ -532,7 +559,9 @@ class Server:
                 if not await self._send(writer, protocol, response, head=request.method == "HEAD", on=connection):
                     return
                 connection.answered += 1
+                connection.presenting = False
                 connection.credentialed = connection.credentialed or response.authorized
+                self._note_shown(connection)
                 if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
                     return  # HTTP/1.0 or Connection: close
                 protocol.start_next_cycle()
