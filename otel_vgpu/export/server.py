@@ -17,8 +17,8 @@ Every client is held to bounds, whoever it is and whatever it sends
   go, the new one waits for a place in a queue shared the same way (export/queues.py),
   then gets 503 (on a TLS port, a close before the handshake);
 - at most `handshakes` TLS handshakes run at once (each holds OpenSSL's state and a
-  256 KiB buffer); the others wait, their ClientHello unread in the kernel, and the
-  next to start is of the network, then address, with the fewest running;
+  read buffer, TLS_READ_BYTES); the others wait, their ClientHello unread in the kernel,
+  and the next to start is of the network, then address, with the fewest running;
 - only GET and HEAD (405 otherwise); HEAD gets the headers and no body;
   gzip as `Accept-Encoding` asks, q-values and case included;
 - with mutual TLS, a client certificate is asked for and checked in the
@@ -28,6 +28,7 @@ Every client is held to bounds, whoever it is and whatever it sends
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import collections
 import contextlib
 import fcntl
@@ -68,6 +69,14 @@ LISTEN_QUEUE = 1024
 ACCEPT_RETRY_S = 1.0
 # A response is written this much at a time, each piece once the peer has taken the last.
 WRITE_CHUNK = 64 * 1024
+# What asyncio's TLS layer reads at a time, and allocates (zeroed) for each TLS connection:
+# 256 KiB by default (SSLProtocol.max_size, a class attribute: start_tls builds the protocol
+# itself). A request head is 16 KiB at most and a TLS record as much; 32 KiB holds two. A
+# flood of handshakes churning those buffers took the agent from 38 to 105 MiB; with 32 KiB,
+# to 60 (tests/test_wrk_floods.py): a closed connection's buffer waits in asyncio's cycles
+# for a collection (export/memory.py), and a flood's closed connections are many.
+TLS_READ_BYTES = 32 * 1024
+asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BYTES
 # An address that has shown a valid credential is favoured for this long after (a scrape
 # interval is a minute at most), and this many such addresses are remembered.
 SHOWN_FOR_S = 600.0
@@ -258,7 +267,7 @@ class Server:
         # TLS is started by each connection's handler (StreamWriter.start_tls),
         # not by the listener: a handshake in progress is then a connection
         # like any other, under the cap and shed first when idle, and the
-        # memory of handshakes (a 256 KiB buffer each) is bounded by it.
+        # memory of handshakes is bounded by it and by `Limits.handshakes`.
         limits = self.limits
         self._room = asyncio.Semaphore(limits.connections + limits.admit_queue + limits.backlog)
         self._socket.setblocking(False)
