@@ -124,13 +124,16 @@ def test_a_request_unread_behind_a_busy_loop_is_no_trickler() -> None:
     assert victim([unread], "10.0.2.1", NOW, LIMITS, False, network_of) is None
 
 
-def test_a_new_silent_connection_is_shed_later_than_an_idle_kept_alive_one() -> None:
-    # A loaded client may take a few hundred milliseconds from its connect to its send.
+def test_an_addresss_only_new_silent_connection_is_shed_later_than_an_idle_kept_alive_one() -> None:
+    # A loaded client may take a few hundred milliseconds from its connect to its send; a
+    # flood of silent connections from one address goes as before.
     age = (LIMITS.quiet_after_s + LIMITS.shed_after_s) / 2
     new = Conn("10.0.99.9", waiting=True, waiting_since=NOW - age, opened=NOW - age, answered=0)
     idle = Conn("10.0.1.1", waiting=True, waiting_since=NOW - age, opened=NOW - 60, answered=3)
     assert victim([new, idle], "10.0.2.1", NOW, LIMITS, False, network_of) is idle
     assert victim([new], "10.0.2.1", NOW, LIMITS, False, network_of) is None
+    silent = [Conn("10.0.1.1", waiting=True, waiting_since=NOW - age, opened=NOW - age, answered=0) for _ in range(2)]
+    assert victim(silent, "10.0.1.1", NOW, LIMITS, False, network_of) in silent
 
 
 def test_behind_one_proxy_a_newcomer_takes_its_own_oldest_idle_place() -> None:

@@ -3,10 +3,10 @@ what the server knows of each connection (export/server.py keeps the connections
 
 In order, the first that finds one:
 
-1. one waiting for a request head with nothing unread: kept alive between requests for
-   `quiet_after_s`, or new and silent for `shed_after_s` (a client sends its request, or
-   its ClientHello, at once; but a loaded client may take a few hundred milliseconds from
-   its connect to its send, and a scraper's new connection was shed so at 0.25 s); or
+1. one waiting for a request head with nothing unread for `quiet_after_s` (a client sends
+   its request, or its ClientHello, at once), or for `shed_after_s` where it is its
+   address's only connection and new (a loaded client may take a few hundred milliseconds
+   from its connect to its send, and a scraper's new connection was shed so at 0.25 s); or
    whose head the loop has read part of and has waited `shed_after_s` (a trickler); oldest
    first. One whose bytes all wait unread is no trickler, whatever its age: the loop is only
    busy (a scraper's request unread behind 256 keep-alive connections was shed so);
@@ -73,12 +73,13 @@ def victim(
     """The connection to shed for a newcomer from address `newcomer` (module docstring), or
     None: the newcomer waits, then gets its 503. `shown`: the newcomer's address has shown
     a valid credential lately."""
+    places = collections.Counter(c.source for c in connections)
     old = [
         c
         for c in connections
         if c.waiting
         and (
-            (now - c.waiting_since >= (limits.quiet_after_s if c.answered else limits.shed_after_s) and c.quiet())
+            (now - c.waiting_since >= _quiet_for(c, places[c.source], limits) and c.quiet())
             or (now - c.waiting_since >= limits.shed_after_s and c.partial)
         )
     ]
@@ -95,6 +96,13 @@ def victim(
     return _fairest(connections, newcomer, network_of) or _first(
         [c for c in settled if c.source == newcomer and c.waiting and c.answered and c.quiet()]
     )
+
+
+def _quiet_for(c: Held, places: int, limits: Limits) -> float:
+    """How long a connection waiting for a request head with nothing unread is kept: an
+    address's only connection, new, `shed_after_s` (it may be a loaded scraper's, between
+    its connect and its send); any other `quiet_after_s`."""
+    return limits.shed_after_s if places == 1 and not c.answered else limits.quiet_after_s
 
 
 def _anonymous(connections: Collection[Held], settled: list[Held], newcomer: str, shown: bool) -> Held | None:
