@@ -72,8 +72,9 @@ class Limits:
     workers: int = 4
     """Threads rendering responses (sweeps are shared, so more would only queue on them)."""
     shed_after_s: float = 1.0
-    """A connection that has waited this long for its request head may be shed, even if
-    some of it waits to be read (a trickler)."""
+    """A connection whose head the loop has read part of and that has waited this long for
+    the rest may be shed (a trickler), and so may an address's only new connection silent
+    this long (export/admission.py)."""
     quiet_after_s: float = 0.25
     """A connection that has sent nothing unread for this long may be shed: a client sends
     its request (or ClientHello) right after connecting."""
