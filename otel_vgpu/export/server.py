@@ -444,6 +444,7 @@ class Server:
         if not await self._handshake_slot(connection, deadline):
             return False
         self._handshaking.add(connection)
+        connection.waiting_since = time.monotonic()  # from its handshake's start: how long it has been stuck
         try:
             await connection.writer.start_tls(context, ssl_handshake_timeout=max(0.1, deadline - time.monotonic()))
         finally:
@@ -463,8 +464,10 @@ class Server:
         connection.slot = slot
         take = False
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(slot.turn), deadline - time.monotonic())
+            while not slot.turn.done() and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(slot.turn), min(ADMIT_TICK_S, deadline - time.monotonic()))
+                self._shed_stuck_handshakes()
             take = slot.turn.done() and slot.turn.result() and connection in self.counters.connections
         finally:
             connection.slot = None
@@ -476,6 +479,25 @@ class Server:
             elif not slot.turn.done():
                 slot.turn.cancel()
         return take
+
+    def _shed_stuck_handshakes(self) -> None:
+        """While connections wait for a slot, a handshake whose client has sent nothing unread
+        for `quiet_after_s` (`shed_after_s` for its address's only one: a loaded client may
+        be slow to answer) gives its slot up; a client answers the agent's flight at once.
+        300 half-sent ClientHellos held every slot until their deadline, and a scraper of
+        their address waited 1.25 s of its 1.5 s."""
+        now = time.monotonic()
+        running = collections.Counter(c.source for c in self._handshaking)
+        limits = self.limits
+        for stuck in [
+            c
+            for c in self._handshaking
+            if now - c.waiting_since >= (limits.quiet_after_s if running[c.source] > 1 else limits.shed_after_s)
+            and c.quiet()
+        ]:
+            self.counters.connections.discard(stuck)
+            stuck.writer.transport.abort()
+            self.counters.shed += 1
 
     def _next_handshake(self) -> None:
         """Free handshake slots to the waiters whose network, then address, has the fewest running."""
