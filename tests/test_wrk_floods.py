@@ -25,8 +25,7 @@ import pytest
 
 from testkit.agent import wait_serving, wait_until
 from testkit.certs import make_certs
-from testkit.wrk import flood, pinned
-from tests.test_hostile_clients import (
+from testkit.hostile import (
     FAIR_SCRAPES,
     LIMITS,
     Scraper,
@@ -38,6 +37,7 @@ from tests.test_hostile_clients import (
     settle,
     warm,
 )
+from testkit.wrk import flood, pinned
 
 SCRAPER = "127.99.0.50"
 """The scraper's address: another /24 than the flood's (127.0.0.1, wrk's)."""
