@@ -73,8 +73,9 @@ class Limits:
     workers: int = 4
     """Threads rendering responses (sweeps are shared, so more would only queue on them)."""
     shed_after_s: float = 1.0
-    """A connection that has waited this long for its request head may be shed, even if
-    some of it waits to be read (a trickler)."""
+    """A connection whose head the loop has read part of and that has waited this long for
+    the rest may be shed (a trickler), and so may an address's only new connection silent
+    this long (export/admission.py)."""
     quiet_after_s: float = 0.25
     """A connection that has sent nothing unread for this long may be shed: a client sends
     its request (or ClientHello) right after connecting."""
@@ -87,7 +88,12 @@ class Limits:
     admit_wait_s: float = 2.0
     """A new connection over the cap waits this long for a place before its 503."""
     admit_queue: int = 128
-    """New connections waiting for a place at most; past that, 503 at once."""
+    """New connections waiting for a place at most; past that, the newest waiter of whoever
+    waits most (by network, then address) is refused for a newcomer, or the newcomer is."""
+    handshakes: int = 16
+    """TLS handshakes running at once; the rest wait (their ClientHello unread in the kernel),
+    the next started of whoever has the fewest running. Each holds OpenSSL's state and a
+    read buffer (export/server.py TLS_READ_BYTES): this bounds what a flood of handshakes takes."""
     stall_s: float = 2.0
     """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
     password_checks: int = 4

@@ -11,8 +11,10 @@ unset PYTHONDONTWRITEBYTECODE
 # Debian packages the tests run for real: Prometheus (the server scrapes the
 # agent end to end; promtool checks the exposition format and the alert rules),
 # podman, runc and debootstrap (the container image is built and run); and
-# graphviz (docs/architecture.svg is checked against its source); and iproute2 (ss reads
-# the listening socket's queue).
+# graphviz (docs/architecture.svg is checked against its source); iproute2 (ss reads
+# the listening socket's queue); and wrk, with a C compiler for the shim that gives its
+# connections many source addresses (tests/test_wrk_floods.py: the attackers' load, from
+# a C client, since Python threads on two cores would measure the client).
 packages=""
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || packages="$packages prometheus"
 command -v podman >/dev/null 2>&1 || packages="$packages podman"
@@ -20,6 +22,8 @@ command -v runc >/dev/null 2>&1 || packages="$packages runc"
 command -v debootstrap >/dev/null 2>&1 || packages="$packages debootstrap"
 command -v dot >/dev/null 2>&1 || packages="$packages graphviz"
 command -v ss >/dev/null 2>&1 || packages="$packages iproute2"
+command -v wrk >/dev/null 2>&1 || packages="$packages wrk"
+command -v cc >/dev/null 2>&1 || packages="$packages gcc libc6-dev"
 if [ -n "$packages" ]; then
     echo "installing Debian packages:$packages"
     sudo_cmd=""
@@ -67,17 +71,20 @@ lint_pid=$!
 tests=0
 if [ "$#" -eq 0 ]; then
     hostile=tests/test_hostile_clients.py
+    # wrk's floods, the agent pinned alone on a CPU, count the scraper's scrapes through them.
+    floods=tests/test_wrk_floods.py
     # The churn soak counts the scrapes that fit in its churn, the agent's CPU against the
     # simulated node's: it runs in this lane too, at the machine's priority.
     soak=tests/test_reliability.py::test_soak_churning_pods_memory_bounded_no_leftovers
     hostile_log=$(mktemp)
     (
-        .venv/bin/pytest "$hostile" "$soak" && rc=0 || rc=$?
+        .venv/bin/pytest "$hostile" "$floods" "$soak" && rc=0 || rc=$?
         echo "test.sh: the hostile-client tests done at ${SECONDS} s"
         exit "$rc"
     ) >"$hostile_log" 2>&1 &
     hostile_pid=$!
-    nice -n 10 .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile --ignore "$hostile" --deselect "$soak" || tests=$?
+    nice -n 10 .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile --ignore "$hostile" --ignore "$floods" \
+        --deselect "$soak" || tests=$?
     echo "test.sh: the suite but the hostile-client tests done at ${SECONDS} s"
     wait "$hostile_pid" || tests=$?
     cat "$hostile_log"

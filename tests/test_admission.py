@@ -1,5 +1,5 @@
 """Admission under the connection cap, in process with a stub endpoint and a cap of one:
-what a client that cannot have a place is told."""
+what a client that cannot have a place is told; and who gets a TLS handshake slot."""
 
 from __future__ import annotations
 
@@ -126,4 +126,53 @@ def test_accepted_connections_send_without_waiting_for_acks(tmp_path: Path) -> N
             endpoint.release.set()
             assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
     finally:
+        server.stop()
+
+
+def test_a_freed_handshake_slot_goes_to_whoever_has_fewest_running(tmp_path: Path) -> None:
+    # Two slots, both held by one address's half-sent ClientHellos, two more of it waiting;
+    # a client of another network waits behind them. The first slot freed is the newcomer's.
+    certs = make_certs(tmp_path / "pki")
+    limits = Limits(handshakes=2, connections=8, quiet_after_s=100, shed_after_s=100, handshake_s=20)
+    server = Server("127.0.0.1", 0, cast(Endpoint, Held()), tls_context(certs.cert, certs.key, None), limits=limits)
+    server.start()
+    hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"  # a ClientHello's first bytes, never finished
+    flood: list[socket.socket] = []
+    try:
+
+        def half_hello() -> socket.socket:
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock.sendall(hello)
+            flood.append(sock)
+            return sock
+
+        first = half_hello()
+        half_hello()
+        wait_until(lambda: len(server._handshaking) == 2, what="both slots taken")
+        half_hello()
+        half_hello()
+        wait_until(lambda: len(server._slots) == 2, what="two waiting")
+        done: list[str] = []
+
+        def scraper() -> None:
+            client = ssl.create_default_context(cafile=str(certs.ca))
+            address = ("127.0.0.1", server.port)
+            with (
+                socket.create_connection(address, timeout=10, source_address=("127.99.0.50", 0)) as raw,
+                client.wrap_socket(raw, server_hostname="localhost"),
+            ):
+                done.append("handshake")
+
+        thread = threading.Thread(target=scraper, daemon=True)
+        thread.start()
+        wait_until(lambda: len(server._slots) == 3, what="the scraper waiting too")
+        first.close()
+        # Had the flood's next waiter taken the freed slot, its half-sent hello would hold
+        # it (nothing here is shed for age) and the scraper would wait out its timeout.
+        thread.join(timeout=10)
+        assert done == ["handshake"]
+        wait_until(lambda: len(server._slots) == 1, what="the scraper's slot passed on to the flood's next waiter")
+    finally:
+        for sock in flood:
+            sock.close()
         server.stop()

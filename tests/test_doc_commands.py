@@ -37,7 +37,7 @@ ALL = [command for doc in doc_files() for command in commands(doc)]
 # Benchmarks whose full run is minutes long, or needs what CI does not install.
 SLOW_BENCHES = {
     "bench/kube_client_cost.py": "needs the official Kubernetes client in its own venv (docs/kubernetes.md)",
-    "bench/wrk_keepalive.py": "needs wrk, Debian's package, which the suite does not install",
+    "bench/wrk_keepalive.py": "loads both servers with wrk for half a minute, one after the other: run by hand",
 }
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -258,8 +259,11 @@ class BasicAuth:
             self._peers.popitem(last=False)
 
 
+@functools.lru_cache(maxsize=CACHE_ENTRIES)
 def network_of(peer: str) -> str:
-    """The /24 of an IPv4 address, the /64 of an IPv6 one; the peer itself if it is neither."""
+    """The /24 of an IPv4 address, the /64 of an IPv6 one; the peer itself if it is neither.
+    Remembered: the fair shares ask it of every connection at every admission (a few
+    microseconds of parsing each), and a flood's admissions come by the thousand a second."""
     try:
         address = ipaddress.ip_address(peer)
     except ValueError:

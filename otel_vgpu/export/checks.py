@@ -2,18 +2,37 @@
 
 A bcrypt check costs what it costs on purpose (export/auth.py), so the thread that makes
 them is what a flood of wrong passwords fights over. At most `limit` checks run or wait at
-once, and the next to run is always the waiting one whose address has had the fewest
-checks, then whose network (/24, /64) has: a scraper whose password is not remembered yet
-(after a restart, or a users file's rotation) has had none, so its check runs next, however
-many addresses of other networks keep the queue full. When the queue is full, a newcomer
-takes the place of the waiting check that would run last, where its own would run sooner
-than that one; else it gets no place (the endpoint answers 503 at once, holding nothing).
+once, and the next to run is the waiting one (`rank`):
+
+1. whose address has failed the fewest checks: a scraper whose password is not remembered
+   yet (after a restart, or a users file's rotation) has failed none, nor has an address
+   that passed before, whatever it was checked; an attacker's address fails at its first
+   check, and auth.py then holds it to its network's throttle;
+2. whose network (/24, /64) has had the fewest checks lately (halved every
+   NETWORK_HALF_LIFE_S): a fresh address of a flooding network goes after one of a quiet
+   network, where its own count of nothing ranked it first (1,012 fresh addresses of 4
+   /24s outranked a scraper that had had a check before a rotation);
+3. whose address first asked the longest ago, of the asks not checked yet (a claim kept
+   when it is refused): fresh addresses that come after the scraper never go before it.
+
+When the queue is full, a newcomer takes the place of the waiting check that would run
+last, where its own would run sooner than that one; else it gets no place (the endpoint
+answers 503 at once, holding nothing), and its claim stays for its next ask.
+
+The bound, as an adversary sees it: nothing tells a scraper's first check from a fresh
+address's of its own network, since neither has any history; but each fresh address gets
+one check, then has failed one. So a scraper whose credential is not remembered gets its
+check within as many checks as its network has other addresses that have failed none and
+asked before it, plus the queue: in IPv4 at most 253 + 4 (a /24), once per agent start (at
+bcrypt cost 10, 70 ms each, about 18 s); an IPv6 /64 has more addresses than any memory,
+and there no bound holds. docs/endpoint.md says what to do about it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -22,8 +41,24 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# Addresses and networks whose checks are counted, at most (the least recent forgotten).
+# Addresses and networks whose checks are counted, and claims, at most (the least recent forgotten).
 REMEMBERED = 4096
+# A network's checks count half as much after this long: a network that flooded a minute ago
+# is not held back for it forever.
+NETWORK_HALF_LIFE_S = 60.0
+
+
+def decayed(count: float, since: float, now: float) -> float:
+    """`count` as it stands `now`, counted at `since` (halved every NETWORK_HALF_LIFE_S)."""
+    return float(count * 0.5 ** (max(0.0, now - since) / NETWORK_HALF_LIFE_S))
+
+
+def _remember(table: OrderedDict[str, T], key: str, value: T) -> None:
+    """Set `key`, now the most recent; the least recent forgotten past REMEMBERED."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > REMEMBERED:
+        table.popitem(last=False)
 
 
 @dataclass(eq=False)
@@ -38,12 +73,26 @@ class _Waiting:
 class CheckQueue:
     """Runs checks on `executor` (one thread) one at a time, fairly; on the event loop."""
 
-    def __init__(self, executor: Executor, limit: int, network_of: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        limit: int,
+        network_of: Callable[[str], str],
+        passed: Callable[[object], bool] = bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`passed`: whether a check's result is a pass."""
         self._executor = executor
         self._limit = limit
         self._network_of = network_of
-        self._checks: OrderedDict[str, int] = OrderedDict()
-        """Checks made for each address and each network, the least recent first."""
+        self._passed = passed
+        self._clock = clock
+        self._failed: OrderedDict[str, int] = OrderedDict()
+        """Failed checks of each address since its last pass, the least recent first."""
+        self._networks: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        """Each network's checks lately, and when counted (`decayed`)."""
+        self._claims: OrderedDict[str, int] = OrderedDict()
+        """Each address's first ask that no check has answered yet (its order)."""
         self._waiting: list[_Waiting] = []
         self._running = False
         self._order = itertools.count()
@@ -56,10 +105,14 @@ class CheckQueue:
     async def run(self, check: Callable[[], T], peer: str) -> T | None:
         """`check()` once its turn comes; None where it got no place (or lost it to a client
         with fewer checks behind it)."""
-        mine = _Waiting(peer, self._network_of(peer), next(self._order), check)
+        order = next(self._order)
+        if peer not in self._claims:
+            _remember(self._claims, peer, order)
+        mine = _Waiting(peer, self._network_of(peer), order, check)
         if self.pending >= self._limit:
-            last = max(self._waiting, key=self._rank, default=None)
-            if last is None or self._rank(last) <= self._rank(mine):
+            now = self._clock()  # one instant for every rank compared: a network's count decays
+            last = max(self._waiting, key=lambda waiting: self._rank(waiting, now), default=None)
+            if last is None or self._rank(last, now) <= self._rank(mine, now):
                 return None
             self._waiting.remove(last)
             last.done.set_result(None)
@@ -74,20 +127,23 @@ class CheckQueue:
             raise
         return result  # type: ignore[return-value]
 
-    def _rank(self, waiting: _Waiting) -> tuple[int, int, int]:
-        """Sooner for fewer checks of its address, then of its network, then for waiting longer."""
-        return (self._checks.get(waiting.peer, 0), self._checks.get(waiting.network, 0), waiting.order)
+    def _rank(self, waiting: _Waiting, now: float) -> tuple[int, float, int]:
+        """Sooner for fewer failed checks of its address, then fewer checks of its network
+        lately, then for its address's claim being older (module docstring)."""
+        count, since = self._networks.get(waiting.network, (0.0, 0.0))
+        claim = self._claims.get(waiting.peer, waiting.order)
+        return (self._failed.get(waiting.peer, 0), decayed(count, since, now), claim)
 
     def _next(self) -> None:
         if self._running or not self._waiting:
             return
-        turn = min(self._waiting, key=self._rank)
+        now = self._clock()
+        turn = min(self._waiting, key=lambda waiting: self._rank(waiting, now))
         self._waiting.remove(turn)
         self._running = True
-        for who in {turn.peer, turn.network}:
-            self._checks[who] = self._checks.pop(who, 0) + 1
-        while len(self._checks) > REMEMBERED:
-            self._checks.popitem(last=False)
+        count, since = self._networks.get(turn.network, (0.0, now))
+        _remember(self._networks, turn.network, (decayed(count, since, now) + 1, now))
+        self._claims.pop(turn.peer, None)  # answered: its next ask is a new claim
         ran = asyncio.get_running_loop().run_in_executor(self._executor, turn.check)
 
         def finished(future: asyncio.Future[object]) -> None:
@@ -99,6 +155,11 @@ class CheckQueue:
                     turn.done.set_exception(future.exception())  # type: ignore[arg-type]
                 else:
                     turn.done.set_result(future.result())
+            if not future.cancelled() and future.exception() is None:
+                if self._passed(future.result()):
+                    self._failed.pop(turn.peer, None)
+                else:
+                    _remember(self._failed, turn.peer, self._failed.get(turn.peer, 0) + 1)
             self._next()
 
         ran.add_done_callback(finished)

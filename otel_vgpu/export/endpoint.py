@@ -63,7 +63,9 @@ class Endpoint:
         self._auth_worker = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="http-auth", initializer=name_this_thread
         )
-        self._checks = CheckQueue(self._auth_worker, limits.password_checks, network_of)
+        self._checks = CheckQueue(
+            self._auth_worker, limits.password_checks, network_of, passed=lambda verdict: verdict is Verdict.ALLOW
+        )
         """Password checks, running or waiting for the bcrypt thread, shared fairly (export/checks.py)."""
         # Keyed by what the body depends on (OpenMetrics or not, escaping, gzip), never by
         # what a client writes in Accept: a made-up version per request shares one render.

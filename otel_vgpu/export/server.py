@@ -14,7 +14,11 @@ Every client is held to bounds, whoever it is and whatever it sends
   one by the rule of export/admission.py (idle or trickling, a stalled reader, one
   that never presented a credential, one of whoever holds more than the newcomer
   would: the cap is shared max-min fairly by address and network); if none can
-  go, the new one gets 503 (on a TLS port, a close before the handshake);
+  go, the new one waits for a place in a queue shared the same way (export/queues.py),
+  then gets 503 (on a TLS port, a close before the handshake);
+- at most `handshakes` TLS handshakes run at once (each holds OpenSSL's state and a
+  read buffer, TLS_READ_BYTES); the others wait, their ClientHello unread in the kernel,
+  and the next to start is of the network, then address, with the fewest running;
 - only GET and HEAD (405 otherwise); HEAD gets the headers and no body;
   gzip as `Accept-Encoding` asks, q-values and case included;
 - with mutual TLS, a client certificate is asked for and checked in the
@@ -24,6 +28,7 @@ Every client is held to bounds, whoever it is and whatever it sends
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import collections
 import contextlib
 import fcntl
@@ -45,6 +50,7 @@ from otel_vgpu.export.admission import victim
 from otel_vgpu.export.auth import network_of
 from otel_vgpu.export.http import Application, Request, Response, request_of, text
 from otel_vgpu.export.memory import trim
+from otel_vgpu.export.queues import FairQueue, Waiter
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,18 @@ LISTEN_QUEUE = 1024
 ACCEPT_RETRY_S = 1.0
 # A response is written this much at a time, each piece once the peer has taken the last.
 WRITE_CHUNK = 64 * 1024
+# What asyncio's TLS layer reads at a time, and allocates (zeroed) for each TLS connection:
+# 256 KiB by default (SSLProtocol.max_size, a class attribute: start_tls builds the protocol
+# itself). A request head is 16 KiB at most and a TLS record as much; 32 KiB holds two. A
+# flood of handshakes churning those buffers took the agent from 38 to 105 MiB; with 32 KiB,
+# to 60 (tests/test_wrk_floods.py): a closed connection's buffer waits in asyncio's cycles
+# for a collection (export/memory.py), and a flood's closed connections are many.
+TLS_READ_BYTES = 32 * 1024
+asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BYTES
+# An address that has shown a valid credential is favoured for this long after (a scrape
+# interval is a minute at most), and this many such addresses are remembered.
+SHOWN_FOR_S = 600.0
+SHOWN_REMEMBERED = 1024
 # An unexpected error of one kind is logged at most this often.
 UNEXPECTED_LOG_EVERY_S = 60.0
 
@@ -124,7 +142,15 @@ class _Connection:
     waiting: bool = True
     """Idle, or receiving a request head: what the cap sheds first."""
     handshaking: bool = False
-    """In its TLS handshake: shed only when nothing it sent waits to be read (the handshake has its own deadline)."""
+    """In its TLS handshake or waiting for a handshake slot: shed only when nothing it sent
+    waits to be read, or for a newcomer below its holder's share (the handshake has its own deadline)."""
+    partial: bool = False
+    """The loop has read part of a request head and waits for the rest (a trickler, past `shed_after_s`)."""
+    presenting: bool = False
+    """Its request, not answered yet, presents a credential (its password may wait for its
+    check): not shed as one that never presented one."""
+    slot: Waiter | None = None
+    """Its place in the queue for a handshake slot, while it waits for one."""
     writing_since: float | None = None
     """When the response being written last made progress (a chunk taken by the peer); None when not writing."""
 
@@ -184,10 +210,18 @@ class Server:
         self.limits = limits
         self.counters = Counters()
         self._logged_errors: dict[str, float] = {}
-        self._queue: collections.deque[tuple[asyncio.Future[None], str]] = collections.deque()
-        """New connections waiting for a place under the cap, in order of arrival, with their addresses."""
-        self._reserved = 0
-        """Places given to waiting connections that have not taken them yet."""
+        self._credentials_shown: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Addresses that have shown a valid credential, when they last did, the least recent first."""
+        self._queue = FairQueue(limits.admit_queue, network_of, self._shown)
+        """New connections waiting for a place under the cap, served fairly (export/queues.py)."""
+        self._reserved: collections.Counter[str] = collections.Counter()
+        """Places given to waiting connections that have not taken them yet, by address."""
+        self._handshaking: set[_Connection] = set()
+        """Connections in their TLS handshake (`Limits.handshakes` at most)."""
+        self._slots = FairQueue(limits.connections, network_of)
+        """Connections under the cap waiting for a handshake slot, served fairly."""
+        self._granted: collections.Counter[str] = collections.Counter()
+        """Handshake slots given to waiting connections that have not taken them yet, by address."""
         self._ticking = False
         self._closed_at_trim = 0
         self._loop = asyncio.new_event_loop()
@@ -233,7 +267,7 @@ class Server:
         # TLS is started by each connection's handler (StreamWriter.start_tls),
         # not by the listener: a handshake in progress is then a connection
         # like any other, under the cap and shed first when idle, and the
-        # memory of handshakes (a 256 KiB buffer each) is bounded by it.
+        # memory of handshakes is bounded by it and by `Limits.handshakes`.
         limits = self.limits
         self._room = asyncio.Semaphore(limits.connections + limits.admit_queue + limits.backlog)
         self._socket.setblocking(False)
@@ -312,63 +346,83 @@ class Server:
 
     def _victim(self, now: float, newcomer: str) -> _Connection | None:
         """A connection to shed for a new one from `newcomer` (export/admission.py)."""
-        found = victim(self.counters.connections, newcomer, now, self.limits, self._credentials, network_of)
+        found = victim(
+            self.counters.connections, newcomer, now, self.limits, self._credentials, network_of, self._shown(newcomer)
+        )
         return found if isinstance(found, _Connection) else None
+
+    def _note_shown(self, connection: _Connection) -> None:
+        """Its address has shown a valid credential (now)."""
+        if connection.credentialed:
+            self._credentials_shown.pop(connection.source, None)
+            self._credentials_shown[connection.source] = time.monotonic()
+            while len(self._credentials_shown) > SHOWN_REMEMBERED:
+                self._credentials_shown.popitem(last=False)
+
+    def _shown(self, source: str) -> bool:
+        """`source` has shown a valid credential within SHOWN_FOR_S: its new connections are
+        admitted before, and in place of, those of addresses that have not (the scraper
+        among 253 addresses of its /24 was otherwise one waiter of as many)."""
+        if not self._credentials:
+            return False
+        shown = self._credentials_shown.get(source)
+        return shown is not None and time.monotonic() - shown < SHOWN_FOR_S
 
     async def _admit(self, source: str) -> bool:
         """A place under the cap for a new connection from `source`: a free one, one a shed
         connection leaves, or one that frees within `admit_wait_s` (clients that come and go,
-        as a flood's do, free places every few milliseconds). Waiters are served in order of
-        arrival, one place at a time, each that a place can be made for. False: refuse it."""
+        as a flood's do, free places every few milliseconds). Waiters are served fairly
+        (export/queues.py), each that a place can be made for. False: refuse it."""
         if self._place_now(source):
             return True
-        if len(self._queue) >= self.limits.admit_queue:
+        waiter = self._queue.join(source)
+        if waiter is None:
             return False
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((turn, source))
         self._tick()
         try:
-            await asyncio.wait_for(asyncio.shield(turn), self.limits.admit_wait_s)
-        except TimeoutError:
-            if turn.done():  # given its place as the wait ran out: take it
-                self._reserved -= 1
-                return True
-            turn.cancel()
-            return False
-        self._reserved -= 1
-        return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waiter.turn), self.limits.admit_wait_s)
+        finally:
+            self._queue.leave(waiter)
+            served = waiter.turn.done() and waiter.turn.result()
+            if served:  # given its place (as the wait ran out, too: it takes it)
+                _take_one(self._reserved, source)
+            elif not waiter.turn.done():
+                waiter.turn.cancel()
+        return served
 
     def _place_now(self, source: str) -> bool:
         """A place for a connection from `source` now, shedding one if need be (the caller takes it at once)."""
-        if len(self.counters.connections) + self._reserved < self.limits.connections:
+        if len(self.counters.connections) + self._reserved.total() < self.limits.connections:
             return True
         shed = self._victim(time.monotonic(), source)
         if shed is None:
             return False
         self.counters.connections.discard(shed)
         shed.writer.transport.abort()
+        if shed.slot is not None:  # it waited for a handshake slot: it waits no more
+            self._slots.end(shed.slot, served=False)
         self.counters.shed += 1
         return True
 
     def _dispatch(self) -> None:
-        """Give the waiting connections, first come first served, the places there are: each,
-        in order, that a place can be made for (whom a place is made for depends on who asks)."""
-        waiting: collections.deque[tuple[asyncio.Future[None], str]] = collections.deque()
-        while self._queue:
-            turn, source = self._queue.popleft()
-            if turn.done():  # gave up waiting
-                continue
-            if not self._place_now(source):
-                waiting.append((turn, source))
-                continue
-            self._reserved += 1
-            turn.set_result(None)
-        self._queue = waiting
+        """Give the waiting connections the places there are, fairly: in turn, the waiter whose
+        network, then address, holds the fewest places. Where no place is free, one is made
+        (a connection shed) for that waiter only: the rule finds one for whoever holds the
+        fewest if for anyone, and asking it for each of 128 waiters of 128 addresses took
+        the loop's every turn."""
+        while len(self._queue):
+            held = [c.source for c in self.counters.connections] + list(self._reserved.elements())
+            first = self._queue.ranked(held)[0]
+            if not self._place_now(first.source):
+                return
+            self._reserved[first.source] += 1
+            self._queue.end(first, served=True)
 
     def _tick(self) -> None:
         """While connections wait, look for places every ADMIT_TICK_S too: one may become
         sheddable (quiet long enough) without any connection closing."""
-        if self._ticking or not self._queue:
+        if self._ticking or not len(self._queue):
             return
         self._ticking = True
 
@@ -381,6 +435,77 @@ class Server:
 
     def _free_place(self) -> None:
         self._dispatch()
+
+    async def _handshake(self, connection: _Connection, context: ssl.SSLContext) -> bool:
+        """The TLS handshake, once a slot is free (`Limits.handshakes`), within `handshake_s`
+        of the connection's place, its wait for a slot included. False: no slot in time, or
+        the connection was shed (a failed handshake raises, as start_tls does)."""
+        deadline = connection.opened + self.limits.handshake_s
+        if not await self._handshake_slot(connection, deadline):
+            return False
+        self._handshaking.add(connection)
+        connection.waiting_since = time.monotonic()  # from its handshake's start: how long it has been stuck
+        try:
+            await connection.writer.start_tls(context, ssl_handshake_timeout=max(0.1, deadline - time.monotonic()))
+        finally:
+            self._handshaking.discard(connection)
+            self._next_handshake()
+        return True
+
+    async def _handshake_slot(self, connection: _Connection, deadline: float) -> bool:
+        """A handshake slot for `connection`: at once if one is free and nobody waits, else
+        when `_next_handshake` gives it one. False: shed while waiting, or out of time."""
+        running = len(self._handshaking) + self._granted.total()
+        if running < self.limits.handshakes and not len(self._slots):
+            return True
+        slot = self._slots.join(connection.source)
+        if slot is None:
+            return False
+        connection.slot = slot
+        take = False
+        try:
+            while not slot.turn.done() and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(slot.turn), min(ADMIT_TICK_S, deadline - time.monotonic()))
+                self._shed_stuck_handshakes()
+            take = slot.turn.done() and slot.turn.result() and connection in self.counters.connections
+        finally:
+            connection.slot = None
+            self._slots.leave(slot)
+            if slot.turn.done() and slot.turn.result():
+                _take_one(self._granted, connection.source)
+                if not take:  # given a slot it cannot use: the next waiter's
+                    self._next_handshake()
+            elif not slot.turn.done():
+                slot.turn.cancel()
+        return take
+
+    def _shed_stuck_handshakes(self) -> None:
+        """While connections wait for a slot, a handshake whose client has sent nothing unread
+        for `quiet_after_s` (`shed_after_s` for its address's only one: a loaded client may
+        be slow to answer) gives its slot up; a client answers the agent's flight at once.
+        300 half-sent ClientHellos held every slot until their deadline, and a scraper of
+        their address waited 1.25 s of its 1.5 s."""
+        now = time.monotonic()
+        running = collections.Counter(c.source for c in self._handshaking)
+        limits = self.limits
+        for stuck in [
+            c
+            for c in self._handshaking
+            if now - c.waiting_since >= (limits.quiet_after_s if running[c.source] > 1 else limits.shed_after_s)
+            and c.quiet()
+        ]:
+            self.counters.connections.discard(stuck)
+            stuck.writer.transport.abort()
+            self.counters.shed += 1
+
+    def _next_handshake(self) -> None:
+        """Free handshake slots to the waiters whose network, then address, has the fewest running."""
+        while len(self._slots) and len(self._handshaking) + self._granted.total() < self.limits.handshakes:
+            held = [c.source for c in self._handshaking] + list(self._granted.elements())
+            first = self._slots.ranked(held)[0]
+            self._granted[first.source] += 1
+            self._slots.end(first, served=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # The task the protocol runs per connection. Stopping cancels it, and it then ends
@@ -421,7 +546,8 @@ class Server:
             if self._ssl is not None:
                 connection.handshaking = True
                 try:
-                    await writer.start_tls(self._ssl, ssl_handshake_timeout=self.limits.handshake_s)
+                    if not await self._handshake(connection, self._ssl):
+                        return
                 except AttributeError:
                     # asyncio (3.11, 3.12) when the connection was shed or
                     # dropped mid-handshake: start_tls gets no TLS transport back.
@@ -433,14 +559,18 @@ class Server:
                 tls_object = writer.get_extra_info("ssl_object")
                 certificate = bool(tls_object.getpeercert()) if tls_object is not None else False
                 connection.credentialed = certificate
+                self._note_shown(connection)
             while True:
                 connection.waiting, connection.waiting_since = True, time.monotonic()
-                event = await self._next_request(reader, protocol)
+                event = await self._next_request(reader, protocol, connection)
+                connection.partial = False
                 if event is None:
                     return
                 connection.waiting = False
                 request = request_of(event, peer[0] if peer else "", certificate)
+                connection.presenting = "authorization" in request.headers
                 connection.credentialed = connection.credentialed or self._endpoint.credentialed(request)
+                self._note_shown(connection)
                 if "content-length" in request.headers and "transfer-encoding" in request.headers:
                     # A request smuggling's shape: answered, then the connection closed (RFC 9112 6.1).
                     raise _HttpError(400, "Content-Length and Transfer-Encoding together")
@@ -460,7 +590,9 @@ class Server:
                 if not await self._send(writer, protocol, response, head=request.method == "HEAD", on=connection):
                     return
                 connection.answered += 1
+                connection.presenting = False
                 connection.credentialed = connection.credentialed or response.authorized
+                self._note_shown(connection)
                 if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
                     return  # HTTP/1.0 or Connection: close
                 protocol.start_next_cycle()
@@ -529,8 +661,11 @@ class Server:
             if not watch.done():
                 watch.cancel()
 
-    async def _next_request(self, reader: asyncio.StreamReader, protocol: h11.Connection) -> h11.Request | None:
-        """The next request's head, within the limits; None when the client closed."""
+    async def _next_request(
+        self, reader: asyncio.StreamReader, protocol: h11.Connection, on: _Connection
+    ) -> h11.Request | None:
+        """The next request's head, within the limits; None when the client closed. `on.partial`
+        while part of it has been read and the rest is awaited."""
         deadline: float | None = None
         received = len(protocol.trailing_data[0])  # pipelined bytes already in h11's buffer
         while True:
@@ -564,6 +699,7 @@ class Server:
             if deadline is None and data:
                 deadline = time.monotonic() + self.limits.head_deadline_s
             received += len(data)
+            on.partial = on.partial or bool(data)
             if data and protocol.their_state is h11.IDLE and not protocol.trailing_data[0]:
                 # Empty lines before a request line are ignored (RFC 9112 2.2: a server
                 # "SHOULD ignore at least one"); h11 would answer them 400. They count
@@ -634,6 +770,13 @@ class Server:
         except (h11.ProtocolError, ConnectionError, OSError):
             pass
         _close(writer)
+
+
+def _take_one(granted: collections.Counter[str], source: str) -> None:
+    """One of what was given to `source` and not yet taken is taken (or given back)."""
+    granted[source] -= 1
+    if granted[source] <= 0:
+        del granted[source]
 
 
 def _close(writer: asyncio.StreamWriter) -> None:
