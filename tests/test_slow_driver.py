@@ -81,3 +81,37 @@ def test_a_sweep_stuck_in_the_driver_leaves_the_scrapes_the_last_sweep(tmp_path:
         agent.stop()
     assert max(took) < SCRAPE_TIMEOUT_S, took
     assert all(each.series("vgpu_pod_memory_used_bytes") for each in served)
+
+
+def test_a_gpm_read_hung_in_the_driver_costs_that_gpus_gpm_figures_not_the_sweeps(tmp_path: Path) -> None:
+    scenario = tmp_path / "node.yaml"
+    # GPU 0's GPM reads hang from 1 s on; GPU 1's answer. The sweeps read GPM once an engine
+    # window (10 s), each GPU's on a thread of its own, waited for at most 1 s.
+    scenario.write_text(
+        "gpus: [{model: NVIDIA H100 80GB HBM3, memory: 80GiB}, {model: NVIDIA H100 80GB HBM3, memory: 80GiB}]\n"
+        "pods:\n"
+        "  - {name: a, shares: {0: 1}, processes: [{gpu: 0, memory: 1GiB, sm: 0.4}]}\n"
+        "  - {name: b, shares: {1: 1}, processes: [{gpu: 1, memory: 1GiB, sm: 0.4}]}\n"
+        f"faults: [{{call: gpm, gpu: 0, delay_s: {SLOW_S}, from_s: 1}}]\n"
+    )
+    ratio = tmp_path / "gpu_allocation.txt"
+    ratio.write_text("2\n")
+    with running_agent("--simulate", str(scenario), "--allocation-file", str(ratio)) as agent:
+
+        def both_windows_closed() -> bool:
+            served = agent.scrape()
+            errors = served.by("vgpu_agent_collection_errors_total", "stage").get(("gpm",), 0.0)
+            return errors >= 1 and bool(served.by("vgpu_gpu_tensor_active_ratio", "gpu_id"))
+
+        # GPU 1's first window closes and GPU 0's read misses its deadline; the sweeps go on.
+        wait_until(both_windows_closed, timeout=60, what="a GPM window closed and GPU 0's read late")
+        sweeps = agent.scrape().series("vgpu_agent_collection_duration_seconds_count")
+        wait_until(
+            lambda: agent.scrape().series("vgpu_agent_collection_duration_seconds_count") != sweeps,
+            timeout=30,
+            what="another sweep",
+        )
+        served = agent.scrape()
+        agent.stop()
+    assert list(served.by("vgpu_gpu_tensor_active_ratio", "gpu_id")) == [("1",)]
+    assert sorted(served.by("vgpu_pod_memory_used_bytes", "gpu_id")) == [("0",), ("1",)]

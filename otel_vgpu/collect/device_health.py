@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from otel_vgpu.collect.aggregate import GpuRow
+from otel_vgpu.collect.deadline import CallThread
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.gpu.backend import GpuBackend, GpuError
 from otel_vgpu.health import Health, Stage
@@ -64,53 +65,6 @@ class _Read:
     figures: Mapping[str, float]
 
 
-class _Worker:
-    """One GPU's reads, on a thread of its own: a hung call in the driver holds this thread alone."""
-
-    def __init__(self, index: int, clock: Callable[[], float]) -> None:
-        self.index = index
-        self._clock = clock
-        self._asked = threading.Event()
-        self._done = threading.Event()
-        self._done.set()
-        self._read: Callable[[], Mapping[str, float] | None] = lambda: None
-        self.started_at: float | None = None
-        """When the read in flight began; None while idle."""
-        self.last: _Read | None = None
-        self.stopped = False
-        self._thread = NamedThread(target=self._run, name=f"gpu{index}-health", daemon=True)
-        self._thread.start()
-
-    @property
-    def busy(self) -> bool:
-        return not self._done.is_set()
-
-    def ask(self, read: Callable[[], Mapping[str, float] | None]) -> None:
-        self._read = read
-        self.started_at = self._clock()
-        self._done.clear()
-        self._asked.set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._done.wait(timeout)
-
-    def _run(self) -> None:
-        while not self.stopped:
-            self._asked.wait()
-            self._asked.clear()
-            if self.stopped:
-                return
-            try:
-                figures = self._read()
-                if figures is not None:
-                    self.last = _Read(self._clock(), figures)
-            except Exception as error:  # a bug, never the driver's answer (`read` says those)
-                log.warning("GPU %d: reading its health failed: %s", self.index, error)
-            finally:
-                self.started_at = None
-                self._done.set()
-
-
 class DeviceHealth:
     def __init__(
         self,
@@ -126,7 +80,9 @@ class DeviceHealth:
         self._every_s = every_s
         self._deadline_s = deadline_s
         self._lock = threading.Lock()
-        self._workers: dict[int, _Worker] = {}
+        self._workers: dict[int, CallThread] = {}
+        self._last: dict[int, _Read] = {}
+        """Each GPU's last figures read, by index."""
         self._failing: set[str] = set()
         """The kinds of failure in force, by GPU (`<index>:<code>`), which the workers change too."""
         self._failing_lock = threading.Lock()
@@ -140,15 +96,13 @@ class DeviceHealth:
         self._thread.start()
 
     def stop(self) -> None:
-        """No more reads: the cadence ends, and each worker once its read in flight returns (a
-        read hung in the driver holds its daemon thread until the process exits)."""
+        """No more reads: the cadence ends, and each GPU's thread once its read in flight
+        returns (a read hung in the driver holds its daemon thread until the process exits)."""
         self._stop.set()
         with self._lock:
             workers = list(self._workers.values())
         for worker in workers:
-            worker.stopped = True
-            if not worker.busy:
-                worker.ask(lambda: None)
+            worker.stop()
 
     def rows(self, max_age: float) -> tuple[HealthRow, ...]:
         """Each GPU's last health figures, with their age; without `start`, read now unless a read
@@ -164,8 +118,7 @@ class DeviceHealth:
         stale = max(self._every_s if self._thread is not None else max_age, self._deadline_s) * STALE_READS
         rows = []
         for gpu in snapshot.gpus:
-            worker = self._workers.get(gpu.index)
-            last = worker.last if worker is not None else None
+            last = self._last.get(gpu.index)
             if last is not None and now - last.at <= stale:
                 rows.append(HealthRow(gpu, last.figures, max(0.0, now - last.at)))
         return tuple(rows)
@@ -181,16 +134,15 @@ class DeviceHealth:
             for gpu in snapshot.gpus:
                 worker = self._workers.get(gpu.index)
                 if worker is None:
-                    worker = self._workers[gpu.index] = _Worker(gpu.index, self._clock)
-                if worker.busy:
+                    worker = self._workers[gpu.index] = CallThread(f"gpu{gpu.index}-health")
+                if not worker.start(functools.partial(self._read, gpu.index)):
                     late.add(gpu.index)  # its last read has not returned: not asked again meanwhile
                     continue
-                worker.ask(functools.partial(self._read, gpu.index))
-                asked.append(worker)
+                asked.append((gpu.index, worker))
             until = time.monotonic() + self._deadline_s
-            for worker in asked:
+            for index, worker in asked:
                 if not worker.wait(max(0.0, until - time.monotonic())):
-                    late.add(worker.index)
+                    late.add(index)
             for index in late:
                 kind = f"{index}:DEADLINE"
                 with self._failing_lock:
@@ -206,12 +158,16 @@ class DeviceHealth:
                 failing = set(self._failing)
             self._health.recovered(Stage.DEVICE_HEALTH, "device_health recovered ({kinds})", still=failing)
 
-    def _read(self, index: int) -> Mapping[str, float] | None:
-        """GPU `index`'s figures, on its worker's thread; None where they could not be read."""
-        with self._sampler.driver_use() as backend:
-            if backend is None:
-                return None
-            return self._figures(backend, index)
+    def _read(self, index: int) -> None:
+        """GPU `index`'s figures read, on its thread, and kept; nothing kept where they could not be."""
+        try:
+            with self._sampler.driver_use() as backend:
+                figures = None if backend is None else self._figures(backend, index)
+        except Exception as error:  # a bug, never the driver's answer (`_figures` says those)
+            log.warning("GPU %d: reading its health failed: %s", index, error)
+            return
+        if figures is not None:
+            self._last[index] = _Read(self._clock(), figures)
 
     def _figures(self, backend: GpuBackend, index: int) -> Mapping[str, float] | None:
         try:

@@ -31,6 +31,7 @@ from enum import Enum
 
 from otel_vgpu.collect import ledger
 from otel_vgpu.collect.aggregate import GpuReading
+from otel_vgpu.collect.deadline import CallThread
 from otel_vgpu.gpu.backend import (
     AccountingRecord,
     Device,
@@ -79,6 +80,9 @@ CLOSE_EARLY = 0.95
 # yet: each read costs 2 ms of CPU on an H200 (bench/results/h200-sweep-cost.md), so a node
 # whose tenants start a process a second costs at most this bound, and a steady one nothing.
 SAMPLE_EVERY_S = 0.5
+# How long a sweep waits for a GPU's GPM read (2 ms on an H200: bench/results/h200-health.md)
+# before it goes on without that GPU's GPM figures for the window.
+GPM_DEADLINE_S = 1.0
 # How long after a change of a GPU's memory in use the watch lists it at every look: on an
 # H200 a new process's context holds its memory 220 ms before NVML lists the process
 # (bench/results/h200-memory-probe.md), so a listing at the change alone finds it not yet there.
@@ -150,6 +154,7 @@ class GpuReader:
         reads: frozenset[Read] = frozenset(Read),
         engine_every_s: float = ENGINE_EVERY_S,
         sample_every_s: float = SAMPLE_EVERY_S,
+        gpm_deadline_s: float = GPM_DEADLINE_S,
     ) -> None:
         """`reads`: what beside the device and its processes is read; the rest is never asked."""
         self._backend = backend
@@ -193,6 +198,9 @@ class GpuReader:
         """When the watch last read each GPU's per-process samples, by UUID."""
         self.watch_samples = 0
         """How many times the watch has read per-process samples (each costs 2 ms on an H200)."""
+        self._gpm_callers: dict[int, CallThread] = {}
+        """Each GPU's thread for its GPM reads, by index (collect/deadline.py)."""
+        self._gpm_deadline_s = gpm_deadline_s
         self._accounted: dict[str, dict[int, int | None]] = {}
         """By UUID, where accounting mode is on: each PID of its buffer, and the start of the
         ended process whose record was taken (None: in the buffer when the agent found it)."""
@@ -462,13 +470,30 @@ class GpuReader:
         if opened is not None and now - opened < self._engine_every_s * CLOSE_EARLY:
             return device
         instances = [m.gpu_instance_id for m in device.migs if m.gpu_instance_id is not None]
+
+        def read() -> tuple[dict[str, float] | None, dict[int, dict[str, float] | None]]:
+            return self._backend.gpm(index), {gi: self._backend.gpm(index, gi) for gi in instances}
+
+        caller = self._gpm_callers.get(index)
+        if caller is None:
+            caller = self._gpm_callers[index] = CallThread(f"gpu{index}-gpm")
         try:
-            figures = self._backend.gpm(index)
-            by_instance = {gi: self._backend.gpm(index, gi) for gi in instances}
+            answered, read_now = caller.run(read, self._gpm_deadline_s)
         except GpuError as error:
             errors.add(Stage.GPM, f"{index}:{error.code.value}", f"GPU {index}: GPM: {error}")
             self._gpm_opened.pop(device.uuid, None)
             return device
+        if not answered:
+            # A GPM call hung in the driver costs this GPU's GPM figures, never the sweep: the
+            # window opens anew once it answers.
+            errors.add(
+                Stage.GPM,
+                f"{index}:DEADLINE",
+                f"GPU {index}: GPM: no answer from the driver in {self._gpm_deadline_s:g} s",
+            )
+            self._gpm_opened.pop(device.uuid, None)
+            return device
+        figures, by_instance = read_now
         self._gpm_opened[device.uuid] = now
         if opened is None or figures is None:
             return device  # the window opens
