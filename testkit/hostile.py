@@ -192,7 +192,18 @@ class Baseline:
 
 
 def settle(pid: int) -> Baseline:
-    """The agent's figures once it has served a few scrapes (its pools made, its caches warm)."""
+    """The agent's figures once it has served a few scrapes (its pools made, its caches warm),
+    and once its threads are all up: each GPU's health and GPM threads start with the first
+    sweep that reads it, so its thread count is taken once it has held for a second."""
+    last = {"count": threads(pid), "since": time.monotonic()}
+
+    def steady() -> bool:
+        count = threads(pid)
+        if count != last["count"]:
+            last.update(count=count, since=time.monotonic())
+        return time.monotonic() - last["since"] >= 1.0
+
+    wait_until(steady, what="the agent's threads all up", timeout=30)
     return Baseline(rss_mib(pid), threads(pid), fds(pid))
 
 
