@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,10 +44,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import wait_serving
-from testkit.cuda_workloads import in_cgroup, require_gpu, start_workload
+from testkit.cuda_workloads import require_gpu, start_workload
 from testkit.gpu_node import NODE, POD_RESOURCES_DIR, Doubles, pod_harness
-from testkit.host_pods import CGROUP_ROOT, HostPod, new_container, place, stop_pods
+from testkit.host_pods import CGROUP_ROOT, HostPod, place, stop_pods
 from testkit.kube_api_double import pod_object
+from testkit.mps import mps_daemon
 from testkit.pod_harness import PodHarness
 from testkit.report import Report, Samples, scrape
 
@@ -276,10 +276,6 @@ def mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -> No
     facts = gpu_facts()
     gpu, total = facts["uuid"], facts["total"]
     lines += [f"GPU: {facts['model']}, driver {facts['driver']}, {total / GIB:.1f} GiB", ""]
-    pipe, logs = workdir / "mps-pipe", workdir / "mps-log"
-    pipe.mkdir(parents=True)
-    logs.mkdir(parents=True)
-    mps_env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
     daemon_pod = HostPod(
         "nvidia-device-plugin", "nvidia-device-plugin-mps-control-daemon-x7k2p", "systemd", "burstable"
     )
@@ -288,16 +284,16 @@ def mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -> No
         HostPod("ml", "mps-busy-b", "cgroupfs", "besteffort", workloads=[("busy", 3.0)]),
         HostPod("ml", "mps-idle", "systemd", "guaranteed", workloads=[("idle", 2.0)]),
     ]
-    # The daemon starts in its pod's cgroup: the server it spawns for the first client
-    # inherits the cgroup.
-    daemon = subprocess.Popen(
-        in_cgroup(new_container(daemon_pod), ["nvidia-cuda-mps-control", "-f"]),
-        env={**os.environ, **mps_env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     cluster = Doubles(workdir, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
-    try:
+    # Undone in turn: the clients stopped, the daemon told to quit, its pod's cgroups removed.
+    with contextlib.ExitStack() as undo:
+        undo.callback(cluster.stop)
+        undo.callback(stop_pods, [daemon_pod])
+        # The daemon starts in its pod's cgroup: the server it spawns for the first client
+        # inherits the cgroup.
+        daemon = undo.enter_context(mps_daemon(daemon_pod, workdir))
+        mps_env = daemon.env
+        undo.callback(stop_pods, clients)
         time.sleep(1.0)
         for pod in clients:
             for mode, gib in pod.workloads:
@@ -368,24 +364,7 @@ def mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -> No
         server_memory = one(metrics, "vgpu_pod_memory_used_bytes", namespace=daemon_pod.namespace, pod=daemon_pod.name)
         truth = sum(everything.get(pid, 0) for pid in servers)
         check(server_memory == truth, f"the daemon pod holds its server's memory {server_memory} == NVML {truth}")
-    finally:
-        stop_pods(clients)
-        quit_ = subprocess.run(
-            ["nvidia-cuda-mps-control"],
-            input="quit\n",
-            text=True,
-            env={**os.environ, **mps_env},
-            timeout=30,
-            check=False,
-        )
-        lines.append(f"MPS daemon told to quit: exit {quit_.returncode}")
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        stop_pods([daemon_pod])
-        cluster.stop()
+    lines.append(f"MPS daemon told to quit: exit {daemon.quit_code}")
 
 
 def main() -> int:

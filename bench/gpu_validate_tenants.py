@@ -58,7 +58,6 @@ import argparse
 import contextlib
 import functools
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,10 +69,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import wait_serving
-from testkit.cuda_workloads import in_cgroup, require_gpu, start_workloads
+from testkit.cuda_workloads import require_gpu, start_workloads
 from testkit.gpu_node import NODE, POD_RESOURCES_DIR, Doubles, pod_harness
-from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, new_container, place, start_in, stop_pods
+from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, place, start_in, stop_pods
 from testkit.kube_api_double import pod_object
+from testkit.mps import mps_daemon
 from testkit.report import Report, Samples, scrape
 
 AGENT_URL = "http://127.0.0.1:8080"
@@ -402,50 +402,28 @@ def own_mps_part(manifest: Path, workdir: Path, report: Report, settle: float) -
     lines, check = report.lines, report.check
     tenant = HostPod("team-b", "mps-tenant", "systemd", "besteffort")
     neighbour = HostPod("team-a", "neighbour", "systemd", "burstable")
-    pipe, logs = workdir / "tenant-mps-pipe", workdir / "tenant-mps-log"
-    pipe.mkdir(parents=True)
-    logs.mkdir(parents=True)
-    mps_env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
-    # The daemon starts in the tenant's container cgroup: the server it spawns for the first
-    # client inherits it, as in a container.
-    daemon = subprocess.Popen(
-        in_cgroup(new_container(tenant), ["nvidia-cuda-mps-control", "-f"]),
-        env={**os.environ, **mps_env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     works = {"neighbour": [workdir / "neighbour-work"], "mps-tenant": [workdir / f"client-{n}" for n in range(2)]}
-    try:
-        time.sleep(1.0)
-        place(neighbour, start_workloads(["steady"], 1.0, {"WORK_FILE": str(works["neighbour"][0])}, burst_ms=300)[0])
-        for path in works["mps-tenant"]:
-            start_in(tenant, ["steady"], 1.0, {**mps_env, "WORK_FILE": str(path)}, burst_ms=300)
-        with (
-            cluster_of([tenant, neighbour], workdir / "cluster") as cluster,
-            agent(manifest, workdir / "pod", cluster, lines),
-        ):
-            time.sleep(settle)
-            first = scrape(f"{AGENT_URL}/metrics")
-            before = {name: sum(work_of(p) for p in paths) for name, paths in works.items()}
-            time.sleep(OWN_MPS_S)
-            last = scrape(f"{AGENT_URL}/metrics")
-            ran = {name: sum(work_of(p) for p in paths) - before[name] for name, paths in works.items()}
-        listed = nvml_used()
-    finally:
-        stop_pods([tenant, neighbour])
-        subprocess.run(
-            ["nvidia-cuda-mps-control"],
-            input="quit\n",
-            text=True,
-            env={**os.environ, **mps_env},
-            timeout=30,
-            check=False,
-        )
+    with mps_daemon(tenant, workdir / "tenant") as daemon:
         try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+            time.sleep(1.0)
+            place(
+                neighbour, start_workloads(["steady"], 1.0, {"WORK_FILE": str(works["neighbour"][0])}, burst_ms=300)[0]
+            )
+            for path in works["mps-tenant"]:
+                start_in(tenant, ["steady"], 1.0, {**daemon.env, "WORK_FILE": str(path)}, burst_ms=300)
+            with (
+                cluster_of([tenant, neighbour], workdir / "cluster") as cluster,
+                agent(manifest, workdir / "pod", cluster, lines),
+            ):
+                time.sleep(settle)
+                first = scrape(f"{AGENT_URL}/metrics")
+                before = {name: sum(work_of(p) for p in paths) for name, paths in works.items()}
+                time.sleep(OWN_MPS_S)
+                last = scrape(f"{AGENT_URL}/metrics")
+                ran = {name: sum(work_of(p) for p in paths) - before[name] for name, paths in works.items()}
+            listed = nvml_used()
+        finally:
+            stop_pods([tenant, neighbour])
     servers = [pid for pid in listed if command_of(pid).startswith("nvidia-cuda-mps")]
     lines += [
         f"NVML's compute list at the end: {len(listed)} processes, MPS servers among them: {servers}",
