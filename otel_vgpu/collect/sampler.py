@@ -203,20 +203,14 @@ class Sampler:
         """A snapshot no older than `max_age` seconds, sweeping if needed; with sweeps of the
         agent's own (`drive`), the last sweep's, or the one in flight's, whatever its age, but
         never after waiting more than `SWEEP_WAIT_S` for it."""
-        generation = self._generation
-        before = self._latest
-        if self._driven:
-            if not self._lock.acquire(timeout=SWEEP_WAIT_S):
-                # A sweep stuck in a slow driver call (the first after a driver upgrade, in
-                # nvmlInit, among them): its predecessor serves, or none, rather than a scrape
-                # that waits past its timeout and loses every figure.
-                return before if before is not None else Snapshot(taken_at=self._clock(), ok=False)
-            try:
-                latest = self._latest
-                return latest if latest is not None else self._store(self._sweep())
-            finally:
-                self._lock.release()
-        with self._lock:
+        generation, before = self._generation, self._latest
+        # With sweeps of the agent's own, one stuck in a slow driver call (the first after a
+        # driver upgrade, in nvmlInit, among them) is waited for at most SWEEP_WAIT_S: its
+        # predecessor serves, or none, rather than a scrape that waits past its timeout and
+        # loses every figure.
+        if not self._lock.acquire(timeout=SWEEP_WAIT_S if self._driven else -1):
+            return before if before is not None else Snapshot(taken_at=self._clock(), ok=False)
+        try:
             latest = self._latest
             if latest is not None and (
                 self._driven
@@ -227,6 +221,8 @@ class Sampler:
             ):
                 return latest
             return self._store(self._sweep())
+        finally:
+            self._lock.release()
 
     def sweep(self) -> Snapshot:
         """A sweep now: the sweeper's, on the agent's own cadence."""
