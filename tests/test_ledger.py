@@ -153,6 +153,37 @@ def test_beside_a_figure_that_swings_a_young_process_is_given_only_its_own() -> 
     assert window.ran[(2, 1)].sm == pytest.approx(0.2 * 0.8 * (1.0 / 1.1))
 
 
+def young_beside_a_risen_figure(a_figures: list[float]) -> ledger.Window:
+    """A's 1 settled alone at 0.3 for 2 s, then B's 2 comes, young, reading 0.1, while A's 1
+    reads `a_figures` (one a period), the GPU 1.0."""
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    for t in range(200, 2_001, 200):
+        ledger.sampled(book, [UtilizationSample(1, t * MS, ProcessUse(0.3))])
+    ledger.listed(book, 2_000 * MS, [seen(1, A)])
+    ledger.close(book, periods(0, 2_000, 0.3))
+    ledger.listed(book, 2_200 * MS, [seen(1, A), seen(2, B)])
+    for k, sm in enumerate(a_figures):
+        ledger.sampled(book, [UtilizationSample(1, (2_400 + 200 * k) * MS, ProcessUse(sm))])
+    ledger.sampled(book, [UtilizationSample(2, 2_400 * MS, ProcessUse(0.1))])
+    ledger.listed(book, 3_000 * MS, [seen(1, A), seen(2, B)])
+    return ledger.close(book, periods(2_200, 3_000, 1.0))
+
+
+def test_a_figure_that_rose_beside_a_young_process_leaves_it_the_rise_and_one_at_a_trough_does_not() -> None:
+    # A time-sliced process's figure rises while a neighbour runs beside it, to 4.5 times the
+    # work it does then (bench/results/h200-shared-samples.md). A's figure read at its crest,
+    # 0.5, hides nothing below it: what the figures leave, 0.4 of each period, is the young
+    # B's, up to the rise its coming made (1.0 - 0.3).
+    risen = young_beside_a_risen_figure([0.5] * 4)
+    assert risen.ran[(1, 1)].sm == pytest.approx(0.5 * 0.8)
+    assert risen.ran[(2, 1)].sm == pytest.approx((0.1 + 0.4) * 0.8)
+    # Read at a trough (0.1, below its recent 0.3), A's figure may hide A's own work: B is
+    # given its own figure alone.
+    trough = young_beside_a_risen_figure([0.1] * 4)
+    assert trough.ran[(2, 1)].sm == pytest.approx(0.1 * 0.8)
+
+
 def record(pid: int, start_ms: int, end_ms: int, sm: float, running: bool = False) -> AccountingRecord:
     """NVML's accounting of a process: `time` is 0 while it runs (nvml.h)."""
     seconds = 0.0 if running else (end_ms - start_ms) / 1_000

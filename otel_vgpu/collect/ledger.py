@@ -478,10 +478,18 @@ def _split(
     if left <= 0:
         return given
     young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US]
-    # Only beside settled lives whose figures hold still: where one swings from sample to
-    # sample, what the figures leave may be its own, read low, as well as a young one's.
+    # Only beside settled lives whose figures hold still or read at their crest: where one
+    # swings and reads below its recent high, what the figures leave may be its own, read at a
+    # trough, as well as a young one's. One at its crest hides nothing below it: on an H200 a
+    # time-sliced process's figure rises while a neighbour runs beside it, to 4.5 times the
+    # work it does then (bench/results/h200-shared-samples.md), and held to that rise the
+    # young neighbour was billed 0.65 of its work (h200-restarts-holds.md).
     is_young = set(young)
-    steady = all(holds_still(life) for k, (life, _, _) in enumerate(figures) if k not in is_young and not life.unknown)
+    steady = all(
+        holds_still(life) or _at_crest(life, use)
+        for k, (life, _, use) in enumerate(figures)
+        if k not in is_young and not life.unknown
+    )
     if young and steady:
         mine: dict[str, float] = {}
         for (life, _, _), g in zip(figures, given, strict=True):
@@ -531,6 +539,11 @@ def _swinging(
 def _highest(life: Life) -> float:
     """The highest of a life's last few samples' SM figures."""
     return max((use.sm for _, use in life.samples[-STILL_SAMPLES:]), default=0.0)
+
+
+def _at_crest(life: Life, use: ProcessUse | None) -> bool:
+    """Whether the figure a period used is within `STILL_SPREAD` of the life's recent high."""
+    return use is not None and use.sm >= _highest(life) - STILL_SPREAD
 
 
 def _holds_still(life: Life) -> bool:
