@@ -171,6 +171,31 @@ CASES = {
         (("OTEL_VGPU_PROC_ROOT", "{ratio}"),),
         ("OTEL_VGPU_PROC_ROOT={ratio}: not a directory; give the /proc of the host's PID namespace",),
     ),
+    # The OTLP exporter's files and protocol, from the SDK's own variables.
+    "otlp-certificate-missing-variable": Case(
+        SIMULATED,
+        (("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"), ("OTEL_EXPORTER_OTLP_CERTIFICATE", "{missing}")),
+        (
+            "OTEL_EXPORTER_OTLP_CERTIFICATE={missing}: no such file; "
+            "give the Collector's CA certificate in PEM (BEGIN CERTIFICATE)",
+        ),
+    ),
+    "otlp-client-key-garbage-variable": Case(
+        SIMULATED,
+        (
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"),
+            ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY", "{cert}"),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY={cert}: holds no PRIVATE KEY block; "
+            "give the client certificate's private key in PEM (BEGIN PRIVATE KEY)",
+        ),
+    ),
+    "otlp-protocol-variable": Case(
+        SIMULATED,
+        (("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpcs")),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL='grpcs': expected one of grpc, http/protobuf",),
+    ),
     # Two lists that exclude each other, one from a flag and one from a variable.
     "allowlist-and-denylist": Case(
         (*SIMULATED, "--metric-allowlist", "vgpu_pod_.*"),
