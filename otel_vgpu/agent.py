@@ -189,12 +189,21 @@ class Agent:
             )
         except OSError as error:
             where = f"{host_in_url(config.address)}:{config.port}"
-            hint = {
-                errno.EADDRINUSE: "; choose another port with --port or OTEL_VGPU_PORT",
-                errno.EADDRNOTAVAIL: "; choose an address of this host with --address or OTEL_VGPU_ADDRESS",
-                errno.EACCES: "; ports below 1024 need privileges: choose another with --port",
-            }.get(error.errno or 0, "")
-            raise StartupError(f"cannot listen on {where}: {error.strerror or error}{hint}", EXIT_USAGE) from None
+            given = f"{config.spelled('address')}, {config.spelled('port')}"
+            address = f"; choose an address of this host with {flag_or_variable('address')} (0.0.0.0: all of them)"
+            # An address that does not resolve is a gaierror, whose errno is getaddrinfo's, not errno's.
+            hint = (
+                address
+                if isinstance(error, socket.gaierror)
+                else {
+                    errno.EADDRINUSE: f"; choose another port with {flag_or_variable('port')}",
+                    errno.EADDRNOTAVAIL: address,
+                    errno.EACCES: f"; ports below 1024 need privileges: choose another with {flag_or_variable('port')}",
+                }.get(error.errno or 0, "")
+            )
+            raise StartupError(
+                f"cannot listen on {where} ({given}): {error.strerror or error}{hint}", EXIT_USAGE
+            ) from None
 
     # --- lifecycle ------------------------------------------------------------------
 

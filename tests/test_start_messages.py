@@ -196,6 +196,25 @@ CASES = {
         (("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpcs")),
         ("OTEL_EXPORTER_OTLP_PROTOCOL='grpcs': expected one of grpc, http/protobuf",),
     ),
+    # Where to listen: named as given, with the flag and variable to change.
+    "address-unresolvable-flag": Case(
+        (*SIMULATED, "--address", "no-such-host.invalid"),
+        (),
+        (
+            "(--address no-such-host.invalid, --port ",
+            "; choose an address of this host with --address or OTEL_VGPU_ADDRESS (0.0.0.0: all of them)",
+        ),
+    ),
+    "address-not-here-variable": Case(
+        SIMULATED,
+        # TEST-NET-1 (RFC 5737): no host has it.
+        (("OTEL_VGPU_ADDRESS", "192.0.2.1"),),
+        (
+            "cannot listen on 192.0.2.1:",
+            "(OTEL_VGPU_ADDRESS=192.0.2.1, --port ",
+            "; choose an address of this host with --address or OTEL_VGPU_ADDRESS",
+        ),
+    ),
     # Two lists that exclude each other, one from a flag and one from a variable.
     "allowlist-and-denylist": Case(
         (*SIMULATED, "--metric-allowlist", "vgpu_pod_.*"),
@@ -244,8 +263,10 @@ def test_a_file_it_cannot_use_is_named_by_its_flag_or_variable_with_the_remedy(
     # Where no gpu_allocation.txt is, so that only the default case meets the default path;
     # the package imported from this tree, wherever the test runs it.
     env["PYTHONPATH"] = str(ROOT)
+    if "--address" not in args and "OTEL_VGPU_ADDRESS" not in env:
+        args += ["--address", "127.0.0.1"]
     result = subprocess.run(
-        command(*args, "--address", "127.0.0.1", "--port", str(free_port())),
+        command(*args, "--port", str(free_port())),
         capture_output=True,
         text=True,
         timeout=30,
