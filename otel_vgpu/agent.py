@@ -44,7 +44,14 @@ from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.collect.sweeper import Sweeper
 from otel_vgpu.collect.watch import ProcessWatch
 from otel_vgpu.collect.xids import XidCounts, XidWatch
-from otel_vgpu.config import DEFAULT_ALLOCATION_FILE, EXIT_DRIVER_CHANGED, EXIT_NO_GPU, EXIT_USAGE, Config
+from otel_vgpu.config import (
+    DEFAULT_ALLOCATION_FILE,
+    EXIT_DRIVER_CHANGED,
+    EXIT_NO_GPU,
+    EXIT_USAGE,
+    Config,
+    flag_or_variable,
+)
 from otel_vgpu.export.auth import AuthFileError, BasicAuth, load_users
 from otel_vgpu.export.families import Family, reads_of, selected
 from otel_vgpu.export.reload import CredentialWatch, Watched
@@ -93,6 +100,7 @@ class Agent:
         """The Kubernetes API's client and timers, shared by the watches (None without the API)."""
         self._scenario = self._load_scenario()
         self.ratio = self._ratio_source()
+        self._check_proc_root()
         # The SDK loads from here on: a bad flag or file has failed before, in a few milliseconds.
         from otel_vgpu.export.otlp import settings_from  # noqa: PLC0415
 
@@ -181,12 +189,21 @@ class Agent:
             )
         except OSError as error:
             where = f"{host_in_url(config.address)}:{config.port}"
-            hint = {
-                errno.EADDRINUSE: "; choose another port with --port or OTEL_VGPU_PORT",
-                errno.EADDRNOTAVAIL: "; choose an address of this host with --address or OTEL_VGPU_ADDRESS",
-                errno.EACCES: "; ports below 1024 need privileges: choose another with --port",
-            }.get(error.errno or 0, "")
-            raise StartupError(f"cannot listen on {where}: {error.strerror or error}{hint}", EXIT_USAGE) from None
+            given = f"{config.spelled('address')}, {config.spelled('port')}"
+            address = f"; choose an address of this host with {flag_or_variable('address')} (0.0.0.0: all of them)"
+            # An address that does not resolve is a gaierror, whose errno is getaddrinfo's, not errno's.
+            hint = (
+                address
+                if isinstance(error, socket.gaierror)
+                else {
+                    errno.EADDRINUSE: f"; choose another port with {flag_or_variable('port')}",
+                    errno.EADDRNOTAVAIL: address,
+                    errno.EACCES: f"; ports below 1024 need privileges: choose another with {flag_or_variable('port')}",
+                }.get(error.errno or 0, "")
+            )
+            raise StartupError(
+                f"cannot listen on {where} ({given}): {error.strerror or error}{hint}", EXIT_USAGE
+            ) from None
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -244,29 +261,58 @@ class Agent:
     # --- sources ----------------------------------------------------------------------
 
     def _load_scenario(self) -> Scenario | None:
-        if self.config.simulate is None:
+        config = self.config
+        if config.simulate is None:
             return None
-        from otel_vgpu.sim.scenario_file import load_scenario  # noqa: PLC0415
+        from otel_vgpu.sim.scenario_file import ScenarioFileError, load_scenario  # noqa: PLC0415
 
         try:
-            return load_scenario(self.config.simulate)
+            return load_scenario(config.simulate, name=config.spelled("simulate"))
+        except ScenarioFileError as error:
+            # Another file is the remedy, or none: the built-in node, spelled where the file was.
+            builtin = (
+                "--simulate alone" if config.origin("simulate").startswith("-") else f"{config.origin('simulate')}=true"
+            )
+            raise StartupError(
+                f"{error}; give a scenario file (docs/scenario.md), or {builtin} for the built-in node", EXIT_USAGE
+            ) from None
         except ScenarioError as error:
             raise StartupError(str(error), EXIT_USAGE) from None
 
     def _ratio_source(self) -> RatioSource:
         """The ratio file; on a simulated node without one where the default
         path points, the scenario's ratio (said in the serving line)."""
-        path = self.config.allocation_file
+        config = self.config
+        path = config.allocation_file
         simulated = self._scenario is not None and path == DEFAULT_ALLOCATION_FILE and not path.exists()
         try:
-            return RatioSource(path, fallback=self._scenario.ratio if self._scenario and simulated else None)
+            return RatioSource(
+                path,
+                fallback=self._scenario.ratio if self._scenario and simulated else None,
+                name=config.spelled("allocation_file"),
+            )
         except RatioFileError as error:
+            default = "" if "allocation_file" in config.given else "; that is the default path"
             hint = (
                 ""
                 if path.exists()
-                else "; give the ratio file's path with --allocation-file or OTEL_VGPU_ALLOCATION_FILE"
+                else f"{default}; give the ratio file's path with {flag_or_variable('allocation_file')}"
             )
             raise StartupError(f"{error}{hint}", EXIT_USAGE) from None
+
+    def _check_proc_root(self) -> None:
+        """--proc-root, on a real node (a simulated one has its own): a wrong one would attribute
+        every process to no pod, sweep after sweep, with nothing said; it fails the start instead,
+        before the driver is asked."""
+        config = self.config
+        if self._scenario is not None or config.proc_root.is_dir():
+            return
+        what = "not a directory" if config.proc_root.exists() else "no such directory"
+        raise StartupError(
+            f"{config.spelled('proc_root')}: {what}; give the /proc of the host's PID namespace as the agent "
+            "sees it (the default, /proc, with the host's PID namespace shared)",
+            EXIT_USAGE,
+        )
 
     def _describe_simulation(self, scenario: Scenario) -> None:
         """Said once serving, so that nothing precedes a start-up error's one line."""
@@ -331,7 +377,7 @@ class Agent:
                 log.warning("Kubernetes API off (%s): the pod label holds pod UIDs and namespace is empty", why)
             return
 
-        from otel_vgpu.kubernetes.api import KubePodDirectory, make_client  # noqa: PLC0415
+        from otel_vgpu.kubernetes.api import KubeconfigError, KubePodDirectory, make_client  # noqa: PLC0415
         from otel_vgpu.kubernetes.podresources import KubeletAllocation, PodResourcesClient  # noqa: PLC0415
         from otel_vgpu.kubernetes.watch import WatchSettings  # noqa: PLC0415
 
@@ -340,9 +386,26 @@ class Agent:
 
         try:
             new_client().close()  # a bad configuration fails here, at start
+        except KubeconfigError as error:
+            raise StartupError(
+                f"{config.spelled('kubeconfig')}: {error.what}; give a kubeconfig file (kubectl config view --raw "
+                "--minify writes one), or none in a pod, which then uses its service account",
+                EXIT_USAGE,
+            ) from None
         except Exception as error:  # lightkube raises several kinds for a bad config
-            where = config.kubeconfig or config.service_account_dir
-            raise StartupError(f"cannot use the Kubernetes configuration in {where}: {error}", EXIT_USAGE) from None
+            why = " ".join(str(error).split())
+            if config.kubeconfig is not None:
+                message = (
+                    f"{config.spelled('kubeconfig')}: cannot be used ({why}); give a kubeconfig that kubectl "
+                    f"can use (kubectl --kubeconfig {config.kubeconfig} get pods)"
+                )
+            else:
+                message = (
+                    f"{config.spelled('service_account_dir')}: the pod's service account cannot be used ({why}); "
+                    "give the directory of its token, ca.crt and namespace, or a kubeconfig with "
+                    f"{flag_or_variable('kubeconfig')}"
+                )
+            raise StartupError(message, EXIT_USAGE) from None
         self._watching = WatchSettings(
             new_client,
             sources.node_name,
@@ -429,7 +492,7 @@ def _endpoint_security(config: Config) -> tuple[ssl.SSLContext | None, BasicAuth
     auth = None
     if config.basic_auth_file is not None:
         try:
-            auth = BasicAuth(load_users(config.basic_auth_file))
+            auth = BasicAuth(load_users(config.basic_auth_file, config.spelled("basic_auth_file")))
         except AuthFileError as error:
             raise ValueError(str(error)) from None
     return context, auth

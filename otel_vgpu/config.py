@@ -506,6 +506,12 @@ def _default(name: str) -> Any:
     return _BY_FIELD[name].default
 
 
+def flag_or_variable(dest: str) -> str:
+    """How a Config field is given, for a message naming one not given: `--port or OTEL_VGPU_PORT`."""
+    flag = _BY_FIELD[dest]
+    return f"{flag.name} or {flag.env}" if flag.env else flag.name
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """What the agent runs with: a field per flag, its default the flag's (FLAGS), and timers
@@ -569,6 +575,22 @@ class Config:
     """How long a GPU whose NVML cannot report per-process utilization is left alone before it is asked again."""
     limits: Limits = field(default_factory=Limits)
     """The endpoint's bounds on every client (export/server.py)."""
+    given: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Where each field's value came from, by field: the flag (`--simulate`) or the variable
+    (`OTEL_VGPU_SIMULATE`, `NODE_NAME`); a field not here holds its default. Only for messages,
+    so that an error names what the operator wrote; two configs of equal values are equal."""
+
+    def origin(self, dest: str) -> str:
+        """The flag or variable field `dest` came from; its flag where it holds the default."""
+        return self.given.get(dest) or _BY_FIELD[dest].name
+
+    def spelled(self, dest: str) -> str:
+        """Field `dest` as the operator gave it, to begin a message: `--simulate /x.yaml` or
+        `OTEL_VGPU_SIMULATE=/x.yaml`; its flag and value where it holds the default."""
+        value = getattr(self, dest)
+        text = ",".join(str(item) for item in value) if isinstance(value, tuple) else str(value)
+        origin = self.origin(dest)
+        return f"{origin} {text}" if origin.startswith("-") else f"{origin}={text}"
 
 
 class ConfigError(ValueError):
@@ -635,15 +657,23 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     for flag in FLAGS:
         given = getattr(args, flag.dest)
         if given is None:
-            raw = next((env[name] for name in (flag.env, flag.fallback_env) if name and env.get(name)), None)
-            if raw is None:
+            variable = next((name for name in (flag.env, flag.fallback_env) if name and env.get(name)), None)
+            if variable is None:
                 continue
-            given = flag.from_text(raw)
+            given = flag.from_text(env[variable])
+            origins[flag.dest] = variable
+        else:
+            origins[flag.dest] = flag.name
         values[flag.dest] = tuple(given) if isinstance(given, list) else given
+    config = replace(Config(), given=origins, **values)
     # The one rule between flags: kube-state-metrics' two lists are exclusive too.
-    if values.get("metric_allowlist") and values.get("metric_denylist"):
-        raise ConfigError("--metric-allowlist and --metric-denylist are mutually exclusive, as kube-state-metrics' are")
-    return replace(Config(), **values)
+    if config.metric_allowlist and config.metric_denylist:
+        raise ConfigError(
+            f"{config.spelled('metric_allowlist')} and {config.spelled('metric_denylist')} are mutually exclusive, "
+            "as kube-state-metrics' are: give one list, the families to publish or those not to"
+        )
+    return config

@@ -116,3 +116,31 @@ def test_every_flag_fills_a_config_field_whose_default_is_the_flags() -> None:
     assert parse_config([], {}) == Config()
     help_text = " ".join(build_parser().format_help().split())
     assert "1.2 times this plus 5 s" in help_text  # from Config's kube_watch_grace_s
+
+
+def test_each_value_is_spelled_as_it_was_given_for_messages() -> None:
+    # A message names what the operator wrote: the flag, else the variable, else the flag of the default.
+    config = parse_config(
+        ["--simulate", "/x.yaml", "--metric-allowlist", "a,b"],
+        {"OTEL_VGPU_BASIC_AUTH_FILE": "/etc/users", "OTEL_VGPU_SIMULATE": "/ignored.yaml", "NODE_NAME": "gpu-7"},
+    )
+    assert config.spelled("simulate") == "--simulate /x.yaml"
+    assert config.spelled("basic_auth_file") == "OTEL_VGPU_BASIC_AUTH_FILE=/etc/users"
+    assert config.spelled("node_name") == "NODE_NAME=gpu-7"
+    assert config.spelled("allocation_file") == "--allocation-file gpu_allocation.txt"
+    assert config.spelled("metric_allowlist") == "--metric-allowlist a,b"
+    assert "allocation_file" not in config.given
+    # Where the values came from is no part of what the agent runs with.
+    assert config == parse_config(
+        [
+            "--basic-auth-file",
+            "/etc/users",
+            "--simulate",
+            "/x.yaml",
+            "--metric-allowlist",
+            "a,b",
+            "--node-name",
+            "gpu-7",
+        ],
+        {},
+    )

@@ -180,14 +180,15 @@ def test_bad_credentials_file_stops_the_agent(tmp_path: Path, ratio_file: Path) 
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"otel-vgpu: error: {users}:1: the hash of 'alice' is neither bcrypt nor sha256; "
+        f"otel-vgpu: error: --basic-auth-file {users}:1: the hash of 'alice' is neither bcrypt nor sha256; "
         "expected user:hash, the hash bcrypt ($2b$<cost 04-31>$...) or sha256:<64 hex digits>"
     ]
 
 
 def test_tls_flags_must_come_together(certs: Certs, ratio_file: Path) -> None:
     result = run_to_exit(["--simulate", "--allocation-file", str(ratio_file), "--tls-cert-file", str(certs.cert)])
-    assert result.returncode == 2 and "--tls-cert-file and --tls-key-file go together" in result.stderr
+    assert result.returncode == 2
+    assert f"--tls-cert-file {certs.cert} without --tls-key-file or OTEL_VGPU_TLS_KEY_FILE: give both" in result.stderr
 
 
 def test_wrong_tls_files_are_named_with_what_they_should_hold(certs: Certs, ratio_file: Path, tmp_path: Path) -> None:
@@ -208,11 +209,11 @@ def test_wrong_tls_files_are_named_with_what_they_should_hold(certs: Certs, rati
         ),
         (
             (certs.cert, tmp_path / "absent.pem"),
-            f"cannot read --tls-key-file {tmp_path / 'absent.pem'}: no such file",
+            f"--tls-key-file {tmp_path / 'absent.pem'}: no such file; give a PEM private key (BEGIN PRIVATE KEY)",
         ),
         (
             (tmp_path / "gone.pem", certs.key),
-            f"cannot read --tls-cert-file {tmp_path / 'gone.pem'}: no such file",
+            f"--tls-cert-file {tmp_path / 'gone.pem'}: no such file; give a PEM certificate (BEGIN CERTIFICATE)",
         ),
     ]
     for (cert, key), expected in cases:

@@ -73,21 +73,23 @@ def parse_ratio(text: str, source: str = "gpu_allocation.txt") -> float | None:
     return ratio
 
 
-def read_ratio(path: Path) -> float | None:
-    """Read and parse the ratio file; every failure is a RatioFileError."""
+def read_ratio(path: Path, name: str | None = None) -> float | None:
+    """Read and parse the ratio file; every failure is a RatioFileError. `name`: how the
+    messages name the file (at start, the flag and its value); its path where None."""
+    named = name or str(path)
     try:
         # Non-blocking, a regular file only, under a bound (otel_vgpu/files.py): a FIFO
         # in its place would otherwise block the sweep that reads it, for good.
         data = read_regular(path, MAX_FILE_BYTES)
     except FileProblem as problem:
         what = f"{problem.what}, not a ratio file" if problem.what.startswith("is larger") else problem.what
-        raise RatioFileError(f"{path}: {what}; {_VALID}") from None
+        raise RatioFileError(f"{named}: {what}; {_VALID}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
-        raise RatioFileError(f"{path}:{line}: not UTF-8 text; {_VALID}") from None
-    return parse_ratio(text, str(path))
+        raise RatioFileError(f"{named}:{line}: not UTF-8 text; {_VALID}") from None
+    return parse_ratio(text, named)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +108,10 @@ class RatioSource:
     same path) is seen as a change.
     """
 
-    def __init__(self, path: Path, fallback: float | None = None) -> None:
+    def __init__(self, path: Path, fallback: float | None = None, name: str | None = None) -> None:
         """`fallback`: the ratio while no file is at `path` (the simulated node's);
-        without one, a missing file is an error. A file that appears later is read."""
+        without one, a missing file is an error. A file that appears later is read.
+        `name`: how the first read's messages name the file (read_ratio)."""
         self.path = path
         self._stamp = self._stat()
         self.origin = str(path)
@@ -117,7 +120,7 @@ class RatioSource:
             self.ratio: float | None = fallback
             self.origin = f"the simulated node (no {path})"
         else:
-            self.ratio = read_ratio(path)
+            self.ratio = read_ratio(path, name)
         """The number in the file; None for `auto`."""
         self.error: RatioFileError | None = None
         """Why the file on disk is not in force, while it is bad."""

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 _BCRYPT = re.compile(r"^\$2[aby]\$(?P<cost>\d{2})\$[./A-Za-z0-9]{53}$")
 _SHA256 = re.compile(r"^sha256:(?P<hex>[0-9a-fA-F]{64})$")
 _VALID = "expected user:hash, the hash bcrypt ($2b$<cost 04-31>$...) or sha256:<64 hex digits>"
+# What the file itself should be, where it is missing or no regular file.
+_FILE_VALID = "give a file of user:hash lines, the hash bcrypt ($2b$<cost 04-31>$...) or sha256:<64 hex digits>"
 BCRYPT_MAX_PASSWORD_BYTES = 72
 # A users file of thousands of bcrypt lines is under 1 MiB; past that it is not one.
 MAX_USERS_FILE_BYTES = 1024 * 1024
@@ -104,21 +106,24 @@ def _cost(hashed: str) -> str:
     return f"bcrypt cost {int(match.group('cost'))}" if match else "sha256"
 
 
-def load_users(path: Path) -> dict[str, str]:
+def load_users(path: Path, name: str | None = None) -> dict[str, str]:
+    """The users of the file at `path`; AuthFileError if it cannot be used. `name`: how the
+    messages name the file (at start, the flag and its value); its path where None."""
+    named = name or str(path)
     try:
         text = read_regular(path, MAX_USERS_FILE_BYTES).decode("utf-8")
     except FileProblem as problem:
-        raise AuthFileError(str(problem)) from None
+        raise AuthFileError(f"{named}: {problem.what}; {_FILE_VALID}") from None
     except UnicodeDecodeError as error:
-        raise AuthFileError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    users = parse_users(text, str(path))
+        raise AuthFileError(f"{named}: not UTF-8 text ({error.reason} at byte {error.start}); {_FILE_VALID}") from None
+    users = parse_users(text, named)
     for user, hashed in users.items():
         # The hash must be one bcrypt can use: checked once, now, not on every request.
         try:
             started = time.monotonic()
             _verify("", hashed)
         except ValueError as error:
-            raise AuthFileError(f"{path}: the hash of {user!r} cannot be used ({error}); {_VALID}") from None
+            raise AuthFileError(f"{named}: the hash of {user!r} cannot be used ({error}); {_VALID}") from None
         took = time.monotonic() - started
         if took > SLOW_CHECK_S:
             log.warning(

@@ -16,16 +16,19 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
 
 from otel_vgpu.config import MIN_INTERVAL_S
+from otel_vgpu.files import MAX_PEM_BYTES, FileProblem, read_regular
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.threads import NamedThread
 
@@ -33,6 +36,17 @@ log = logging.getLogger(__name__)
 
 PROTOCOLS = ("grpc", "http/protobuf")
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+# The signal's own variable first, as the SDK reads them.
+PROTOCOL_VARIABLES = ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+# The files the SDK's exporters read from the standard variables, and the PEM block each holds.
+PEM_VARIABLES = {
+    "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE": "the Collector's CA certificate",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE": "the Collector's CA certificate",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": "the agent's client certificate",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": "the agent's client certificate",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY": "the client certificate's private key",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY": "the client certificate's private key",
+}
 DEFAULT_INTERVAL_S = 60.0
 DEFAULT_TIMEOUT_S = 10.0
 # On SIGTERM the last export gets this long, so the pod stops in a few seconds.
@@ -52,14 +66,11 @@ def settings_from(endpoint: str | None, protocol: str | None, interval_s: float 
     """The push settings, or None when OTLP is off."""
     if endpoint is None and not any(os.environ.get(name) for name in ENDPOINT_VARIABLES):
         return None
-    chosen = (
-        protocol
-        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "grpc"
-    )
+    # --otlp-protocol is one of PROTOCOLS (argparse's choices); a variable may hold anything.
+    variable = next((name for name in PROTOCOL_VARIABLES if os.environ.get(name)), None)
+    chosen = protocol or (os.environ[variable] if variable else "grpc")
     if chosen not in PROTOCOLS:
-        raise ValueError(f"OTLP protocol {chosen!r}: expected one of {', '.join(PROTOCOLS)}")
+        raise ValueError(f"{variable}={chosen!r}: expected one of {', '.join(PROTOCOLS)}")
     if interval_s is None:
         # No shorter than any other loop of the agent's (config.py MIN_INTERVAL_S).
         interval_s = _env_millis("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_INTERVAL_S, low=MIN_INTERVAL_S * 1000)
@@ -72,6 +83,7 @@ def settings_from(endpoint: str | None, protocol: str | None, interval_s: float 
         value = os.environ.get(name, "").strip().lower()
         if value and value not in COMPRESSIONS:
             raise ValueError(f"{name}={value!r}: expected one of {', '.join(COMPRESSIONS)}")
+    _check_pem_files()
     return OtlpSettings(endpoint=endpoint, protocol=chosen, interval_s=interval_s, timeout_s=timeout_s)
 
 
@@ -91,6 +103,26 @@ def _check_url(name: str, url: str) -> None:
         raise ValueError(f"{name}={url!r}: not a URL ({error}); expected e.g. http://collector:4317") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{name}={url!r}: expected an http:// or https:// URL with a host, e.g. http://collector:4317")
+
+
+def _check_pem_files() -> None:
+    """Each file an OTLP variable names, read now as every file the agent is given is
+    (otel_vgpu/files.py). The SDK's exporters read them later, each its own way: the gRPC one
+    logs a traceback for a missing file and pushes without it; the HTTP one fails each push;
+    either opens a FIFO and waits. ValueError naming the variable, the file and what it holds."""
+    for name, what in PEM_VARIABLES.items():
+        value = os.environ.get(name, "").strip()
+        if not value:
+            continue
+        block = "PRIVATE KEY" if name.endswith("_KEY") else "CERTIFICATE"
+        expected = f"give {what} in PEM (BEGIN {block})"
+        try:
+            text = read_regular(Path(value), MAX_PEM_BYTES).decode("latin-1")
+        except FileProblem as problem:
+            raise ValueError(f"{name}={value}: {problem.what}; {expected}") from None
+        # PRIVATE KEY, RSA PRIVATE KEY, EC PRIVATE KEY; CERTIFICATE, TRUSTED CERTIFICATE.
+        if not re.search(rf"-----BEGIN ([A-Z]+ )?{block}-----", text):
+            raise ValueError(f"{name}={value}: holds no {block} block; {expected}")
 
 
 def _env_millis(name: str, default_s: float, low: float = 1) -> float:

@@ -10,19 +10,33 @@ import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
-from otel_vgpu.config import Config
+from otel_vgpu.config import Config, flag_or_variable
 from otel_vgpu.files import MAX_PEM_BYTES, FileProblem, read_regular
+
+# What each file should hold, said where it cannot be used; by Config field.
+_HOLDS = {
+    "tls_cert_file": "a PEM certificate (BEGIN CERTIFICATE)",
+    "tls_key_file": "a PEM private key (BEGIN PRIVATE KEY)",
+    "tls_client_ca_file": "the clients' CA certificate (BEGIN CERTIFICATE)",
+}
 
 
 def server_context(config: Config) -> ssl.SSLContext | None:
     """The endpoint's TLS context from the configured files; None where none are given.
-    ValueError, with one line that names the flag, the file and what it should hold,
-    where they cannot be used."""
+    ValueError, with one line that names the flag (or variable), the file and what it should
+    hold, where they cannot be used."""
     cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
     if (cert is None) != (key is None):
-        raise ValueError("--tls-cert-file and --tls-key-file go together")
+        given, missing = ("tls_cert_file", "tls_key_file") if key is None else ("tls_key_file", "tls_cert_file")
+        raise ValueError(
+            f"{config.spelled(given)} without {flag_or_variable(missing)}: give both, "
+            f"{_HOLDS['tls_cert_file']} and {_HOLDS['tls_key_file']}"
+        )
     if ca is not None and cert is None:
-        raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+        raise ValueError(
+            f"{config.spelled('tls_client_ca_file')} asks for client certificates over TLS, which needs "
+            f"{flag_or_variable('tls_cert_file')} and {flag_or_variable('tls_key_file')}: give those too"
+        )
     if cert is None or key is None:
         return None
     try:
@@ -73,14 +87,18 @@ def _pem_kinds(path: Path) -> set[str]:
 
 
 def tls_problem(config: Config, error: Exception) -> str:
-    """One line saying which TLS file is wrong and what it should hold."""
+    """One line saying which TLS file is wrong, by its flag or variable, and what it should hold."""
     cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
     assert cert is not None and key is not None
+    spelled = {field: config.spelled(field) for field in _HOLDS if getattr(config, field) is not None}
     if isinstance(error, FileProblem):
-        flags = {cert: "--tls-cert-file", key: "--tls-key-file", ca: "--tls-client-ca-file"}
-        return f"cannot read {flags.get(error.path, 'the TLS file')} {error.path}: {error.what}"
+        # The first field naming the file: the certificate and the key may be one file.
+        field = next((f for f in _HOLDS if getattr(config, f) == error.path), None)
+        if field is None:
+            return f"cannot read the TLS file {error.path}: {error.what}"
+        return f"{spelled[field]}: {error.what}; give {_HOLDS[field]}"
     if isinstance(error, OSError) and not isinstance(error, ssl.SSLError):
-        return f"cannot use the TLS files ({cert}, {key}): {error.strerror or error}"
+        return f"cannot use {' and '.join(spelled.values())}: {error.strerror or error}"
     found = {path: _pem_kinds(path) for path in (cert, key, *([ca] if ca else []))}
     is_key = {kind for kind in found[cert] | found[key] if kind.endswith("PRIVATE KEY")}
 
@@ -89,17 +107,20 @@ def tls_problem(config: Config, error: Exception) -> str:
 
     if "CERTIFICATE" not in found[cert] and "CERTIFICATE" in found[key] and found[cert] & is_key:
         return (
-            f"the TLS certificate and key are swapped: --tls-cert-file {cert} holds a private key and "
-            f"--tls-key-file {key} a certificate; give the certificate (BEGIN CERTIFICATE) to --tls-cert-file "
-            "and the key (BEGIN PRIVATE KEY) to --tls-key-file"
+            f"the TLS certificate and key are swapped: {spelled['tls_cert_file']} holds a private key and "
+            f"{spelled['tls_key_file']} a certificate; give the certificate (BEGIN CERTIFICATE) to "
+            f"{config.origin('tls_cert_file')} and the key (BEGIN PRIVATE KEY) to {config.origin('tls_key_file')}"
         )
     if "CERTIFICATE" not in found[cert]:
-        return f"--tls-cert-file {cert} holds {holds(cert)}; expected a PEM certificate (BEGIN CERTIFICATE)"
+        return f"{spelled['tls_cert_file']} holds {holds(cert)}; expected {_HOLDS['tls_cert_file']}"
     if not found[key] & is_key:
-        return f"--tls-key-file {key} holds {holds(key)}; expected a PEM private key (BEGIN PRIVATE KEY)"
+        return f"{spelled['tls_key_file']} holds {holds(key)}; expected {_HOLDS['tls_key_file']}"
     if ca is not None and "CERTIFICATE" not in found[ca]:
-        return f"--tls-client-ca-file {ca} holds {holds(ca)}; expected the clients' CA certificate (BEGIN CERTIFICATE)"
+        return f"{spelled['tls_client_ca_file']} holds {holds(ca)}; expected {_HOLDS['tls_client_ca_file']}"
     reason = getattr(error, "reason", None) or str(error)
     if reason == "KEY_VALUES_MISMATCH":
-        return f"--tls-key-file {key} is not the key of the certificate in --tls-cert-file {cert}"
-    return f"cannot use the TLS files {', '.join(str(p) for p in found)}: {error}"
+        return (
+            f"{spelled['tls_key_file']} is not the key of the certificate in {spelled['tls_cert_file']}; "
+            "give the private key the certificate was issued for"
+        )
+    return f"cannot use {' and '.join(spelled.values())}: {error}"

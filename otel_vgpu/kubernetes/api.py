@@ -29,6 +29,7 @@ from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.shares import counted
 from otel_vgpu.config import DEFAULT_RESOURCES
+from otel_vgpu.files import FileProblem, read_regular
 from otel_vgpu.health import Refusal, Stage
 from otel_vgpu.kubernetes.watch import ListWatch, WatchSettings, report_failure
 from otel_vgpu.pods.directory import PodMeta, StatedGrant
@@ -259,6 +260,40 @@ class KubePodDirectory:
         )
 
 
+# A kubeconfig with its certificates inline is tens of kilobytes; past this it is not one.
+MAX_KUBECONFIG_BYTES = 4 * 1024 * 1024
+
+
+class KubeconfigError(ValueError):
+    """A kubeconfig that cannot be used: `what` says why in a few words, one line."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(f"{path}: {what}")
+        self.path = path
+        self.what = what
+
+
+def read_kubeconfig(path: Path) -> Any:
+    """The lightkube configuration in the kubeconfig at `path`, read as every file the agent is
+    given is (otel_vgpu/files.py): lightkube's own reader would open a FIFO and wait, and
+    says "not found" of a directory. KubeconfigError where it cannot be used."""
+    import yaml  # noqa: PLC0415
+    from lightkube import KubeConfig  # noqa: PLC0415
+
+    path = path.expanduser()
+    try:
+        document = yaml.safe_load(read_regular(path, MAX_KUBECONFIG_BYTES))
+    except FileProblem as problem:
+        raise KubeconfigError(path, problem.what) from None
+    except yaml.YAMLError as error:
+        raise KubeconfigError(path, f"not YAML ({' '.join(str(error).split())})") from None
+    if not isinstance(document, dict) or not all(
+        isinstance(document.get(key), list) for key in ("clusters", "contexts")
+    ):
+        raise KubeconfigError(path, "not a kubeconfig (a YAML mapping with clusters and contexts)")
+    return KubeConfig.from_dict(document, fname=path)
+
+
 def make_client(kubeconfig: Path | None, service_account_dir: Path) -> Any:
     """A lightkube client from a kubeconfig file, or from the pod's service
     account (the token is read anew for each client, so rotated tokens are
@@ -266,7 +301,7 @@ def make_client(kubeconfig: Path | None, service_account_dir: Path) -> Any:
     import httpx2  # noqa: PLC0415 - lightkube's HTTP client
     from lightkube import Client, KubeConfig  # noqa: PLC0415
 
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account(service_account_dir)
+    config = read_kubeconfig(kubeconfig) if kubeconfig else KubeConfig.from_service_account(service_account_dir)
     client = Client(config=config, timeout=httpx2.Timeout(10.0), trust_env=False)
     # lightkube reads a watch line by line (httpx2's iter_lines), each line whole before it
     # parses it, with no bound: a watch line of 200 MB took 230 MiB. Its transport (the

@@ -43,25 +43,32 @@ from otel_vgpu.sim.scenario import (
 )
 
 
-def load_scenario(source: str) -> Scenario:
-    """The built-in scenario (`builtin`) or the one in a file."""
+class ScenarioFileError(ScenarioError):
+    """The scenario file itself cannot be read (missing, not a regular file, too large, not
+    UTF-8): the remedy is another file, not an edit of this one."""
+
+
+def load_scenario(source: str, name: str | None = None) -> Scenario:
+    """The built-in scenario (`builtin`) or the one in a file. `name`: how the messages name
+    the file (the flag and its value, `--simulate x.yaml`); its path where None."""
     if source == BUILTIN:
         text = resources.files("otel_vgpu.sim").joinpath("scenarios/builtin.yaml").read_text()
         return parse_scenario(text, "builtin scenario")
     path = Path(source)
+    named = name or str(path)
     try:
         text = read_regular(path, MAX_SCENARIO_BYTES).decode("utf-8")
     except FileProblem as problem:
         if problem.what == "no such file":
-            raise ScenarioError(f"{path}: no such scenario file") from None
+            raise ScenarioFileError(f"{named}: no such scenario file") from None
         if problem.what.startswith("is larger"):
-            raise ScenarioError(
-                f"{path}: larger than {MAX_SCENARIO_BYTES} bytes; a scenario is a few kilobytes"
+            raise ScenarioFileError(
+                f"{named}: larger than {MAX_SCENARIO_BYTES} bytes; a scenario is a few kilobytes"
             ) from None
-        raise ScenarioError(str(problem)) from None
+        raise ScenarioFileError(f"{named}: {problem.what}") from None
     except UnicodeDecodeError as error:
-        raise ScenarioError(f"{path}: cannot be read ({error})") from None
-    return parse_scenario(text, str(path))
+        raise ScenarioFileError(f"{named}: cannot be read ({error})") from None
+    return parse_scenario(text, named)
 
 
 def parse_scenario(text: str, source: str) -> Scenario:
