@@ -1,6 +1,6 @@
-"""The documentation says what the code does: the flag table is --help's, the design is in the
-repository, the image a user deploys is named with how to build it, and the benchmarks say
-what they need and how to read them."""
+"""The documentation says what the code does: the generated tables are current where they live,
+the design is in the repository, the image a user deploys is named with how to build it, and the
+benchmarks say what they need and how to read them."""
 
 from __future__ import annotations
 
@@ -20,19 +20,29 @@ from otel_vgpu.export.families import FAMILIES, families_markdown
 from testkit.agent import ROOT, agent_in_process, clean_env
 from testkit.doc_commands import doc_files
 from testkit.promtext import parse
+from testkit.scripts import load as load_script
 
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+BLOCKS = load_script("doc_blocks.py")
+
+
+def generated(name: str) -> list[tuple[Path, str]]:
+    """Block `name` of every doc that holds it, as scripts/doc_blocks.py says where it lives."""
+    return [(doc, BLOCKS.block(doc.read_text(), name, str(doc))) for doc in BLOCKS.BLOCKS[name]]
 
 
 def test_the_metric_tables_are_the_contracts() -> None:
-    # Every family, with its help text, in the README: made from the table, never by hand.
-    assert families_markdown() in README, "regenerate them: .venv/bin/python scripts/gen-metric-tables.py"
+    # Every family, with its help text, in docs/metrics.md: made from the table, never by hand.
+    for doc, held in generated("metric tables"):
+        assert held == families_markdown(), f"{doc}: regenerate it: .venv/bin/python scripts/gen-metric-tables.py"
     for family in FAMILIES:
         assert f"`{family.prometheus_name}" in families_markdown(), family.name
 
 
 def test_the_flag_table_is_what_help_says() -> None:
-    assert flags_markdown() in README, "regenerate it: .venv/bin/python scripts/gen-flag-table.py"
+    for doc, held in generated("flag table"):
+        assert held == flags_markdown(), f"{doc}: regenerate it: .venv/bin/python scripts/gen-flag-table.py"
     shown = subprocess.run(
         [sys.executable, "-m", "otel_vgpu", "--help"], capture_output=True, text=True, check=True
     ).stdout
@@ -48,6 +58,21 @@ def test_the_flag_table_is_what_help_says() -> None:
     # and the two flags argparse makes, in the same words
     assert "-h, --help print this list and exit" in flat and "--version print the version and exit" in flat
     assert "| `--otlp-protocol {grpc,http/protobuf}` |" in flags_markdown()
+
+
+def test_every_generated_block_is_where_its_generator_writes_it_and_nowhere_else() -> None:
+    # A block left behind in a doc it moved out of would go stale unchecked.
+    held = {(name, doc) for doc in doc_files() for name in BLOCKS.names_in(doc.read_text())}
+    written = {(name, doc) for name, docs in BLOCKS.BLOCKS.items() for doc in docs}
+    assert held == written
+    assert ("flag table", ROOT / "README.md") not in held
+
+
+def test_a_generator_refuses_a_doc_without_its_block() -> None:
+    with pytest.raises(ValueError, match=re.escape("docs/x.md has no block <!-- begin flag table -->")):
+        BLOCKS.rewritten("# x\n", "flag table", "| row |\n", "docs/x.md")
+    text = "a\n<!-- begin t -->\nold\n<!-- end t -->\nb\n"
+    assert BLOCKS.block(BLOCKS.rewritten(text, "t", "new\n"), "t") == "new\n"
 
 
 def test_the_design_is_in_the_repository() -> None:
