@@ -557,9 +557,11 @@ def test_the_refusal_the_values_doc_quotes_is_helms() -> None:
     assert quoted.group(1).strip() in result.stderr
 
 
-def test_the_readmes_replace_step_deletes_all_but_the_namespace() -> None:
-    readme = (ROOT / "README.md").read_text()
-    (line,) = [s.strip() for s in readme.splitlines() if s.strip().startswith("kubectl kustomize kustomize/overlays/")]
+def test_the_upgrade_docs_replace_step_deletes_all_but_the_namespace() -> None:
+    upgrading = (ROOT / "docs" / "upgrading.md").read_text()
+    (line,) = [
+        s.strip() for s in upgrading.splitlines() if s.strip().startswith("kubectl kustomize kustomize/overlays/")
+    ]
     assert line.endswith("| kubectl delete -f -")
     # What kubectl delete would be given, from the overlay it names.
     ran = subprocess.run(
