@@ -436,13 +436,15 @@ def test_the_chart_ships_the_tested_rules_and_collector_config() -> None:
     assert (files / "collector-gateway.yaml").read_text() == (ROOT / "collector-config/gateway/config.yaml").read_text()
 
 
-def test_the_readme_offers_every_platform_and_feature() -> None:
+def test_the_install_doc_offers_every_platform_and_feature() -> None:
+    install = (ROOT / "docs" / "install.md").read_text()
     readme = (ROOT / "README.md").read_text()
     for flavour in FLAVOURS:
         if flavour in PLATFORMS:
-            assert f"platform={flavour}`" in readme, flavour
+            assert f"platform={flavour}`" in install, flavour
+            assert f"`{flavour}`" in readme.split("--set platform=", 1)[1], f"the README's install names {flavour}"
         else:
-            assert str(ci_values(flavour).relative_to(ROOT)) in readme, flavour
+            assert str(ci_values(flavour).relative_to(ROOT)) in install, flavour
 
 
 # Platforms: one value that ships in the package and sets what each overlay sets.

@@ -97,7 +97,20 @@ UPGRADE_ONLY = {"--reuse-values", "--reset-values", "--reset-then-reuse-values"}
 
 def test_there_are_commands_to_check() -> None:
     assert {how(c) for c in ALL} == {"run", "helm", "collect", "help", "bench", "check"}
-    assert any(c.doc.name == "README.md" and c.line < 20 for c in ALL), "the README's two commands"
+    # The README opens with what the tool is, then its two commands: the demo and the tests.
+    readme = [c for c in ALL if c.doc == ROOT / "README.md" and c.block is not None]
+    assert [c.text for c in readme[:2]] == [
+        "python3 -m venv .venv && .venv/bin/pip install -q . && .venv/bin/otel-vgpu --simulate",
+        "./scripts/test.sh",
+    ]
+    assert all(c.line < 20 for c in readme[:2]), "the README's two commands, near the top"
+    # Its first install builds the image and pushes it, then installs with it (rendered below).
+    install = next(c for c in readme if c.text.startswith("helm install"))
+    assert [words(c)[0][:2] for c in block_commands(install)] == [
+        ["docker", "build"],
+        ["docker", "push"],
+        ["helm", "install"],
+    ]
 
 
 @pytest.mark.parametrize("command", ALL, ids=lambda c: c.where)
