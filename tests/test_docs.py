@@ -1,7 +1,7 @@
 """The documentation says what the code does: the generated tables are current where they live,
-the design is in the repository, the image a user deploys is named with how to build it, the
-README is a door with figures that hold, and the benchmarks say what they need and how to read
-them."""
+the design is in the repository, the image a user deploys is named with how to build it, every
+doc is in the index, the README is a door with figures that hold, and the benchmarks say what
+they need and how to read them."""
 
 from __future__ import annotations
 
@@ -162,6 +162,18 @@ def test_the_readmes_excerpt_and_log_are_what_the_builtin_node_serves_and_says()
         assert re.fullmatch(pattern, said), (line, said)
     # The counts the prose gives are the scenario's.
     assert "4 GPUs, 8 pods" in logged[0] and "four A100 80 GB GPUs, eight pods" in README
+
+
+def test_every_doc_is_in_the_index_once() -> None:
+    index = (DOCS / "README.md").read_text()
+    lines = index.splitlines()
+    for doc in sorted(DOCS.rglob("*.md")):
+        if doc == DOCS / "README.md":
+            continue
+        link = f"]({doc.relative_to(DOCS)})"
+        holding = [line for line in lines if link in line]
+        assert len(holding) == 1, f"docs/README.md: {doc.relative_to(ROOT)} on {len(holding)} lines, not one"
+    assert "](docs/README.md)" in README
 
 
 def test_the_readme_is_a_door() -> None:
