@@ -123,6 +123,15 @@ def test_the_own_registry_overlay_renders(tmp_path: Path) -> None:
     assert images and set(images) == {f"registry.example.com/otel-vgpu:{__version__}"}
 
 
+def test_the_alerts_doc_names_every_shipped_rule_and_no_other() -> None:
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "otel-vgpu-rules.yaml").read_text())["groups"]
+    shipped = {rule.get("alert") or rule["record"] for group in rules for rule in group["rules"]}
+    doc = (DOCS / "alerts.md").read_text()
+    alerts = set(re.findall(r"^\| `(VGPU\w+)` \|", doc, re.MULTILINE))
+    records = set(re.findall(r"`(\w+:\w+:\w+)`", doc))
+    assert alerts | records == shipped
+
+
 def test_the_benchmarks_say_what_they_need_and_how_to_read_them() -> None:
     bench = (ROOT / "bench" / "README.md").read_text()
     for need in ("PyTorch with CUDA", "root", "cgroup v2", "nvidia-ml-py", "util-linux"):
