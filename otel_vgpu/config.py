@@ -2,8 +2,8 @@
 
 Every flag has an environment twin; a flag on the command line wins. The
 table below is the single source of `--help` (each entry's twin and default
-are written into its help by `help_text`) and of the README's flag table,
-which tests/test_config.py checks against it.
+are written into its help by `help_text`) and of the flag table of
+docs/flags.md, which tests/test_config.py checks against it.
 """
 
 from __future__ import annotations
@@ -633,7 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def flags_markdown() -> str:
-    """The README's flag table, made from FLAGS and the parser, so it says what --help says."""
+    """The flag table of docs/flags.md, made from FLAGS and the parser, so it says what --help says."""
     rows = ["| flag | environment | default | |", "|---|---|---|---|"]
     parser = build_parser()
     # Each flag spelled as --help spells it (its metavar, or its choices).

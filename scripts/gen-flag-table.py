@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Rewrites the README's flag table from otel_vgpu/config.py's FLAGS, which `--help` is made from too
-(tests/test_docs.py checks that the README holds exactly this): .venv/bin/python scripts/gen-flag-table.py"""
+"""Rewrites the flag table of docs/flags.md from otel_vgpu/config.py's FLAGS, which `--help` is made
+from too (tests/test_docs.py checks that the doc holds exactly this): .venv/bin/python scripts/gen-flag-table.py"""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from readme_blocks import write_block
+from doc_blocks import write_block
 
 from otel_vgpu.config import flags_markdown
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Rewrites the README's and the chart's README's table of the chart's values, made from the `# --` comment
-above each key of charts/otel-vgpu/values.yaml (tests/test_chart_docs.py checks
-that the README holds exactly this): .venv/bin/python scripts/gen-values-table.py
+"""Rewrites the table of the chart's values in docs/chart-values.md and the chart's README, made from
+the `# --` comment above each key of charts/otel-vgpu/values.yaml (tests/test_chart.py checks
+that both hold exactly this): .venv/bin/python scripts/gen-values-table.py
 
 A key with a comment is one row, its default the whole value below it; a key
 without one is a section, and each key under it needs a comment of its own."""
@@ -70,7 +70,7 @@ def values_table(text: str) -> str:
 
 
 if __name__ == "__main__":
-    from readme_blocks import write_block
+    from doc_blocks import write_block
 
     try:
         table = values_table(VALUES.read_text())
@@ -78,4 +78,3 @@ if __name__ == "__main__":
         print(error, file=sys.stderr)
         sys.exit(1)
     write_block("chart values table", table)
-    write_block("chart values table", table, VALUES.parent / "README.md")

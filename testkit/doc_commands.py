@@ -4,10 +4,12 @@ A command is a line of a fenced `sh` block (continuation lines joined, the
 trailing comment dropped), or an inline code span in prose that starts like a
 command (`.venv/bin/...`, `python3 ...`, `kubectl ...`). Each is checked
 without running it (`problems`): the block parses (`bash -n`), the files and
-folders of this repository it names exist, and the Python tools it calls
+folders of this repository it names exist, the Python tools it calls
 are the ones the README installs (`.venv/bin/...`: a bare `python` or
-`pytest` has none of the packages). Which commands are run as written, and
-how, is the test's business (tests/test_doc_commands.py).
+`pytest` has none of the packages), and an image build (`docker` or `podman`)
+has its context and Dockerfile here and tags what its block pushes. Which
+commands are run as written, and how, is the test's business
+(tests/test_doc_commands.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,40 @@ _GPU_SCRIPT = re.compile(r"^bench/gpu_\w+\.py$")
 # Options whose value is no file of this repository: a file the command writes,
 # which need not exist yet, or an API's group/version/Kind (helm --api-versions).
 _OUTPUT_OPTIONS = {"--out", "-o", "--output", "-t", "--api-versions"}
+# The image builders the docs show; neither runs here (no daemon, no registry), so a build is
+# held to what it names and a push to what its block built.
+BUILDERS = ("docker", "podman")
+# Their build options that take a value (docker build --help, podman build --help): the rest of
+# a build's words are flags, and its one positional word is the context.
+_BUILD_VALUE_OPTIONS = {
+    "-t",
+    "--tag",
+    "-f",
+    "--file",
+    "--build-arg",
+    "--platform",
+    "--target",
+    "--label",
+    "--network",
+    "--secret",
+    "--cache-from",
+    "--cache-to",
+    "-o",
+    "--output",
+    "--iidfile",
+    "--progress",
+    "--format",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ImageBuild:
+    """What a `docker build` or `podman build` line says: where from, and the tags it makes."""
+
+    context: str
+    dockerfile: str | None
+    """As `-f` gives it; None: the context's own Dockerfile."""
+    tags: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +173,69 @@ def problems(command: DocCommand, root: Path = ROOT) -> list[str]:
     for argv in simple_commands:
         found += _tool_problems(argv)
         found += _path_problems(argv, command.doc, root)
+        found += _image_problems(argv, command, root)
     return found
+
+
+def image_build(argv: list[str]) -> ImageBuild | None:
+    """The build an argv runs, if it is `docker build` or `podman build`; ValueError where it
+    names no context, or more than one."""
+    if argv[0] not in BUILDERS or argv[1:2] != ["build"]:
+        return None
+    positional: list[str] = []
+    options: dict[str, list[str]] = {}
+    rest = iter(argv[2:])
+    for token in rest:
+        name, inline, value = token.partition("=")
+        if token.startswith("-") and name in _BUILD_VALUE_OPTIONS:
+            options.setdefault(name, []).append(value if inline else next(rest, ""))
+        elif not token.startswith("-"):
+            positional.append(token)
+    if len(positional) != 1:
+        raise ValueError(f"a build names one context, this one {positional or 'none'}")
+    files = options.get("-f", []) + options.get("--file", [])
+    return ImageBuild(
+        positional[0], files[-1] if files else None, tuple(options.get("-t", []) + options.get("--tag", []))
+    )
+
+
+def pushed_image(argv: list[str]) -> str | None:
+    """The image an argv pushes, if it is `docker push` or `podman push`."""
+    if argv[0] not in BUILDERS or argv[1:2] != ["push"]:
+        return None
+    images = [a for a in argv[2:] if not a.startswith("-")]
+    return images[0] if images else ""
+
+
+def _image_problems(argv: list[str], command: DocCommand, root: Path) -> list[str]:
+    if command.block is None:
+        return []  # prose names a builder in passing (`podman build` works too); a block is what one runs
+    try:
+        build = image_build(argv)
+    except ValueError as error:
+        return [str(error)]
+    if build is not None:
+        context = root / build.context
+        if not context.is_dir():
+            return [f"builds from {build.context!r}, which is no folder of the repository"]
+        dockerfile = root / build.dockerfile if build.dockerfile else context / "Dockerfile"
+        if not dockerfile.is_file():
+            return [f"builds with {dockerfile.relative_to(root)}, which is not in the repository"]
+        return []
+    image = pushed_image(argv)
+    if image is None:
+        return []
+    built = {tag for c in block_commands(command) for argv in words(c) if (b := image_build(argv)) for tag in b.tags}
+    if image not in built:
+        return [f"pushes {image!r}, which no build of its block tags ({sorted(built) or 'none'})"]
+    return []
+
+
+def block_commands(command: DocCommand) -> list[str]:
+    """Every command of the block `command` came from (itself alone for an inline span)."""
+    if command.block is None:
+        return [command.text]
+    return [c.text for c in _block_commands(command.doc, command.line, command.block)]
 
 
 def _tool_problems(argv: list[str]) -> list[str]:

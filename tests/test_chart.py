@@ -436,13 +436,15 @@ def test_the_chart_ships_the_tested_rules_and_collector_config() -> None:
     assert (files / "collector-gateway.yaml").read_text() == (ROOT / "collector-config/gateway/config.yaml").read_text()
 
 
-def test_the_readme_offers_every_platform_and_feature() -> None:
+def test_the_install_doc_offers_every_platform_and_feature() -> None:
+    install = (ROOT / "docs" / "install.md").read_text()
     readme = (ROOT / "README.md").read_text()
     for flavour in FLAVOURS:
         if flavour in PLATFORMS:
-            assert f"platform={flavour}`" in readme, flavour
+            assert f"platform={flavour}`" in install, flavour
+            assert f"`{flavour}`" in readme.split("--set platform=", 1)[1], f"the README's install names {flavour}"
         else:
-            assert str(ci_values(flavour).relative_to(ROOT)) in readme, flavour
+            assert str(ci_values(flavour).relative_to(ROOT)) in install, flavour
 
 
 # Platforms: one value that ships in the package and sets what each overlay sets.
@@ -517,12 +519,15 @@ def test_an_unknown_platform_is_refused_with_the_valid_ones() -> None:
     assert "/platform" in result.stderr and "'openshift-oci-hook'" in result.stderr
 
 
-# The README: the values table, the schema's refusal it quotes, the commands of the move from kustomize.
-def test_the_readme_values_table_is_made_from_values_yaml() -> None:
+# The docs: the values table, the schema's refusal they quote, the commands of the move from kustomize.
+def test_the_values_table_is_made_from_values_yaml() -> None:
     module = load_script("gen-values-table.py")
+    blocks = load_script("doc_blocks.py")
     text = (CHART / "values.yaml").read_text()
     table = module.values_table(text)
-    assert table in (ROOT / "README.md").read_text(), "regenerate it: .venv/bin/python scripts/gen-values-table.py"
+    for doc in blocks.BLOCKS["chart values table"]:
+        held = blocks.block(doc.read_text(), "chart values table", str(doc))
+        assert held == table, f"{doc}: regenerate it: .venv/bin/python scripts/gen-values-table.py"
     # every leaf value has a row (or sits inside a documented one)
     documented = {key for key, _ in module.rows(text)}
     values = yaml.safe_load(text)
@@ -545,17 +550,20 @@ def test_a_value_without_a_comment_stops_the_table() -> None:
         module.rows("image:\n  # -- Registry.\n  registry: ghcr.io\n  tag: latest\n")
 
 
-def test_the_refusal_the_readme_quotes_is_helms() -> None:
-    quoted = re.search(r"```text\n(Error: values don't meet.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
-    assert quoted, "the README quotes a refusal"
+def test_the_refusal_the_values_doc_quotes_is_helms() -> None:
+    doc = (ROOT / "docs" / "chart-values.md").read_text()
+    quoted = re.search(r"```text\n(Error: values don't meet.*?)```", doc, re.DOTALL)
+    assert quoted, "docs/chart-values.md quotes a refusal"
     result = helm("template", RELEASE, CHART, "--set", "runtime.mode=nvidia")
     assert result.returncode != 0
     assert quoted.group(1).strip() in result.stderr
 
 
-def test_the_readmes_replace_step_deletes_all_but_the_namespace() -> None:
-    readme = (ROOT / "README.md").read_text()
-    (line,) = [s.strip() for s in readme.splitlines() if s.strip().startswith("kubectl kustomize kustomize/overlays/")]
+def test_the_upgrade_docs_replace_step_deletes_all_but_the_namespace() -> None:
+    upgrading = (ROOT / "docs" / "upgrading.md").read_text()
+    (line,) = [
+        s.strip() for s in upgrading.splitlines() if s.strip().startswith("kubectl kustomize kustomize/overlays/")
+    ]
     assert line.endswith("| kubectl delete -f -")
     # What kubectl delete would be given, from the overlay it names.
     ran = subprocess.run(

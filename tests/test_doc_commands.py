@@ -6,15 +6,18 @@ What runs here, and how:
   it starts serves the simulated node's figures;
 - `kubectl kustomize ...`, as written: it renders;
 - `helm template`, `lint` and `package`, as written, and `helm install` and `upgrade` as
-  `helm template` with the same arguments (every install flag is one of template's), the
-  cluster's custom kinds listed: the chart renders with those values and flags;
+  `helm template` with the same arguments (every install flag is one of template's; an
+  upgrade's `--reuse-values` has no release to reuse and is left out), the cluster's custom
+  kinds listed: the chart renders with those values and flags; where the block builds and
+  pushes an image first, the DaemonSet runs the image pushed;
 - `.venv/bin/pytest ...`: its selection, collected (the suite runs the tests themselves);
 - `.venv/bin/python bench/...` of the scripts that need no GPU: as written (those that
   repeat a measurement many times for its figures with fewer repeats and pods, SCALED), except
   those whose full run takes minutes (SLOW_BENCHES), which answer `--help`: that proves
   they start with the packages the README installs; bench/README.md quotes their figures.
 The rest (a cluster, a GPU node, an image registry, the suite itself) are checked
-without running: testkit/doc_commands.py.
+without running: testkit/doc_commands.py (an image build: its context and Dockerfile are here,
+and its block pushes only what it tagged).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from pathlib import Path
 import pytest
 
 from testkit.agent import clean_env, free_port, get, wait_until
-from testkit.doc_commands import ROOT, DocCommand, commands, doc_files, problems, words
+from testkit.doc_commands import ROOT, DocCommand, block_commands, commands, doc_files, problems, pushed_image, words
 from testkit.helm import CUSTOM_KINDS, helm
+from testkit.yamldocs import documents
 
 ALL = [command for doc in doc_files() for command in commands(doc)]
 # Benchmarks whose full run is minutes long, or needs what CI does not install.
@@ -87,9 +91,26 @@ def how(command: DocCommand) -> str:
     return "check"
 
 
+# Options of helm upgrade alone, which read the release a cluster holds: a render has none.
+UPGRADE_ONLY = {"--reuse-values", "--reset-values", "--reset-then-reuse-values"}
+
+
 def test_there_are_commands_to_check() -> None:
     assert {how(c) for c in ALL} == {"run", "helm", "collect", "help", "bench", "check"}
-    assert any(c.doc.name == "README.md" and c.line < 20 for c in ALL), "the README's two commands"
+    # The README opens with what the tool is, then its two commands: the demo and the tests.
+    readme = [c for c in ALL if c.doc == ROOT / "README.md" and c.block is not None]
+    assert [c.text for c in readme[:2]] == [
+        "python3 -m venv .venv && .venv/bin/pip install -q . && .venv/bin/otel-vgpu --simulate",
+        "./scripts/test.sh",
+    ]
+    assert all(c.line < 20 for c in readme[:2]), "the README's two commands, near the top"
+    # Its first install builds the image and pushes it, then installs with it (rendered below).
+    install = next(c for c in readme if c.text.startswith("helm install"))
+    assert [words(c)[0][:2] for c in block_commands(install)] == [
+        ["docker", "build"],
+        ["docker", "push"],
+        ["helm", "install"],
+    ]
 
 
 @pytest.mark.parametrize("command", ALL, ids=lambda c: c.where)
@@ -105,6 +126,11 @@ def test_broken_commands_are_caught(tmp_path: Path) -> None:
         ".venv/bin/python bench/no_such_script.py   # a script that is not there\n"
         "kubectl kustomize kustomize/overlays/no-such-overlay\n"
         "if then fi\n"
+        "```\n\n"
+        "```sh\n"
+        "docker build -t registry.example.com/a:1 no-such-context\n"
+        "podman build -f no.Dockerfile -t registry.example.com/b:1 .\n"
+        "docker push registry.example.com/c:1\n"
         "```\n"
     )
     found = {c.text: problems(c, ROOT) for c in commands(doc)}
@@ -113,6 +139,14 @@ def test_broken_commands_are_caught(tmp_path: Path) -> None:
     assert any("bench/no_such_script.py" in p for p in found[".venv/bin/python bench/no_such_script.py"])
     assert any("no-such-overlay" in p for p in found["kubectl kustomize kustomize/overlays/no-such-overlay"])
     assert any("does not parse" in p for p in found["if then fi"])
+    assert any(
+        "'no-such-context', which is no folder" in p
+        for p in found["docker build -t registry.example.com/a:1 no-such-context"]
+    )
+    assert any(
+        "no.Dockerfile, which is not" in p for p in found["podman build -f no.Dockerfile -t registry.example.com/b:1 ."]
+    )
+    assert any("which no build of its block tags" in p for p in found["docker push registry.example.com/c:1"])
     # and one that parses and names what exists, but fails when run
     broken = subprocess.run(
         ["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, check=False, cwd=ROOT
@@ -147,7 +181,8 @@ def test_helm_commands_render_as_written_without_a_cluster(command: DocCommand, 
     if ">" in argv:  # what it writes, it prints here
         argv = argv[: argv.index(">")]
     if argv[1] in ("install", "upgrade"):
-        argv = ["helm", "template", *argv[2:], *(f"--api-versions={kind}" for kind in CUSTOM_KINDS)]
+        kept = [a for a in argv[2:] if a not in UPGRADE_ONLY]
+        argv = ["helm", "template", *kept, *(f"--api-versions={kind}" for kind in CUSTOM_KINDS)]
     if any(a.endswith(".tgz") or a.startswith("oci://") for a in argv[2:]):
         # The archive `helm package` makes, where the docs install it from a file or a
         # registry (none is reachable here: the archive is what a registry would serve).
@@ -165,6 +200,10 @@ def test_helm_commands_render_as_written_without_a_cluster(command: DocCommand, 
         assert list(tree.glob("otel-vgpu-*.tgz")), ran.stdout
     else:
         assert "kind: DaemonSet" in ran.stdout
+        pushed = [image for c in block_commands(command) for a in words(c) if (image := pushed_image(a))]
+        if pushed and argv[1] == "template":  # the block's install runs the image it pushed
+            (daemonset,) = [d for d in documents(ran.stdout) if d["kind"] == "DaemonSet"]
+            assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] in pushed, pushed
 
 
 @pytest.mark.parametrize("command", [c for c in ALL if how(c) == "collect"], ids=lambda c: c.where)

@@ -1,6 +1,7 @@
-"""The documentation says what the code does: the flag table is --help's, the design is in the
-repository, the image a user deploys is named with how to build it, and the benchmarks say
-what they need and how to read them."""
+"""The documentation says what the code does: the generated tables are current where they live,
+the design is in the repository, the image a user deploys is named with how to build it, every
+doc is in the index, the README is a door with figures that hold, and the benchmarks say what
+they need and how to read them."""
 
 from __future__ import annotations
 
@@ -19,20 +20,31 @@ from otel_vgpu.config import FLAGS, flags_markdown
 from otel_vgpu.export.families import FAMILIES, families_markdown
 from testkit.agent import ROOT, agent_in_process, clean_env
 from testkit.doc_commands import doc_files
+from testkit.helm import chart_daemonset
 from testkit.promtext import parse
+from testkit.scripts import load as load_script
 
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+BLOCKS = load_script("doc_blocks.py")
+
+
+def generated(name: str) -> list[tuple[Path, str]]:
+    """Block `name` of every doc that holds it, as scripts/doc_blocks.py says where it lives."""
+    return [(doc, BLOCKS.block(doc.read_text(), name, str(doc))) for doc in BLOCKS.BLOCKS[name]]
 
 
 def test_the_metric_tables_are_the_contracts() -> None:
-    # Every family, with its help text, in the README: made from the table, never by hand.
-    assert families_markdown() in README, "regenerate them: .venv/bin/python scripts/gen-metric-tables.py"
+    # Every family, with its help text, in docs/metrics.md: made from the table, never by hand.
+    for doc, held in generated("metric tables"):
+        assert held == families_markdown(), f"{doc}: regenerate it: .venv/bin/python scripts/gen-metric-tables.py"
     for family in FAMILIES:
         assert f"`{family.prometheus_name}" in families_markdown(), family.name
 
 
 def test_the_flag_table_is_what_help_says() -> None:
-    assert flags_markdown() in README, "regenerate it: .venv/bin/python scripts/gen-flag-table.py"
+    for doc, held in generated("flag table"):
+        assert held == flags_markdown(), f"{doc}: regenerate it: .venv/bin/python scripts/gen-flag-table.py"
     shown = subprocess.run(
         [sys.executable, "-m", "otel_vgpu", "--help"], capture_output=True, text=True, check=True
     ).stdout
@@ -50,6 +62,21 @@ def test_the_flag_table_is_what_help_says() -> None:
     assert "| `--otlp-protocol {grpc,http/protobuf}` |" in flags_markdown()
 
 
+def test_every_generated_block_is_where_its_generator_writes_it_and_nowhere_else() -> None:
+    # A block left behind in a doc it moved out of would go stale unchecked.
+    held = {(name, doc) for doc in doc_files() for name in BLOCKS.names_in(doc.read_text())}
+    written = {(name, doc) for name, docs in BLOCKS.BLOCKS.items() for doc in docs}
+    assert held == written
+    assert ("flag table", ROOT / "README.md") not in held
+
+
+def test_a_generator_refuses_a_doc_without_its_block() -> None:
+    with pytest.raises(ValueError, match=re.escape("docs/x.md has no block <!-- begin flag table -->")):
+        BLOCKS.rewritten("# x\n", "flag table", "| row |\n", "docs/x.md")
+    text = "a\n<!-- begin t -->\nold\n<!-- end t -->\nb\n"
+    assert BLOCKS.block(BLOCKS.rewritten(text, "t", "new\n"), "t") == "new\n"
+
+
 def test_the_design_is_in_the_repository() -> None:
     assert "../shared" not in README
     for doc in (ROOT / "docs").glob("*.md"):
@@ -60,27 +87,33 @@ def test_the_design_is_in_the_repository() -> None:
         assert topic in design
 
 
-def test_the_image_the_manifests_run_is_named_with_how_to_build_it(tmp_path: object) -> None:
+def test_the_image_the_manifests_run_is_named_with_how_to_build_it() -> None:
     kustomization = yaml.safe_load((ROOT / "kustomize" / "base" / "kustomization.yaml").read_text())
     (image,) = kustomization["images"]
     reference = f"{image['newName']}:{image['newTag']}"
     assert image["newTag"] == __version__  # the tag is the package's version
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert f"ARG VERSION={__version__}" in dockerfile
-    assert f"`{reference}`" in README
-    assert "docker build" in README and "docker push" in README
+    install = (DOCS / "install.md").read_text()
+    assert f"`{reference}`" in install
+    assert "docker build" in install and "docker push" in install
+    # The chart's defaults run the image a release publishes, as the README names it.
+    assert chart_daemonset()["spec"]["template"]["spec"]["containers"][0]["image"] == reference
+    assert reference.replace(__version__, "<version>") == "ghcr.io/otel-vgpu/otel-vgpu:<version>"
+    for published in ("`ghcr.io/otel-vgpu/otel-vgpu:<version>`", "`oci://ghcr.io/otel-vgpu/charts/otel-vgpu`"):
+        assert published in README and published in install, published
+    # Until a release publishes it, the README's first install builds and pushes it.
+    assert "Until the project's first release no registry serves the image" in README
 
 
-def test_the_readmes_own_registry_overlay_renders(tmp_path: object) -> None:
-
-    block = re.search(r"```yaml\n(# my-cluster/kustomization.yaml.*?)```", README, re.DOTALL)
-    assert block, "the README's overlay for one's own registry"
-    where = Path(str(tmp_path))
-    (where / "kustomize").symlink_to(ROOT / "kustomize")
-    (where / "my-cluster").mkdir()
-    (where / "my-cluster" / "kustomization.yaml").write_text(block.group(1))
+def test_the_own_registry_overlay_renders(tmp_path: Path) -> None:
+    block = re.search(r"```yaml\n(# my-cluster/kustomization.yaml.*?)```", (DOCS / "install.md").read_text(), re.DOTALL)
+    assert block, "docs/install.md's overlay for one's own registry"
+    (tmp_path / "kustomize").symlink_to(ROOT / "kustomize")
+    (tmp_path / "my-cluster").mkdir()
+    (tmp_path / "my-cluster" / "kustomization.yaml").write_text(block.group(1))
     rendered = subprocess.run(
-        ["kubectl", "kustomize", str(where / "my-cluster")],
+        ["kubectl", "kustomize", str(tmp_path / "my-cluster")],
         capture_output=True,
         text=True,
         check=True,
@@ -90,6 +123,15 @@ def test_the_readmes_own_registry_overlay_renders(tmp_path: object) -> None:
     assert images and set(images) == {f"registry.example.com/otel-vgpu:{__version__}"}
 
 
+def test_the_alerts_doc_names_every_shipped_rule_and_no_other() -> None:
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "otel-vgpu-rules.yaml").read_text())["groups"]
+    shipped = {rule.get("alert") or rule["record"] for group in rules for rule in group["rules"]}
+    doc = (DOCS / "alerts.md").read_text()
+    alerts = set(re.findall(r"^\| `(VGPU\w+)` \|", doc, re.MULTILINE))
+    records = set(re.findall(r"`(\w+:\w+:\w+)`", doc))
+    assert alerts | records == shipped
+
+
 def test_the_benchmarks_say_what_they_need_and_how_to_read_them() -> None:
     bench = (ROOT / "bench" / "README.md").read_text()
     for need in ("PyTorch with CUDA", "root", "cgroup v2", "nvidia-ml-py", "util-linux"):
@@ -97,21 +139,74 @@ def test_the_benchmarks_say_what_they_need_and_how_to_read_them() -> None:
     assert "Absolute times vary by machine" in bench and "compare the ratios" in bench
 
 
-def test_the_readmes_excerpt_is_what_the_builtin_node_serves() -> None:
+def _text_block_after(marker: str) -> str:
+    return README.split(marker, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readmes_excerpt_and_log_are_what_the_builtin_node_serves_and_says() -> None:
     # Every series of the excerpt is one the built-in node serves, with the same labels;
-    # the figures that do not move (allocation, capacity, ratio) read the same.
-    block = README.split("What you get, from the built-in simulated node", 1)[1].split("```text\n", 1)[1]
-    excerpt = parse(block.split("```", 1)[0])
+    # the figures that do not move (allocation, capacity, ratio, GPU 0's unattributed) read
+    # the same; and the two lines it quotes are the agent's first two, but for address and path.
+    excerpt = parse(_text_block_after("GPU 0's rows, from one scrape:"))
     assert len(excerpt.values) >= 8, "an excerpt of pod and GPU families"
-    # as the README's first command runs it: no ratio file, the built-in node's own ratio
+    # as the README's first command runs it, in the repository: its gpu_allocation.txt
     with agent_in_process("--simulate", env=clean_env()) as agent:
         served = agent.scrape()
-    steady = {"vgpu_pod_memory_allocated_bytes", "vgpu_gpu_memory_total_bytes", "vgpu_gpu_vgpus"}
+        logged = [line.split(" ", 2)[2] for line in agent.logged().splitlines()[:2]]  # after the time
+    steady = {
+        "vgpu_pod_memory_allocated_bytes",
+        "vgpu_gpu_memory_total_bytes",
+        "vgpu_gpu_vgpus",
+        "vgpu_gpu_memory_unattributed_bytes",
+    }
     for name in excerpt.values:
         for labels, value in excerpt.series(name).items():
             assert labels in served.series(name), (name, dict(labels))
             if name in steady:
                 assert served.series(name)[labels] == pytest.approx(value, rel=1e-3), name
+    quoted = _text_block_after("Its first two lines (after the time) say what it serves:").splitlines()
+    assert len(quoted) == len(logged) == 2
+    for line, said in zip(quoted, logged, strict=True):
+        pattern = re.escape(line).replace(re.escape("0.0.0.0:8080"), r"[\d.]+:\d+").replace(re.escape("…"), r"\S+")
+        assert re.fullmatch(pattern, said), (line, said)
+    # The counts the prose gives are the scenario's.
+    assert "4 GPUs, 8 pods" in logged[0] and "four A100 80 GB GPUs, eight pods" in README
+
+
+def test_every_doc_is_in_the_index_once() -> None:
+    index = (DOCS / "README.md").read_text()
+    lines = index.splitlines()
+    for doc in sorted(DOCS.rglob("*.md")):
+        if doc == DOCS / "README.md":
+            continue
+        link = f"]({doc.relative_to(DOCS)})"
+        holding = [line for line in lines if link in line]
+        assert len(holding) == 1, f"docs/README.md: {doc.relative_to(ROOT)} on {len(holding)} lines, not one"
+    assert "](docs/README.md)" in README
+
+
+def test_the_readme_is_a_door() -> None:
+    # What it is, the two commands, then a heading each for what an evaluator looks for;
+    # the reference is in docs/, and no figure of one machine on one day.
+    lines = README.splitlines()
+    assert len(lines) <= 300, f"{len(lines)} lines: move the reference to docs/"
+    assert lines[0] == "# otel-vgpu" and lines[2].startswith("otel-vgpu is ")
+    headings = [line for line in lines if line.startswith("## ")]
+    for wanted in (
+        "## What the demo shows",
+        "## Install on a cluster",
+        "## Chargeback",
+        "## Moving off dcgm-exporter",
+        "## OTLP",
+    ):
+        assert wanted in headings, wanted
+    assert headings.index("## What the demo shows") < headings.index("## Install on a cluster")
+    for term in ("**vGPU**", "**ratio**", "**share**"):
+        assert term in README.split("## Install on a cluster", 1)[0], f"the demo's reading defines {term}"
+    dated = re.findall(r"\b20\d\d-\d\d-\d\d\b|\b\d+ tests\b|\b\d+:\d\d on\b", README)
+    assert dated == [], "a figure of one machine and day belongs in the doc that measured it"
+    for moved in ("<!-- begin", "## Flags", "## Upgrading", "## Faults", "## Performance"):
+        assert moved not in README, moved
 
 
 def test_the_architecture_picture_is_made_from_its_committed_source() -> None:

@@ -6,8 +6,8 @@ the labels of each), how its value is read from one of those rows, and the
 Prometheus name a scrape shows (`prometheus_name`, the OpenTelemetry-to-
 Prometheus rules of opentelemetry-exporter-prometheus). The telemetry builds
 every instrument from this table in one loop, as kube-state-metrics builds
-its families from `FamilyGenerator`s; the README's metric tables are
-generated from it (`scripts/gen-metric-tables.py`, checked current by
+its families from `FamilyGenerator`s; the metric tables of docs/metrics.md
+are generated from it (`scripts/gen-metric-tables.py`, checked current by
 tests/test_docs.py), and tests/test_families.py tests each subject's families
 as rows in, observations out.
 
@@ -21,7 +21,7 @@ figure"):
   gpu/nvml.py and its value on the simulated node (sim/node.py), then one
   entry here; a counter carried across sweeps adds its rule in
   collect/usage.py.
-Then `./scripts/gen-metric-tables.py` rewrites the README's tables.
+Then `./scripts/gen-metric-tables.py` rewrites the tables of docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -801,8 +801,8 @@ def reads_of(families: Sequence[Family[Any]]) -> frozenset[Read]:
     return frozenset(read for family in families for read in family.reads)
 
 
-# The README's tables: the subjects each covers, in order, and the line that heads it.
-README_TABLES = (
+# The tables of docs/metrics.md: the subjects each covers, in order, and the line that heads it.
+DOC_TABLES = (
     ((POD, POD_COUNTED), "Per (pod, GPU or MIG device), labels `namespace`, `pod`, `pod_uid`, `gpu_id`, `gpu_uuid`:"),
     ((GPU, UNATTRIBUTED, KNOWN), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
     (
@@ -815,11 +815,11 @@ README_TABLES = (
 
 
 def families_markdown() -> str:
-    """The README's metric tables, made from this table (scripts/gen-metric-tables.py prints
-    them, tests/test_docs.py checks the README holds them): each family's name as a scrape
-    shows it, its type and its help text."""
+    """The metric tables of docs/metrics.md, made from this table (scripts/gen-metric-tables.py
+    writes them there, tests/test_docs.py checks the doc holds them): each family's name as a
+    scrape shows it, its type and its help text."""
     out = []
-    for subjects, heading in README_TABLES:
+    for subjects, heading in DOC_TABLES:
         out += [heading, "", "| name | type | meaning |", "|---|---|---|"]
         for family in of_subject(*subjects):
             labels = [label for label in family.labels if label not in POD_LABELS + GPU_LABELS + SEED_LABELS]

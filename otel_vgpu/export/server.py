@@ -1,7 +1,7 @@
 """The HTTP server: connections, their bounds, and TLS, for an application (endpoint.py).
 
 Every client is held to bounds, whoever it is and whatever it sends
-(`Limits`; the README and docs/reliability.md state them):
+(`Limits`; docs/endpoint.md and docs/reliability.md state them):
 
 - one event loop reads every connection (asyncio; h11 parses HTTP/1.1), so a
   connection costs a socket and a few kilobytes, never a thread; responses
