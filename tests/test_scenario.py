@@ -45,10 +45,10 @@ def test_sizes_units_and_defaults() -> None:
 def test_json_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(
-        '{"gpus": [{"memory": 1073741824}], "pods": [{"name": "p", "processes": [{"gpu": 0, "memory": "1GB"}]}]}'
+        '{"gpus": [{"memory": 2147483648}], "pods": [{"name": "p", "processes": [{"gpu": 0, "memory": "1GB"}]}]}'
     )
     scenario = load_scenario(str(path))
-    assert scenario.gpus[0].memory_total == GIB
+    assert scenario.gpus[0].memory_total == 2 * GIB
     assert scenario.pods[0].processes[0].memory.mean == 1e9
 
 
@@ -87,7 +87,8 @@ def test_wave_moves_around_its_mean() -> None:
         (
             "gpus: [{memory: 16GiB}]\npods:\n  - name: a\n    processes:\n      - {gpu: 0, memory: 10GiB}\n"
             "      - {gpu: 0, memory: {mean: 5GiB, amplitude: 2GiB}}\n",
-            "bad.yaml:1: gpus[0]: the processes on GPU 0 can use up to 17 GiB together; it has 16 GiB",
+            "bad.yaml:1: gpus[0]: the processes on GPU 0 can use up to 17 GiB together; it has 15.4 GiB beside the "
+            "driver's 0.6006 GiB",
         ),
         (
             "gpus:\n  - memory: 80GiB\n    mig: [{profile: 1g.10gb, memory: 10GiB}]\npods:\n  - name: a\n"
@@ -96,8 +97,11 @@ def test_wave_moves_around_its_mean() -> None:
         ),
         (
             "gpus: [{memory: 1GiB}]\nhost_processes: [{gpu: 0, memory: 2GiB, sm: 0, cgroup: '0::/x'}]\n",
-            "the processes on GPU 0 can use up to 2 GiB together; it has 1 GiB",
+            "the processes on GPU 0 can use up to 2 GiB together; it has 0.3994 GiB beside the driver's 0.6006 GiB",
         ),
+        ("gpus: [{memory: 1GiB, reserved: 1GiB}]\n", "bad.yaml:1: gpus[0].reserved: must be below the GPU's memory"),
+        ("gpus: [{reserved: some}]\n", "bad.yaml:1: gpus[0].reserved: 'some' is not a size; valid: bytes"),
+        ("gpus: [{}]\ndriver: {memory_info_v2: 1}\n", "bad.yaml:2: driver.memory_info_v2: 1 is not true or false"),
         (
             "gpus: [{}]\npods:\n  - name: a\n    shares: {0: 0}\n",
             "bad.yaml:4: pods[0].shares.0: 0 is not a whole number >= 1 (a GPU the pod holds no share of is left out)",

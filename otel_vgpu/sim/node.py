@@ -52,9 +52,7 @@ from otel_vgpu.pods.directory import PodMeta, StaticDirectory
 from otel_vgpu.sim.health import SimulatedHealth
 from otel_vgpu.sim.scenario import PIPES, CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers
 
-# Memory the driver holds on each device beyond what processes use.
-DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
-# What a MIG device's own driver reservation is taken to be.
+# What a MIG device's own driver reservation is taken to be (a GPU's is its scenario's `reserved`).
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
 # The simulated GPUs' power: idle, and at full SM use (an H200's board limit, 700 W).
 IDLE_WATTS = 75.0
@@ -433,12 +431,15 @@ class SimulatedNode:
             uuid=gpu.uuid,
             model=gpu.model,
             memory_total=gpu.memory_total,
-            memory_used=min(gpu.memory_total, DRIVER_RESERVED_BYTES + sum(p.memory for p in mine)),
+            # NVML's v1 used: the driver's reservation and what the processes hold (the
+            # scenario's check keeps the two within the GPU's memory; churn aside).
+            memory_used=min(gpu.memory_total, gpu.reserved + sum(p.memory for p in mine)),
             # NVML gives no device utilization in MIG mode; else its last sample period's.
             utilization=None if migs else busy,
             minor_number=gpu.minor,
             migs=migs,
             engines=frozenset() if migs else gpu.engines,
+            memory_reserved=gpu.reserved if self.scenario.driver.memory_info_v2 else None,
         )
 
     def energy(self, index: int) -> int:
@@ -474,7 +475,7 @@ class SimulatedNode:
         if t - self._probed_at > PROBE_REUSE_S:
             # One look probes every GPU in turn: the moment is worked out once for all of them.
             self._probed_at = t
-            held = [DRIVER_RESERVED_BYTES] * len(self.scenario.gpus)
+            held = [gpu.reserved for gpu in self.scenario.gpus]
             for p in self._processes_at(t):
                 if p.starts_at <= t < p.ends_at:
                     held[p.gpu] += p.memory
