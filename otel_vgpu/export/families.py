@@ -561,6 +561,19 @@ _TABLE = (
         "nvidia-ml-py has no v2 (drivers before R510), never 0 in its place.",
         value=lambda g: g.device.memory_reserved,
     ),
+    # With it, the GPU's used adds up: the pods', the unattributed, the reserved and this
+    # (docs/metrics.md). Apart from the unattributed, which is processes' memory by definition.
+    Family(
+        "vgpu.gpu.memory.unlisted",
+        "By",
+        GPU,
+        "GPU memory in use that no process listing holds: vgpu_gpu_memory_used_bytes less "
+        "vgpu_gpu_memory_reserved_bytes less the memory NVML lists for every process on the GPU (the pods' "
+        "and those of no pod), never below 0. On an H200 with driver 580, a few MiB per CUDA context that its "
+        "process's listed memory leaves out. Absent where the reserved is, in MIG mode, and where the "
+        "processes or any process's memory could not be read.",
+        value=lambda g: g.unlisted_memory,
+    ),
     Family(
         "vgpu.gpu.sm.utilization",
         "1",
