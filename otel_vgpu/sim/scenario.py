@@ -29,6 +29,10 @@ EXPLICIT_PIDS = range(2, 4000)
 # `reserved`): an H200's with driver 580.159.04, idle or loaded, 615.0625 MiB (0.601 GiB in
 # bench/results/h200-pod-chart.md), which nvidia-smi shows as memory.reserved 616 MiB.
 RESERVED_BYTES = 644_939_776
+# What the driver keeps for each CUDA context beyond the memory NVML lists for its process, by
+# default. On that H200 the used less the reservation less every listed process's memory was
+# 8.8125 MiB with one PyTorch process and 14.375 MiB with two: this is the two's mean, 7.1875 MiB.
+CONTEXT_BYTES = 7_536_640
 
 
 class ScenarioError(ValueError):
@@ -290,6 +294,9 @@ class DriverSpec:
     memory_info_v2: bool = True
     """It has nvmlDeviceGetMemoryInfo_v2 (drivers from R510), which gives each GPU's reserved
     memory apart; False: an older driver, whose used holds the reservation all the same."""
+    context_memory: int = CONTEXT_BYTES
+    """Bytes each process's CUDA context holds on its GPU (or MIG device) beyond the memory its
+    listing gives it: in the device's used, in no process's usedGpuMemory."""
 
 
 MIG_STRATEGIES = ("single", "mixed")
