@@ -293,7 +293,7 @@ def main() -> int:
     gpu0 = idle[0].uuid
     cluster = Doubles(tmp, NODE, pki=True, socket_dir=POD_RESOURCES_DIR)
     harness = None
-    outside: list[subprocess.Popen[str]] = []
+    started: list[subprocess.Popen[str]] = []
     joined = [idle[0]]  # GPU 0 as each process joined it: with none, one, two, three
     readings: list[Reading] = []
     try:
@@ -303,9 +303,8 @@ def main() -> int:
         pids: set[int] = set()
         for pod, mode, gib in workloads:
             process = start_workload(mode, gib, on_gpu0)
-            if pod is None:
-                outside.append(process)  # in no kubelet cgroup: a process of no pod
-            else:
+            started.append(process)
+            if pod is not None:  # else in no kubelet cgroup: a process of no pod
                 place(pod, process)
             pids.add(process.pid)
             joined.append(wait_until(settled(gpu0, pids), args.timeout, f"GPU 0 listing PIDs {sorted(pids)}, still"))
@@ -337,7 +336,8 @@ def main() -> int:
     finally:
         if harness is not None:
             harness.stop()
-        stop_pods(pods, outside)
+        # The pods' processes, and every other started: the one of no pod, and one not yet placed.
+        stop_pods(pods, [p for p in started if all(p not in pod.processes for pod in pods)])
         cluster.stop()
 
     in_pods = {f"{pod.namespace}/{pod.name}": {process.pid for process in pod.processes} for pod in pods}
