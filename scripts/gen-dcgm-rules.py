@@ -31,7 +31,16 @@ OTHERS: tuple[tuple[str, str, str | None], ...] = (
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "vgpu_gpu_memory_copy_utilization_ratio * 100", None),
     ("DCGM_FI_DEV_ENC_UTIL", "vgpu_gpu_encoder_utilization_ratio * 100", "vgpu_pod_encoder_utilization_ratio * 100"),
     ("DCGM_FI_DEV_DEC_UTIL", "vgpu_gpu_decoder_utilization_ratio * 100", "vgpu_pod_decoder_utilization_ratio * 100"),
-    ("DCGM_FI_DEV_FB_USED", f"vgpu_gpu_memory_used_bytes / {MIB}", f"vgpu_pod_memory_used_bytes / {MIB}"),
+    # DCGM reads nvmlDeviceGetMemoryInfo_v2 from driver R510 on (DcgmCacheManager.cpp's
+    # ReadAndCacheFBMemoryInfo): its FB_USED is v2's `used`, the allocated memory without the
+    # reservation that the agent's used (v1's) holds, and FB_RESERVED is v2's `reserved`. Where
+    # the driver has no v2, DCGM's FB_USED is v1's, and so is this.
+    (
+        "DCGM_FI_DEV_FB_USED",
+        f"((vgpu_gpu_memory_used_bytes - vgpu_gpu_memory_reserved_bytes) or vgpu_gpu_memory_used_bytes) / {MIB}",
+        f"vgpu_pod_memory_used_bytes / {MIB}",
+    ),
+    ("DCGM_FI_DEV_FB_RESERVED", f"vgpu_gpu_memory_reserved_bytes / {MIB}", None),
     ("DCGM_FI_DEV_FB_FREE", f"(vgpu_gpu_memory_total_bytes - vgpu_gpu_memory_used_bytes) / {MIB}", None),
     ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "vgpu_gpu_energy_joules_total * 1000", None),
     (

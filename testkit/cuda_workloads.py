@@ -158,6 +158,10 @@ def start_workloads(
     for process, mode in zip(processes, modes, strict=True):
         assert process.stdout is not None
         if process.stdout.readline().strip() != "ready":
+            # The caller never gets them to stop: those that did start would hold the GPU on.
+            for started in processes:
+                started.kill()
+                started.wait()
             raise SystemExit(f"workload {mode} {gib} GiB did not start")
     return processes
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import pytest
@@ -9,13 +10,14 @@ import pytest
 from otel_vgpu.allocation.ratio import Ratios
 from otel_vgpu.allocation.shares import Allocation, Grant
 from otel_vgpu.collect.aggregate import GpuReading, GpuRow, PodRow, aggregate
-from otel_vgpu.gpu.backend import Device, GpuProcess, ProcessUse
+from otel_vgpu.gpu.backend import Device, GpuProcess, MigDevice, ProcessUse
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodMeta
 
 pytestmark = pytest.mark.unit
 
 GIB = 1024**3
+MIB = 1024**2
 GPU0 = Device(0, "GPU-0", "H100", 80 * GIB, 40 * GIB, 0.7)
 GPU1 = Device(1, "GPU-1", "H100", 80 * GIB, 10 * GIB, 0.1)
 NAMES = {"uid-a": PodMeta("ml", "a"), "uid-b": PodMeta("web", "b")}
@@ -80,6 +82,55 @@ def test_pods_on_two_gpus_with_unattributed_memory() -> None:
     for reading, gpu in zip(readings, gpus, strict=True):
         pod_bytes = sum(r.memory_used for r in rows if r.gpu_index == gpu.index)
         assert pod_bytes + (gpu.unattributed_memory or 0) == sum(p.used_memory or 0 for p in reading.processes or ())
+
+
+# An H200 with driver 580 and two processes: NVML's v1 used 5761.4375 MiB, v2 reserved 615.0625 MiB,
+# the two listed at 5132 MiB together; 14.375 MiB of the used in no listing.
+H200_RESERVED = int(615.0625 * MIB)
+H200 = Device(0, "GPU-0", "H200", 141 * GIB, int(5761.4375 * MIB), 0.5, memory_reserved=H200_RESERVED)
+TWO_CONTEXTS = [GpuProcess(1, 3590 * MIB), GpuProcess(2, 1542 * MIB)]
+
+
+def unlisted(device: Device, processes: Sequence[GpuProcess] | None, pods: Mapping[int, PodRef | None]) -> int | None:
+    gpus, _ = run([GpuReading(device, processes, {})], pods, NAMES.get, Allocation(), 2.0)
+    return gpus[0].unlisted_memory
+
+
+def test_unlisted_memory_is_the_used_less_the_reserved_less_every_listed_process() -> None:
+    # The pods' processes and those of no pod alike: it is what no listing holds, not what no pod does.
+    assert unlisted(H200, TWO_CONTEXTS, {1: PodRef("uid-a", None)}) == int(14.375 * MIB)
+    assert unlisted(H200, TWO_CONTEXTS, {}) == int(14.375 * MIB)
+    gpus, rows = run([GpuReading(H200, TWO_CONTEXTS, {})], {1: PodRef("uid-a", None)}, NAMES.get, Allocation(), 2.0)
+    gpu = gpus[0]
+    assert gpu.unattributed_memory is not None and gpu.unlisted_memory is not None
+    parts = sum(r.memory_used for r in rows) + gpu.unattributed_memory + H200_RESERVED
+    assert gpu.device.memory_used == parts + gpu.unlisted_memory
+    # An idle GPU's used is its reservation: nothing unlisted, 0 rather than no series.
+    assert unlisted(dataclasses.replace(H200, memory_used=H200_RESERVED), [], {}) == 0
+
+
+def test_unlisted_memory_is_never_below_zero() -> None:
+    # A process that allocated between the used's read and the listing's: more listed than the used took in.
+    assert unlisted(H200, [*TWO_CONTEXTS, GpuProcess(3, GIB)], {}) == 0
+
+
+@pytest.mark.parametrize(
+    ("device", "processes"),
+    [
+        (dataclasses.replace(H200, memory_reserved=None), TWO_CONTEXTS),  # a driver without v2
+        (H200, None),  # the listing failed
+        (H200, [GpuProcess(1, 3590 * MIB), GpuProcess(2, None)]),  # a process's memory NVML cannot give
+        (
+            dataclasses.replace(H200, migs=(MigDevice("MIG-1", "1g.18gb", 18 * GIB, 4 * GIB),)),
+            [dataclasses.replace(p, mig_uuid="MIG-1") for p in TWO_CONTEXTS],
+        ),  # MIG mode
+    ],
+    ids=["no-v2", "no-listing", "memory-unknown", "mig"],
+)
+def test_unlisted_memory_is_unknown_where_a_part_of_it_is(
+    device: Device, processes: Sequence[GpuProcess] | None
+) -> None:
+    assert unlisted(device, processes, {}) is None
 
 
 def test_unresolved_pod_keeps_uid_and_empty_namespace() -> None:

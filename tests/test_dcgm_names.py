@@ -63,6 +63,7 @@ GPU_FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_MEM_COPY_UTIL": ("vgpu_gpu_memory_copy_utilization_ratio", 100.0),
     "DCGM_FI_DEV_DEC_UTIL": ("vgpu_gpu_decoder_utilization_ratio", 100.0),
     "DCGM_FI_DEV_FB_USED": ("vgpu_gpu_memory_used_bytes", -MIB),
+    "DCGM_FI_DEV_FB_RESERVED": ("vgpu_gpu_memory_reserved_bytes", -MIB),
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("vgpu_gpu_energy_joules_total", 1000.0),
 }
 # The fields with a pod-labelled series: the pod's own figure.
@@ -110,10 +111,10 @@ def test_the_rules_file_is_what_the_declarations_make() -> None:
     )
 
 
-def served(tmp_path: Path) -> str:
+def served(tmp_path: Path, scenario: str = NODE) -> str:
     """What the agent serves on the node above, its GPM window closed, the throttle over."""
     clock = Clock(0.0)
-    node = SimulatedNode(parse_scenario(NODE, "node.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
+    node = SimulatedNode(parse_scenario(scenario, "node.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
     ratio = tmp_path / "gpu_allocation.txt"
     ratio.write_text("2\n")
     health = Health()
@@ -147,7 +148,7 @@ def promtool_test(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]
 
     def expected(field: str, family: str, factor: float) -> list[dict[str, Any]]:
         out = []
-        for labels, value in exposition.values[family].items():
+        for labels, value in exposition.values.get(family, {}).items():
             own = dict(labels)
             dcgm = {
                 "gpu": own["gpu_id"],
@@ -162,8 +163,13 @@ def promtool_test(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]
             out.append({"labels": f"{field}{{{selector}}}", "value": value / -factor if factor < 0 else value * factor})
         return out
 
+    reserved = next(iter(exposition.series("vgpu_gpu_memory_reserved_bytes").values()), None)
     for field, (family, factor) in GPU_FIELDS.items():
         samples = expected(field, family, factor)
+        if field == "DCGM_FI_DEV_FB_USED" and reserved is not None:
+            # DCGM's is nvmlMemory_v2_t's used from driver R510 on: allocated, the reservation apart,
+            # where the agent's (v1's) holds it.
+            samples[0]["value"] -= reserved / MIB
         if field in POD_FIELDS:
             samples += expected(field, *POD_FIELDS[field])
         tests.append({"expr": field, "eval_time": "2m", "exp_samples": samples})
@@ -197,3 +203,11 @@ def test_the_check_fails_on_a_wrong_unit(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setitem(GPU_FIELDS, "DCGM_FI_DEV_SM_CLOCK", ("vgpu_gpu_sm_clock_hertz", 1.0))
     ran = promtool_test(tmp_path, served(tmp_path))
     assert ran.returncode != 0 and "DCGM_FI_DEV_SM_CLOCK" in ran.stdout + ran.stderr
+
+
+def test_without_v2_fb_used_is_the_agents_used_and_fb_reserved_has_no_series(tmp_path: Path) -> None:
+    # A driver before R510: DCGM's FB_USED is v1's used, the agent's own, and FB_RESERVED has none.
+    text = served(tmp_path, NODE + "driver: {memory_info_v2: false}\n")
+    assert "vgpu_gpu_memory_reserved_bytes{" not in text
+    ran = promtool_test(tmp_path, text)
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]

@@ -158,6 +158,8 @@ def test_the_readmes_excerpt_and_log_are_what_the_builtin_node_serves_and_says()
         "vgpu_gpu_memory_total_bytes",
         "vgpu_gpu_vgpus",
         "vgpu_gpu_memory_unattributed_bytes",
+        "vgpu_gpu_memory_reserved_bytes",
+        "vgpu_gpu_memory_unlisted_bytes",
     }
     for name in excerpt.values:
         for labels, value in excerpt.series(name).items():

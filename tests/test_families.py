@@ -138,6 +138,15 @@ def test_a_gpus_figures() -> None:
     assert observations(GPU, "vgpu.gpu.decoder.utilization", observed) == {key: 0.25}
     assert observations(GPU, "vgpu.gpu.encoder.utilization", observed) == {}  # it has no encoder figure
     assert observations(GPU, "vgpu.gpu.energy.unattributed", observed) == {key: 100.0}
+    # The reservation where the driver gives it (v2), and no series where it does not, never 0.
+    assert observations(GPU, "vgpu.gpu.memory.used", observed) == {key: 30 * GIB}
+    assert observations(GPU, "vgpu.gpu.memory.reserved", observed) == {}
+    reserving = seen(gpus=(dataclasses.replace(gpu, device=dataclasses.replace(H100, memory_reserved=615 * MIB)),))
+    assert observations(GPU, "vgpu.gpu.memory.reserved", reserving) == {key: 615 * MIB}
+    # What no listing holds, as the aggregation worked it out; no series where it is unknown.
+    assert observations(GPU, "vgpu.gpu.memory.unlisted", observed) == {}
+    unlisted = seen(gpus=(dataclasses.replace(gpu, unlisted_memory=14 * MIB),))
+    assert observations(GPU, "vgpu.gpu.memory.unlisted", unlisted) == {key: 14 * MIB}
 
 
 def test_a_lost_gpu_keeps_its_xid_series_under_its_last_labels_and_says_it_is_lost() -> None:

@@ -6,6 +6,7 @@ the error classes are nvidia-ml-py's own, raised the way NVML raises them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -94,7 +95,15 @@ class FakeNvml:
         self.handles_asked += 1
         return f"handle{index}"
 
-    def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str, version: int | None = None) -> Any:
+        # As nvidia-ml-py's: with a version, nvmlDeviceGetMemoryInfo_v2 (nvmlMemory_v2_t), whose
+        # `used` is v1's less the reserved, as an H200 with driver 580 answers.
+        if version is not None:
+            self._check("memory_v2")
+            assert version == pynvml.nvmlMemory_v2
+            return SimpleNamespace(version=version, total=80, reserved=6, used=24, free=50)
         self._check("memory")
         if handle.startswith("mig"):
             return SimpleNamespace(total=18, used=2, free=16)
@@ -178,6 +187,59 @@ def test_device_fields_and_units() -> None:
     assert (device.index, device.uuid, device.model, device.minor_number) == (0, "GPU-handle0", "NVIDIA H200", 5)
     assert (device.memory_total, device.memory_used, device.utilization) == (80, 30, 0.55)
     assert device.migs == ()
+
+
+def test_the_reserved_memory_is_v2s_and_used_stays_v1s_which_holds_it() -> None:
+    nvml = FakeNvml()
+    device = NvmlBackend(nvml).device(0)
+    assert (device.memory_used, device.memory_reserved) == (30, 6)
+    assert nvml.calls.count("memory") == nvml.calls.count("memory_v2") == 1
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    ],
+)
+def test_a_driver_without_v2_has_no_reserved_figure_and_is_not_asked_again(code: int) -> None:
+    nvml, clock = FakeNvml(), Clock()
+    backend = NvmlBackend(nvml, clock=clock)
+    nvml.fail["memory_v2"] = code
+    assert [backend.device(0).memory_reserved for _ in range(3)] == [None] * 3
+    assert backend.device(0).memory_used == 30, "v1's figure as ever"
+    assert nvml.calls.count("memory_v2") == 1, "once per session"
+    # A new session (a driver upgrade may bring it) asks again.
+    del nvml.fail["memory_v2"]
+    backend.release()
+    backend.resume()
+    backend.device_count()
+    assert backend.device(0).memory_reserved == 6
+
+
+class OlderNvml(FakeNvml):
+    """An nvidia-ml-py from before the names in `missing`."""
+
+    missing: ClassVar[frozenset[str]] = frozenset()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in type(self).missing:
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+class NoV2Nvml(OlderNvml):
+    """An nvidia-ml-py from before nvmlMemory_v2_t."""
+
+    missing = frozenset({"nvmlMemory_v2"})
+
+
+def test_a_library_without_the_v2_structure_has_no_reserved_figure() -> None:
+    nvml = NoV2Nvml()
+    assert NvmlBackend(nvml).device(0).memory_reserved is None
+    assert "memory_v2" not in nvml.calls
 
 
 def test_the_watchs_probe_is_the_memory_in_use_of_the_device_call() -> None:
@@ -574,13 +636,10 @@ def test_what_a_gpu_lacks_is_asked_once_per_session_and_again_after_a_new_one() 
     assert nvml.calls.count("mig_mode") == 1
 
 
-class NoMpsNvml(FakeNvml):
+class NoMpsNvml(OlderNvml):
     """An nvidia-ml-py from before nvmlDeviceGetMPSComputeRunningProcesses."""
 
-    def __getattribute__(self, name: str) -> Any:
-        if name == "nvmlDeviceGetMPSComputeRunningProcesses":
-            raise AttributeError(name)
-        return super().__getattribute__(name)
+    missing = frozenset({"nvmlDeviceGetMPSComputeRunningProcesses"})
 
 
 def test_a_library_without_the_mps_listing_lists_the_others() -> None:
@@ -591,15 +650,24 @@ def test_a_library_without_the_mps_listing_lists_the_others() -> None:
     assert sorted(p.pid for p in backend.processes(0)) == [10, 11, 12]
 
 
-def test_a_failure_that_is_no_absence_still_fails_the_call() -> None:
+@pytest.mark.parametrize(
+    ("call", "ask", "answer"),
+    [
+        ("energy", lambda backend: backend.energy(0), 123_456),  # not taken for a GPU without a counter
+        ("memory_v2", lambda backend: backend.device(0).memory_reserved, 6),  # nor for a driver without v2
+    ],
+)
+def test_a_failure_that_is_no_absence_still_fails_the_call(
+    call: str, ask: Callable[[NvmlBackend], Any], answer: int
+) -> None:
     nvml = FakeNvml()
     backend = NvmlBackend(nvml)
-    nvml.fail["energy"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    nvml.fail[call] = pynvml.NVML_ERROR_GPU_IS_LOST
     with pytest.raises(GpuError) as caught:
-        backend.energy(0)
+        ask(backend)
     assert caught.value.code is ErrorCode.GPU_IS_LOST
-    del nvml.fail["energy"]
-    assert backend.energy(0) == nvml.energy_mj, "a lost GPU is not taken for one without a counter"
+    del nvml.fail[call]
+    assert ask(backend) == answer, "a lost GPU is not taken for one that lacks the call"
 
 
 def test_accounting_is_read_only_where_its_mode_is_on_and_in_its_units() -> None:

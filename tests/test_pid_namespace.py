@@ -77,6 +77,7 @@ def test_sampler_outside_the_host_namespace_reports_blind_gpus_and_logs_once(
     # unknown, not zero: no pod rows (no false idle allocations), no unattributed figure
     assert first.ok and first.pods == ()
     assert [gpu.unattributed_memory for gpu in first.gpus] == [None, None]
+    assert [gpu.unlisted_memory for gpu in first.gpus] == [None, None], "what the driver hides is not unlisted"
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1, "logged once, not every sweep"
     assert "hostPID: true" in errors[0].getMessage() and "GPU 0" in errors[0].getMessage()

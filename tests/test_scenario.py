@@ -42,13 +42,25 @@ def test_sizes_units_and_defaults() -> None:
     assert scenario.pods[4].uid == "0e886e9a-3879-45f9-b44d-86ef9df03224"
 
 
+# A process that fills a GPU, its driver reserving nothing: it fits only if its context holds nothing either.
+TIGHT = "gpus: [{memory: 1GiB, reserved: 0}]\nhost_processes: [{gpu: 0, memory: 1020MiB, sm: 0, cgroup: '0::/x'}]\n"
+
+
+def test_a_drivers_contexts_hold_an_h200s_by_default_and_what_it_states_otherwise() -> None:
+    assert parse_scenario("gpus: [{}]\n", "s.yaml").driver.context_memory == int(7.1875 * MIB)
+    assert parse_scenario("gpus: [{}]\ndriver: {context_memory: 8MiB}\n", "s.yaml").driver.context_memory == 8 * MIB
+    # Without contexts, what a GPU holds is its processes' and its reservation alone: 1020 MiB fits in 1 GiB
+    # (it is refused with them: test_errors_name_file_line_field_and_what_is_valid).
+    assert parse_scenario(TIGHT + "driver: {context_memory: 0}\n", "s.yaml").driver.context_memory == 0
+
+
 def test_json_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(
-        '{"gpus": [{"memory": 1073741824}], "pods": [{"name": "p", "processes": [{"gpu": 0, "memory": "1GB"}]}]}'
+        '{"gpus": [{"memory": 2147483648}], "pods": [{"name": "p", "processes": [{"gpu": 0, "memory": "1GB"}]}]}'
     )
     scenario = load_scenario(str(path))
-    assert scenario.gpus[0].memory_total == GIB
+    assert scenario.gpus[0].memory_total == 2 * GIB
     assert scenario.pods[0].processes[0].memory.mean == 1e9
 
 
@@ -87,17 +99,30 @@ def test_wave_moves_around_its_mean() -> None:
         (
             "gpus: [{memory: 16GiB}]\npods:\n  - name: a\n    processes:\n      - {gpu: 0, memory: 10GiB}\n"
             "      - {gpu: 0, memory: {mean: 5GiB, amplitude: 2GiB}}\n",
-            "bad.yaml:1: gpus[0]: the processes on GPU 0 can use up to 17 GiB together; it has 16 GiB",
+            "bad.yaml:1: gpus[0]: the processes on GPU 0 can use up to 17.01 GiB together (14.38 MiB of it for 2 CUDA "
+            "contexts); it has 15.4 GiB beside the driver's 0.6006 GiB",
         ),
         (
             "gpus:\n  - memory: 80GiB\n    mig: [{profile: 1g.10gb, memory: 10GiB}]\npods:\n  - name: a\n"
             "    processes: [{gpu: 0, mig: 0, memory: 12GiB}]\n",
-            "gpus[0]: the processes on GPU 0's MIG device 0 can use up to 12 GiB together; it has 10 GiB",
+            "gpus[0]: the processes on GPU 0's MIG device 0 can use up to 12.01 GiB together (7.188 MiB of it for 1 "
+            "CUDA context); it has 10 GiB",
         ),
         (
             "gpus: [{memory: 1GiB}]\nhost_processes: [{gpu: 0, memory: 2GiB, sm: 0, cgroup: '0::/x'}]\n",
-            "the processes on GPU 0 can use up to 2 GiB together; it has 1 GiB",
+            "the processes on GPU 0 can use up to 2.007 GiB together (7.188 MiB of it for 1 CUDA context); it has "
+            "0.3994 GiB beside the driver's 0.6006 GiB",
         ),
+        # A process's context is memory of the GPU's too: 1020 MiB fits in 1 GiB, not with a context beside it.
+        (
+            TIGHT,
+            "can use up to 1.003 GiB together (7.188 MiB of it for 1 CUDA context); it has 1 GiB beside the "
+            "driver's 0 GiB",
+        ),
+        ("gpus: [{}]\ndriver: {context_memory: -1}\n", "bad.yaml:2: driver.context_memory: -1 is not a size"),
+        ("gpus: [{memory: 1GiB, reserved: 1GiB}]\n", "bad.yaml:1: gpus[0].reserved: must be below the GPU's memory"),
+        ("gpus: [{reserved: some}]\n", "bad.yaml:1: gpus[0].reserved: 'some' is not a size; valid: bytes"),
+        ("gpus: [{}]\ndriver: {memory_info_v2: 1}\n", "bad.yaml:2: driver.memory_info_v2: 1 is not true or false"),
         (
             "gpus: [{}]\npods:\n  - name: a\n    shares: {0: 0}\n",
             "bad.yaml:4: pods[0].shares.0: 0 is not a whole number >= 1 (a GPU the pod holds no share of is left out)",

@@ -53,6 +53,8 @@ class GpuRow:
     vgpus: float
     unattributed_memory: int | None
     """None when the GPU's processes could not be listed."""
+    unlisted_memory: int | None = None
+    """Bytes of its used that no process listing holds (`_unlisted`); None where that is unknown."""
     mps_servers: int = 0
     sm_busy_seconds: float | None = None
     """SM-busy seconds counted so far (collect/usage.py); None where the SM figure is unknown."""
@@ -309,6 +311,7 @@ def aggregate(
                 device=device,
                 vgpus=ratios.of(device.uuid),
                 unattributed_memory=unattributed,
+                unlisted_memory=_unlisted(device, reading.processes),
                 mps_servers=reading.mps_servers,
                 users=reading.users,
                 busy_seconds=reading.busy_seconds,
@@ -317,6 +320,33 @@ def aggregate(
             )
         )
     return tuple(gpu_rows), tuple(pod_rows)
+
+
+def _unlisted(device: Device, processes: Sequence[GpuProcess] | None) -> int | None:
+    """What of the GPU's used (NVML's v1: the reservation and what was allocated) neither the
+    reservation nor any listed process holds, the pods' and those of no pod alike: on an H200
+    with driver 580, a few MiB per CUDA context that its process's listed memory leaves out
+    (docs/metrics.md).
+
+    None where a part is unknown, rather than a figure that takes in what it is not: without v2
+    there is no reservation to take off; where the listing failed (or the agent is blind to
+    it), or NVML could not give a process's memory (WDDM), the listed total is unknown. In MIG
+    mode the processes are listed per MIG device, each with memory of its own, and what the
+    GPU's used holds beyond its reservation and their listings was never measured: it takes in
+    whatever each MIG device keeps for itself, so it would be no one figure."""
+    if processes is None or device.mig_mode or device.memory_reserved is None:
+        return None
+    listed = 0
+    for process in processes:
+        if process.used_memory is None:
+            return None
+        listed += process.used_memory
+    # Not negative in practice: the driver's used holds the reservation and every allocation
+    # its listings name. The floor is for the two being read at different instants (the device
+    # first, then its processes: collect/reading.py): a process that allocated in between is
+    # listed with more than the used took in, and the floor hides by how much. A process that
+    # ended in between errs the other way, its memory counted here for that sweep.
+    return max(0, device.memory_used - device.memory_reserved - listed)
 
 
 def _ended_rows(

@@ -538,13 +538,41 @@ _TABLE = (
         "Physical memory of the GPU.",
         value=lambda g: g.device.memory_total,
     ),
+    # NVML's v1 figure (nvmlDeviceGetMemoryInfo, nvmlMemory_t): nvml.h defines its `used` as the
+    # "Sum of Reserved and Allocated device memory", and v2's `used` as "Allocated device memory"
+    # alone, which is what nvidia-smi's memory.used and dcgm-exporter's DCGM_FI_DEV_FB_USED show
+    # (DCGM reads v2 from driver R510 on). v1's is kept, as ever, so that the reservation, no
+    # process's, is in the GPU's used beside what the processes hold (docs/metrics.md).
     Family(
         "vgpu.gpu.memory.used",
         "By",
         GPU,
-        "Physical memory in use on the GPU (NVML device figure), including what the driver reserves, "
-        "which no process holds.",
+        "Memory in use on the GPU: NVML's v1 used (nvmlDeviceGetMemoryInfo), what its processes allocated "
+        "and what the driver reserves (vgpu_gpu_memory_reserved_bytes), which no process holds. nvidia-smi's "
+        "memory.used and dcgm-exporter's DCGM_FI_DEV_FB_USED are this less the reserved.",
         value=lambda g: g.device.memory_used,
+    ),
+    Family(
+        "vgpu.gpu.memory.reserved",
+        "By",
+        GPU,
+        "Memory the driver and firmware reserve on the GPU (NVML's nvmlDeviceGetMemoryInfo_v2 reserved, "
+        "nvidia-smi's memory.reserved), part of vgpu_gpu_memory_used_bytes. Absent where the driver or "
+        "nvidia-ml-py has no v2 (drivers before R510), never 0 in its place.",
+        value=lambda g: g.device.memory_reserved,
+    ),
+    # With it, the GPU's used adds up: the pods', the unattributed, the reserved and this
+    # (docs/metrics.md). Apart from the unattributed, which is processes' memory by definition.
+    Family(
+        "vgpu.gpu.memory.unlisted",
+        "By",
+        GPU,
+        "GPU memory in use that no process listing holds: vgpu_gpu_memory_used_bytes less "
+        "vgpu_gpu_memory_reserved_bytes less the memory NVML lists for every process on the GPU (the pods' "
+        "and those of no pod), never below 0. On an H200 with driver 580, a few MiB per CUDA context that its "
+        "process's listed memory leaves out. Absent where the reserved is, in MIG mode, and where the "
+        "processes or any process's memory could not be read.",
+        value=lambda g: g.unlisted_memory,
     ),
     Family(
         "vgpu.gpu.sm.utilization",

@@ -35,7 +35,8 @@ class Device:
     memory_total: int
     """Bytes."""
     memory_used: int
-    """Bytes in use on the device, as NVML counts them (driver reservations included)."""
+    """Bytes in use on the device: nvmlDeviceGetMemoryInfo's (v1) `used`, which nvml.h's nvmlMemory_t
+    calls the "Sum of Reserved and Allocated device memory", the driver's reservation included."""
     utilization: float | None
     """Device SM utilization over NVML's last sample period, 0-1; None where
     NVML cannot tell (a GPU in MIG mode)."""
@@ -72,6 +73,10 @@ class Device:
     accounting_mode: bool | None = None
     """Whether NVML's accounting mode is on (an administrator's `nvidia-smi -am 1`), as the
     sweep read it (collect/reading.py); None where it was not asked (MIG, no per-process figures)."""
+    memory_reserved: int | None = None
+    """Bytes the driver and firmware keep for themselves, part of `memory_used`:
+    nvmlDeviceGetMemoryInfo_v2's `reserved` (nvmlMemory_v2_t: "Device memory (in bytes) reserved
+    for system use (driver or firmware)"); None where the driver or nvidia-ml-py has no v2."""
 
     @property
     def mig_mode(self) -> bool:

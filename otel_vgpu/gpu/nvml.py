@@ -222,6 +222,8 @@ class NvmlBackend:
 
     def device(self, index: int) -> Device:
         handle = self._handle(index)
+        # v1 (nvmlMemory_t): its `used` is the "Sum of Reserved and Allocated device memory"
+        # (nvml.h), what the processes allocated and what the driver reserves (`_reserved`).
         memory = self._call(self._nvml.nvmlDeviceGetMemoryInfo, handle)
         uuid, model = self._identity(index, handle)
         migs = self._migs(index, handle)
@@ -236,7 +238,32 @@ class NvmlBackend:
             minor_number=self._minor_number(index, handle),
             migs=migs,
             engines=frozenset() if migs else self._engines_of(index, handle),
+            memory_reserved=self._reserved(index, handle),
         )
+
+    def _reserved(self, index: int, handle: Any) -> int | None:
+        """nvmlDeviceGetMemoryInfo_v2's `reserved`: what the driver and firmware keep of the GPU's
+        memory, part of v1's `used` (nvml.h's nvmlMemory_t: "Sum of Reserved and Allocated device
+        memory"), which stays the published figure. v2's own `used` is not taken: nvml.h's
+        nvmlMemory_v2_t calls it "Allocated device memory", its function's comment says it
+        "includes" the reserved amount, and only v1's meaning is one nvml.h gives alike
+        everywhere. A driver without v2 (before R510: FUNCTION_NOT_FOUND, or a version it does
+        not know) or a GPU that does not give it (NOT_SUPPORTED) has no figure, and is not asked
+        again this session; nor has an nvidia-ml-py without the structure."""
+        version = getattr(self._nvml, "nvmlMemory_v2", None)
+        if version is None:
+            return None
+        memory = self._query(
+            _memory_info_v2,
+            self._nvml,
+            handle,
+            version,
+            default=None,
+            absent=ABSENT | {ErrorCode.ARGUMENT_VERSION_MISMATCH},
+            remember=index,
+            say=f"GPU {index}'s driver has no nvmlDeviceGetMemoryInfo_v2: vgpu_gpu_memory_reserved_bytes is left out",
+        )
+        return None if memory is None else int(memory.reserved)
 
     def energy(self, index: int) -> int | None:
         return self._energy(index, self._handle(index))
@@ -553,6 +580,12 @@ class NvmlBackend:
             if code in SESSION_LOST:
                 self._session_lost(session)
             raise GpuError(code, _describe(error)) from None
+
+
+def _memory_info_v2(nvml: Any, handle: Any, version: int) -> Any:
+    """nvidia-ml-py's nvmlDeviceGetMemoryInfo with a version calls nvmlDeviceGetMemoryInfo_v2,
+    a symbol the driver may lack (its FUNCTION_NOT_FOUND)."""
+    return nvml.nvmlDeviceGetMemoryInfo(handle, version)
 
 
 def _absent(*args: Any) -> Any:

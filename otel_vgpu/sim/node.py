@@ -52,9 +52,7 @@ from otel_vgpu.pods.directory import PodMeta, StaticDirectory
 from otel_vgpu.sim.health import SimulatedHealth
 from otel_vgpu.sim.scenario import PIPES, CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers
 
-# Memory the driver holds on each device beyond what processes use.
-DRIVER_RESERVED_BYTES = 512 * 1024 * 1024
-# What a MIG device's own driver reservation is taken to be.
+# What a MIG device's own driver reservation is taken to be (a GPU's is its scenario's `reserved`).
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
 # The simulated GPUs' power: idle, and at full SM use (an H200's board limit, 700 W).
 IDLE_WATTS = 75.0
@@ -427,18 +425,23 @@ class SimulatedNode:
         gpu = self.scenario.gpus[index]
         mine = [p for p in self._processes if p.gpu == index]
         busy = self._busy(index, "sm", self._latest_period())
-        migs = tuple(_mig_device(mig, [p for p in mine if p.mig == mig.uuid]) for mig in gpu.migs)
+        context = self.scenario.driver.context_memory
+        migs = tuple(_mig_device(mig, [p for p in mine if p.mig == mig.uuid], context) for mig in gpu.migs)
         return Device(
             index=index,
             uuid=gpu.uuid,
             model=gpu.model,
             memory_total=gpu.memory_total,
-            memory_used=min(gpu.memory_total, DRIVER_RESERVED_BYTES + sum(p.memory for p in mine)),
+            # NVML's v1 used: the driver's reservation, what the processes hold and their
+            # contexts' memory, which no listing gives them (the scenario's check keeps it all
+            # within the GPU's memory; churn aside).
+            memory_used=min(gpu.memory_total, gpu.reserved + sum(p.memory + context for p in mine)),
             # NVML gives no device utilization in MIG mode; else its last sample period's.
             utilization=None if migs else busy,
             minor_number=gpu.minor,
             migs=migs,
             engines=frozenset() if migs else gpu.engines,
+            memory_reserved=gpu.reserved if self.scenario.driver.memory_info_v2 else None,
         )
 
     def energy(self, index: int) -> int:
@@ -468,21 +471,22 @@ class SimulatedNode:
 
     def memory_used(self, index: int) -> int:
         """The GPU's memory in use at the time of the call: its driver's part and what the
-        processes running then hold."""
+        processes running then hold, their contexts' memory with their own."""
         self._maybe_fail("device", index)
         t = self.now()
         if t - self._probed_at > PROBE_REUSE_S:
             # One look probes every GPU in turn: the moment is worked out once for all of them.
             self._probed_at = t
-            held = [DRIVER_RESERVED_BYTES] * len(self.scenario.gpus)
+            held = [gpu.reserved for gpu in self.scenario.gpus]
+            context = self.scenario.driver.context_memory
             for p in self._processes_at(t):
                 if p.starts_at <= t < p.ends_at:
-                    held[p.gpu] += p.memory
+                    held[p.gpu] += p.memory + context
             # A process's context holds its memory before the driver lists the process, as on
             # the H200 (bench/results/h200-memory-probe.md).
             for p in self._processes_at(t + MEMORY_LEAD_S):
                 if t < p.starts_at <= t + MEMORY_LEAD_S:
-                    held[p.gpu] += p.memory
+                    held[p.gpu] += p.memory + context
             self._probed = held
         return min(self.scenario.gpus[index].memory_total, self._probed[index])
 
@@ -841,12 +845,12 @@ def _mig_resource(mig: MigSpec, strategy: str) -> str:
     return "nvidia.com/gpu" if strategy == "single" else f"nvidia.com/mig-{mig.profile}"
 
 
-def _mig_device(mig: MigSpec, processes: list[_Process]) -> MigDevice:
+def _mig_device(mig: MigSpec, processes: list[_Process], context: int) -> MigDevice:
     return MigDevice(
         uuid=mig.uuid,
         profile=mig.profile,
         memory_total=mig.memory_total,
-        memory_used=min(mig.memory_total, MIG_RESERVED_BYTES + sum(p.memory for p in processes)),
+        memory_used=min(mig.memory_total, MIG_RESERVED_BYTES + sum(p.memory + context for p in processes)),
         gpu_instance_id=mig.gpu_instance_id,
         profile_id=mig.profile_id,
         placement_start=mig.placement_start,

@@ -25,6 +25,14 @@ MPS_SERVER_COMMAND = "nvidia-cuda-mps-server"[:15]
 COMPUTE_MODES = ("default", "exclusive_process")
 # PIDs a scenario may give its processes itself (the simulator numbers the rest from 4001).
 EXPLICIT_PIDS = range(2, 4000)
+# What the driver and firmware reserve of a GPU's memory by default (nvmlMemory_v2_t's
+# `reserved`): an H200's with driver 580.159.04, idle or loaded, 615.0625 MiB (0.601 GiB in
+# bench/results/h200-pod-chart.md), which nvidia-smi shows as memory.reserved 616 MiB.
+RESERVED_BYTES = 644_939_776
+# What the driver keeps for each CUDA context beyond the memory NVML lists for its process, by
+# default. On that H200 the used less the reservation less every listed process's memory was
+# 8.8125 MiB with one PyTorch process and 14.375 MiB with two: this is the two's mean, 7.1875 MiB.
+CONTEXT_BYTES = 7_536_640
 
 
 class ScenarioError(ValueError):
@@ -88,6 +96,9 @@ class GpuSpec:
     """Health figures (gpu/device_figures.py) its driver does not report."""
     accounting: bool = False
     """NVML's accounting mode is on (an administrator's `nvidia-smi -am 1`)."""
+    reserved: int = RESERVED_BYTES
+    """Bytes the driver and firmware keep of its memory: in its used (NVML's v1 figure) from the
+    start, and its v2 `reserved`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +291,12 @@ class DriverSpec:
     """How long NVML keeps an ended process's last sample, under its PID (which a new
     process may hold by then). 0: none, as an H200 with driver 580 does
     (bench/results/h200-nvml-ended-samples.md)."""
+    memory_info_v2: bool = True
+    """It has nvmlDeviceGetMemoryInfo_v2 (drivers from R510), which gives each GPU's reserved
+    memory apart; False: an older driver, whose used holds the reservation all the same."""
+    context_memory: int = CONTEXT_BYTES
+    """Bytes each process's CUDA context holds on its GPU (or MIG device) beyond the memory its
+    listing gives it: in the device's used, in no process's usedGpuMemory."""
 
 
 MIG_STRATEGIES = ("single", "mixed")

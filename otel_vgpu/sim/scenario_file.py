@@ -22,6 +22,7 @@ from otel_vgpu.sim.pod_fields import PodFields
 from otel_vgpu.sim.scenario import (
     BUILTIN,
     COMPUTE_MODES,
+    CONTEXT_BYTES,
     DEFAULT_RATIO,
     DEVICE_PLUGINS,
     FAULT_CALLS,
@@ -29,6 +30,7 @@ from otel_vgpu.sim.scenario import (
     MAX_KEPT_S,
     MAX_SCENARIO_BYTES,
     MIG_STRATEGIES,
+    RESERVED_BYTES,
     VIDEO_ENGINES,
     ChurnSpec,
     DevicePluginSpec,
@@ -156,7 +158,7 @@ class ScenarioReader(PodFields, HealthFields):
             if top.get("device_plugin") is None
             else self.device_plugin(top["device_plugin"], line_of(top, "device_plugin"))
         )
-        self.check_memory(gpus, pods, hosts, gpus_raw)
+        self.check_memory(gpus, pods, hosts, gpus_raw, driver.context_memory)
         self.check_mps(gpus, pods, hosts, gpus_raw)
         self.check_pids(pods, pods_raw)
         ratio = self.number(top.get("ratio", DEFAULT_RATIO), "ratio", line_of(top, "ratio"))
@@ -181,25 +183,32 @@ class ScenarioReader(PodFields, HealthFields):
         pods: tuple[PodSpec, ...],
         hosts: tuple[HostProcessSpec, ...],
         gpus_raw: list[Any],
+        context_memory: int,
     ) -> None:
-        """A GPU (or MIG device) holds no more than its memory: processes that could ask for more are refused."""
+        """A GPU (or MIG device) holds no more than its memory, the driver's reservation first: processes
+        that could ask for more, their contexts' memory with their own, are refused."""
         asked: dict[tuple[int, int | None], float] = {}
-        for pod in pods:
-            for process in pod.processes:
-                key = (process.gpu, process.mig)
-                asked[key] = asked.get(key, 0.0) + max(0.0, process.memory.highest)
-        for host in hosts:
-            asked[(host.gpu, None)] = asked.get((host.gpu, None), 0.0) + max(0.0, host.memory.highest)
+        contexts: dict[tuple[int, int | None], int] = {}
+        processes = [(p.gpu, p.mig, p.memory.highest) for pod in pods for p in pod.processes]
+        processes += [(host.gpu, None, host.memory.highest) for host in hosts]
+        for gpu_index, mig_index, highest in processes:
+            key = (gpu_index, mig_index)
+            asked[key] = asked.get(key, 0.0) + max(0.0, highest) + context_memory
+            contexts[key] = contexts.get(key, 0) + 1
         for (index, mig), total in sorted(asked.items(), key=lambda item: (item[0][0], item[0][1] or -1)):
             gpu = gpus[index]
-            capacity = gpu.memory_total if mig is None else gpu.migs[mig].memory_total
+            capacity = gpu.memory_total - gpu.reserved if mig is None else gpu.migs[mig].memory_total
             if total > capacity:
                 device = f"GPU {index}" if mig is None else f"GPU {index}'s MIG device {mig}"
+                room = f"{_gib(capacity)} beside the driver's {_gib(gpu.reserved)}" if mig is None else _gib(capacity)
+                count = contexts[(index, mig)]
+                of_contexts = f"{count * context_memory / 1024**2:.4g} MiB of it for {count} CUDA context"
+                held = f" ({of_contexts}{'s' * (count > 1)})"
                 raise self.fail(
                     f"gpus[{index}]",
                     item_line(gpus_raw[index]),
-                    f"the processes on {device} can use up to {_gib(total)} together; it has {_gib(capacity)} "
-                    "(lower their memory, or move some to another GPU)",
+                    f"the processes on {device} can use up to {_gib(total)} together{held if context_memory else ''}; "
+                    f"it has {room} (lower their memory, or move some to another GPU)",
                 )
 
     def check_mps(
@@ -263,7 +272,9 @@ class ScenarioReader(PodFields, HealthFields):
         return DevicePluginSpec(kind=kind, rename_by_default=rename, mig_strategy=strategy)
 
     def driver(self, raw: Any, line: int) -> DriverSpec:
-        spec = self.mapping(raw, "driver", line, {"pid_namespace_filter", "ended_samples_s"})
+        spec = self.mapping(
+            raw, "driver", line, {"pid_namespace_filter", "ended_samples_s", "memory_info_v2", "context_memory"}
+        )
         key = "pid_namespace_filter"
         kept = self.number(spec.get("ended_samples_s", 0), "driver.ended_samples_s", line_of(spec, "ended_samples_s"))
         if not 0 <= kept <= MAX_KEPT_S:
@@ -273,6 +284,12 @@ class ScenarioReader(PodFields, HealthFields):
         return DriverSpec(
             pid_namespace_filter=self.boolean(spec.get(key, True), f"driver.{key}", line_of(spec, key)),
             ended_samples_s=kept,
+            memory_info_v2=self.boolean(
+                spec.get("memory_info_v2", True), "driver.memory_info_v2", line_of(spec, "memory_info_v2")
+            ),
+            context_memory=self.size(
+                spec.get("context_memory", CONTEXT_BYTES), "driver.context_memory", line_of(spec, "context_memory")
+            ),
         )
 
     def fault(self, raw: Any, where: str, gpu_count: int) -> FaultSpec:
@@ -336,6 +353,7 @@ class ScenarioReader(PodFields, HealthFields):
                 "lacks",
                 "compute_mode",
                 "accounting",
+                "reserved",
                 *GPU_HEALTH_FIELDS,
             },
         )
@@ -351,6 +369,9 @@ class ScenarioReader(PodFields, HealthFields):
         memory = self.size(gpu.get("memory", "80GiB"), f"{where}.memory", line_of(gpu, "memory"))
         if memory <= 0:
             raise self.fail(f"{where}.memory", line_of(gpu, "memory"), "must be above 0")
+        reserved = self.size(gpu.get("reserved", RESERVED_BYTES), f"{where}.reserved", line_of(gpu, "reserved"))
+        if reserved >= memory:
+            raise self.fail(f"{where}.reserved", line_of(gpu, "reserved"), "must be below the GPU's memory")
         default_uuid = "GPU-" + str(uuidlib.UUID(hashlib.md5(f"gpu{index}".encode()).hexdigest()))
         uuid = str(gpu.get("uuid", default_uuid))
         minor = self.whole(gpu.get("minor", index), f"{where}.minor", line_of(gpu, "minor"), 0)
@@ -381,6 +402,7 @@ class ScenarioReader(PodFields, HealthFields):
             engines=engines,
             compute_mode=mode,
             accounting=accounting,
+            reserved=reserved,
             **self.gpu_health(gpu, where, model),
         )
 
