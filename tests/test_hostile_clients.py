@@ -432,7 +432,7 @@ def test_an_impossible_bcrypt_cost_stops_the_agent_naming_the_user(tmp_path: Pat
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"otel-vgpu: error: {users}:2: the bcrypt cost of 'bob' is 99, bcrypt takes 04 to 31"
+        f"otel-vgpu: error: --basic-auth-file {users}:2: the bcrypt cost of 'bob' is 99, bcrypt takes 04 to 31"
     ]
 
 
