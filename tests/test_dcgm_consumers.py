@@ -102,6 +102,13 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             yield Setup(prometheus, by_container)
 
 
+# OpenCost's queries select container!="", which only --by-container writes (the usage test
+# asserts that they select nothing without it): these run on the --by-container setups alone.
+BY_CONTAINER_ONLY = pytest.mark.parametrize(
+    "node", [setup for setup in SETUPS if setup[1]], indirect=True, ids=lambda p: f"{p[0].name}-by-container"
+)
+
+
 def query_at(prometheus: Prometheus, expr: str, at: float) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = prometheus.api("query", query=expr, time=f"{at:.3f}")["result"]
     return result
@@ -227,9 +234,8 @@ def test_opencost_gpu_usage_is_each_containers_own_figure(node: Setup) -> None:
     assert mig[0] != mig[1] and gpu not in mig, (gpu, mig)
 
 
+@BY_CONTAINER_ONLY
 def test_opencost_gpu_info_names_each_containers_device(node: Setup) -> None:
-    if not node.by_container:
-        pytest.skip('without --by-container, container!="" selects nothing (the usage test asserts it)')
     prometheus = node.prometheus
     prometheus.wait_for("DCGM_FI_DEV_DEC_UTIL{pod!=''}", timeout=TIMEOUT)
     query = opencost_queries(WINDOW, WINDOW_S)["QueryGPUInfo"]
@@ -293,9 +299,8 @@ SATURATION_SERIES = {
 }
 
 
+@BY_CONTAINER_ONLY
 def test_opencost_saturation_queries_answer_where_the_agent_has_a_pods_figure(node: Setup) -> None:
-    if not node.by_container:
-        pytest.skip('without --by-container, container!="" selects nothing')
     prometheus = node.prometheus
     prometheus.wait_for("DCGM_FI_PROF_DRAM_ACTIVE{pod!=''}", timeout=TIMEOUT)
     queries = opencost_queries(WINDOW, WINDOW_S)
