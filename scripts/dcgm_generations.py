@@ -12,9 +12,9 @@ tables are made from the same. Every fact carries where it was read and how sure
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
@@ -27,8 +27,8 @@ HEADER_461 = "go-dcgm@b7fa315 pkg/dcgm/dcgm_fields.h (DCGM 4.6.1)"
 BLOCK_460 = 'DCGM dcgmlib/dcgm_fields.h@v4.6.0, "Deprecated: renamed per DCGM Field Naming Standard"'
 
 
-@dataclass(frozen=True, slots=True)
-class Rename:
+# NamedTuples, not dataclasses: the tests load this file as a module of no package.
+class Rename(NamedTuple):
     """A field a generation names anew: its value is the old field's times `factor`."""
 
     old: str
@@ -38,8 +38,7 @@ class Rename:
     confidence: str
 
 
-@dataclass(frozen=True, slots=True)
-class Generation:
+class Generation(NamedTuple):
     """dcgm-exporter from version `first` on, up to the next generation's."""
 
     first: str
