@@ -91,6 +91,38 @@ DEFAULT_COUNTERS = (
     "DCGM_FI_PROF_PCIE_TX_BYTES",
     "DCGM_FI_PROF_PCIE_RX_BYTES",
 )
+# Their units, as the CSV's help strings give them.
+DEFAULT_UNITS = {
+    "DCGM_FI_DEV_SM_CLOCK": "MHz",
+    "DCGM_FI_DEV_MEM_CLOCK": "MHz",
+    "DCGM_FI_DEV_MEMORY_TEMP": "°C",
+    "DCGM_FI_DEV_GPU_TEMP": "°C",
+    "DCGM_FI_DEV_POWER_USAGE": "W",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "mJ",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "count",
+    "DCGM_FI_DEV_GPU_UTIL": "%",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "%",
+    "DCGM_FI_DEV_ENC_UTIL": "%",
+    "DCGM_FI_DEV_DEC_UTIL": "%",
+    "DCGM_FI_DEV_XID_ERRORS": "the last XID",
+    "DCGM_FI_DEV_FB_FREE": "MiB",
+    "DCGM_FI_DEV_FB_USED": "MiB",
+    "DCGM_FI_DEV_FB_RESERVED": "MiB",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "MB/s (B/s ÷ 1,024,000)",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "0/1",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "count",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "count",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "0/1",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "0-1",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "0-1",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "0-1",
+    "DCGM_FI_PROF_PCIE_TX_BYTES": "B/s",
+    "DCGM_FI_PROF_PCIE_RX_BYTES": "B/s",
+    "DCGM_FI_DEV_FB_CAPACITY_BYTES": "B",
+}
+# The unit a rename's factor takes a field to.
+UNIT_OF_FACTOR = {Fraction(10**6): "Hz", Fraction(1, 1000): "J", Fraction(1, 100): "0-1", Fraction(MIB): "B"}
+UNIT_OF_FACTOR[Fraction(NVLINK_MB)] = "B/s"
 DEFAULT_COUNTERS_SOURCE = "NVIDIA/dcgm-exporter etc/default-counters.csv@4.5.3-4.8.2"
 
 # 4.9.0: "Rename the 23 default and profiling-preset fields that DCGM 4.7 deprecates to their new
@@ -99,7 +131,7 @@ DEFAULT_COUNTERS_SOURCE = "NVIDIA/dcgm-exporter etc/default-counters.csv@4.5.3-4
 # bytes, and NVLink throughput from MB/s to bytes per second" (NOTES_49). The eleven are the two
 # clocks, energy, four utilizations, three framebuffer fields and NVLink: the count checks the
 # mapping. 22 of the 23 are below; the 23rd is not known.
-_SECONDARY = "secondary: a DCGM 4.7 field guide, not NVIDIA's; 4.9.0's notes confirm the unit change"
+_SECONDARY = "a DCGM 4.7 field guide, not NVIDIA's; 4.9.0's notes confirm the unit change"
 RENAMES_49 = (
     _rename(
         "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_SM_CLOCK_HERTZ", f"{HEADER_461} field 1603", "confirmed", Fraction(10**6)
@@ -184,7 +216,7 @@ GENERATIONS = (
     ),
     Generation(
         "4.8.3",
-        "4.8.4",
+        "4.8.x",
         PROMETHEUS / "dcgm-exporter" / "4.8.3.yaml",
         "hostname",
         "DCGM_FI_DRIVER_VERSION",
@@ -193,7 +225,7 @@ GENERATIONS = (
     ),
     Generation(
         "4.9.0",
-        "4.9.0",
+        "4.9.x",
         PROMETHEUS / "dcgm-exporter" / "4.9.yaml",
         "hostname",
         "DCGM_FI_SYSTEM_DRIVER_VERSION",

@@ -14,6 +14,7 @@ file is stale, and runs every set in promtool on what the agent serves.
 
 from __future__ import annotations
 
+import re
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -25,7 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from dcgm_generations import GENERATIONS, MIB, NVLINK_MB, Generation, renamed  # noqa: E402
+from dcgm_generations import (  # noqa: E402
+    DEFAULT_COUNTERS_SOURCE,
+    DEFAULT_UNITS,
+    GENERATIONS,
+    MIB,
+    NVLINK_MB,
+    UNIT_OF_FACTOR,
+    Generation,
+    default_counters,
+    renamed,
+)
+from doc_blocks import write_block  # noqa: E402
 
 from otel_vgpu.export.families import FAMILIES  # noqa: E402
 from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_TABLE  # noqa: E402
@@ -252,7 +264,83 @@ def outputs() -> dict[Path, str]:
     return out
 
 
+# Why no family answers a default counter.
+NONE = {
+    "DCGM_FI_DEV_XID_ERRORS": "none: the last XID code as a value, which PromQL cannot make of "
+    "`vgpu_gpu_xid_errors_total{xid}` (a counter per code); alert on that (`VGPUXidError`)",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "none: NVIDIA vGPU licensing of virtual machines is not this agent's subject",
+}
+
+
+def families_of(expression: str) -> str:
+    names = dict.fromkeys(re.findall(r"vgpu_\w+", expression))
+    return " ".join(f"`{name}`" for name in names)
+
+
+def generation_markdown(generation: Generation) -> str:
+    """A generation's default counters and labels: the field, its unit, what answers it, and
+    where the name comes from (confirmed, derived or secondary)."""
+    answers = {mapping.field: mapping for mapping in mappings()}
+    first = generation == GENERATIONS[0]
+    rows = [
+        f"**dcgm-exporter {versions(generation)}**: `{generation.path.relative_to(ROOT)}`, "
+        f'chart `prometheus.rules.dcgmExporterNames: "{chart_file(generation).stem}"`, kustomize '
+        f"`components/{component(generation).name}`.",
+        "",
+        "| field | unit | otel-vgpu family | source |",
+        "|---|---|---|---|",
+    ]
+    for field in default_counters(generation):
+        name, factor, rename = renamed(field, generation)
+        unit = UNIT_OF_FACTOR.get(factor, DEFAULT_UNITS[field])
+        if field == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" and first:
+            unit = "MiB/s (B/s ÷ 1,048,576, as this file has always written it; DCGM's is ÷ 1,024,000)"
+        adder = next((earlier for earlier in GENERATIONS if field in earlier.added), None)
+        if rename is not None:
+            source = f"{rename.confidence}: {rename.source}"
+        elif adder is not None:
+            source = f"confirmed: {adder.source}"
+        elif first:
+            source = f"confirmed: {DEFAULT_COUNTERS_SOURCE}"
+        elif generation.first == "4.8.3":
+            source = "derived: 4.6.0-4.8.3's CSV, as far as it was read, is 4.8.2's"
+        else:
+            source = "derived: not among the renames its release notes give"
+        mapping = answers.get(field)
+        if mapping is None:
+            family = NONE[field]
+        else:
+            family = families_of(mapping.gpu)
+            if mapping.pod:
+                family += f"; per pod, {families_of(mapping.pod)}"
+        rows.append(f"| `{name}` | {unit} | {family} | {source} |")
+    rows += [
+        f"| `{generation.hostname}` (label) | | `k8s_node_name` of the agent's `target_info`, where Prometheus has it "
+        "| "
+        f"confirmed: {generation.source} |",
+        f"| `{generation.driver_label}` (label) | | none: the agent serves no driver version | "
+        f"{'derived' if generation.first == '4.10.0' else 'confirmed'}: {generation.source} |",
+        "| `pci_bus_id` (label) | | none: the agent serves no PCI bus id | "
+        "confirmed: internal/pkg/rendermetrics/render_metrics.go@4.5.3-4.8.2 |",
+        "| `pod`, `namespace`, `container`, `pod_uid` (labels) | | the agent's own `pod`, `namespace`, `pod_uid` "
+        "on the per-pod series (`container` with `--by-container`), as `--kubernetes-virtual-gpus` splits its "
+        "GPU and memory use per pod; no `vgpu` | "
+        + (
+            "confirmed: internal/pkg/transformation/const.go, process_metrics.go@4.5.3-4.8.2 |"
+            if first
+            else "derived: no change announced since 4.8.2's (whether the per-pod split follows 4.9's names "
+            "is not known) |"
+        ),
+    ]
+    return "\n".join(rows) + "\n"
+
+
+def generations_markdown() -> str:
+    return "\n".join(generation_markdown(generation) for generation in GENERATIONS)
+
+
 if __name__ == "__main__":
+    write_block("dcgm-exporter generations", generations_markdown())
     for path, text in outputs().items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:

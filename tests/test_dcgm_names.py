@@ -459,3 +459,23 @@ def test_an_alert_on_another_generations_names_does_not_fire(tmp_path: Path) -> 
     wrong = Generation(GENERATIONS["4.9"].rules, "hostname", {}, True)
     ran = alert_test(tmp_path, wrong)
     assert ran.returncode != 0 and "GPURowRemapUncorrectable" in ran.stdout + ran.stderr
+
+
+def test_the_coming_from_tables_are_the_declarations() -> None:
+    # Every generation's default counters, the family that answers each or why none does, and the source.
+    blocks = load_script("doc_blocks.py")
+    generator = load_script("gen-dcgm-rules.py")
+    for doc in blocks.BLOCKS["dcgm-exporter generations"]:
+        held = blocks.block(doc.read_text(), "dcgm-exporter generations", str(doc))
+        assert held == generator.generations_markdown(), (
+            f"{doc}: regenerate: .venv/bin/python scripts/gen-dcgm-rules.py"
+        )
+    for version, generation in GENERATIONS.items():
+        assert f"| `{generation.name('DCGM_FI_DEV_GPU_UTIL')}` |" in held, version
+
+
+def test_the_tables_check_sees_a_changed_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
+    generator = load_script("gen-dcgm-rules.py")
+    before = generator.generations_markdown()
+    monkeypatch.setitem(generator.NONE, "DCGM_FI_DEV_XID_ERRORS", "none: changed")
+    assert generator.generations_markdown() != before
