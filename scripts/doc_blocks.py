@@ -17,6 +17,7 @@ BLOCKS: dict[str, tuple[Path, ...]] = {
     "flag table": (ROOT / "docs" / "flags.md",),
     "metric tables": (ROOT / "docs" / "metrics.md",),
     # The chart's README is what `helm show readme` prints, so it carries the table too.
+    "dcgm-exporter generations": (ROOT / "docs" / "coming-from.md",),
     "chart values table": (ROOT / "docs" / "chart-values.md", ROOT / "charts" / "otel-vgpu" / "README.md"),
 }
 

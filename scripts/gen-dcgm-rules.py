@@ -1,78 +1,158 @@
 #!/usr/bin/env python3
-"""Writes deploy/prometheus/dcgm-exporter-names.yaml: recording rules that give dcgm-exporter's
-names, units and labels from the agent's families, so that dashboards and alerts written for
-dcgm-exporter run unchanged once it is uninstalled (docs/coming-from.md says which fields have
-no equivalent, and why). The health and GPM fields come from their declarations
-(otel_vgpu/gpu/device_figures.py), the rest from the table below. tests/test_dcgm_names.py
-fails when the file is stale, and runs the rules in promtool on what the agent serves.
+"""Writes one rules set per dcgm-exporter generation (scripts/dcgm_generations.py): recording
+rules that give that generation's names, units and labels from the agent's families, so that
+dashboards and alerts written for dcgm-exporter run unchanged once it is uninstalled
+(docs/coming-from.md says which fields have no equivalent, and why). The health and GPM fields
+come from their declarations (otel_vgpu/gpu/device_figures.py), the rest from the table below,
+both in dcgm-exporter 4.8's names and units; each generation's renames and unit changes are
+applied on top. Also writes the chart's copies (charts/otel-vgpu/files/dcgm-exporter/) and the
+kustomize components, and docs/coming-from.md's tables. tests/test_dcgm_names.py fails when a
+file is stale, and runs every set in promtool on what the agent serves.
 
     .venv/bin/python scripts/gen-dcgm-rules.py
 """
 
 from __future__ import annotations
 
+import re
 import sys
+from fractions import Fraction
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from dcgm_generations import (  # noqa: E402
+    DEFAULT_COUNTERS_SOURCE,
+    DEFAULT_UNITS,
+    GENERATIONS,
+    MIB,
+    NVLINK_MB,
+    UNIT_OF_FACTOR,
+    Generation,
+    default_counters,
+    renamed,
+)
+from doc_blocks import write_block  # noqa: E402
 
 from otel_vgpu.export.families import FAMILIES  # noqa: E402
 from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_TABLE  # noqa: E402
 
-TARGET = ROOT / "deploy" / "prometheus" / "dcgm-exporter-names.yaml"
-MIB = 1048576
-# dcgm-exporter's field, the agent's expression of it per GPU, and per pod where dcgm-exporter's
-# pod-labelled series has a per-pod answer here (its own: a pod's share, not the GPU's copied).
-OTHERS: tuple[tuple[str, str, str | None], ...] = (
-    ("DCGM_FI_DEV_GPU_UTIL", "vgpu_gpu_sm_utilization_ratio * 100", "vgpu_pod_sm_utilization_ratio * 100"),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "vgpu_gpu_memory_copy_utilization_ratio * 100", None),
-    ("DCGM_FI_DEV_ENC_UTIL", "vgpu_gpu_encoder_utilization_ratio * 100", "vgpu_pod_encoder_utilization_ratio * 100"),
-    ("DCGM_FI_DEV_DEC_UTIL", "vgpu_gpu_decoder_utilization_ratio * 100", "vgpu_pod_decoder_utilization_ratio * 100"),
+CHART_FILES = ROOT / "charts" / "otel-vgpu" / "files" / "dcgm-exporter"
+COMPONENTS = ROOT / "kustomize" / "components"
+# dcgm-exporter 4.8's field, the agent's expression of it per GPU in the agent's units, per pod
+# where dcgm-exporter's pod-labelled series has a per-pod answer here (its own: a pod's share,
+# not the GPU's copied), what one unit of the agent's is in the field's, and whether that is
+# written as a division (bytes to MiB).
+OTHERS: tuple[tuple[str, str, str | None, Fraction, bool], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "vgpu_gpu_sm_utilization_ratio", "vgpu_pod_sm_utilization_ratio", Fraction(100), False),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "vgpu_gpu_memory_copy_utilization_ratio", None, Fraction(100), False),
+    (
+        "DCGM_FI_DEV_ENC_UTIL",
+        "vgpu_gpu_encoder_utilization_ratio",
+        "vgpu_pod_encoder_utilization_ratio",
+        Fraction(100),
+        False,
+    ),
+    (
+        "DCGM_FI_DEV_DEC_UTIL",
+        "vgpu_gpu_decoder_utilization_ratio",
+        "vgpu_pod_decoder_utilization_ratio",
+        Fraction(100),
+        False,
+    ),
     # DCGM reads nvmlDeviceGetMemoryInfo_v2 from driver R510 on (DcgmCacheManager.cpp's
     # ReadAndCacheFBMemoryInfo): its FB_USED is v2's `used`, the allocated memory without the
     # reservation that the agent's used (v1's) holds, and FB_RESERVED is v2's `reserved`. Where
     # the driver has no v2, DCGM's FB_USED is v1's, and so is this.
     (
         "DCGM_FI_DEV_FB_USED",
-        f"((vgpu_gpu_memory_used_bytes - vgpu_gpu_memory_reserved_bytes) or vgpu_gpu_memory_used_bytes) / {MIB}",
-        f"vgpu_pod_memory_used_bytes / {MIB}",
+        "((vgpu_gpu_memory_used_bytes - vgpu_gpu_memory_reserved_bytes) or vgpu_gpu_memory_used_bytes)",
+        "vgpu_pod_memory_used_bytes",
+        Fraction(1, MIB),
+        True,
     ),
-    ("DCGM_FI_DEV_FB_RESERVED", f"vgpu_gpu_memory_reserved_bytes / {MIB}", None),
-    ("DCGM_FI_DEV_FB_FREE", f"(vgpu_gpu_memory_total_bytes - vgpu_gpu_memory_used_bytes) / {MIB}", None),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "vgpu_gpu_energy_joules_total * 1000", None),
+    ("DCGM_FI_DEV_FB_RESERVED", "vgpu_gpu_memory_reserved_bytes", None, Fraction(1, MIB), True),
+    ("DCGM_FI_DEV_FB_FREE", "(vgpu_gpu_memory_total_bytes - vgpu_gpu_memory_used_bytes)", None, Fraction(1, MIB), True),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "vgpu_gpu_energy_joules_total", None, Fraction(1000), False),
     (
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-        f"(vgpu_gpu_nvlink_transmit_bytes_per_second + vgpu_gpu_nvlink_receive_bytes_per_second) / {MIB}",
+        "(vgpu_gpu_nvlink_transmit_bytes_per_second + vgpu_gpu_nvlink_receive_bytes_per_second)",
         None,
+        Fraction(1, NVLINK_MB),
+        True,
     ),
+    # From 4.9 on, collected by default (its own name: no 4.8 field).
+    ("DCGM_FI_DEV_FB_CAPACITY_BYTES", "vgpu_gpu_memory_total_bytes", None, Fraction(1), False),
 )
+# The first generation's set keeps what it has always written, since people load it: NVLink in
+# MiB/s (bytes/s / 1,048,576), where DCGM's "MB/s" is bytes/s / 1,024,000, 2.4 % more; the later
+# sets write DCGM's.
+KEPT: dict[str, Fraction] = {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": Fraction(1, MIB)}
 PROMETHEUS_NAME = {family.name: family.prometheus_name for family in FAMILIES}
 
 
-def scaled(name: str, scale: float) -> str:
-    return name if scale == 1.0 else f"{name} * {scale:g}"
+# A NamedTuple, not a dataclass: the tests load this script as a module of no package.
+class Mapping(NamedTuple):
+    """A dcgm-exporter 4.8 field (or one a later generation added) and the agent's answer."""
+
+    field: str
+    gpu: str
+    pod: str | None
+    scale: Fraction
+    """One unit of the agent's expression in the field's unit."""
+    divide: bool
 
 
-def mappings() -> list[tuple[str, str, str | None]]:
-    """(dcgm-exporter field, the agent's expression per GPU, per pod or None), in dcgm's units."""
+def written(expression: str, scale: Fraction, divide: bool) -> str:
+    if scale == 1:
+        return expression
+    if divide and scale.numerator == 1:
+        return f"{expression} / {scale.denominator}"
+    return f"{expression} * {float(scale):g}"
+
+
+def mappings() -> list[Mapping]:
+    """Every field the agent answers, in dcgm-exporter 4.8's names and units."""
     out = []
     for figure in HEALTH_TABLE:
         if figure.dcgm:
-            out.append((figure.dcgm, scaled(PROMETHEUS_NAME[f"vgpu.gpu.{figure.name}"], figure.dcgm_scale), None))
+            gpu = PROMETHEUS_NAME[f"vgpu.gpu.{figure.name}"]
+            out.append(Mapping(figure.dcgm, gpu, None, Fraction(str(figure.dcgm_scale)), False))
     for gpm in GPM_TABLE:
         if gpm.dcgm:
-            pod = scaled(PROMETHEUS_NAME[f"vgpu.pod.{gpm.name}"], gpm.dcgm_scale) if gpm.per_pod else None
-            out.append((gpm.dcgm, scaled(PROMETHEUS_NAME[f"vgpu.gpu.{gpm.name}"], gpm.dcgm_scale), pod))
-    return [*out, *OTHERS]
+            pod = PROMETHEUS_NAME[f"vgpu.pod.{gpm.name}"] if gpm.per_pod else None
+            gpu = PROMETHEUS_NAME[f"vgpu.gpu.{gpm.name}"]
+            out.append(Mapping(gpm.dcgm, gpu, pod, Fraction(str(gpm.dcgm_scale)), False))
+    return [*out, *(Mapping(*row) for row in OTHERS)]
 
 
-def with_dcgm_labels(expression: str, pod: bool) -> str:
+def added_later(field: str, generation: Generation) -> bool:
+    return any(field in later.added for later in GENERATIONS[GENERATIONS.index(generation) + 1 :])
+
+
+def records(generation: Generation) -> list[tuple[str, str, str | None]]:
+    """(the generation's field, the agent's expression per GPU, per pod or None), in its units."""
+    out = []
+    for mapping in mappings():
+        if added_later(mapping.field, generation):
+            continue
+        name, factor, _ = renamed(mapping.field, generation)
+        scale = KEPT.get(mapping.field, mapping.scale) if generation == GENERATIONS[0] else mapping.scale
+        scale *= factor
+        pod = written(mapping.pod, scale, mapping.divide) if mapping.pod else None
+        out.append((name, written(mapping.gpu, scale, mapping.divide), pod))
+    return out
+
+
+def with_dcgm_labels(expression: str, pod: bool, hostname: str) -> str:
     """`expression` with dcgm-exporter's labels beside the agent's: gpu, UUID, device,
-    modelName, and Hostname, the node's name from the agent's target_info where Prometheus has
-    it. A pod's series get their GPU's model too."""
+    modelName, and the node's name (`hostname`: the generation's label), from the agent's
+    target_info where Prometheus has it. A pod's series get their GPU's model too."""
     series = f"({expression})"
     if pod:
         model = "group by (gpu_uuid, gpu_model) (vgpu_gpu_memory_total_bytes)"
@@ -86,7 +166,7 @@ def with_dcgm_labels(expression: str, pod: bool) -> str:
         ("UUID", "gpu_uuid", "$1"),
         ("device", "gpu_id", "nvidia$1"),
         ("modelName", "gpu_model", "$1"),
-        ("Hostname", "k8s_node_name", "$1"),
+        (hostname, "k8s_node_name", "$1"),
     ):
         named = f'label_replace(\n{named},\n"{label}", "{value}", "{source}", "(.+)")'
     return named + "\n"
@@ -101,22 +181,168 @@ yaml.SafeDumper.add_representer(
 )
 
 
-def rules() -> str:
-    records = []
-    for name, gpu, pod in mappings():
-        expression = with_dcgm_labels(gpu, pod=False)
+def versions(generation: Generation) -> str:
+    return f"{generation.first} to {generation.last}" if generation.last else f"{generation.first} and later"
+
+
+def group_name(generation: Generation) -> str:
+    if generation == GENERATIONS[0]:
+        return "otel-vgpu.dcgm-exporter-names"
+    return f"otel-vgpu.dcgm-exporter-{generation.path.stem}"
+
+
+def groups(generation: Generation) -> list[dict[str, object]]:
+    out = []
+    for name, gpu, pod in records(generation):
+        expression = with_dcgm_labels(gpu, False, generation.hostname)
         if pod is not None:  # the pods' series have pod labels the GPU's lack: both kept
-            expression = f"(\n{expression})\nor\n(\n{with_dcgm_labels(pod, pod=True)})\n"
-        records.append({"record": name, "expr": Block(expression)})
-    header = (
-        "# dcgm-exporter's names, units and labels from otel-vgpu's families (docs/coming-from.md).\n"
-        "# Generated by scripts/gen-dcgm-rules.py from the families' declarations: do not edit. Load it in\n"
-        "# place of dcgm-exporter, not beside it (both would name the same series).\n"
+            expression = f"(\n{expression})\nor\n(\n{with_dcgm_labels(pod, True, generation.hostname)})\n"
+        out.append({"record": name, "expr": Block(expression)})
+    return [{"name": group_name(generation), "rules": out}]
+
+
+def rules(generation: Generation = GENERATIONS[0]) -> str:
+    if generation == GENERATIONS[0]:
+        header = (
+            "# dcgm-exporter's names, units and labels from otel-vgpu's families (docs/coming-from.md).\n"
+            "# Generated by scripts/gen-dcgm-rules.py from the families' declarations: do not edit. Load it in\n"
+            "# place of dcgm-exporter, not beside it (both would name the same series).\n"
+        )
+    else:
+        header = (
+            f"# dcgm-exporter {versions(generation)}'s names, units and labels from otel-vgpu's families\n"
+            "# (docs/coming-from.md). Generated by scripts/gen-dcgm-rules.py from the families' declarations\n"
+            "# and scripts/dcgm_generations.py: do not edit. Load it in place of dcgm-exporter, not beside it\n"
+            "# (both would name the same series).\n"
+        )
+    return header + yaml.safe_dump({"groups": groups(generation)}, sort_keys=False, width=200)
+
+
+def chart_file(generation: Generation) -> Path:
+    """The chart's copy (Helm reads no file outside the chart), named by the generation's first version."""
+    return CHART_FILES / f"{generation.path.stem if generation != GENERATIONS[0] else '4.8.2'}.yaml"
+
+
+def component(generation: Generation) -> Path:
+    return COMPONENTS / f"dcgm-exporter-names-{chart_file(generation).stem}"
+
+
+def component_files(generation: Generation) -> dict[str, str]:
+    """The kustomize component: a PrometheusRule of the set, named and labelled as the
+    prometheus-operator component's, which kube-prometheus-stack's Prometheus selects."""
+    document = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "otel-vgpu-dcgm-exporter-names",
+            "labels": {"app.kubernetes.io/name": "otel-vgpu", "release": "kube-prometheus-stack"},
+        },
+        "spec": {"groups": groups(generation)},
+    }
+    rule = (
+        f"# dcgm-exporter {versions(generation)}'s names from otel-vgpu's families, as a PrometheusRule.\n"
+        f"# Generated by scripts/gen-dcgm-rules.py, as {generation.path.relative_to(ROOT)}: do not edit.\n"
+    ) + yaml.safe_dump(document, sort_keys=False, width=200)
+    kustomization = (
+        f"# dcgm-exporter {versions(generation)}'s names, units and labels from the agent's families\n"
+        "# (docs/coming-from.md): load it in place of dcgm-exporter, not beside it. Generated by\n"
+        "# scripts/gen-dcgm-rules.py.\n"
+        "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nresources:\n  - prometheusrule.yaml\n"
     )
-    document = {"groups": [{"name": "otel-vgpu.dcgm-exporter-names", "rules": records}]}
-    return header + yaml.safe_dump(document, sort_keys=False, width=200)
+    return {"kustomization.yaml": kustomization, "prometheusrule.yaml": rule}
+
+
+def outputs() -> dict[Path, str]:
+    """Every file the generator writes, and what it holds."""
+    out: dict[Path, str] = {}
+    for generation in GENERATIONS:
+        text = rules(generation)
+        out[generation.path] = text
+        out[chart_file(generation)] = text
+        for name, content in component_files(generation).items():
+            out[component(generation) / name] = content
+    return out
+
+
+# Why no family answers a default counter.
+NONE = {
+    "DCGM_FI_DEV_XID_ERRORS": "none: the last XID code as a value, which PromQL cannot make of "
+    "`vgpu_gpu_xid_errors_total{xid}` (a counter per code); alert on that (`VGPUXidError`)",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "none: NVIDIA vGPU licensing of virtual machines is not this agent's subject",
+}
+
+
+def families_of(expression: str) -> str:
+    names = dict.fromkeys(re.findall(r"vgpu_\w+", expression))
+    return " ".join(f"`{name}`" for name in names)
+
+
+def generation_markdown(generation: Generation) -> str:
+    """A generation's default counters and labels: the field, its unit, what answers it, and
+    where the name comes from (confirmed, derived or secondary)."""
+    answers = {mapping.field: mapping for mapping in mappings()}
+    first = generation == GENERATIONS[0]
+    rows = [
+        f"**dcgm-exporter {versions(generation)}**: `{generation.path.relative_to(ROOT)}`, "
+        f'chart `prometheus.rules.dcgmExporterNames: "{chart_file(generation).stem}"`, kustomize '
+        f"`components/{component(generation).name}`.",
+        "",
+        "| field | unit | otel-vgpu family | source |",
+        "|---|---|---|---|",
+    ]
+    for field in default_counters(generation):
+        name, factor, rename = renamed(field, generation)
+        unit = UNIT_OF_FACTOR.get(factor, DEFAULT_UNITS[field])
+        if field == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" and first:
+            unit = "MiB/s (B/s ÷ 1,048,576, as this file has always written it; DCGM's is ÷ 1,024,000)"
+        adder = next((earlier for earlier in GENERATIONS if field in earlier.added), None)
+        if rename is not None:
+            source = f"{rename.confidence}: {rename.source}"
+        elif adder is not None:
+            source = f"confirmed: {adder.source}"
+        elif first:
+            source = f"confirmed: {DEFAULT_COUNTERS_SOURCE}"
+        elif generation.first == "4.8.3":
+            source = "derived: 4.6.0-4.8.3's CSV, as far as it was read, is 4.8.2's"
+        else:
+            source = "derived: not among the renames its release notes give"
+        mapping = answers.get(field)
+        if mapping is None:
+            family = NONE[field]
+        else:
+            family = families_of(mapping.gpu)
+            if mapping.pod:
+                family += f"; per pod, {families_of(mapping.pod)}"
+        rows.append(f"| `{name}` | {unit} | {family} | {source} |")
+    rows += [
+        f"| `{generation.hostname}` (label) | | `k8s_node_name` of the agent's `target_info`, where Prometheus has it "
+        "| "
+        f"confirmed: {generation.source} |",
+        f"| `{generation.driver_label}` (label) | | none: the agent serves no driver version | "
+        f"{'derived' if generation.first == '4.10.0' else 'confirmed'}: {generation.source} |",
+        "| `pci_bus_id` (label) | | none: the agent serves no PCI bus id | "
+        "confirmed: internal/pkg/rendermetrics/render_metrics.go@4.5.3-4.8.2 |",
+        "| `pod`, `namespace`, `container`, `pod_uid` (labels) | | the agent's own `pod`, `namespace`, `pod_uid` "
+        "on the per-pod series (`container` with `--by-container`), as `--kubernetes-virtual-gpus` splits its "
+        "GPU and memory use per pod; no `vgpu` | "
+        + (
+            "confirmed: internal/pkg/transformation/const.go, process_metrics.go@4.5.3-4.8.2 |"
+            if first
+            else "derived: no change announced since 4.8.2's (whether the per-pod split follows 4.9's names "
+            "is not known) |"
+        ),
+    ]
+    return "\n".join(rows) + "\n"
+
+
+def generations_markdown() -> str:
+    return "\n".join(generation_markdown(generation) for generation in GENERATIONS)
 
 
 if __name__ == "__main__":
-    TARGET.write_text(rules())
-    print(f"wrote {TARGET.relative_to(ROOT)}")
+    write_block("dcgm-exporter generations", generations_markdown())
+    for path, text in outputs().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")

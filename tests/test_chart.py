@@ -268,6 +268,17 @@ BAD_VALUES = [
     (("--set", "service.internalTrafficPolicy=Nearest"), "at '/service/internalTrafficPolicy'", "'Cluster', 'Local'"),
     (("--set", "kubelet.rootDir=var/lib/kubelet"), "at '/kubelet/rootDir'", "'^/'"),
     (("--set-json", 'metricDenylist=["a,b"]'), "at '/metricDenylist/0'", "'^[^,]+$'"),
+    # A version, as dcgm-exporter numbers its releases; its image tag or a `v` is no version.
+    (
+        ("--set-string", "prometheus.rules.dcgmExporterNames=v4.10"),
+        "at '/prometheus/rules/dcgmExporterNames'",
+        "does not match pattern '^$|^(0|[1-9][0-9]*)",
+    ),
+    (
+        ("--set-string", "prometheus.rules.dcgmExporterNames=4.5.3-4.8.2"),
+        "at '/prometheus/rules/dcgmExporterNames'",
+        "does not match pattern",
+    ),
 ]
 
 
@@ -428,6 +439,45 @@ def test_helm_packages_the_chart_and_the_archive_renders_the_same(tmp_path: Path
     assert {"otel-vgpu/Chart.yaml", "otel-vgpu/values.schema.json", "otel-vgpu/files/otel-vgpu-rules.yaml"} <= names
     assert not [n for n in names if "/ci/" in n or n.endswith(".helmignore")], "test values stay out of the package"
     assert template(chart=archive) == template()
+
+
+DCGM = load_script("dcgm_generations.py")
+
+
+@pytest.mark.parametrize(
+    "version", ["3.3.9", "4.8.1", "4.8.2", "4.8", "4.8.3", "4.8.4", "4.9", "4.9.0", "4.10", "4.10.0", "4.11", "5.0.1"]
+)
+def test_the_dcgm_exporter_names_are_the_set_of_the_version_given(version: str) -> None:
+    # The template's choice is scripts/dcgm_generations.py's: a major.minor its newest patch, an older
+    # version the first set, a newer one the newest.
+    rendered = by_object(documents(template("--set-string", f"prometheus.rules.dcgmExporterNames={version}")))
+    rule = rendered[("PrometheusRule", f"{RELEASE}-dcgm-exporter-names")]
+    generation = DCGM.generation_of(version)
+    assert rule["spec"] == yaml.safe_load(generation.path.read_text())
+    assert ("PrometheusRule", RELEASE) not in rendered, "the agent's own rules only with prometheus.rules.enabled"
+    both = by_object(
+        documents(
+            template(
+                "--set-string",
+                f"prometheus.rules.dcgmExporterNames={version}",
+                "--set",
+                "prometheus.rules.enabled=true",
+            )
+        )
+    )
+    assert {("PrometheusRule", RELEASE), ("PrometheusRule", f"{RELEASE}-dcgm-exporter-names")} <= both.keys()
+
+
+def test_no_dcgm_exporter_names_by_default() -> None:
+    assert not [doc for doc in documents(template()) if doc["kind"] == "PrometheusRule"]
+
+
+def test_the_chart_ships_every_dcgm_exporter_set_as_generated() -> None:
+    sets = sorted(path.name for path in (CHART / "files" / "dcgm-exporter").iterdir())
+    assert sets == sorted(load_script("gen-dcgm-rules.py").chart_file(g).name for g in DCGM.GENERATIONS)
+    for generation in DCGM.GENERATIONS:
+        copy = load_script("gen-dcgm-rules.py").chart_file(generation)
+        assert copy.read_text() == generation.path.read_text(), "regenerate: .venv/bin/python scripts/gen-dcgm-rules.py"
 
 
 def test_the_chart_ships_the_tested_rules_and_collector_config() -> None:

@@ -439,3 +439,32 @@ def test_strict_validation_refuses_what_the_api_would(tmp_path: Path) -> None:
     wrong = rendered_text("base").replace("hostPID: true", "hostPID: yes-please", 1)
     with pytest.raises(AssertionError, match=r"DaemonSet .*yes-please"):
         validate_strictly(wrong, tmp_path / "wrong.yaml")
+
+
+DCGM_SETS = load_script("gen-dcgm-rules.py")
+
+
+@pytest.mark.parametrize("generation", DCGM_SETS.GENERATIONS, ids=lambda g: DCGM_SETS.chart_file(g).stem)
+def test_each_dcgm_exporter_component_adds_its_generations_set_beside_the_agents_rules(
+    tmp_path: Path, generation: Any
+) -> None:
+    component = DCGM_SETS.component(generation)
+    for name, text in DCGM_SETS.component_files(generation).items():
+        assert (component / name).read_text() == text, "regenerate: .venv/bin/python scripts/gen-dcgm-rules.py"
+    # An overlay of the user's: the base, the prometheus-operator component and the generation's.
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    relative = [os.path.relpath(KUSTOMIZE / part, overlay) for part in ("base", "components/prometheus-operator")]
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [relative[0]],
+                "components": [relative[1], os.path.relpath(component, overlay)],
+            }
+        )
+    )
+    docs = documents(rendered_text(overlay))
+    rule = one(docs, "PrometheusRule", "otel-vgpu-dcgm-exporter-names")
+    assert rule["spec"] == yaml.safe_load(generation.path.read_text())
+    # Beside the agent's own rules, where the overlay puts them.
+    assert rule["metadata"].get("namespace") == one(docs, "PrometheusRule", "otel-vgpu")["metadata"].get("namespace")
