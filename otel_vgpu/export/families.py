@@ -157,6 +157,20 @@ POD_COUNTED: Subject[PodRow] = Subject(
 those of the pods that have ended, at their final values (collect/usage.py)."""
 GPU: Subject[GpuRow] = Subject("gpu", GPU_LABELS, lambda seen: seen.snapshot.gpus, gpu_attributes)
 """Per GPU."""
+INFO_LABELS = ("driver_version", "pci_bus_id")
+
+
+def info_attributes(row: GpuRow) -> dict[str, str]:
+    """The GPU's labels and what NVML says of it beside them; "" (no label, to Prometheus) where
+    NVML would not tell."""
+    device = row.device
+    return {**gpu_attributes(row), "driver_version": device.driver_version or "", "pci_bus_id": device.pci_bus_id or ""}
+
+
+GPU_INFO: Subject[GpuRow] = Subject(
+    "gpu_info", (*GPU_LABELS, *INFO_LABELS), lambda seen: seen.snapshot.gpus, info_attributes
+)
+"""Per GPU, its identity as labels."""
 SEED: Subject[SeedRow] = Subject(
     "seed", SEED_LABELS, lambda seen: seed_rows(seen.snapshot), lambda row: {"pod": row.pod, "gpu_id": row.gpu_id}
 )
@@ -189,6 +203,19 @@ XID: Subject[tuple[GpuIdentity, XidCount]] = Subject(
     per_snapshot=False,
 )
 """Per GPU and XID code."""
+
+
+def xid_last_rows(seen: Observed) -> list[tuple[GpuIdentity, int]]:
+    """Each GPU the agent knows, lost or not, and the code of its latest XID since the agent
+    started (0: none yet): a lost GPU keeps its own, the XID that said so."""
+    last = {xid.gpu_uuid: xid.last for xid in seen.xids}
+    return [(gpu, last.get(gpu.uuid, 0)) for gpu, _ in known_gpus(seen.snapshot)]
+
+
+XID_LAST: Subject[tuple[GpuIdentity, int]] = Subject(
+    "xid_last", GPU_LABELS, xid_last_rows, lambda row: identity_attributes(row[0]), per_snapshot=False
+)
+"""Per GPU the agent knows, its latest XID."""
 KNOWN: Subject[tuple[GpuIdentity, bool]] = Subject(
     "known", GPU_LABELS, lambda seen: known_gpus(seen.snapshot), lambda row: identity_attributes(row[0])
 )
@@ -239,10 +266,12 @@ SUBJECTS: tuple[Subject[Any], ...] = (
     POD,
     POD_COUNTED,
     GPU,
+    GPU_INFO,
     UNATTRIBUTED,
     KNOWN,
     GPU_HEALTH,
     XID,
+    XID_LAST,
     SEED,
     AGENT,
     STAGES,
@@ -532,6 +561,15 @@ _TABLE = (
     *(family for engine in POD_ENGINES for family in _engine_families(engine) if family.subject in (POD, POD_COUNTED)),
     *(family for family in _GPM_FAMILIES if family.subject is POD),
     Family(
+        "vgpu.gpu.info",
+        "",
+        GPU_INFO,
+        "1 for each GPU the last sweep read, with what NVML says of it as labels: driver_version "
+        "(nvmlSystemGetDriverVersion) and pci_bus_id (nvmlDeviceGetPciInfo's busId, 00000000:3B:00.0), "
+        "each absent where NVML would not tell. Join on gpu_uuid to put them on another family's series.",
+        value=lambda g: 1,
+    ),
+    Family(
         "vgpu.gpu.memory.total",
         "By",
         GPU,
@@ -706,6 +744,16 @@ _TABLE = (
         instrument=Instrument.COUNTER,
     ),
     Family(
+        "vgpu.gpu.xid.last",
+        "",
+        XID_LAST,
+        "The code of the latest XID error NVML reported for the GPU since the agent started, 0 before any "
+        "(dcgm-exporter's DCGM_FI_DEV_XID_ERRORS): the code itself, where vgpu_gpu_xid_errors_total counts "
+        "each code apart. Stays while the GPU cannot be read (vgpu_gpu_lost 1), as the XID series do.",
+        value=lambda row: row[1],
+        reads=frozenset({Read.XID_EVENTS}),
+    ),
+    Family(
         "pod_gpu_memory_used",
         "",
         SEED,
@@ -832,9 +880,9 @@ def reads_of(families: Sequence[Family[Any]]) -> frozenset[Read]:
 # The tables of docs/metrics.md: the subjects each covers, in order, and the line that heads it.
 DOC_TABLES = (
     ((POD, POD_COUNTED), "Per (pod, GPU or MIG device), labels `namespace`, `pod`, `pod_uid`, `gpu_id`, `gpu_uuid`:"),
-    ((GPU, UNATTRIBUTED, KNOWN), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
+    ((GPU, GPU_INFO, UNATTRIBUTED, KNOWN), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
     (
-        (GPU_HEALTH, XID),
+        (GPU_HEALTH, XID, XID_LAST),
         "Per GPU, its health, read every 10 s off the scrape's path, labels `gpu_id`, `gpu_uuid`, `gpu_model`:",
     ),
     ((AGENT, STAGES, REFUSALS, SWEEPS), "The agent itself:"),
