@@ -402,6 +402,11 @@ def test_a_gpu_lost_after_its_xid_79_keeps_the_series_and_says_it_is_lost_until_
             ("0", node.node.scenario.gpus[0].uuid): 0,
             ("1", uuid): 79,
         }
+        # ...and so does its info, which dcgm-exporter's names put on the XID series.
+        assert (
+            seen.by("vgpu_gpu_info", "gpu_id", "pci_bus_id", "driver_version")[("1", "00000000:30:00.0", "580.159.04")]
+            == 1
+        )
 
 
 def test_a_lost_gpu_that_returns_goes_on_counting_its_xids(tmp_path: Path) -> None:

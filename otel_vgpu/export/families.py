@@ -157,20 +157,6 @@ POD_COUNTED: Subject[PodRow] = Subject(
 those of the pods that have ended, at their final values (collect/usage.py)."""
 GPU: Subject[GpuRow] = Subject("gpu", GPU_LABELS, lambda seen: seen.snapshot.gpus, gpu_attributes)
 """Per GPU."""
-INFO_LABELS = ("driver_version", "pci_bus_id")
-
-
-def info_attributes(row: GpuRow) -> dict[str, str]:
-    """The GPU's labels and what NVML says of it beside them; "" (no label, to Prometheus) where
-    NVML would not tell."""
-    device = row.device
-    return {**gpu_attributes(row), "driver_version": device.driver_version or "", "pci_bus_id": device.pci_bus_id or ""}
-
-
-GPU_INFO: Subject[GpuRow] = Subject(
-    "gpu_info", (*GPU_LABELS, *INFO_LABELS), lambda seen: seen.snapshot.gpus, info_attributes
-)
-"""Per GPU, its identity as labels."""
 SEED: Subject[SeedRow] = Subject(
     "seed", SEED_LABELS, lambda seen: seed_rows(seen.snapshot), lambda row: {"pod": row.pod, "gpu_id": row.gpu_id}
 )
@@ -220,6 +206,19 @@ KNOWN: Subject[tuple[GpuIdentity, bool]] = Subject(
     "known", GPU_LABELS, lambda seen: known_gpus(seen.snapshot), lambda row: identity_attributes(row[0])
 )
 """Per GPU the agent knows, lost or not."""
+INFO_LABELS = ("driver_version", "pci_bus_id")
+
+
+def info_attributes(gpu: GpuIdentity) -> dict[str, str]:
+    """The GPU's labels and what NVML says of it beside them; "" (no label, to Prometheus) where
+    NVML would not tell."""
+    return {**identity_attributes(gpu), "driver_version": gpu.driver_version or "", "pci_bus_id": gpu.pci_bus_id or ""}
+
+
+GPU_INFO: Subject[tuple[GpuIdentity, bool]] = Subject(
+    "gpu_info", (*GPU_LABELS, *INFO_LABELS), lambda seen: known_gpus(seen.snapshot), lambda row: info_attributes(row[0])
+)
+"""Per GPU the agent knows, lost or not (under its last identity), what NVML says of it."""
 
 
 def unattributed_rows(seen: Observed) -> list[tuple[GpuRow, str, float]]:
@@ -564,10 +563,11 @@ _TABLE = (
         "vgpu.gpu.info",
         "",
         GPU_INFO,
-        "1 for each GPU the last sweep read, with what NVML says of it as labels: driver_version "
+        "1 for each GPU the agent knows, with what NVML says of it as labels: driver_version "
         "(nvmlSystemGetDriverVersion) and pci_bus_id (nvmlDeviceGetPciInfo's busId, 00000000:3B:00.0), "
-        "each absent where NVML would not tell. Join on gpu_uuid to put them on another family's series.",
-        value=lambda g: 1,
+        "each absent where NVML would not tell. Join on gpu_uuid to put them on another family's series. "
+        "A GPU that cannot be read keeps the series it last had (vgpu_gpu_lost 1).",
+        value=lambda row: 1,
     ),
     Family(
         "vgpu.gpu.memory.total",
