@@ -86,6 +86,9 @@ OTHERS: tuple[tuple[str, str, str | None, Fraction, bool], ...] = (
         Fraction(1, NVLINK_MB),
         True,
     ),
+    # A gauge of the last XID's code (DCGM_FI_DEV_XID_ERRORS: "Value of the last XID error
+    # encountered"), which PromQL cannot make of the per-code counter's label.
+    ("DCGM_FI_DEV_XID_ERRORS", "vgpu_gpu_xid_last", None, Fraction(1), False),
     # From 4.9 on, collected by default (its own name: no 4.8 field).
     ("DCGM_FI_DEV_FB_CAPACITY_BYTES", "vgpu_gpu_memory_total_bytes", None, Fraction(1), False),
 )
@@ -149,14 +152,23 @@ def records(generation: Generation) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def with_dcgm_labels(expression: str, pod: bool, hostname: str) -> str:
+# What vgpu_gpu_info gives each GPU's series: one per GPU whichever job scraped it.
+INFO = "group by (gpu_uuid, gpu_model, driver_version, pci_bus_id) (vgpu_gpu_info)"
+
+
+def with_dcgm_labels(expression: str, pod: bool, generation: Generation) -> str:
     """`expression` with dcgm-exporter's labels beside the agent's: gpu, UUID, device,
-    modelName, and the node's name (`hostname`: the generation's label), from the agent's
-    target_info where Prometheus has it. A pod's series get their GPU's model too."""
+    modelName, the driver's version (the generation's driver label) and pci_bus_id from the
+    agent's vgpu_gpu_info, where it is served, and the node's name (the generation's hostname
+    label), from the agent's target_info where Prometheus has it. A pod's series get their
+    GPU's model too."""
     series = f"({expression})"
-    if pod:
-        model = "group by (gpu_uuid, gpu_model) (vgpu_gpu_memory_total_bytes)"
-        series = f"{series} * on (gpu_uuid) group_left (gpu_model) {model}"
+    joined = ("gpu_model", "driver_version", "pci_bus_id") if pod else ("driver_version", "pci_bus_id")
+    # Without vgpu_gpu_info (an allowlist without it) the series stay, without its labels.
+    series = (
+        f"(({series} * on (gpu_uuid) group_left ({', '.join(joined)}) {INFO})\n"
+        f"  or ignoring ({', '.join(joined)})\n{series})"
+    )
     named = (
         f"({series} * on (job, instance) group_left (k8s_node_name) target_info)\n"
         f"  or ignoring (k8s_node_name)\n{series}"
@@ -166,7 +178,8 @@ def with_dcgm_labels(expression: str, pod: bool, hostname: str) -> str:
         ("UUID", "gpu_uuid", "$1"),
         ("device", "gpu_id", "nvidia$1"),
         ("modelName", "gpu_model", "$1"),
-        (hostname, "k8s_node_name", "$1"),
+        (generation.driver_label, "driver_version", "$1"),
+        (generation.hostname, "k8s_node_name", "$1"),
     ):
         named = f'label_replace(\n{named},\n"{label}", "{value}", "{source}", "(.+)")'
     return named + "\n"
@@ -194,9 +207,9 @@ def group_name(generation: Generation) -> str:
 def groups(generation: Generation) -> list[dict[str, object]]:
     out = []
     for name, gpu, pod in records(generation):
-        expression = with_dcgm_labels(gpu, False, generation.hostname)
+        expression = with_dcgm_labels(gpu, False, generation)
         if pod is not None:  # the pods' series have pod labels the GPU's lack: both kept
-            expression = f"(\n{expression})\nor\n(\n{with_dcgm_labels(pod, True, generation.hostname)})\n"
+            expression = f"(\n{expression})\nor\n(\n{with_dcgm_labels(pod, True, generation)})\n"
         out.append({"record": name, "expr": Block(expression)})
     return [{"name": group_name(generation), "rules": out}]
 
@@ -266,8 +279,6 @@ def outputs() -> dict[Path, str]:
 
 # Why no family answers a default counter.
 NONE = {
-    "DCGM_FI_DEV_XID_ERRORS": "none: the last XID code as a value, which PromQL cannot make of "
-    "`vgpu_gpu_xid_errors_total{xid}` (a counter per code); alert on that (`VGPUXidError`)",
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "none: NVIDIA vGPU licensing of virtual machines is not this agent's subject",
 }
 
@@ -318,9 +329,10 @@ def generation_markdown(generation: Generation) -> str:
         f"| `{generation.hostname}` (label) | | `k8s_node_name` of the agent's `target_info`, where Prometheus has it "
         "| "
         f"confirmed: {generation.source} |",
-        f"| `{generation.driver_label}` (label) | | none: the agent serves no driver version | "
+        f"| `{generation.driver_label}` (label) | | `driver_version` of `vgpu_gpu_info` | "
         f"{'derived' if generation.first == '4.10.0' else 'confirmed'}: {generation.source} |",
-        "| `pci_bus_id` (label) | | none: the agent serves no PCI bus id | "
+        "| `pci_bus_id` (label) | | `pci_bus_id` of `vgpu_gpu_info` (nvmlDeviceGetPciInfo's `busId`, "
+        "`00000000:3B:00.0`) | "
         "confirmed: internal/pkg/rendermetrics/render_metrics.go@4.5.3-4.8.2 |",
         "| `pod`, `namespace`, `container`, `pod_uid` (labels) | | the agent's own `pod`, `namespace`, `pod_uid` "
         "on the per-pod series (`container` with `--by-container`), as `--kubernetes-virtual-gpus` splits its "

@@ -278,7 +278,7 @@ def test_opencost_gpu_info_names_each_containers_device(node: Setup) -> None:
 # OpenCost's saturation queries on the node above with --by-container: the series each returns.
 # Those over fields the agent gives per pod (DRAM, SM active, SM occupancy, PCIe) have one per
 # container of a pod with its GPU or MIG device to itself; those over a field with no pod series
-# (FB_FREE, the violation counters, the clock event reasons) or with no rule (XID_ERRORS) and
+# (FB_FREE, the violation counters, the clock event reasons, XID_ERRORS) and
 # NVLink (these GPUs have none) return nothing. PCIe: OpenCost takes rate() of what
 # dcgm-exporter serves as a gauge in B/s, so those series exist and their value means nothing.
 SATURATION_SERIES = {

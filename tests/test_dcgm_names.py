@@ -69,6 +69,7 @@ GPU_FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_FB_USED": ("vgpu_gpu_memory_used_bytes", -MIB),
     "DCGM_FI_DEV_FB_RESERVED": ("vgpu_gpu_memory_reserved_bytes", -MIB),
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("vgpu_gpu_energy_joules_total", 1000.0),
+    "DCGM_FI_DEV_XID_ERRORS": ("vgpu_gpu_xid_last", 1.0),
 }
 # The fields with a pod-labelled series: the pod's own figure.
 POD_FIELDS: dict[str, tuple[str, float]] = {
@@ -133,6 +134,7 @@ RENAMED_49: dict[str, tuple[str, float | None]] = {
     "DCGM_FI_DEV_POWER_USAGE": ("DCGM_FI_DEV_BOARD_POWER_WATTS", None),
     "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("DCGM_FI_DEV_BOARD_POWER_LIMIT_REQUESTED_WATTS", None),
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", None),
+    "DCGM_FI_DEV_XID_ERRORS": ("DCGM_FI_DEV_XID_ERROR", None),
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", None),
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", None),
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("DCGM_FI_DEV_ROW_REMAP_FAILED", None),
@@ -161,12 +163,27 @@ RENAMED_410 = {
     for way in ("TX", "RX")
 }
 SETS = ROOT / "deploy" / "prometheus" / "dcgm-exporter"
+# The driver label: DCGM_FI_DRIVER_VERSION up to 4.8 (render_metrics.go), 4.9.0's rename after.
+OLD_DRIVER, NEW_DRIVER = "DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION"
+# What the simulated node's NVML gives (its driver's default; bus 0x18 apart per GPU).
+DRIVER_VERSION = "580.159.04"
+
+
+def info(generation: Generation, gpu_id: str) -> dict[str, str]:
+    """The labels vgpu_gpu_info puts on a GPU's series, the agent's and the generation's."""
+    return {
+        "driver_version": DRIVER_VERSION,
+        generation.driver: DRIVER_VERSION,
+        "pci_bus_id": f"00000000:{0x18 * (int(gpu_id) + 1):02X}:00.0",
+    }
 
 
 @dataclass(frozen=True)
 class Generation:
     rules: Path
     hostname: str
+    driver: str
+    """The label dcgm-exporter writes the driver's version in."""
     renamed: dict[str, tuple[str, float | None]]
     capacity: bool
     """DCGM_FI_DEV_FB_CAPACITY_BYTES is a default counter."""
@@ -184,10 +201,10 @@ class Generation:
 
 GENERATIONS = {
     # The first set keeps MiB/s, as it has always written NVLink.
-    "4.8.2": Generation(RULES, "Hostname", {}, False, MIB),
-    "4.8.3": Generation(SETS / "4.8.3.yaml", "hostname", {}, False),
-    "4.9": Generation(SETS / "4.9.yaml", "hostname", RENAMED_49, True),
-    "4.10": Generation(SETS / "4.10.yaml", "hostname", {**RENAMED_49, **RENAMED_410}, True),
+    "4.8.2": Generation(RULES, "Hostname", OLD_DRIVER, {}, False, MIB),
+    "4.8.3": Generation(SETS / "4.8.3.yaml", "hostname", OLD_DRIVER, {}, False),
+    "4.9": Generation(SETS / "4.9.yaml", "hostname", NEW_DRIVER, RENAMED_49, True),
+    "4.10": Generation(SETS / "4.10.yaml", "hostname", NEW_DRIVER, {**RENAMED_49, **RENAMED_410}, True),
 }
 
 
@@ -258,6 +275,7 @@ def promtool_test(
                 generation.hostname: "gpu-node-7",
                 "k8s_node_name": "gpu-node-7",
                 "gpu_model": models[own["gpu_uuid"]],
+                **info(generation, own["gpu_id"]),
             }
             selector = ",".join(f'{k}="{v}"' for k, v in sorted({**own, **TARGET, **dcgm}.items()))
             scaled = value / -factor if factor < 0 else value * factor
@@ -373,9 +391,17 @@ def test_the_check_fails_on_a_set_in_the_older_unit(
 
 def test_the_check_fails_on_the_other_generations_host_label(tmp_path: Path) -> None:
     # 4.8.3's set checked as writing 4.8.2's Hostname: every record differs.
-    wrong = Generation(GENERATIONS["4.8.3"].rules, "Hostname", {}, False)
+    wrong = Generation(GENERATIONS["4.8.3"].rules, "Hostname", OLD_DRIVER, {}, False)
     ran = promtool_test(tmp_path, served(tmp_path), wrong)
     assert ran.returncode != 0 and 'Hostname="gpu-node-7"' in ran.stdout + ran.stderr
+
+
+@pytest.mark.parametrize(("version", "driver"), [("4.8.3", NEW_DRIVER), ("4.9", OLD_DRIVER)])
+def test_the_check_fails_on_the_other_generations_driver_label(tmp_path: Path, version: str, driver: str) -> None:
+    generation = GENERATIONS[version]
+    wrong = Generation(generation.rules, generation.hostname, driver, generation.renamed, generation.capacity)
+    ran = promtool_test(tmp_path, served(tmp_path), wrong)
+    assert ran.returncode != 0 and f'{driver}="{DRIVER_VERSION}"' in ran.stdout + ran.stderr
 
 
 def test_without_v2_fb_used_is_the_agents_used_and_fb_reserved_has_no_series(tmp_path: Path) -> None:
@@ -387,14 +413,14 @@ def test_without_v2_fb_used_is_the_agents_used_and_fb_reserved_has_no_series(tmp
 
 
 # The alerts most written on dcgm-exporter, each on a generation's names: temperature, double-bit
-# ECC, and row remapping's (an uncorrectable remap, a failed one). (dcgm-exporter's XID gauge, the
-# last code as a value, has no rule: docs/coming-from.md says why and what to alert on instead.)
+# ECC, row remapping's (an uncorrectable remap, a failed one), and any XID on the last-code gauge.
 ALERTS: dict[str, tuple[str, str, int]] = {
     # alert: (4.8 field, the expression on it, the GPU it fires for on the node below)
     "GPUHighTemperature": ("DCGM_FI_DEV_GPU_TEMP", "{} > 85", 0),
     "GPUDoubleBitEccError": ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "increase({}[5m]) > 0", 1),
     "GPURowRemapUncorrectable": ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "{} > 0", 1),
     "GPURowRemapFailed": ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "{} == 1", 1),
+    "GPUXidError": ("DCGM_FI_DEV_XID_ERRORS", "{} > 0", 1),
 }
 # What the agent's families read while it happens (the rest stays as served).
 EVENTS = {
@@ -402,6 +428,7 @@ EVENTS = {
     ("vgpu_gpu_ecc_uncorrected_total", "1"): "0 0 2x4",
     ("vgpu_gpu_remapped_rows_uncorrectable_total", "1"): "0 0 1x4",
     ("vgpu_gpu_remapped_rows_failure", "1"): "0 0 1x4",
+    ("vgpu_gpu_xid_last", "1"): "0 0 79x4",
 }
 
 
@@ -433,6 +460,7 @@ def alert_test(tmp_path: Path, generation: Generation) -> subprocess.CompletedPr
             "gpu_model": model,
             generation.hostname: "gpu-node-7",
             "k8s_node_name": "gpu-node-7",
+            **info(generation, own["gpu_id"]),
             "severity": "critical",
         }
         expected.append({"eval_time": "4m", "alertname": alert, "exp_alerts": [{"exp_labels": labels}]})
@@ -456,7 +484,7 @@ def test_the_alerts_written_on_dcgm_exporter_fire_on_the_gpu_that_has_the_fault(
 
 def test_an_alert_on_another_generations_names_does_not_fire(tmp_path: Path) -> None:
     # 4.8's row-remap name against 4.9's set: no series, so promtool finds the alert missing.
-    wrong = Generation(GENERATIONS["4.9"].rules, "hostname", {}, True)
+    wrong = Generation(GENERATIONS["4.9"].rules, "hostname", NEW_DRIVER, {}, True)
     ran = alert_test(tmp_path, wrong)
     assert ran.returncode != 0 and "GPURowRemapUncorrectable" in ran.stdout + ran.stderr
 
@@ -477,5 +505,5 @@ def test_the_coming_from_tables_are_the_declarations() -> None:
 def test_the_tables_check_sees_a_changed_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
     generator = load_script("gen-dcgm-rules.py")
     before = generator.generations_markdown()
-    monkeypatch.setitem(generator.NONE, "DCGM_FI_DEV_XID_ERRORS", "none: changed")
+    monkeypatch.setitem(generator.NONE, "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "none: changed")
     assert generator.generations_markdown() != before

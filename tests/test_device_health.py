@@ -201,6 +201,18 @@ def test_a_health_family_turned_off_costs_no_call(tmp_path: Path) -> None:
     assert calls == [] and "vgpu_gpu_temperature_celsius" not in seen.values
 
 
+def test_each_gpu_read_has_an_info_series_with_the_driver_version_and_its_pci_bus_id(tmp_path: Path) -> None:
+    text = gpus(f"model: {H100}", f"model: {H100}") + "driver: {version: 550.90.07}\n"
+    with simulated(tmp_path, text) as node:
+        seen = node.after(2.0)
+        uuids = [gpu.uuid for gpu in node.node.scenario.gpus]
+    assert seen.by("vgpu_gpu_info", "gpu_id", "gpu_uuid", "gpu_model", "driver_version", "pci_bus_id") == {
+        ("0", uuids[0], H100, "550.90.07", "00000000:18:00.0"): 1,
+        ("1", uuids[1], H100, "550.90.07", "00000000:30:00.0"): 1,
+    }
+    assert seen.types["vgpu_gpu_info"] == "gauge"
+
+
 # --- XID errors -------------------------------------------------------------------------
 
 
@@ -212,6 +224,14 @@ def test_xid_errors_are_counted_per_gpu_and_code(tmp_path: Path) -> None:
         ("GPU-a", "13"): 2,
         ("GPU-b", "79"): 1,
     }
+
+
+def test_each_gpu_keeps_the_code_of_its_latest_xid_whatever_the_code_bound(tmp_path: Path) -> None:
+    counts = XidCounts()
+    counts.add([XidEvent(0, "GPU-a", 79), XidEvent(0, "GPU-a", 13), XidEvent(1, "GPU-b", 48)])
+    counts.add([XidEvent(0, "GPU-a", code) for code in range(100, 100 + MAX_XID_CODES)])
+    # GPU-a's last code is counted as `other`, past the bound; the last is the code all the same.
+    assert {(c.gpu_uuid, c.last) for c in counts.rows()} == {("GPU-a", 99 + MAX_XID_CODES), ("GPU-b", 48)}
 
 
 def test_a_gpu_naming_many_codes_has_at_most_the_bound_of_series(tmp_path: Path) -> None:
@@ -237,6 +257,9 @@ def test_an_xid_error_reaches_the_scrape_through_the_watch(tmp_path: Path) -> No
         seen = node.after(2.0)  # the next sweep's collection
     assert seen.by("vgpu_gpu_xid_errors_total", "gpu_id", "xid") == {("1", "79"): 1}
     assert seen.types["vgpu_gpu_xid_errors"] == "counter"
+    # The latest code as a value, 0 on the GPU that has had none.
+    assert seen.by("vgpu_gpu_xid_last", "gpu_id") == {("0",): 0, ("1",): 79}
+    assert seen.types["vgpu_gpu_xid_last"] == "gauge"
 
 
 def test_an_xid_storm_is_counted_at_a_bounded_rate_and_all_of_it_in_the_end(tmp_path: Path) -> None:
@@ -375,6 +398,15 @@ def test_a_gpu_lost_after_its_xid_79_keeps_the_series_and_says_it_is_lost_until_
         assert seen.by("vgpu_gpu_xid_errors_total", "gpu_id", "gpu_uuid", "gpu_model", "xid") == {
             ("1", uuid, H100, "79"): 1
         }
+        assert seen.by("vgpu_gpu_xid_last", "gpu_id", "gpu_uuid") == {
+            ("0", node.node.scenario.gpus[0].uuid): 0,
+            ("1", uuid): 79,
+        }
+        # ...and so does its info, which dcgm-exporter's names put on the XID series.
+        assert (
+            seen.by("vgpu_gpu_info", "gpu_id", "pci_bus_id", "driver_version")[("1", "00000000:30:00.0", "580.159.04")]
+            == 1
+        )
 
 
 def test_a_lost_gpu_that_returns_goes_on_counting_its_xids(tmp_path: Path) -> None:

@@ -130,6 +130,15 @@ class FakeNvml:
         self._check("uuid")
         return f"GPU-{handle}"
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check("driver_version")
+        return "580.159.04"
+
+    def nvmlDeviceGetPciInfo(self, handle: str) -> Any:
+        self._check("pci_info")
+        # nvidia-ml-py gives busId as bytes (c_char array); busIdLegacy has a 4-digit domain.
+        return SimpleNamespace(busId=f"00000000:{3 + int(handle[-1]):02X}:00.0".encode(), busIdLegacy=b"0000:03:00.0")
+
     def nvmlDeviceGetName(self, handle: str) -> bytes:
         self._check("name")
         return b"NVIDIA H200 MIG 1g.18gb" if handle.startswith("mig") else b"NVIDIA H200"
@@ -614,6 +623,32 @@ def test_a_gpus_uuid_and_name_are_asked_once_per_session() -> None:
     backend.device_count()
     backend.device(0)
     assert nvml.calls.count("uuid") == asked[0] + 1
+
+
+def test_a_gpus_bus_id_and_the_driver_version_are_asked_once_per_session() -> None:
+    nvml = FakeNvml()
+    backend = NvmlBackend(nvml)
+    for _ in range(3):
+        zero, one = backend.device(0), backend.device(1)
+    assert (zero.pci_bus_id, one.pci_bus_id) == ("00000000:03:00.0", "00000000:04:00.0")
+    assert zero.driver_version == one.driver_version == "580.159.04"
+    assert nvml.calls.count("pci_info") == 2 and nvml.calls.count("driver_version") == 1
+    backend.release()
+    backend.resume()
+    backend.device_count()
+    backend.device(0)
+    assert nvml.calls.count("driver_version") == 2, "a new session may have a new driver"
+
+
+def test_a_driver_that_gives_no_bus_id_or_version_leaves_them_none_and_is_not_asked_again() -> None:
+    nvml = FakeNvml()
+    nvml.fail["pci_info"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    nvml.fail["driver_version"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    backend = NvmlBackend(nvml)
+    device = backend.device(0)
+    assert (device.pci_bus_id, device.driver_version) == (None, None)
+    backend.device(0)
+    assert nvml.calls.count("driver_version") == 1
 
 
 def test_what_a_gpu_lacks_is_asked_once_per_session_and_again_after_a_new_one() -> None:

@@ -46,6 +46,11 @@ def test_sizes_units_and_defaults() -> None:
 TIGHT = "gpus: [{memory: 1GiB, reserved: 0}]\nhost_processes: [{gpu: 0, memory: 1020MiB, sm: 0, cgroup: '0::/x'}]\n"
 
 
+def test_a_driver_is_the_h200s_580_by_default_and_the_version_it_states_otherwise() -> None:
+    assert parse_scenario("gpus: [{}]\n", "s.yaml").driver.version == "580.159.04"
+    assert parse_scenario("gpus: [{}]\ndriver: {version: '550.90.07'}\n", "s.yaml").driver.version == "550.90.07"
+
+
 def test_a_drivers_contexts_hold_an_h200s_by_default_and_what_it_states_otherwise() -> None:
     assert parse_scenario("gpus: [{}]\n", "s.yaml").driver.context_memory == int(7.1875 * MIB)
     assert parse_scenario("gpus: [{}]\ndriver: {context_memory: 8MiB}\n", "s.yaml").driver.context_memory == 8 * MIB
@@ -123,6 +128,7 @@ def test_wave_moves_around_its_mean() -> None:
         ("gpus: [{memory: 1GiB, reserved: 1GiB}]\n", "bad.yaml:1: gpus[0].reserved: must be below the GPU's memory"),
         ("gpus: [{reserved: some}]\n", "bad.yaml:1: gpus[0].reserved: 'some' is not a size; valid: bytes"),
         ("gpus: [{}]\ndriver: {memory_info_v2: 1}\n", "bad.yaml:2: driver.memory_info_v2: 1 is not true or false"),
+        ("gpus: [{}]\ndriver: {version: 580}\n", "bad.yaml:2: driver.version: 580 must be a version, as 580.159.04"),
         (
             "gpus: [{}]\npods:\n  - name: a\n    shares: {0: 0}\n",
             "bad.yaml:4: pods[0].shares.0: 0 is not a whole number >= 1 (a GPU the pod holds no share of is left out)",

@@ -23,10 +23,14 @@ class GpuIdentity:
     index: int
     uuid: str
     model: str
+    pci_bus_id: str | None = None
+    driver_version: str | None = None
+    """Those of vgpu_gpu_info, which a lost GPU keeps, so that the series joined with it
+    (dcgm-exporter's names on its XID) keep their labels too."""
 
 
 def identity_of(device: Device) -> GpuIdentity:
-    return GpuIdentity(device.index, device.uuid, device.model)
+    return GpuIdentity(device.index, device.uuid, device.model, device.pci_bus_id, device.driver_version)
 
 
 def after_sweep(

@@ -51,6 +51,9 @@ class XidCount:
     gpu_uuid: str
     xid: str
     count: int
+    last: int = 0
+    """The code of the GPU's latest XID, whichever code this row counts: the same on each of
+    the GPU's rows, and never `other`, since it is one code (vgpu_gpu_xid_last)."""
 
 
 class XidCounts:
@@ -59,6 +62,7 @@ class XidCounts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[tuple[int, str], dict[str, int]] = {}
+        self._last: dict[tuple[int, str], int] = {}
 
     def add(self, events: Sequence[XidEvent]) -> None:
         with self._lock:
@@ -68,11 +72,13 @@ class XidCounts:
                 if code not in codes and len(codes) >= MAX_XID_CODES:
                     code = OTHER
                 codes[code] = codes.get(code, 0) + 1
+                # Events come in the order the driver queued them: the round's last is the latest.
+                self._last[(event.index, event.uuid)] = event.xid
 
     def rows(self) -> tuple[XidCount, ...]:
         with self._lock:
             return tuple(
-                XidCount(index, uuid, code, count)
+                XidCount(index, uuid, code, count, self._last[(index, uuid)])
                 for (index, uuid), codes in self._counts.items()
                 for code, count in codes.items()
             )

@@ -189,10 +189,36 @@ XID: Subject[tuple[GpuIdentity, XidCount]] = Subject(
     per_snapshot=False,
 )
 """Per GPU and XID code."""
+
+
+def xid_last_rows(seen: Observed) -> list[tuple[GpuIdentity, int]]:
+    """Each GPU the agent knows, lost or not, and the code of its latest XID since the agent
+    started (0: none yet): a lost GPU keeps its own, the XID that said so."""
+    last = {xid.gpu_uuid: xid.last for xid in seen.xids}
+    return [(gpu, last.get(gpu.uuid, 0)) for gpu, _ in known_gpus(seen.snapshot)]
+
+
+XID_LAST: Subject[tuple[GpuIdentity, int]] = Subject(
+    "xid_last", GPU_LABELS, xid_last_rows, lambda row: identity_attributes(row[0]), per_snapshot=False
+)
+"""Per GPU the agent knows, its latest XID."""
 KNOWN: Subject[tuple[GpuIdentity, bool]] = Subject(
     "known", GPU_LABELS, lambda seen: known_gpus(seen.snapshot), lambda row: identity_attributes(row[0])
 )
 """Per GPU the agent knows, lost or not."""
+INFO_LABELS = ("driver_version", "pci_bus_id")
+
+
+def info_attributes(gpu: GpuIdentity) -> dict[str, str]:
+    """The GPU's labels and what NVML says of it beside them; "" (no label, to Prometheus) where
+    NVML would not tell."""
+    return {**identity_attributes(gpu), "driver_version": gpu.driver_version or "", "pci_bus_id": gpu.pci_bus_id or ""}
+
+
+GPU_INFO: Subject[tuple[GpuIdentity, bool]] = Subject(
+    "gpu_info", (*GPU_LABELS, *INFO_LABELS), lambda seen: known_gpus(seen.snapshot), lambda row: info_attributes(row[0])
+)
+"""Per GPU the agent knows, lost or not (under its last identity), what NVML says of it."""
 
 
 def unattributed_rows(seen: Observed) -> list[tuple[GpuRow, str, float]]:
@@ -239,10 +265,12 @@ SUBJECTS: tuple[Subject[Any], ...] = (
     POD,
     POD_COUNTED,
     GPU,
+    GPU_INFO,
     UNATTRIBUTED,
     KNOWN,
     GPU_HEALTH,
     XID,
+    XID_LAST,
     SEED,
     AGENT,
     STAGES,
@@ -532,6 +560,16 @@ _TABLE = (
     *(family for engine in POD_ENGINES for family in _engine_families(engine) if family.subject in (POD, POD_COUNTED)),
     *(family for family in _GPM_FAMILIES if family.subject is POD),
     Family(
+        "vgpu.gpu.info",
+        "",
+        GPU_INFO,
+        "1 for each GPU the agent knows, with what NVML says of it as labels: driver_version "
+        "(nvmlSystemGetDriverVersion) and pci_bus_id (nvmlDeviceGetPciInfo's busId, 00000000:3B:00.0), "
+        "each absent where NVML would not tell. Join on gpu_uuid to put them on another family's series. "
+        "A GPU that cannot be read keeps the series it last had (vgpu_gpu_lost 1).",
+        value=lambda row: 1,
+    ),
+    Family(
         "vgpu.gpu.memory.total",
         "By",
         GPU,
@@ -706,6 +744,16 @@ _TABLE = (
         instrument=Instrument.COUNTER,
     ),
     Family(
+        "vgpu.gpu.xid.last",
+        "",
+        XID_LAST,
+        "The code of the latest XID error NVML reported for the GPU since the agent started, 0 before any "
+        "(dcgm-exporter's DCGM_FI_DEV_XID_ERRORS): the code itself, where vgpu_gpu_xid_errors_total counts "
+        "each code apart. Stays while the GPU cannot be read (vgpu_gpu_lost 1), as the XID series do.",
+        value=lambda row: row[1],
+        reads=frozenset({Read.XID_EVENTS}),
+    ),
+    Family(
         "pod_gpu_memory_used",
         "",
         SEED,
@@ -832,9 +880,9 @@ def reads_of(families: Sequence[Family[Any]]) -> frozenset[Read]:
 # The tables of docs/metrics.md: the subjects each covers, in order, and the line that heads it.
 DOC_TABLES = (
     ((POD, POD_COUNTED), "Per (pod, GPU or MIG device), labels `namespace`, `pod`, `pod_uid`, `gpu_id`, `gpu_uuid`:"),
-    ((GPU, UNATTRIBUTED, KNOWN), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
+    ((GPU, GPU_INFO, UNATTRIBUTED, KNOWN), "Per GPU, labels `gpu_id`, `gpu_uuid`, `gpu_model`:"),
     (
-        (GPU_HEALTH, XID),
+        (GPU_HEALTH, XID, XID_LAST),
         "Per GPU, its health, read every 10 s off the scrape's path, labels `gpu_id`, `gpu_uuid`, `gpu_model`:",
     ),
     ((AGENT, STAGES, REFUSALS, SWEEPS), "The agent itself:"),

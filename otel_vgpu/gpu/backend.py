@@ -77,6 +77,13 @@ class Device:
     """Bytes the driver and firmware keep for themselves, part of `memory_used`:
     nvmlDeviceGetMemoryInfo_v2's `reserved` (nvmlMemory_v2_t: "Device memory (in bytes) reserved
     for system use (driver or firmware)"); None where the driver or nvidia-ml-py has no v2."""
+    pci_bus_id: str | None = None
+    """nvmlDeviceGetPciInfo's `busId`, domain:bus:device.function as "00000000:3B:00.0" (nvml.h's
+    nvmlPciInfo_t: "The tuple domain:bus:device.function PCI identifier"), the form dcgm-exporter's
+    pci_bus_id label writes; None where NVML would not tell."""
+    driver_version: str | None = None
+    """The driver's version, nvmlSystemGetDriverVersion ("580.159.04"): one per node, read once per
+    NVML session; None where NVML would not tell."""
 
     @property
     def mig_mode(self) -> bool:

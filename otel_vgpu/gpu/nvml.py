@@ -106,10 +106,13 @@ class NvmlBackend:
         self._clock = clock
         self._handles: dict[int, Any] = {}
         self._minors: dict[int, int | None] = {}
-        self._identities: dict[int, tuple[str, str]] = {}
-        """(UUID, name) by index: fixed while the NVML session lives (a GPU's index can
+        self._identities: dict[int, tuple[str, str, str | None]] = {}
+        """(UUID, name, PCI bus id) by index: fixed while the NVML session lives (a GPU's index can
         change only across a re-initialisation, which forgets them); two driver calls
         fewer per GPU and sweep."""
+        self._driver_version: str | None = None
+        """nvmlSystemGetDriverVersion's answer, once per NVML session: a driver changes only
+        across a re-initialisation."""
         self._session_figures: dict[tuple[int, str], Any] = {}
         """What holds for an NVML session, by (GPU index, figure): the ECC mode."""
         self._lacking: set[tuple[str, object]] = set()
@@ -187,6 +190,7 @@ class NvmlBackend:
         self._handles.clear()
         self._minors.clear()
         self._identities.clear()
+        self._driver_version = None
         self._engines.clear()
         self._mig_handles.clear()
         self._mig_static.clear()
@@ -225,7 +229,7 @@ class NvmlBackend:
         # v1 (nvmlMemory_t): its `used` is the "Sum of Reserved and Allocated device memory"
         # (nvml.h), what the processes allocated and what the driver reserves (`_reserved`).
         memory = self._call(self._nvml.nvmlDeviceGetMemoryInfo, handle)
-        uuid, model = self._identity(index, handle)
+        uuid, model, bus_id = self._identity(index, handle)
         migs = self._migs(index, handle)
         return Device(
             index=index,
@@ -239,7 +243,23 @@ class NvmlBackend:
             migs=migs,
             engines=frozenset() if migs else self._engines_of(index, handle),
             memory_reserved=self._reserved(index, handle),
+            pci_bus_id=bus_id,
+            driver_version=self._driver(),
         )
+
+    def _driver(self) -> str | None:
+        """nvmlSystemGetDriverVersion (nvml.h: "Retrieves the version of the system's graphics
+        driver"), asked once per NVML session; None where it is not answered, which costs the GPU
+        nothing but its info series' driver_version."""
+        if self._driver_version is None:
+            version = self._query(
+                getattr(self._nvml, "nvmlSystemGetDriverVersion", _absent),
+                default=None,
+                remember="",
+                say="NVML gives no driver version here: vgpu_gpu_info has no driver_version",
+            )
+            self._driver_version = None if version is None else _text(version)
+        return self._driver_version
 
     def _reserved(self, index: int, handle: Any) -> int | None:
         """nvmlDeviceGetMemoryInfo_v2's `reserved`: what the driver and firmware keep of the GPU's
@@ -273,11 +293,22 @@ class NvmlBackend:
         # 0.09 ms and more with each process (bench/results/h200-sweep-cost.md).
         return int(self._call(self._nvml.nvmlDeviceGetMemoryInfo, self._handle(index)).used)
 
-    def _identity(self, index: int, handle: Any) -> tuple[str, str]:
+    def _identity(self, index: int, handle: Any) -> tuple[str, str, str | None]:
         identity = self._identities.get(index)
         if identity is None:
             uuid = _text(self._call(self._nvml.nvmlDeviceGetUUID, handle))
-            identity = self._identities[index] = (uuid, _text(self._call(self._nvml.nvmlDeviceGetName, handle)))
+            name = _text(self._call(self._nvml.nvmlDeviceGetName, handle))
+            # nvmlDeviceGetPciInfo (nvidia-ml-py: _v3): nvml.h's nvmlPciInfo_t `busId`, "The tuple
+            # domain:bus:device.function PCI identifier", 00000000:3B:00.0, as DCGM gives it to
+            # dcgm-exporter's pci_bus_id; not `busIdLegacy`, whose domain has 4 digits.
+            pci = self._query(
+                getattr(self._nvml, "nvmlDeviceGetPciInfo", _absent),
+                handle,
+                default=None,
+                remember=index,
+                say=f"GPU {index} gives no PCI info: its vgpu_gpu_info has no pci_bus_id",
+            )
+            identity = self._identities[index] = (uuid, name, None if pci is None else _text(pci.busId))
         return identity
 
     def _energy(self, index: int, handle: Any) -> int | None:

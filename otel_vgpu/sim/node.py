@@ -442,6 +442,8 @@ class SimulatedNode:
             migs=migs,
             engines=frozenset() if migs else gpu.engines,
             memory_reserved=gpu.reserved if self.scenario.driver.memory_info_v2 else None,
+            pci_bus_id=pci_bus_id(index),
+            driver_version=self.scenario.driver.version,
         )
 
     def energy(self, index: int) -> int:
@@ -843,6 +845,13 @@ def _replica_ids(uuid: str, replicas: int, resource: str, rename: bool) -> tuple
 
 def _mig_resource(mig: MigSpec, strategy: str) -> str:
     return "nvidia.com/gpu" if strategy == "single" else f"nvidia.com/mig-{mig.profile}"
+
+
+def pci_bus_id(index: int) -> str:
+    """The simulated GPU's PCI address, in nvmlPciInfo_t's `busId` form: one bus per GPU, 0x18
+    apart from 0x18 on, as an 8-GPU HGX board's are spread over its switches; past ten GPUs, in
+    the next PCI domain, so that no two GPUs share one."""
+    return f"{index // 10:08X}:{0x18 * (index % 10 + 1):02X}:00.0"
 
 
 def _mig_device(mig: MigSpec, processes: list[_Process], context: int) -> MigDevice:

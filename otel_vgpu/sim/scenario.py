@@ -279,6 +279,9 @@ class ChurnSpec:
     memory: int = 1024**3
 
 
+DRIVER_VERSION = "580.159.04"
+
+
 @dataclass(frozen=True, slots=True)
 class DriverSpec:
     """What the simulated driver does that the agent must cope with."""
@@ -297,6 +300,8 @@ class DriverSpec:
     context_memory: int = CONTEXT_BYTES
     """Bytes each process's CUDA context holds on its GPU (or MIG device) beyond the memory its
     listing gives it: in the device's used, in no process's usedGpuMemory."""
+    version: str = DRIVER_VERSION
+    """What nvmlSystemGetDriverVersion answers: the driver the H200 figures were read on."""
 
 
 MIG_STRATEGIES = ("single", "mixed")

@@ -25,6 +25,7 @@ from otel_vgpu.sim.scenario import (
     CONTEXT_BYTES,
     DEFAULT_RATIO,
     DEVICE_PLUGINS,
+    DRIVER_VERSION,
     FAULT_CALLS,
     MAX_DELAY_S,
     MAX_KEPT_S,
@@ -273,8 +274,14 @@ class ScenarioReader(PodFields, HealthFields):
 
     def driver(self, raw: Any, line: int) -> DriverSpec:
         spec = self.mapping(
-            raw, "driver", line, {"pid_namespace_filter", "ended_samples_s", "memory_info_v2", "context_memory"}
+            raw,
+            "driver",
+            line,
+            {"pid_namespace_filter", "ended_samples_s", "memory_info_v2", "context_memory", "version"},
         )
+        version = spec.get("version", DRIVER_VERSION)
+        if not isinstance(version, str) or not version.strip():
+            raise self.fail("driver.version", line_of(spec, "version"), f"{version!r} must be a version, as 580.159.04")
         key = "pid_namespace_filter"
         kept = self.number(spec.get("ended_samples_s", 0), "driver.ended_samples_s", line_of(spec, "ended_samples_s"))
         if not 0 <= kept <= MAX_KEPT_S:
@@ -290,6 +297,7 @@ class ScenarioReader(PodFields, HealthFields):
             context_memory=self.size(
                 spec.get("context_memory", CONTEXT_BYTES), "driver.context_memory", line_of(spec, "context_memory")
             ),
+            version=version,
         )
 
     def fault(self, raw: Any, where: str, gpu_count: int) -> FaultSpec:
