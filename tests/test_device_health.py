@@ -5,6 +5,7 @@ what the scenario injects (XID errors and storms, ECC errors, throttling)."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -478,6 +479,31 @@ def test_a_pod_alone_on_its_gpu_gets_the_gpus_gpm_figures(tmp_path: Path) -> Non
     assert one(later, "vgpu_gpu_gpm_shared_windows_total") == 0
     assert one(seen, "vgpu_gpu_pcie_transmit_bytes_per_second") > 0
     assert "vgpu_gpu_nvlink_transmit_bytes_per_second" not in seen.values  # this GPU has no NVLink
+
+
+# A HELP that reads as a sentence: a capital (or a figure: "1 while ...") first, a full stop
+# last, and none of the seams that text assembled from fragments leaves ("The pod's the share
+# of", "a the", doubled spaces).
+SEAMS = re.compile(r"\b(?:the|a|an|its)\s+(?:the|a|an|its)\b|'s\s+(?:the|a|an)\b|\s{2,}|\s[,.;:]|\.\.")
+
+
+def test_every_help_the_agent_serves_is_a_sentence(tmp_path: Path) -> None:
+    # A pod alone on a Hopper GPU, and a process of no pod on another: the pods', the GPUs'
+    # (health and GPM included) and the agent's own families are all served.
+    text = gpus(f"model: {H100}", f"model: {H100}") + pods(
+        ("trainer", "{gpu: 0, memory: 1GiB, sm: 0.9, tensor: 0.8, dram: 0.2}")
+    )
+    with simulated(tmp_path, text) as node:
+        node.after(2.0)
+        served = node.after(WINDOW_S)
+    helps = {name: text for name, text in served.help.items() if name.startswith("vgpu_")}
+    for prefix in ("vgpu_pod_", "vgpu_gpu_", "vgpu_agent_"):
+        assert any(name.startswith(prefix) for name in helps), prefix
+    assert "vgpu_pod_tensor_active_ratio" in helps and "vgpu_gpu_temperature_celsius" in helps
+    for name, help_text in helps.items():
+        assert help_text[:1].isupper() or help_text[:1].isdigit(), (name, help_text)  # "1 while ..."
+        assert help_text.endswith((".", ".)")), (name, help_text)
+        assert not SEAMS.search(help_text), (name, SEAMS.search(help_text), help_text)
 
 
 def test_pods_sharing_a_gpu_get_no_gpm_figure_and_the_windows_are_counted(tmp_path: Path) -> None:

@@ -447,7 +447,7 @@ def _gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
             f"vgpu.gpu.{name}",
             figure.unit,
             GPU,
-            f"The GPU's {figure.meaning}, {_GPM_WINDOW}. {_GPM_ABSENT}{links}",
+            f"Of the GPU, {_GPM_WINDOW}: {figure.meaning}. {_GPM_ABSENT}{links}",
             value=lambda g: g.gpm.get(name),
             reads=_GPM_READS,
         )
@@ -458,8 +458,8 @@ def _gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
                 f"vgpu.gpu.{name.removesuffix('.active')}.busy",
                 "s",
                 GPU,
-                f"Busy seconds of the GPU by {figure.meaning}: its figure integrated over each GPM window, so "
-                f"rate() over any range is its mean there. {_GPM_ABSENT}",
+                f"Busy seconds of the GPU by its {name} figure ({figure.meaning}), integrated over each GPM "
+                f"window, so rate() over any range is its mean there. {_GPM_ABSENT}",
                 value=lambda g: g.gpm_busy_seconds.get(name),
                 reads=_GPM_READS,
                 instrument=Instrument.COUNTER,
@@ -471,10 +471,11 @@ def _gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
                 f"vgpu.pod.{name}",
                 figure.unit,
                 POD,
-                f"The pod's {figure.meaning}, {_GPM_WINDOW}: its GPU's (or MIG GPU instance's) own figure, "
-                "published only for a pod that had that GPU or MIG device alone over the whole window, where it "
-                "is exact. Absent in a window several pods shared (vgpu_gpu_gpm_shared_windows_total counts them; "
-                "deploy/ has a recording rule that estimates a split, named as an estimate), and without GPM.",
+                f"Of the pod, over its GPU's last GPM window (about 10 s, closed at a sweep): {figure.meaning}; "
+                "its GPU's (or MIG GPU instance's) own figure, published only for a pod that had that GPU or MIG "
+                "device alone over the whole window, where it is exact. Absent in a window several pods shared "
+                "(vgpu_gpu_gpm_shared_windows_total counts them; deploy/ has a recording rule that estimates a "
+                "split, named as an estimate), and without GPM.",
                 value=lambda r: r.gpm.get(name),
                 reads=_GPM_READS,
             )
@@ -679,7 +680,7 @@ _TABLE = (
         "vgpu.gpu.vgpus",
         "{vgpu}",
         GPU,
-        "vGPUs each physical GPU is presented as (the ratio in force).",
+        "How many vGPUs each physical GPU is presented as: the ratio in force.",
         value=lambda g: g.vgpus,
     ),
     Family(

@@ -177,7 +177,7 @@ GPM_TABLE = (
     GpmFigure(
         "sm.active",
         2,
-        "the share of SMs busy, averaged over the window (GPM SM_UTIL): unlike utilization, a kernel on one SM "
+        "the share of SMs busy, averaged over the window (GPM SM_UTIL); unlike utilization, a kernel on one SM "
         "reads small",
         dcgm="DCGM_FI_PROF_SM_ACTIVE",
     ),
