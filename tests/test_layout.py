@@ -20,7 +20,8 @@ PACKAGE = ROOT / "otel_vgpu"
 # Lower layers first. A module may import from lower layers and from its own
 # package; never from a layer above, nor from a sibling package of its layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("otel_vgpu", "otel_vgpu.config", "otel_vgpu.health"),
+    ("otel_vgpu", "otel_vgpu.files", "otel_vgpu.patterns", "otel_vgpu.threads", "otel_vgpu.wording"),
+    ("otel_vgpu.config", "otel_vgpu.health"),
     ("otel_vgpu.gpu", "otel_vgpu.pods"),
     ("otel_vgpu.allocation",),
     ("otel_vgpu.kubernetes", "otel_vgpu.sim"),
@@ -32,12 +33,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 
-def unit_of(module: str) -> str:
-    """The layer entry a module belongs to: its package, or itself at the top."""
+def unit_of(module: str) -> str | None:
+    """The layer entry a module belongs to: itself or its package, named in LAYERS; None for a
+    module no entry names. The bare package, `otel_vgpu`, is its own `__init__` alone: were it
+    a fallback, a new top-level module would land in the lowest layer unnoticed."""
     parts = module.split(".")
-    candidates = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    candidates = [".".join(parts[:i]) for i in range(len(parts), 1, -1)] + ([module] if len(parts) == 1 else [])
     every = {name for layer in LAYERS for name in layer}
-    return next(c for c in candidates if c in every)
+    return next((c for c in candidates if c in every), None)
 
 
 def rank(unit: str) -> int:
@@ -65,8 +68,10 @@ def imports_of(path: Path) -> set[str]:
 
 
 def test_every_module_has_a_layer() -> None:
-    for module in modules():
-        assert rank(unit_of(module)) >= 0, module
+    unplaced = [module for module in modules() if unit_of(module) is None]
+    assert unplaced == [], f"modules in no layer of LAYERS: {unplaced}"
+    # A module or package that LAYERS does not name has none, whatever its parent.
+    assert unit_of("otel_vgpu.nowhere") is None and unit_of("otel_vgpu.gpu.nowhere") == "otel_vgpu.gpu"
 
 
 def test_no_module_imports_upward() -> None:
@@ -75,8 +80,10 @@ def test_no_module_imports_upward() -> None:
         if "_pb2" in module:
             continue  # generated
         own = unit_of(module)
+        assert own is not None, module  # test_every_module_has_a_layer says which
         for imported in imports_of(path):
             other = unit_of(imported)
+            assert other is not None, f"{module} imports {imported}, in no layer"
             if other != own and rank(other) >= rank(own) and other != "otel_vgpu":
                 upward.append(f"{module} imports {imported}")
     assert upward == []
