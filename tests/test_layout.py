@@ -43,7 +43,8 @@ def unit_of(module: str) -> str | None:
     return next((c for c in candidates if c in every), None)
 
 
-def rank(unit: str) -> int:
+def rank(unit: str | None) -> int:
+    assert unit is not None, "a module in no layer has no rank"
     return next(i for i, layer in enumerate(LAYERS) if unit in layer)
 
 
