@@ -248,10 +248,6 @@ class UtilizationSample:
     use: ProcessUse
     """What the process used over the sample's period."""
 
-    @property
-    def sm(self) -> float:
-        return self.use.sm
-
 
 class ErrorCode(str, Enum):
     """NVML's return codes (`nvmlReturn_t` in nvml.h), by name, with their

@@ -256,9 +256,7 @@ GPM_TABLE = (
         dcgm="DCGM_FI_PROF_NVLINK_RX_BYTES",
     ),
 )
-GPM_FIGURES = tuple(figure.name for figure in GPM_TABLE)
 GPM_BUSY = tuple(figure.name for figure in GPM_TABLE if figure.busy)
-GPM_PER_POD = tuple(figure.name for figure in GPM_TABLE if figure.per_pod)
 # GPM's minimum interval between two samples (nvml.h, nvmlGpmMetricsGet: "should be greater than
 # 100ms due to the internal sample refresh rate"); the driver does not refuse a shorter one, it
 # answers 0, so the agent keeps to it.
