@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from otel_vgpu.collect.reading import ENERGY_EVERY_S
+from otel_vgpu.config import ENERGY_EVERY_S
 from testkit.agent import wait_serving
 from testkit.cuda_workloads import nvml_truth, require_gpu, start_workload
 from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, REPLICAS, Doubles, pod_harness

@@ -38,7 +38,7 @@ def cpu_seconds(pid: int) -> float:
 
 def simulated_share_ms(node_file: Path, sweeps: int = 20) -> float:
     """CPU per sweep of the simulated node's calls alone, as a sweep makes them."""
-    from otel_vgpu.collect.reading import ENERGY_EVERY_S  # noqa: PLC0415
+    from otel_vgpu.config import ENERGY_EVERY_S  # noqa: PLC0415
     from otel_vgpu.sim.node import SimulatedNode  # noqa: PLC0415
     from otel_vgpu.sim.scenario_file import load_scenario  # noqa: PLC0415
 

@@ -512,6 +512,22 @@ def flag_or_variable(dest: str) -> str:
     return f"{flag.name} or {flag.env}" if flag.env else flag.name
 
 
+# Timer defaults of the sweep's reads (collect/reading.py), written once here.
+# How long a GPU that answered NOT_SUPPORTED for per-process utilization is left alone.
+ASK_AGAIN_S = 300.0
+# How often each GPU's energy counter is read: a read costs more CPU than the rest of a
+# sweep of the GPU (3.9 ms on an H200, bench/results/h200-sweep-cost.md), and the energy
+# between reads is split over the sweeps it covers, so reading it every sweep buys nothing
+# but finer steps of the joules counters.
+ENERGY_EVERY_S = 10.0
+# How long an engine window lasts. Each read of one of the GPU's sample buffers costs
+# 2.7 ms of CPU on an H200, as much as the rest of a sweep of the GPU, and each buffer
+# holds its last 14 s (71 samples 200 ms apart: bench/results/h200-engine-figures.md):
+# read every 10 s, a buffer still holds every sample since the last read, so the windows
+# lose nothing of the GPU's figure, at a fifth of the reads a sweep every 2 s would make.
+ENGINE_EVERY_S = 10.0
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """What the agent runs with: a field per flag, its default the flag's (FLAGS), and timers
@@ -565,13 +581,13 @@ class Config:
     """A watch silent for 1.2 x kube_watch_seconds plus this long is taken for hung."""
     first_sync_wait_s: float = 3.0
     """How long start-up waits for the first list of pods, so the first scrape has names."""
-    energy_every_s: float = 10.0
-    """How often each GPU's energy counter is read (collect/reading.py ENERGY_EVERY_S says why)."""
-    engine_every_s: float = 10.0
-    """How long each GPU's engine windows last (collect/reading.py ENGINE_EVERY_S says why)."""
+    energy_every_s: float = ENERGY_EVERY_S
+    """How often each GPU's energy counter is read (ENERGY_EVERY_S above says why)."""
+    engine_every_s: float = ENGINE_EVERY_S
+    """How long each GPU's engine windows last (ENGINE_EVERY_S above says why)."""
     credentials_check_s: float = 2.0
     """How often the TLS files and the users file are looked at for a new version."""
-    ask_again_s: float = 300.0
+    ask_again_s: float = ASK_AGAIN_S
     """How long a GPU whose NVML cannot report per-process utilization is left alone before it is asked again."""
     limits: Limits = field(default_factory=Limits)
     """The endpoint's bounds on every client (export/server.py)."""

@@ -3,7 +3,7 @@ decoders, JPEG, optical flow — over engine windows, carried from sweep to swee
 
 SM is read per sweep, fitted under the GPU's own samples of the same window. The other
 engines are fitted the same way, but the GPU's own samples of them are read only when a
-GPU's engine window closes (every ENGINE_EVERY_S, collect/reading.py: each buffer read
+GPU's engine window closes (every ENGINE_EVERY_S, otel_vgpu/config.py: each buffer read
 costs as much as the rest of a sweep). Until then each sweep adds, per pod, its
 per-process figures times the sweep's seconds. When the window closes:
 

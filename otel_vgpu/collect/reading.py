@@ -32,6 +32,7 @@ from enum import Enum
 from otel_vgpu.collect import ledger
 from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.collect.deadline import CallThread
+from otel_vgpu.config import ASK_AGAIN_S, ENERGY_EVERY_S, ENGINE_EVERY_S
 from otel_vgpu.gpu.backend import (
     AccountingRecord,
     Device,
@@ -61,19 +62,6 @@ class SweepErrors:
         self.seen.setdefault((stage, kind), message)
 
 
-# How long a GPU that answered NOT_SUPPORTED for per-process utilization is left alone.
-ASK_AGAIN_S = 300.0
-# How often each GPU's energy counter is read: a read costs more CPU than the rest of a
-# sweep of the GPU (3.9 ms on an H200, bench/results/h200-sweep-cost.md), and the energy
-# between reads is split over the sweeps it covers, so reading it every sweep buys nothing
-# but finer steps of the joules counters.
-ENERGY_EVERY_S = 10.0
-# How long an engine window lasts. Each read of one of the GPU's sample buffers costs
-# 2.7 ms of CPU on an H200, as much as the rest of a sweep of the GPU, and each buffer
-# holds its last 14 s (71 samples 200 ms apart: bench/results/h200-engine-figures.md):
-# read every 10 s, a buffer still holds every sample since the last read, so the windows
-# lose nothing of the GPU's figure, at a fifth of the reads a sweep every 2 s would make.
-ENGINE_EVERY_S = 10.0
 # A window closes at the first sweep this far into `engine_every_s`.
 CLOSE_EARLY = 0.95
 # How often, at most, the watch reads a GPU's per-process samples for a process that has none
