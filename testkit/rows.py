@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from otel_vgpu.collect.aggregate import PodRow
 from otel_vgpu.gpu.backend import ProcessUse
 
 GIB = 1024**3
 
 
-def pod_row(name: str, use: ProcessUse | None = None, *, gpu_uuid: str = "GPU-a", processes: int = 1) -> PodRow:
-    """Pod `name` (UID `uid-<name>`) on GPU 0, one GiB used and given, `processes` processes using `use`."""
-    return PodRow(
+def pod_row(
+    name: str, use: ProcessUse | None = None, *, gpu_uuid: str = "GPU-a", processes: int = 1, **changes: Any
+) -> PodRow:
+    """Pod `name` (UID `uid-<name>`) on GPU 0, one GiB used and given, `processes` processes using
+    `use`; `changes`: any other field of the row, as a test needs it."""
+    row = PodRow(
         namespace="ns",
         pod=name,
         pod_uid=f"uid-{name}",
@@ -24,3 +30,4 @@ def pod_row(name: str, use: ProcessUse | None = None, *, gpu_uuid: str = "GPU-a"
         vgpu_utilization=None,
         processes=processes,
     )
+    return dataclasses.replace(row, **changes)

@@ -34,6 +34,7 @@ from otel_vgpu.export.families import (
 from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES, USE_FIGURES, Device, ProcessUse
 from otel_vgpu.gpu.pidns import BlindGpu
 from otel_vgpu.health import Health, Refusal, Stage
+from testkit.rows import pod_row
 
 pytestmark = pytest.mark.unit
 
@@ -44,26 +45,18 @@ H100 = Device(0, UUID, "H100", 80 * GIB, 30 * GIB, 0.9, utilization_window=0.75,
 
 
 def pod(name: str = "trainer", **changes: Any) -> PodRow:
-    row = PodRow(
-        namespace="ml",
-        pod=name,
-        pod_uid=f"uid-{name}",
-        container=None,
-        gpu_index=0,
-        gpu_uuid=UUID,
-        shares=1.0,
-        memory_used=6 * GIB,
-        memory_allocated=40 * GIB,
-        use=ProcessUse(sm=0.5, decoder=0.2),
-        vgpu_utilization=1.0,
-        processes=2,
-        sm_busy_seconds=12.5,
-        memory_peak=7 * GIB,
-        energy_joules=900.0,
-        engine_utilization={"decoder": 0.2},
-        engine_busy_seconds={"decoder": 4.0},
-    )
-    return dataclasses.replace(row, **changes)
+    fields: dict[str, Any] = {
+        "namespace": "ml",
+        "memory_used": 6 * GIB,
+        "memory_allocated": 40 * GIB,
+        "vgpu_utilization": 1.0,
+        "sm_busy_seconds": 12.5,
+        "memory_peak": 7 * GIB,
+        "energy_joules": 900.0,
+        "engine_utilization": {"decoder": 0.2},
+        "engine_busy_seconds": {"decoder": 4.0},
+    }
+    return pod_row(name, gpu_uuid=UUID, **{"use": ProcessUse(sm=0.5, decoder=0.2), "processes": 2, **fields, **changes})
 
 
 def observations(subject: Subject[Any], family_name: str, seen: Observed) -> dict[tuple[tuple[str, str], ...], float]:

@@ -11,6 +11,7 @@ import pytest
 from otel_vgpu.collect.aggregate import GpuRow, PodRow
 from otel_vgpu.collect.usage import MAX_GAP_S, EnergySplit, Pending, Usage, accumulate, note_interval, split_pending
 from otel_vgpu.gpu.backend import Device, ProcessUse
+from testkit.rows import pod_row
 
 pytestmark = pytest.mark.unit
 
@@ -27,19 +28,9 @@ def gpu_with(gpu: GpuRow, **device: Any) -> GpuRow:
 
 
 def pod(uid: str = "u1", sm: float | None = 0.25, memory: int = 100, container: str | None = None) -> PodRow:
-    return PodRow(
-        namespace="ml",
-        pod="trainer",
-        pod_uid=uid,
-        container=container,
-        gpu_index=0,
-        gpu_uuid="GPU-a",
-        shares=1.0,
-        memory_used=memory,
-        memory_allocated=70,
-        use=None if sm is None else ProcessUse(sm=sm),
-        vgpu_utilization=None,
-        processes=1,
+    use = None if sm is None else ProcessUse(sm=sm)
+    return pod_row(
+        "trainer", use, namespace="ml", pod_uid=uid, container=container, memory_used=memory, memory_allocated=70
     )
 
 
