@@ -200,9 +200,13 @@ def test_device_fields_and_units() -> None:
 
 def test_the_reserved_memory_is_v2s_and_used_stays_v1s_which_holds_it() -> None:
     nvml = FakeNvml()
-    device = NvmlBackend(nvml).device(0)
+    backend = NvmlBackend(nvml)
+    device = backend.device(0)
     assert (device.memory_used, device.memory_reserved) == (30, 6)
     assert nvml.calls.count("memory") == nvml.calls.count("memory_v2") == 1
+    # The reservation is the driver's, read once a session: later sweeps read v1 alone.
+    assert [backend.device(0).memory_reserved for _ in range(2)] == [6, 6]
+    assert (nvml.calls.count("memory"), nvml.calls.count("memory_v2")) == (3, 1)
 
 
 @pytest.mark.parametrize(

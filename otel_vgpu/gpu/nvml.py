@@ -114,7 +114,8 @@ class NvmlBackend:
         """nvmlSystemGetDriverVersion's answer, once per NVML session: a driver changes only
         across a re-initialisation."""
         self._session_figures: dict[tuple[int, str], Any] = {}
-        """What holds for an NVML session, by (GPU index, figure): the ECC mode."""
+        """What holds for an NVML session, by (GPU index, figure): the ECC mode, the memory the
+        driver reserves."""
         self._lacking: set[tuple[str, object]] = set()
         """(function, key) of the calls this NVML session lacks (`_query`): not asked again until
         it is initialised anew (a driver upgrade can bring them)."""
@@ -269,7 +270,14 @@ class NvmlBackend:
         "includes" the reserved amount, and only v1's meaning is one nvml.h gives alike
         everywhere. A driver without v2 (before R510: FUNCTION_NOT_FOUND, or a version it does
         not know) or a GPU that does not give it (NOT_SUPPORTED) has no figure, and is not asked
-        again this session; nor has an nvidia-ml-py without the structure."""
+        again this session; nor has an nvidia-ml-py without the structure. Read once a session:
+        the reservation is the driver's own, the same idle and under load (615.0625 MiB on an
+        H200 with driver 580: bench/results/h200-memory-identity.md), so a sweep makes one memory
+        call a GPU, not two."""
+        key = (index, "memory_reserved")
+        if key in self._session_figures:
+            reserved: int | None = self._session_figures[key]
+            return reserved
         version = getattr(self._nvml, "nvmlMemory_v2", None)
         if version is None:
             return None
@@ -283,7 +291,8 @@ class NvmlBackend:
             remember=index,
             say=f"GPU {index}'s driver has no nvmlDeviceGetMemoryInfo_v2: vgpu_gpu_memory_reserved_bytes is left out",
         )
-        return None if memory is None else int(memory.reserved)
+        reserved = self._session_figures[key] = None if memory is None else int(memory.reserved)
+        return reserved
 
     def energy(self, index: int) -> int | None:
         return self._energy(index, self._handle(index))
