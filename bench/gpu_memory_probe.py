@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.cuda_workloads import WORKLOAD, require_gpu, start_workloads
+from testkit.report import publish
 
 ROUNDS = 6
 
@@ -138,10 +139,7 @@ def main() -> int:
     if args.steady_seconds > 0:
         lines += ["", *steady_changes(look, args.steady_seconds)]
     pynvml.nvmlShutdown()
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text("# When the memory in use tells of a process, on a real GPU\n\n" + text)
+    publish("When the memory in use tells of a process, on a real GPU", lines, args.out)
     return 0
 
 

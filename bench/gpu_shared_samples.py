@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.cuda_workloads import require_gpu, start_workloads
+from testkit.report import publish
 
 
 def work_of(path: Path) -> float:
@@ -88,10 +89,7 @@ def main() -> int:
         f"Beside the busy process its sample reads {shared[0] / max(1e-9, shared[1]):.2f}x the work it counted "
         f"(alone {alone[0] / max(1e-9, alone[1]):.2f}x).",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text("# A time-sliced process's NVML samples against its own work, on a real GPU\n\n" + text)
+    publish("A time-sliced process's NVML samples against its own work, on a real GPU", lines, args.out)
     return 0
 
 
