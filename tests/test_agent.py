@@ -252,10 +252,16 @@ def test_simulate_from_elsewhere_uses_the_scenarios_ratio(tmp_path: Path, monkey
         assert set(agent.scrape().by("vgpu_gpu_vgpus", "gpu_id").values()) == {4.0}
 
 
-def proc_trees_of(pid: int) -> list[Path]:
+def proc_trees() -> set[Path]:
+    return set(Path("/dev/shm").glob(f"{PROC_TREE_PREFIX}*"))
+
+
+def proc_trees_of(pid: int, before: set[Path]) -> list[Path]:
     """The simulated proc trees an agent made: each is named after the PID that made it, so one
-    test's check is not upset by the agents other workers start and stop meanwhile."""
-    return sorted(Path("/dev/shm").glob(f"{PROC_TREE_PREFIX}{pid}-*"))
+    test's check is not upset by the agents other workers start and stop meanwhile; those there
+    `before` it started are an earlier holder's of its PID (an agent killed with SIGKILL leaves
+    its tree), not its own."""
+    return sorted(tree for tree in Path("/dev/shm").glob(f"{PROC_TREE_PREFIX}{pid}-*") if tree not in before)
 
 
 @pytest.mark.parametrize(
@@ -284,6 +290,7 @@ def proc_trees_of(pid: int) -> list[Path]:
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], env: dict[str, str], fragment: str) -> None:
+    before = proc_trees()
     process = subprocess.Popen(
         command("--simulate", *args),
         env=clean_env(**env),
@@ -296,7 +303,7 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], env: dict[str, str], fr
     assert process.returncode == 2
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert fragment in stderr
-    assert proc_trees_of(process.pid) == [], "the simulated proc tree is left behind"
+    assert proc_trees_of(process.pid, before) == [], "the simulated proc tree is left behind"
 
 
 def test_a_session_without_workers_is_given_no_port_a_worker_is(monkeypatch: pytest.MonkeyPatch) -> None:
