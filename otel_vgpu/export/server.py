@@ -45,12 +45,12 @@ from typing import Any, SupportsIndex
 
 import h11
 
-from otel_vgpu.config import DEFAULT_LIMITS, Limits
 from otel_vgpu.export.admission import victim
 from otel_vgpu.export.auth import network_of
 from otel_vgpu.export.http import Application, Request, Response, request_of, text
 from otel_vgpu.export.memory import trim
 from otel_vgpu.export.queues import FairQueue, Waiter
+from otel_vgpu.limits import DEFAULT_LIMITS, Limits
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
