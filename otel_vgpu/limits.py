@@ -42,7 +42,7 @@ class Limits:
     handshakes: int = 16
     """TLS handshakes running at once; the rest wait (their ClientHello unread in the kernel),
     the next started of whoever has the fewest running. Each holds OpenSSL's state and a
-    read buffer (export/server.py TLS_READ_BYTES): this bounds what a flood of handshakes takes."""
+    read buffer (export/connections.py TLS_READ_BYTES): this bounds what a flood of handshakes takes."""
     stall_s: float = 2.0
     """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
     password_checks: int = 4
