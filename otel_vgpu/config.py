@@ -2,15 +2,17 @@
 
 Every flag has an environment twin; a flag on the command line wins. The
 table below is the single source of `--help` (each entry's twin and default
-are written into its help by `help_text`) and of the flag table of
-docs/flags.md, which tests/test_config.py checks against it.
+are written into its help by `help_text`), of the flag table of
+docs/flags.md, which tests/test_config.py checks against it, and of the
+defaults of `Config`'s fields: each flag's field takes its default from the
+table by name (`_default`), so that no default is written twice. How each
+flag's text is read is flag_values.py's; the endpoint's bounds, limits.py's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -18,7 +20,21 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from otel_vgpu import __version__
-from otel_vgpu.patterns import PatternError, compile_pattern
+from otel_vgpu.flag_values import (
+    BUILTIN_SCENARIO,
+    FALSE_WORDS,
+    LOG_LEVELS,
+    TRUE_WORDS,
+    gpu_resource,
+    interval,
+    log_level_name,
+    metric_patterns,
+    namespaces,
+    number,
+    optional_path,
+    scenario,
+)
+from otel_vgpu.limits import Limits
 
 # Exit statuses: a bad flag, file or configuration; no GPU to read; the
 # driver changed under a running agent (its container must restart to get
@@ -35,15 +51,9 @@ POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
 # DRA drivers whose devices are GPUs: the NVIDIA DRA driver.
 DRA_DRIVERS = ("gpu.nvidia.com",)
-# Resources that are quantities, not devices: HAMi's memory and cores. Summed
-# as shares they would turn `nvidia.com/gpumem: 4000` into 4000 GPUs.
-NOT_DEVICE_COUNTS = ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
 # Where the GPU stack runs its MPS control daemon: the GPU Operator's namespace, the NVIDIA
 # device plugin chart's usual one, and kube-system (GKE's). Tenants create no pods there.
 DEFAULT_MPS_SERVER_NAMESPACES = ("gpu-operator", "nvidia-device-plugin", "kube-system")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,153 +67,7 @@ class Backoff:
 DEFAULT_BACKOFF = Backoff()
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    connections: int = 64
-    """Open connections at most (TLS handshakes in progress aside, each bounded by handshake_s)."""
-    head_bytes: int = 16 * 1024
-    """A request line and headers, together."""
-    head_deadline_s: float = 10.0
-    """From a request's first byte to the end of its head."""
-    idle_s: float = 30.0
-    """A connection that sends nothing for this long is closed."""
-    handshake_s: float = 10.0
-    write_s: float = 30.0
-    """To hand a response to a slow reader."""
-    workers: int = 4
-    """Threads rendering responses (sweeps are shared, so more would only queue on them)."""
-    shed_after_s: float = 1.0
-    """A connection whose head the loop has read part of and that has waited this long for
-    the rest may be shed (a trickler), and so may an address's only new connection silent
-    this long (export/admission.py)."""
-    quiet_after_s: float = 0.25
-    """A connection that has sent nothing unread for this long may be shed: a client sends
-    its request (or ClientHello) right after connecting."""
-    backlog: int = 64
-    """Sockets accepted and not yet admitted or refused, at most, and how many one turn of the
-    loop accepts: with `connections` and `admit_queue`, the bound on the sockets the agent
-    holds (256); a burst past it waits in the kernel's queue (export/server.py LISTEN_QUEUE)."""
-    stuck_after_s: float = 120.0
-    """/healthz fails once a sweep has run this long: liveness restarts an agent stuck in a read."""
-    admit_wait_s: float = 2.0
-    """A new connection over the cap waits this long for a place before its 503."""
-    admit_queue: int = 128
-    """New connections waiting for a place at most; past that, the newest waiter of whoever
-    waits most (by network, then address) is refused for a newcomer, or the newcomer is."""
-    handshakes: int = 16
-    """TLS handshakes running at once; the rest wait (their ClientHello unread in the kernel),
-    the next started of whoever has the fewest running. Each holds OpenSSL's state and a
-    read buffer (export/server.py TLS_READ_BYTES): this bounds what a flood of handshakes takes."""
-    stall_s: float = 2.0
-    """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
-    password_checks: int = 4
-    """Password checks (bcrypt) running or queued at once; past that, 503 and the connection closed."""
-
-
-DEFAULT_LIMITS = Limits()
-
-
 # --- the flag table ------------------------------------------------------------------
-
-
-def _number(kind: type[int] | type[float], what: str, low: float, high: float, low_open: bool = False) -> Any:
-    """A parser: a number of `kind` within [low, high] ((low, high] with low_open)."""
-    if kind is int:
-        valid = f"a whole number from {low:g} to {high:g}"
-    else:
-        valid = f"a number {'above' if low_open else 'from'} {low:g} {'and at most' if low_open else 'to'} {high:g}"
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}") from None
-        if not (low < value if low_open else low <= value) or value > high:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}")
-        return value
-
-    return parse
-
-
-# The shortest interval any loop of the agent's may take: NVML's per-process and device samples
-# come one per 200 ms period (bench/results/h200-nvml-samples.md), so a sweep or a look more
-# often than twice a period reads nothing new, and only burns CPU (a sweep interval of 1e-9
-# took 96 % of a core).
-MIN_INTERVAL_S = 0.1
-
-
-def _interval(what: str, high: float, off: str | None = None) -> Any:
-    """A parser: seconds from MIN_INTERVAL_S to `high`; with `off`, also 0, which means `off`."""
-    valid = f"a number of seconds from {MIN_INTERVAL_S:g} to {high:g}"
-    if off is not None:
-        valid = f"0 ({off}) or {valid}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}") from None
-        if (value == 0 and off is not None) or MIN_INTERVAL_S <= value <= high:
-            return value
-        raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {valid}")
-
-    return parse
-
-
-def _log_level(text: str) -> str:
-    if text.lower() not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"invalid log level {text!r}: expected one of {', '.join(LOG_LEVELS)}")
-    return text.lower()
-
-
-def _patterns(text: str) -> tuple[str, ...]:
-    """Comma-separated regular expressions over family names, as kube-state-metrics takes them."""
-    patterns = tuple(part.strip() for part in text.split(",") if part.strip())
-    for pattern in patterns:
-        try:
-            compile_pattern(pattern)
-        except PatternError as error:
-            raise argparse.ArgumentTypeError(
-                f"invalid pattern {pattern!r}: {error}; expected comma-separated RE2 regular expressions over "
-                "family names, as Prometheus writes them (no lookarounds or backreferences), e.g. vgpu_pod_energy.*"
-            ) from None
-    return patterns
-
-
-def _names(text: str) -> tuple[str, ...]:
-    """Comma-separated names (namespaces): each a DNS label, as Kubernetes names namespaces."""
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    for name in names:
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name):
-            raise argparse.ArgumentTypeError(
-                f"invalid namespace {name!r}: expected comma-separated namespaces (lower-case letters, digits "
-                "and '-', at most 63), e.g. gpu-operator,nvidia-device-plugin"
-            )
-    return names
-
-
-def _path(text: str) -> Path | None:
-    return Path(text) if text.strip() else None
-
-
-def _simulate(text: str) -> str | None:
-    """`--simulate`'s value: a scenario file or `builtin`; in the environment also true (the
-    built-in node) or false (none)."""
-    word = text.strip()
-    if word.lower() in _FALSE:
-        return None
-    return BUILTIN_SCENARIO if word.lower() in _TRUE else word
-
-
-def _resource(text: str) -> str:
-    """An extended resource whose devices count as GPUs (a name, or a prefix ending in `*`)."""
-    name = text.strip()
-    if name in NOT_DEVICE_COUNTS:
-        raise argparse.ArgumentTypeError(
-            f"{name}: a quantity (HAMi's memory or cores), not a count of devices; HAMi's allocation is read "
-            "from its pod annotations, so name only device resources (for example nvidia.com/gpu)"
-        )
-    return name
 
 
 class Action(str, Enum):
@@ -270,9 +134,9 @@ class Flag:
         variable = self.env or self.fallback_env
         if self.action is Action.SWITCH:
             text = raw.strip().lower()
-            if text not in _TRUE | _FALSE:
+            if text not in TRUE_WORDS | FALSE_WORDS:
                 raise ConfigError(f"{variable}={raw!r}: expected true or false")
-            return text in _TRUE
+            return text in TRUE_WORDS
         try:
             if self.action is Action.APPEND:
                 return tuple(self.parse(item) for item in raw.split(",") if item.strip())
@@ -283,13 +147,12 @@ class Flag:
 
 # The ratio file's default place: the working directory, as the image and the repository have it.
 DEFAULT_ALLOCATION_FILE = Path("gpu_allocation.txt")
-BUILTIN_SCENARIO = "builtin"
 # A Kubernetes watch silent for 1.2 x its timeout plus this long is taken for hung.
 KUBE_WATCH_GRACE_S = 5.0
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("--port", "HTTP port", "OTEL_VGPU_PORT", _number(int, "port", 1, 65535), 8080),
+    Flag("--port", "HTTP port", "OTEL_VGPU_PORT", number(int, "port", 1, 65535), 8080),
     Flag("--address", "address to listen on (IPv6 accepted)", "OTEL_VGPU_ADDRESS", str, "0.0.0.0"),
     Flag(
         "--allocation-file",
@@ -321,7 +184,7 @@ FLAGS: tuple[Flag, ...] = (
         "run on a simulated GPU node: the built-in one, or the scenario in FILE (YAML or JSON; see "
         "docs/scenario.md); in the environment, true or a file",
         "OTEL_VGPU_SIMULATE",
-        _simulate,
+        scenario,
         action=Action.OPTIONAL,
         const=BUILTIN_SCENARIO,
         metavar="FILE",
@@ -332,7 +195,7 @@ FLAGS: tuple[Flag, ...] = (
         "collections closer together share one sweep, and scrapes one rendered body (with sweeps of the "
         "agent's own, a collection never sweeps: it serves the last sweep)",
         "OTEL_VGPU_MIN_INTERVAL",
-        _number(float, "interval", 0, 3600),
+        number(float, "interval", 0, 3600),
         1.0,
     ),
     Flag(
@@ -342,7 +205,7 @@ FLAGS: tuple[Flag, ...] = (
         "random from half to one and a half times this, so that no client can predict a sweep; 0: sweep "
         "only when scraped, pushed or probed, at instants a client can choose (docs/trust.md)",
         "OTEL_VGPU_SWEEP_INTERVAL",
-        _interval("interval", 3600, off="sweep only when collected"),
+        interval("interval", 3600, off="sweep only when collected"),
         2.0,
     ),
     Flag(
@@ -351,7 +214,7 @@ FLAGS: tuple[Flag, ...] = (
         "between two sweeps is attributed and billed (collect/watch.py); 0: no watch, only the sweeps "
         "see processes",
         "OTEL_VGPU_WATCH_INTERVAL",
-        _interval("interval", 60, off="no watch"),
+        interval("interval", 60, off="no watch"),
         0.25,
     ),
     Flag(
@@ -360,7 +223,7 @@ FLAGS: tuple[Flag, ...] = (
         "the shares they hold; unset: learned per GPU, the lowest power over a sweep in which it was idle "
         "(0 until it has been idle once)",
         "OTEL_VGPU_GPU_IDLE_WATTS",
-        _number(float, "power", 0, 10000),
+        number(float, "power", 0, 10000),
         metavar="WATTS",
         shown_default="learned",
     ),
@@ -378,7 +241,12 @@ FLAGS: tuple[Flag, ...] = (
         action=Action.SWITCH,
         default=False,
     ),
-    Flag("--kubeconfig", "use this kubeconfig instead of the pod's service account", "OTEL_VGPU_KUBECONFIG", _path),
+    Flag(
+        "--kubeconfig",
+        "use this kubeconfig instead of the pod's service account",
+        "OTEL_VGPU_KUBECONFIG",
+        optional_path,
+    ),
     Flag(
         "--service-account-dir",
         "the service account's token, ca.crt and namespace",
@@ -398,14 +266,14 @@ FLAGS: tuple[Flag, ...] = (
         "timeout of each Kubernetes watch; a watch silent for 1.2 times this plus "
         f"{KUBE_WATCH_GRACE_S:g} s is taken for hung and the pods are listed again",
         "OTEL_VGPU_KUBE_WATCH_SECONDS",
-        _number(int, "watch seconds", 1, 3600),
+        number(int, "watch seconds", 1, 3600),
         300,
     ),
     Flag(
         "--pod-resources-interval",
         "seconds between calls to the kubelet's pod-resources API",
         "OTEL_VGPU_POD_RESOURCES_INTERVAL",
-        _interval("interval", 3600),
+        interval("interval", 3600),
         5.0,
     ),
     Flag(
@@ -420,7 +288,7 @@ FLAGS: tuple[Flag, ...] = (
         "an extended resource whose devices count as vGPU shares, or a prefix ending in *; repeatable (in the "
         "environment, comma-separated); replaces the default list",
         "OTEL_VGPU_GPU_RESOURCES",
-        _resource,
+        gpu_resource,
         DEFAULT_RESOURCES,
         action=Action.APPEND,
         field="gpu_resources",
@@ -432,7 +300,7 @@ FLAGS: tuple[Flag, ...] = (
         "whole Prometheus or OpenTelemetry name), on the scrape and the OTLP push alike; a call to NVML that "
         "only turned-off families need is not made",
         "OTEL_VGPU_METRIC_ALLOWLIST",
-        _patterns,
+        metric_patterns,
         (),
         metavar="PATTERNS",
         shown_default="unset",
@@ -441,7 +309,7 @@ FLAGS: tuple[Flag, ...] = (
         "--metric-denylist",
         "publish every family but those these patterns name (not with --metric-allowlist)",
         "OTEL_VGPU_METRIC_DENYLIST",
-        _patterns,
+        metric_patterns,
         (),
         metavar="PATTERNS",
         shown_default="unset",
@@ -452,7 +320,7 @@ FLAGS: tuple[Flag, ...] = (
         "operators create pods. A process named as the server in any other pod is that pod's, as any "
         "process, unless its GPU is in the EXCLUSIVE_PROCESS compute mode (docs/trust.md)",
         "OTEL_VGPU_MPS_SERVER_NAMESPACES",
-        _names,
+        namespaces,
         DEFAULT_MPS_SERVER_NAMESPACES,
         metavar="NAMESPACES",
     ),
@@ -478,32 +346,38 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--otlp-interval",
         "seconds between pushes",
-        parse=_interval("interval", 86400),
+        parse=interval("interval", 86400),
         metavar="SECONDS",
         shown_default="OTEL_METRIC_EXPORT_INTERVAL in ms, else 60",
     ),
-    Flag("--tls-cert-file", "serve HTTPS with this certificate (PEM)", "OTEL_VGPU_TLS_CERT_FILE", _path),
-    Flag("--tls-key-file", "the certificate's private key (PEM)", "OTEL_VGPU_TLS_KEY_FILE", _path),
+    Flag("--tls-cert-file", "serve HTTPS with this certificate (PEM)", "OTEL_VGPU_TLS_CERT_FILE", optional_path),
+    Flag("--tls-key-file", "the certificate's private key (PEM)", "OTEL_VGPU_TLS_KEY_FILE", optional_path),
     Flag(
         "--tls-client-ca-file",
         "require client certificates signed by this CA: mutual TLS",
         "OTEL_VGPU_TLS_CLIENT_CA_FILE",
-        _path,
+        optional_path,
     ),
     Flag(
         "--basic-auth-file",
         "require basic auth on /metrics: a file of user:hash lines, bcrypt or sha256:<hex>",
         "OTEL_VGPU_BASIC_AUTH_FILE",
-        _path,
+        optional_path,
     ),
-    Flag("--log-level", f"one of {', '.join(LOG_LEVELS)}", "OTEL_VGPU_LOG_LEVEL", _log_level, "info"),
+    Flag("--log-level", f"one of {', '.join(LOG_LEVELS)}", "OTEL_VGPU_LOG_LEVEL", log_level_name, "info"),
 )
 _BY_FIELD = {flag.dest: flag for flag in FLAGS}
 
 
+# The key, in a Config field's metadata, of the flag that fills it and gives its default.
+FLAG_KEY = "flag"
+
+
 def _default(name: str) -> Any:
-    """A Config field's default: its flag's."""
-    return _BY_FIELD[name].default
+    """Config field `name`, its default its flag's, the flag named in its metadata: so a field
+    fed by FLAGS is told from a timer, and no flag's default is written a second time."""
+    flag = _BY_FIELD[name]
+    return field(default=flag.default, metadata={FLAG_KEY: flag.name})
 
 
 def flag_or_variable(dest: str) -> str:

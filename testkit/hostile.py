@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from otel_vgpu.config import Limits
+from otel_vgpu.limits import Limits
 from testkit.agent import ROOT, clean_env, free_port, launched, wait_until
 from testkit.launch import overrides_json
 from testkit.procstat import rss_mib

@@ -4,7 +4,7 @@ objects and kubelet assignments that describe them."""
 
 from __future__ import annotations
 
-from otel_vgpu.sim.node import container_id
+from otel_vgpu.sim.proc_tree import container_id
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.kube_api_double import KubeApiDouble, pod_object
 from testkit.kubelet_double import KubeletDouble

@@ -15,7 +15,8 @@ import sys
 from typing import Any
 
 from otel_vgpu.cli import main
-from otel_vgpu.config import Backoff, Config, Limits
+from otel_vgpu.config import Backoff, Config
+from otel_vgpu.limits import Limits
 
 VARIABLE = "TESTKIT_CONFIG"
 

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_vgpu.sim.node import SimulatedNode, container_id
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.proc_tree import container_id
 from otel_vgpu.sim.scenario import Scenario, pod_containers
 from testkit.certs import Certs, make_certs
 from testkit.kube_api_double import KubeApiDouble, pod_object

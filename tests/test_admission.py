@@ -15,11 +15,11 @@ from typing import cast
 
 import pytest
 
-from otel_vgpu.config import Limits
 from otel_vgpu.export.endpoint import Endpoint
 from otel_vgpu.export.http import Request, Response, text
 from otel_vgpu.export.server import LISTEN_QUEUE, Server
 from otel_vgpu.export.tls import tls_context
+from otel_vgpu.limits import Limits
 from testkit.agent import wait_until
 from testkit.certs import make_certs
 
@@ -148,10 +148,10 @@ def test_a_freed_handshake_slot_goes_to_whoever_has_fewest_running(tmp_path: Pat
 
         first = half_hello()
         half_hello()
-        wait_until(lambda: len(server._handshaking) == 2, what="both slots taken")
+        wait_until(lambda: len(server.handshakes.running) == 2, what="both slots taken")
         half_hello()
         half_hello()
-        wait_until(lambda: len(server._slots) == 2, what="two waiting")
+        wait_until(lambda: len(server.handshakes.waiting) == 2, what="two waiting")
         done: list[str] = []
 
         def scraper() -> None:
@@ -165,13 +165,15 @@ def test_a_freed_handshake_slot_goes_to_whoever_has_fewest_running(tmp_path: Pat
 
         thread = threading.Thread(target=scraper, daemon=True)
         thread.start()
-        wait_until(lambda: len(server._slots) == 3, what="the scraper waiting too")
+        wait_until(lambda: len(server.handshakes.waiting) == 3, what="the scraper waiting too")
         first.close()
         # Had the flood's next waiter taken the freed slot, its half-sent hello would hold
         # it (nothing here is shed for age) and the scraper would wait out its timeout.
         thread.join(timeout=10)
         assert done == ["handshake"]
-        wait_until(lambda: len(server._slots) == 1, what="the scraper's slot passed on to the flood's next waiter")
+        wait_until(
+            lambda: len(server.handshakes.waiting) == 1, what="the scraper's slot passed on to the flood's next waiter"
+        )
     finally:
         for sock in flood:
             sock.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otel_vgpu.sim.node import PROC_TREE_PREFIX
+from otel_vgpu.sim.proc_tree import PROC_TREE_PREFIX
 from testkit.agent import (
     PORT_BLOCK,
     ROOT,

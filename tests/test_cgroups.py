@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from otel_vgpu.pods.cgroups import PodRef, parse_cgroup
-from otel_vgpu.sim.node import cgroup_file
+from otel_vgpu.sim.proc_tree import cgroup_file
 from otel_vgpu.sim.scenario import DRIVERS, QOS_CLASSES, RUNTIMES, CgroupSpec
 
 pytestmark = pytest.mark.unit

@@ -3,12 +3,13 @@ the flag table of docs/flags.md kept in step with it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
-from otel_vgpu.config import FLAGS, Config, ConfigError, build_parser, parse_config
+from otel_vgpu.config import FLAG_KEY, FLAGS, Config, ConfigError, build_parser, parse_config
 from testkit.agent import ROOT
 
 pytestmark = pytest.mark.unit
@@ -112,6 +113,11 @@ def test_every_flag_fills_a_config_field_whose_default_is_the_flags() -> None:
     for flag in FLAGS:
         assert flag.dest in fields, flag.name
         assert fields[flag.dest].default == flag.default, flag.name
+    # Each field a flag fills takes its default from the table (its metadata names the flag),
+    # and each field so fed is its own flag's: a default written again in Config, a field
+    # without its flag or a flag without its field fails here. The others are timers.
+    fed = {item.name: item.metadata[FLAG_KEY] for item in dataclasses.fields(Config) if FLAG_KEY in item.metadata}
+    assert fed == {flag.dest: flag.name for flag in FLAGS}
     # Nothing given: the defaults, and the help says each as the table does.
     assert parse_config([], {}) == Config()
     help_text = " ".join(build_parser().format_help().split())

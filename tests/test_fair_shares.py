@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from otel_vgpu.config import Limits
 from otel_vgpu.export.admission import victim
 from otel_vgpu.export.auth import network_of
 from otel_vgpu.export.checks import NETWORK_HALF_LIFE_S, CheckQueue, decayed
 from otel_vgpu.export.queues import FairQueue
 from otel_vgpu.export.shares import Holder, over_share
+from otel_vgpu.limits import Limits
 
 pytestmark = pytest.mark.unit
 

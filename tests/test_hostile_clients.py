@@ -9,7 +9,7 @@ every body variant of one snapshot takes over a third of that, within three time
 the attack's cost, not the machine's speed, is what is bounded), that
 resident memory stays under a bound and comes back near its baseline, and
 that the agent's threads and file descriptors stay under the caps of
-`otel_vgpu.config.Limits` and come back to baseline. Every loop is
+`otel_vgpu.limits.Limits` and come back to baseline. Every loop is
 bounded in count and time.
 
 The agent runs with `LIMITS`: the default bounds, each time in them cut to a

@@ -21,6 +21,7 @@ PACKAGE = ROOT / "otel_vgpu"
 # package; never from a layer above, nor from a sibling package of its layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("otel_vgpu", "otel_vgpu.files", "otel_vgpu.patterns", "otel_vgpu.threads", "otel_vgpu.wording"),
+    ("otel_vgpu.flag_values", "otel_vgpu.limits"),
     ("otel_vgpu.config", "otel_vgpu.health"),
     ("otel_vgpu.gpu", "otel_vgpu.pods"),
     ("otel_vgpu.allocation",),

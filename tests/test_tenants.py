@@ -19,7 +19,8 @@ from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health, Refusal
-from otel_vgpu.sim.node import SimulatedNode, container_id
+from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.proc_tree import container_id
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.agent import InProcessAgent, agent_in_process, clean_env, wait_for
 from testkit.clock import Clock

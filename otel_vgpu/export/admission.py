@@ -38,8 +38,8 @@ import collections
 from collections.abc import Callable, Collection, Iterable
 from typing import Protocol
 
-from otel_vgpu.config import Limits
 from otel_vgpu.export.shares import over_share
+from otel_vgpu.limits import Limits
 
 
 class Held(Protocol):

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.config import DEFAULT_LIMITS, Limits
 from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict, network_of
 from otel_vgpu.export.checks import CheckQueue
 from otel_vgpu.export.exposition import Format, negotiate
 from otel_vgpu.export.http import Request, Response, accepts_gzip, no_cache, text
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.pidns import blind_message
+from otel_vgpu.limits import DEFAULT_LIMITS, Limits
 from otel_vgpu.threads import name_this_thread
 from otel_vgpu.wording import counted
 

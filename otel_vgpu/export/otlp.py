@@ -27,8 +27,8 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
 
-from otel_vgpu.config import MIN_INTERVAL_S
 from otel_vgpu.files import MAX_PEM_BYTES, FileProblem, read_regular
+from otel_vgpu.flag_values import MIN_INTERVAL_S
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.threads import NamedThread
 
@@ -72,7 +72,7 @@ def settings_from(endpoint: str | None, protocol: str | None, interval_s: float 
     if chosen not in PROTOCOLS:
         raise ValueError(f"{variable}={chosen!r}: expected one of {', '.join(PROTOCOLS)}")
     if interval_s is None:
-        # No shorter than any other loop of the agent's (config.py MIN_INTERVAL_S).
+        # No shorter than any other loop of the agent's (flag_values.py MIN_INTERVAL_S).
         interval_s = _env_millis("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_INTERVAL_S, low=MIN_INTERVAL_S * 1000)
     timeout_s = min(_env_millis("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_TIMEOUT_S), interval_s)
     for name in ("--otlp-endpoint", *ENDPOINT_VARIABLES):

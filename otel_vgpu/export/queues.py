@@ -12,11 +12,16 @@ has more than the newcomer's would: the newcomer is refused only when nobody wai
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from otel_vgpu.export.shares import Tally, over_share
+
+# How often connections waiting for a place look for one that became sheddable (and those
+# waiting for a handshake slot, for a handshake gone quiet).
+ADMIT_TICK_S = 0.05
 
 
 @dataclass(eq=False)
@@ -84,3 +89,10 @@ class FairQueue:
         """The waiter gave up (its wait ran out, or its client left)."""
         if waiter in self._waiting:
             self._waiting.remove(waiter)
+
+
+def take_one(granted: collections.Counter[str], source: str) -> None:
+    """One of what was given to `source` and not yet taken is taken (or given back)."""
+    granted[source] -= 1
+    if granted[source] <= 0:
+        del granted[source]

@@ -1,9 +1,11 @@
-"""The simulated GPU node: a GPU backend and a proc tree driven by a scenario.
+"""The simulated GPU node: a GPU backend driven by a scenario, with its proc tree, kubelet and faults.
 
-Only NVML and the host are simulated. The node writes `<root>/<pid>/cgroup`
-and `<root>/<pid>/stat` files shaped like a kubelet's (cgroup v1 and v2,
-systemd and cgroupfs drivers, containerd, CRI-O and Docker), so the agent's
-real proc reader, cgroup parser and attribution cache run on them.
+Only NVML and the host are simulated. The node answers as NVML would (devices, process
+listings, per-process and device samples, energy, accounting) from who runs when
+(sim/processes.py); keeps a proc tree shaped like a kubelet's node's (sim/proc_tree.py), so
+the agent's real proc reader, cgroup parser and attribution cache run on it; answers as the
+kubelet's pod-resources API and the Kubernetes API would (sim/kubelet.py); and fails or
+slows calls as the scenario or a test says (sim/faults.py).
 
 The simulated processes live in the host's PID namespace. Like drivers from
 535.113 on (the scenario's `driver.pid_namespace_filter`, on by default), the
@@ -14,26 +16,16 @@ sees the devices busy and holding memory, and no process.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
 import math
-import os
 import shutil
-import tempfile
 import threading
 import time
-import uuid as uuidlib
-import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
-from otel_vgpu.allocation.hami import parse_hami
-from otel_vgpu.allocation.shares import Allocation, ClaimAssignment, DeviceAssignment, KubeletView, from_kubelet
-from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
+from otel_vgpu.allocation.shares import Allocation, KubeletView
 from otel_vgpu.gpu.backend import (
     ENGINES,
     USE_FIGURES,
@@ -43,16 +35,18 @@ from otel_vgpu.gpu.backend import (
     GpuError,
     GpuProcess,
     MigDevice,
-    ProcessUse,
     UtilizationSample,
     XidEvent,
 )
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
-from otel_vgpu.pods.directory import PodMeta, StaticDirectory
+from otel_vgpu.pods.directory import StaticDirectory
+from otel_vgpu.sim import kubelet
+from otel_vgpu.sim.faults import Faults
 from otel_vgpu.sim.health import SimulatedHealth
-from otel_vgpu.sim.scenario import PIPES, CgroupSpec, FaultSpec, GpuSpec, MigSpec, PodSpec, Scenario, pod_containers
+from otel_vgpu.sim.proc_tree import ProcTree, new_root
+from otel_vgpu.sim.processes import Process, Workload, shares, summed, uses
+from otel_vgpu.sim.scenario import PIPES, MigSpec, Scenario
 
-# What a MIG device's own driver reservation is taken to be (a GPU's is its scenario's `reserved`).
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
 # The simulated GPUs' power: idle, and at full SM use (an H200's board limit, 700 W).
 IDLE_WATTS = 75.0
@@ -82,94 +76,6 @@ MEMORY_LEAD_S = 0.22
 BUSY_PERIODS_KEPT = ENERGY_PERIODS_KEPT + SAMPLES_KEPT
 # The processes an accounting buffer holds: 4,000 on an H200 (nvidia-smi -q -d ACCOUNTING).
 ACCOUNTING_KEPT = 4000
-_FIRST_PID = 4000
-# The simulated node had been up this long when the scenario began: /proc/uptime, and the
-# start times in /proc/<pid>/stat (clock ticks after boot), count from its boot.
-UP_BEFORE_S = 10_000.0
-# A pod that does not come and go started this long before the scenario began: its processes
-# have samples from the first sweep on.
-STARTED_BEFORE_S = 60.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-# /proc/<pid>/stat fields 5-21 and 23-52, for the simulated processes.
-_STAT_ZEROS = " ".join(["0"] * 17)
-_STAT_TAIL = " ".join(["0"] * 30)
-_CHURN_FIRST_PID = 100_000
-# The PIDs of the processes of pods that restart them (`restarts`), under Linux's default
-# pid_max (4,194,304 on 64-bit).
-_RESTARTED_FIRST_PID = 1_000_000
-_RESTARTED_PIDS = 3_000_000
-# Churning pods whose processes are kept made, in live pods' worth (`_churn_processes`).
-CHURNED_KEPT = 4
-_CHURN_PIDS = 50_000
-_V1_CONTROLLERS = ("cpu,cpuacct", "memory", "pids", "blkio", "devices", "freezer", "perf_event")
-_RUNTIME_PREFIX = {"containerd": "cri-containerd", "crio": "crio", "docker": "docker"}
-
-
-def container_id(pod: PodSpec, container: str) -> str:
-    return _container_id(pod.namespace, pod.name, container)
-
-
-@functools.lru_cache(maxsize=65536)
-def _container_id(namespace: str, name: str, container: str) -> str:
-    # Asked for every process each time the node works out who runs: a hash once per container.
-    return hashlib.sha256(f"{namespace}/{name}/{container}".encode()).hexdigest()
-
-
-def cgroup_path(spec: CgroupSpec, pod_uid: str, container: str) -> str:
-    """The cgroup path a kubelet with this driver and runtime gives a container."""
-    if spec.driver == "systemd":
-        uid = pod_uid.replace("-", "_")
-        if spec.qos == "guaranteed":
-            parent = f"/kubepods.slice/kubepods-pod{uid}.slice"
-        else:
-            parent = f"/kubepods.slice/kubepods-{spec.qos}.slice/kubepods-{spec.qos}-pod{uid}.slice"
-        return f"{parent}/{_RUNTIME_PREFIX[spec.runtime]}-{container}.scope"
-    qos = "" if spec.qos == "guaranteed" else f"/{spec.qos}"
-    leaf = f"crio-{container}" if spec.runtime == "crio" else container
-    return f"/kubepods{qos}/pod{pod_uid}/{leaf}"
-
-
-@functools.lru_cache(maxsize=65536)
-def cgroup_file(spec: CgroupSpec, pod_uid: str, container: str, nested: str = "") -> str:
-    """The whole `/proc/<pid>/cgroup` of a process in that container, or in a cgroup the
-    container made below its own (`nested`, relative)."""
-    path = cgroup_path(spec, pod_uid, container) + (f"/{nested}" if nested else "")
-    if spec.version == 2:
-        return f"0::{path}\n"
-    lines = [f"{12 - i}:{controller}:{path}" for i, controller in enumerate(_V1_CONTROLLERS)]
-    # Hierarchies a container is not placed in stay at the root, as on real nodes.
-    lines += ["4:rdma:/", "3:hugetlb:/", "2:net_cls,net_prio:/"]
-    lines.append(f"1:name=systemd:{path}")
-    return "\n".join(lines) + "\n"
-
-
-@dataclass(frozen=True, slots=True)
-class _Process:
-    pid: int
-    start_time: int
-    """Clock ticks after the node's boot, as /proc/<pid>/stat's field 22."""
-    gpu: int
-    memory: int
-    sm: Callable[[float], float]
-    cgroup: str
-    mig: str | None = None
-    command: str = "python3"
-    engines: dict[str, Callable[[float], float]] = field(default_factory=dict)
-    """Its use of each other engine over time, 0-1; absent: none."""
-    mps: str = ""
-    """server or client: its part in MPS, as the driver knows it."""
-    starts_at: float = -math.inf
-    """Scenario time it started: it has no sample from before."""
-    ends_at: float = math.inf
-    """Scenario time it ends: its last sample is from before, and NVML keeps it a while."""
-    pipes: dict[str, Callable[[float], float]] = field(default_factory=dict)
-    """What it keeps busy of the tensor cores and DRAM over time, 0-1 (GPM's figures)."""
-
-    def wave(self, figure: str) -> Callable[[float], float]:
-        """Its use of `figure` (SM, one of `ENGINES`, or of `PIPES`) over time."""
-        if figure == "sm":
-            return self.sm
-        return self.engines.get(figure) or self.pipes.get(figure, _IDLE)
 
 
 @dataclass(slots=True)
@@ -203,25 +109,22 @@ class SimulatedNode:
         # What the driver hides from this caller: every simulated process, or none.
         self._hidden = scenario.driver.pid_namespace_filter and not host_pid_namespace
         self._owns_root = proc_root is None
-        # Named after the process that made it, so that one left behind names its owner.
-        self.proc_root = proc_root or Path(
-            tempfile.mkdtemp(prefix=f"{PROC_TREE_PREFIX}{os.getpid()}-", dir=_memory_backed_tmp())
-        )
+        self.proc_root = proc_root or new_root()
         self._clock = clock
         self._wall_clock_us = wall_clock_us
         self._started = clock()
         self._wall_started_us = wall_clock_us()
         self._lock = threading.Lock()
-        self._written: dict[int, int] = {}  # pid -> start time on disk
+        self._tree = ProcTree(self.proc_root)
+        self._workload = Workload()
         self._state_at: float | None = None
         self._listed_now: set[int] = set()
-        self._probed_at = -math.inf
-        self._probed: list[int] = []
-        """When the memory in use was last probed: a listing after it is of a moment no older."""
         """The GPUs listed since the processes were last brought to the present."""
-        self._processes: list[_Process] = []
-        # Faults switched on by tests: the same FaultSpec as the scenario's own.
-        self._faults: list[FaultSpec] = []
+        self._probed_at = -math.inf
+        """When the memory in use was last probed: a listing after it is of a moment no older."""
+        self._probed: list[int] = []
+        self._processes: list[Process] = []
+        self._faults = Faults()
         # The simulated driver's control file, held open while the driver is
         # in use, as NVML holds /dev/nvidiactl: what a driver upgrade waits on.
         self.driver_file = self.proc_root / DRIVER_FILE
@@ -232,12 +135,10 @@ class SimulatedNode:
         # Each GPU's energy counter, as NVML's: millijoules since the driver loaded.
         self._energy_mj = [0.0] * len(scenario.gpus)
         self._energy_at: list[float | None] = [None] * len(scenario.gpus)
-        self._alive_at: dict[int, list[_Process]] = {}
+        self._alive_at: dict[int, list[Process]] = {}
         """By sample period (its end, on the samples' clock): the processes that ran in it, from
         the scenario itself, whether or not any listing saw them."""
         self._alive_lock = threading.Lock()
-        self._churned: dict[int, tuple[_Process, ...]] = {}
-        """The churning pods' processes, by pod index, the newest pods' (`_churn_processes`)."""
         self._accounts: dict[int, dict[tuple[int, int], _Accounted]] = {}
         """Each GPU's accounting buffer, where its accounting mode is on, by (PID, start time)."""
         self._accounted_to: dict[int, int] = {}
@@ -251,20 +152,13 @@ class SimulatedNode:
         return self._clock() - self._started
 
     def directory(self) -> StaticDirectory:
-        pods = {pod.uid: pod_meta(pod) for pod in self.scenario.pods if pod.in_directory}
-        if self.scenario.churn is not None:
-            for index in range(self.scenario.churn.pods):
-                pod = self.churn_pod(index)
-                pods[pod.uid] = PodMeta(pod.namespace, pod.name, containers={container_id(pod, "main"): "main"})
-        return StaticDirectory(pods)
+        return kubelet.directory(self.scenario)
 
     def fail(self, call: str, index: int, code: ErrorCode | str | None) -> None:
         """Make `call` ('device', 'processes', 'utilization_samples') fail on
         GPU `index` with `code` from now on, or succeed again with None: a
         scenario fault switched on and off by a test."""
-        self._faults = [f for f in self._faults if (f.call, f.gpu) != (call, index)]
-        if code is not None:
-            self._faults.append(FaultSpec(call=call, gpu=index, code=ErrorCode(code)))
+        self._faults.switch(call, index, code)
 
     # --- AllocationSource ---------------------------------------------------
 
@@ -274,86 +168,11 @@ class SimulatedNode:
         # The time of the sweep's process listing, so shares and processes
         # describe the same moment.
         t = self._state_at if self._state_at is not None else self.now()
-        return from_kubelet(self.kubelet_view(t), self._pods_at(t), gpus, DEFAULT_RESOURCES, DRA_DRIVERS)
+        return kubelet.allocation(self.scenario, t, gpus)
 
     def kubelet_view(self, t: float) -> KubeletView:
         """pod-resources' List and GetAllocatableResources for the scenario at time `t`."""
-        devices: list[DeviceAssignment] = []
-        claims: list[ClaimAssignment] = []
-        listed: list[tuple[str, str]] = []
-        node = self.scenario.node_name or "sim-node"
-        for pod in self.scenario.pods:
-            if not pod.active(t):
-                continue
-            listed.append((pod.namespace, pod.name))
-            container = pod_containers(pod.processes)[0]
-            for index, count in pod.shares.items():
-                gpu = self.scenario.gpus[index]
-                # A scenario without replicas still gives each share its own replica ID.
-                resource, ids = self._advertised(gpu, None, max(gpu.replicas or 1, count))
-                devices.append(DeviceAssignment(pod.namespace, pod.name, container, resource, ids[:count]))
-            for (index, position), count in pod.mig_shares.items():
-                gpu = self.scenario.gpus[index]
-                mig = gpu.migs[position]
-                resource, ids = self._advertised(gpu, mig, max(mig.replicas, count))
-                devices.append(DeviceAssignment(pod.namespace, pod.name, container, resource, ids[:count]))
-            for claim in pod.claims:
-                claims.append(
-                    ClaimAssignment(
-                        pod.namespace,
-                        pod.name,
-                        claim.container,
-                        f"{pod.namespace}/{claim.claim}",
-                        DRA_DRIVERS[0],
-                        node,
-                        claim.device,
-                    )
-                )
-        for index in self.churn_pods(t):
-            pod = self.churn_pod(index)
-            gpu = self.scenario.gpus[index % len(self.scenario.gpus)]
-            devices.append(DeviceAssignment(pod.namespace, pod.name, "main", "nvidia.com/gpu", (f"{gpu.uuid}::0",)))
-            listed.append((pod.namespace, pod.name))
-        return KubeletView(tuple(devices), tuple(claims), self._allocatable(), tuple(listed))
-
-    def _allocatable(self) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
-        gpus = self.scenario.gpus
-        if all(gpu.replicas is None and not gpu.migs for gpu in gpus):
-            return None
-        found: dict[str, list[str]] = {}
-        for gpu in gpus:
-            advertised: list[tuple[str, tuple[str, ...]]] = []
-            if gpu.migs:
-                advertised += [self._advertised(gpu, mig, mig.replicas) for mig in gpu.migs]
-            elif gpu.replicas is not None:
-                advertised.append(self._advertised(gpu, None, gpu.replicas))
-            for resource, ids in advertised:
-                found.setdefault(resource, []).extend(ids)
-        return tuple((resource, tuple(ids)) for resource, ids in found.items())
-
-    def _advertised(self, gpu: GpuSpec, mig: MigSpec | None, replicas: int) -> tuple[str, tuple[str, ...]]:
-        """The resource and device IDs the scenario's device plugin advertises
-        for a GPU or one of its MIG devices: NVIDIA's (internal/rm/device_map.go,
-        devices.go), GKE's (pkg/gpu/nvidia/manager.go, mig/mig.go) or HAMi's."""
-        plugin = self.scenario.device_plugin
-        if plugin.kind == "gke":
-            base = f"nvidia{gpu.minor}" if mig is None else f"nvidia{gpu.minor}/gi{mig.gpu_instance_id}"
-            ids = (base,) if replicas <= 1 else tuple(f"{base}/vgpu{k}" for k in range(replicas))
-            return "nvidia.com/gpu", ids
-        if plugin.kind == "hami":
-            # pkg/device-plugin/nvidiadevice: every GPU as its UUID, a dash and a replica number.
-            return "nvidia.com/gpu", tuple(f"{gpu.uuid}-{k}" for k in range(max(1, replicas)))
-        if mig is None:
-            return _replica_ids(gpu.uuid, replicas, "nvidia.com/gpu", plugin.rename_by_default)
-        resource = _mig_resource(mig, plugin.mig_strategy)
-        return _replica_ids(mig.uuid, replicas, resource, plugin.rename_by_default)
-
-    def _pods_at(self, t: float) -> dict[str, PodMeta]:
-        pods = {pod.uid: pod_meta(pod) for pod in self.scenario.pods if pod.in_directory and pod.active(t)}
-        for index in self.churn_pods(t):
-            pod = self.churn_pod(index)
-            pods[pod.uid] = PodMeta(pod.namespace, pod.name)
-        return pods
+        return kubelet.kubelet_view(self.scenario, t)
 
     # --- GpuBackend -----------------------------------------------------------
 
@@ -400,13 +219,13 @@ class SimulatedNode:
         if self._released:
             raise GpuError(ErrorCode.UNINITIALIZED, "simulated NVML released while the GPU driver is paused")
 
-    def _running_at(self, t: float) -> list[_Process]:
+    def _running_at(self, t: float) -> list[Process]:
         """The processes running at scenario time `t` (in the sample period that holds it),
         those ended since included, whether or not the agent ever listed them."""
         stamp = self._wall_started_us + round(t * 1e6)
         return self._alive(-(-stamp // SAMPLE_PERIOD_US) * SAMPLE_PERIOD_US)
 
-    def _alive(self, stamp_us: int) -> list[_Process]:
+    def _alive(self, stamp_us: int) -> list[Process]:
         """The processes that ran in the sample period ending at `stamp_us`, as the scenario
         says: a process that lived between two listings still ran, and the GPU's own figures,
         its energy and its samples count it, as a real driver's do."""
@@ -570,7 +389,7 @@ class SimulatedNode:
             if not alive:
                 continue
             used = uses(alive, self._scenario_time(stamp))
-            clients = _total([u for p, u in zip(alive, used, strict=True) if p.mps == "client"])
+            clients = summed([u for p, u in zip(alive, used, strict=True) if p.mps == "client"])
             for process, own in zip(alive, used, strict=True):
                 # One sample per PID, its newest: an older one of the same PID is another
                 # period's, or another holder's.
@@ -578,7 +397,7 @@ class SimulatedNode:
                     continue
                 if not (process.starts_at <= now < process.ends_at or process.ends_at > kept_since):
                     continue
-                use = _total([own, clients]) if process.mps == "server" else own
+                use = summed([own, clients]) if process.mps == "server" else own
                 if any(getattr(use, f) > 0 for f in USE_FIGURES):  # NVML keeps the last period it ran in
                     newest[process.pid] = UtilizationSample(process.pid, stamp, use)
         return list(newest.values())
@@ -638,13 +457,15 @@ class SimulatedNode:
     def now_us(self) -> int:
         return self._wall_clock_us()
 
-    def _visible(self) -> list[_Process]:
+    def _visible(self) -> list[Process]:
         return [] if self._hidden else self._processes
 
     def close(self) -> None:
         self.release()
         if self._owns_root:
             shutil.rmtree(self.proc_root, ignore_errors=True)
+
+    # --- state ------------------------------------------------------------------
 
     # --- state ------------------------------------------------------------------
 
@@ -655,196 +476,13 @@ class SimulatedNode:
             self._state_at = t
             self._listed_now = set()
             self._processes = list(self._processes_at(t))
-            self._sync_proc_tree()
+            self._tree.write(self._processes, (self.now_us() - self._wall_started_us) / 1e6)
 
-    def start_ticks(self, t: float) -> int:
-        """/proc/<pid>/stat's start time of a process started at scenario time `t`."""
-        return max(1, round((UP_BEFORE_S + t) * CLOCK_TICKS))
-
-    def _processes_at(self, t: float) -> list[_Process]:
-        processes: list[_Process] = []
-        pid = _FIRST_PID
-        for pod in self.scenario.pods:
-            for spec in pod.processes:
-                pid += 1
-                # A pod that has ended runs nothing, whatever the kubelet still lists.
-                if not pod.running(t) or pod.phase in ("Succeeded", "Failed"):
-                    continue
-                cid = container_id(pod, spec.container)
-                gpu = self.scenario.gpus[spec.gpu]
-                # Pods that stay started before the scenario, each at its own moment, as on a node.
-                started = pod.started(t) if pod.period_s is not None else -STARTED_BEFORE_S - _jitter(pod.uid)
-                if spec.pid is not None:
-                    own_pid = spec.pid
-                elif pod.restarts:
-                    # A restarted container's process is a new process to the kernel, which
-                    # hands out the next free PID: fresh PIDs, cycle by cycle.
-                    own_pid = _RESTARTED_FIRST_PID + (pod.cycle(t) * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
-                else:
-                    own_pid = pid
-                processes.append(
-                    _Process(
-                        pid=own_pid,
-                        # A new cycle of a coming-and-going pod, or another pod,
-                        # may reuse the PID; like a real one, its start time differs.
-                        start_time=self.start_ticks(started),
-                        gpu=spec.gpu,
-                        memory=int(max(0.0, spec.memory.at(t))),
-                        sm=_clamped(spec.sm.at),
-                        cgroup=cgroup_file(pod.cgroup, pod.uid, cid, spec.nested),
-                        mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
-                        command=spec.command,
-                        engines={engine: _clamped(wave.at) for engine, wave in spec.engines.items()},
-                        mps=spec.mps,
-                        starts_at=started,
-                        ends_at=pod.ends(t),
-                        pipes={pipe: _clamped(wave.at) for pipe, wave in spec.pipes.items()},
-                    )
-                )
-        processes.extend(self._churn_at(t))
-        for host in self.scenario.host_processes:
-            pid += 1
-            processes.append(
-                _Process(
-                    pid=pid,
-                    start_time=10,
-                    gpu=host.gpu,
-                    memory=int(max(0.0, host.memory.at(t))),
-                    sm=_clamped(host.sm.at),
-                    cgroup=host.cgroup + "\n",
-                    command=host.command,
-                    engines={engine: _clamped(wave.at) for engine, wave in host.engines.items()},
-                    mps=host.mps,
-                    pipes={pipe: _clamped(wave.at) for pipe, wave in host.pipes.items()},
-                )
-            )
-        return processes
-
-    def churn_pods(self, t: float) -> range:
-        """Indexes of the churning pods alive at scenario time `t`."""
-        churn = self.scenario.churn
-        if churn is None:
-            return range(0)
-        # One new pod every lifetime/live seconds; each lives lifetime_s.
-        newest = int(t * churn.live / churn.lifetime_s)
-        return range(max(0, newest - churn.live + 1), min(churn.pods, newest + 1))
-
-    def churn_pod(self, index: int) -> PodSpec:
-        return PodSpec(
-            namespace=f"churn-{index % 10}",
-            name=f"job-{index}",
-            uid=f"{index:08x}-c0de-4000-8000-{index:012x}",
-            cgroup=CgroupSpec(version=1 + index % 2, driver=("systemd", "cgroupfs")[index % 2]),
-            processes=(),
-        )
-
-    def _churn_at(self, t: float) -> list[_Process]:
-        churn = self.scenario.churn
-        if churn is None:
-            return []
-        return [process for index in self.churn_pods(t) for process in self._churn_processes(index)]
-
-    def _churn_processes(self, index: int) -> tuple[_Process, ...]:
-        """Churning pod `index`'s processes, made once while the pod is among the newest: each
-        period, listing and sample asks for the live pods' processes again."""
-        made = self._churned.get(index)
-        if made is not None:
-            return made
-        churn = self.scenario.churn
-        assert churn is not None
-        pod = self.churn_pod(index)
-        cgroup = cgroup_file(pod.cgroup, pod.uid, container_id(pod, "main"))
-        gpus = len(self.scenario.gpus)
-        made = self._churned[index] = tuple(
-            _Process(
-                # PIDs wrap as on a real node, so reuse happens; the
-                # start time tells the processes apart.
-                pid=_CHURN_FIRST_PID + (index * churn.processes + k) % _CHURN_PIDS,
-                start_time=self.start_ticks(index * churn.lifetime_s / churn.live) + k,
-                gpu=(index + k) % gpus,
-                memory=churn.memory,
-                sm=_CHURN_SM,
-                cgroup=cgroup,
-            )
-            for k in range(churn.processes)
-        )
-        while len(self._churned) > CHURNED_KEPT * churn.live:
-            del self._churned[next(iter(self._churned))]
-        return made
-
-    def _sync_proc_tree(self) -> None:
-        # os calls on strings: a churning soak writes thousands of these a second.
-        root = str(self.proc_root)
-        # /proc/uptime: seconds since boot (and idle time), as the kernel writes it.
-        up = UP_BEFORE_S + (self.now_us() - self._wall_started_us) / 1e6
-        with open(f"{root}/uptime.new", "w") as handle:
-            handle.write(f"{up:.2f} 0.00\n")
-        os.replace(f"{root}/uptime.new", f"{root}/uptime")
-        wanted = {p.pid: p for p in self._processes}
-        for pid in list(self._written):
-            if pid not in wanted or wanted[pid].start_time != self._written[pid]:
-                directory = f"{root}/{pid}"
-                for name in ("cgroup", "stat"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(f"{directory}/{name}")
-                with contextlib.suppress(OSError):
-                    os.rmdir(directory)
-                del self._written[pid]
-        for pid, process in wanted.items():
-            if pid in self._written:
-                continue
-            directory = f"{root}/{pid}"
-            os.makedirs(directory, exist_ok=True)
-            with open(f"{directory}/cgroup", "w") as handle:
-                handle.write(process.cgroup)
-            # Field 22 is the start time; the command name may hold spaces
-            # and parentheses, as real ones can.
-            with open(f"{directory}/stat", "w") as handle:
-                handle.write(f"{pid} ({process.command}) S 1 {_STAT_ZEROS} {process.start_time} {_STAT_TAIL}\n")
-            self._written[pid] = process.start_time
+    def _processes_at(self, t: float) -> list[Process]:
+        return self._workload.at(self.scenario, t)
 
     def _maybe_fail(self, call: str, index: int | None) -> None:
-        t = self.now()
-        for fault in (*self._faults, *self.scenario.faults):
-            if fault.active(call, index, t):
-                if fault.delay_s > 0:
-                    time.sleep(fault.delay_s)
-                if fault.code is not None:
-                    raise GpuError(fault.code, f"simulated {fault.code.value} (scenario fault)")
-
-
-def mirror_uid(config_hash: str) -> str:
-    """The UID the API gives a static pod's mirror: the kubelet creates the mirror as a copy
-    of the static pod (pkg/kubelet/pod/mirror_client.go, CreateMirrorPod, annotations and
-    kubernetes.io/config.hash kept), and the API server gives every pod it creates a UID of
-    its own. Derived from the hash here, so that a simulated node is the same every run."""
-    return str(uuidlib.uuid5(uuidlib.NAMESPACE_OID, f"mirror/{config_hash}"))
-
-
-def pod_meta(pod: PodSpec) -> PodMeta:
-    """What the Kubernetes API would say of a simulated pod."""
-    containers = pod_containers(pod.processes)
-    hami = pod.annotations.get(HAMI_ANNOTATION)
-    return PodMeta(
-        pod.namespace,
-        pod.name,
-        containers={container_id(pod, name): name for name in containers},
-        phase=pod.phase,
-        uid=mirror_uid(pod.uid) if pod.static else pod.uid,
-        # Checked when the scenario was loaded.
-        stated=parse_hami(hami, (), containers) if hami else {},
-    )
-
-
-def _replica_ids(uuid: str, replicas: int, resource: str, rename: bool) -> tuple[str, tuple[str, ...]]:
-    """The resource and IDs the device plugin advertises for one device (internal/rm/device_map.go)."""
-    if replicas <= 1:
-        return resource, (uuid,)
-    return (f"{resource}.shared" if rename else resource), tuple(f"{uuid}::{k}" for k in range(replicas))
-
-
-def _mig_resource(mig: MigSpec, strategy: str) -> str:
-    return "nvidia.com/gpu" if strategy == "single" else f"nvidia.com/mig-{mig.profile}"
+        self._faults.check(call, index, self.now(), self.scenario.faults)
 
 
 def pci_bus_id(index: int) -> str:
@@ -854,7 +492,7 @@ def pci_bus_id(index: int) -> str:
     return f"{index // 10:08X}:{0x18 * (index % 10 + 1):02X}:00.0"
 
 
-def _mig_device(mig: MigSpec, processes: list[_Process], context: int) -> MigDevice:
+def _mig_device(mig: MigSpec, processes: list[Process], context: int) -> MigDevice:
     return MigDevice(
         uuid=mig.uuid,
         profile=mig.profile,
@@ -864,57 +502,3 @@ def _mig_device(mig: MigSpec, processes: list[_Process], context: int) -> MigDev
         profile_id=mig.profile_id,
         placement_start=mig.placement_start,
     )
-
-
-PROC_TREE_PREFIX = "otel-vgpu-proc-"
-
-
-def _memory_backed_tmp() -> str | None:
-    """A tmpfs for the proc tree where there is one, as /proc is in memory:
-    on a disk-backed /tmp a churning scenario spends its time in mkdir."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-
-
-def _jitter(uid: str) -> float:
-    """A pod's own moment in a thousand seconds, to the clock tick, the same every run."""
-    return zlib.crc32(uid.encode()) % 100_000 / 100
-
-
-def _constant(value: float) -> Callable[[float], float]:
-    return lambda t: value
-
-
-_IDLE = _constant(0.0)
-_CHURN_SM = _constant(0.01)
-
-
-def uses(processes: Sequence[_Process], t: float) -> list[ProcessUse]:
-    """Each process's use of its GPU at `t`, each figure shared out by `shares`."""
-    used = ("sm", *(e for e in ENGINES if any(e in p.engines for p in processes)))
-    by_figure = {figure: shares([p.wave(figure) for p in processes], t) for figure in used}
-    return [ProcessUse(**{figure: by_figure[figure][k] for figure in used}) for k in range(len(processes))]
-
-
-def _total(uses: Sequence[ProcessUse]) -> ProcessUse:
-    total = ProcessUse()
-    for use in uses:
-        total = total.plus(use)
-    return total
-
-
-def shares(waves: Sequence[Callable[[float], float]], t: float) -> list[float]:
-    """The processes' use of one engine of a GPU (its SMs, or another) at `t`. A GPU has
-    all of the engine to give and no more: where the scenario asks for more in all, each
-    gets its part of the whole, as time-slicing would share it."""
-    wanted = [wave(t) for wave in waves]
-    total = sum(wanted)
-    return wanted if total <= 1.0 else [v / total for v in wanted]
-
-
-def _clamped(wave: Callable[[float], float]) -> Callable[[float], float]:
-    def value(t: float) -> float:
-        v = wave(t)
-        return min(1.0, max(0.0, v)) if math.isfinite(v) else 0.0
-
-    return value

@@ -1,0 +1,232 @@
+"""Who runs on the simulated node at any scenario time: the scenario's pods' processes, the
+churning pods' and the host's, each with its PID, start time, cgroup and what it uses of its
+GPU's engines over time.
+
+PIDs and start times are as a kernel would give them: a restarted container's process gets a
+fresh PID, churning pods' PIDs wrap (so that PIDs are reused, told apart by start time), and
+the pods that stay started before the scenario, each at its own moment.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from otel_vgpu.gpu.backend import ENGINES, ProcessUse
+from otel_vgpu.sim.proc_tree import cgroup_file, container_id, start_ticks
+from otel_vgpu.sim.scenario import CgroupSpec, PodSpec, Scenario
+
+_FIRST_PID = 4000
+# A pod that does not come and go started this long before the scenario began: its processes
+# have samples from the first sweep on.
+STARTED_BEFORE_S = 60.0
+_CHURN_FIRST_PID = 100_000
+# The PIDs of the processes of pods that restart them (`restarts`), under Linux's default
+# pid_max (4,194,304 on 64-bit).
+_RESTARTED_FIRST_PID = 1_000_000
+_RESTARTED_PIDS = 3_000_000
+# Churning pods whose processes are kept made, in live pods' worth (`Workload._churn_processes`).
+CHURNED_KEPT = 4
+_CHURN_PIDS = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    """One process on the simulated node: what /proc says of it, and what it runs over time."""
+
+    pid: int
+    start_time: int
+    """Clock ticks after the node's boot, as /proc/<pid>/stat's field 22."""
+    gpu: int
+    memory: int
+    sm: Callable[[float], float]
+    cgroup: str
+    mig: str | None = None
+    command: str = "python3"
+    engines: dict[str, Callable[[float], float]] = field(default_factory=dict)
+    """Its use of each other engine over time, 0-1; absent: none."""
+    mps: str = ""
+    """server or client: its part in MPS, as the driver knows it."""
+    starts_at: float = -math.inf
+    """Scenario time it started: it has no sample from before."""
+    ends_at: float = math.inf
+    """Scenario time it ends: its last sample is from before, and NVML keeps it a while."""
+    pipes: dict[str, Callable[[float], float]] = field(default_factory=dict)
+    """What it keeps busy of the tensor cores and DRAM over time, 0-1 (GPM's figures)."""
+
+    def wave(self, figure: str) -> Callable[[float], float]:
+        """Its use of `figure` (SM, one of `ENGINES`, or of `PIPES`) over time."""
+        if figure == "sm":
+            return self.sm
+        return self.engines.get(figure) or self.pipes.get(figure, _IDLE)
+
+
+class Workload:
+    """The processes of a scenario at any time (`at`); a churning pod's are made once while
+    the pod is among the newest (`_churn_processes`)."""
+
+    def __init__(self) -> None:
+        self._churned: dict[int, tuple[Process, ...]] = {}
+        """The churning pods' processes, by pod index, the newest pods' (`_churn_processes`)."""
+
+    def at(self, scenario: Scenario, t: float) -> list[Process]:
+        """The processes at scenario time `t`, ended ones aside."""
+        processes: list[Process] = []
+        pid = _FIRST_PID
+        for pod in scenario.pods:
+            for spec in pod.processes:
+                pid += 1
+                # A pod that has ended runs nothing, whatever the kubelet still lists.
+                if not pod.running(t) or pod.phase in ("Succeeded", "Failed"):
+                    continue
+                cid = container_id(pod, spec.container)
+                gpu = scenario.gpus[spec.gpu]
+                # Pods that stay started before the scenario, each at its own moment, as on a node.
+                started = pod.started(t) if pod.period_s is not None else -STARTED_BEFORE_S - _jitter(pod.uid)
+                if spec.pid is not None:
+                    own_pid = spec.pid
+                elif pod.restarts:
+                    # A restarted container's process is a new process to the kernel, which
+                    # hands out the next free PID: fresh PIDs, cycle by cycle.
+                    own_pid = _RESTARTED_FIRST_PID + (pod.cycle(t) * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
+                else:
+                    own_pid = pid
+                processes.append(
+                    Process(
+                        pid=own_pid,
+                        # A new cycle of a coming-and-going pod, or another pod,
+                        # may reuse the PID; like a real one, its start time differs.
+                        start_time=start_ticks(started),
+                        gpu=spec.gpu,
+                        memory=int(max(0.0, spec.memory.at(t))),
+                        sm=_clamped(spec.sm.at),
+                        cgroup=cgroup_file(pod.cgroup, pod.uid, cid, spec.nested),
+                        mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
+                        command=spec.command,
+                        engines={engine: _clamped(wave.at) for engine, wave in spec.engines.items()},
+                        mps=spec.mps,
+                        starts_at=started,
+                        ends_at=pod.ends(t),
+                        pipes={pipe: _clamped(wave.at) for pipe, wave in spec.pipes.items()},
+                    )
+                )
+        processes.extend(self._churn_at(scenario, t))
+        for host in scenario.host_processes:
+            pid += 1
+            processes.append(
+                Process(
+                    pid=pid,
+                    start_time=10,
+                    gpu=host.gpu,
+                    memory=int(max(0.0, host.memory.at(t))),
+                    sm=_clamped(host.sm.at),
+                    cgroup=host.cgroup + "\n",
+                    command=host.command,
+                    engines={engine: _clamped(wave.at) for engine, wave in host.engines.items()},
+                    mps=host.mps,
+                    pipes={pipe: _clamped(wave.at) for pipe, wave in host.pipes.items()},
+                )
+            )
+        return processes
+
+    def _churn_at(self, scenario: Scenario, t: float) -> list[Process]:
+        churn = scenario.churn
+        if churn is None:
+            return []
+        return [process for index in churn_pods(scenario, t) for process in self._churn_processes(scenario, index)]
+
+    def _churn_processes(self, scenario: Scenario, index: int) -> tuple[Process, ...]:
+        """Churning pod `index`'s processes, made once while the pod is among the newest: each
+        period, listing and sample asks for the live pods' processes again."""
+        made = self._churned.get(index)
+        if made is not None:
+            return made
+        churn = scenario.churn
+        assert churn is not None
+        pod = churn_pod(index)
+        cgroup = cgroup_file(pod.cgroup, pod.uid, container_id(pod, "main"))
+        gpus = len(scenario.gpus)
+        made = self._churned[index] = tuple(
+            Process(
+                # PIDs wrap as on a real node, so reuse happens; the
+                # start time tells the processes apart.
+                pid=_CHURN_FIRST_PID + (index * churn.processes + k) % _CHURN_PIDS,
+                start_time=start_ticks(index * churn.lifetime_s / churn.live) + k,
+                gpu=(index + k) % gpus,
+                memory=churn.memory,
+                sm=_CHURN_SM,
+                cgroup=cgroup,
+            )
+            for k in range(churn.processes)
+        )
+        while len(self._churned) > CHURNED_KEPT * churn.live:
+            del self._churned[next(iter(self._churned))]
+        return made
+
+
+def churn_pods(scenario: Scenario, t: float) -> range:
+    """Indexes of the churning pods alive at scenario time `t`."""
+    churn = scenario.churn
+    if churn is None:
+        return range(0)
+    # One new pod every lifetime/live seconds; each lives lifetime_s.
+    newest = int(t * churn.live / churn.lifetime_s)
+    return range(max(0, newest - churn.live + 1), min(churn.pods, newest + 1))
+
+
+def churn_pod(index: int) -> PodSpec:
+    """Churning pod `index`: its namespace, name, UID and cgroup layout, from the index alone."""
+    return PodSpec(
+        namespace=f"churn-{index % 10}",
+        name=f"job-{index}",
+        uid=f"{index:08x}-c0de-4000-8000-{index:012x}",
+        cgroup=CgroupSpec(version=1 + index % 2, driver=("systemd", "cgroupfs")[index % 2]),
+        processes=(),
+    )
+
+
+def _jitter(uid: str) -> float:
+    """A pod's own moment in a thousand seconds, to the clock tick, the same every run."""
+    return zlib.crc32(uid.encode()) % 100_000 / 100
+
+
+def _constant(value: float) -> Callable[[float], float]:
+    return lambda t: value
+
+
+_IDLE = _constant(0.0)
+_CHURN_SM = _constant(0.01)
+
+
+def uses(processes: Sequence[Process], t: float) -> list[ProcessUse]:
+    """Each process's use of its GPU at `t`, each figure shared out by `shares`."""
+    used = ("sm", *(e for e in ENGINES if any(e in p.engines for p in processes)))
+    by_figure = {figure: shares([p.wave(figure) for p in processes], t) for figure in used}
+    return [ProcessUse(**{figure: by_figure[figure][k] for figure in used}) for k in range(len(processes))]
+
+
+def summed(uses: Sequence[ProcessUse]) -> ProcessUse:
+    """The uses added up: an MPS server's sample holds its clients' and its own."""
+    total = ProcessUse()
+    for use in uses:
+        total = total.plus(use)
+    return total
+
+
+def shares(waves: Sequence[Callable[[float], float]], t: float) -> list[float]:
+    """The processes' use of one engine of a GPU (its SMs, or another) at `t`. A GPU has
+    all of the engine to give and no more: where the scenario asks for more in all, each
+    gets its part of the whole, as time-slicing would share it."""
+    wanted = [wave(t) for wave in waves]
+    total = sum(wanted)
+    return wanted if total <= 1.0 else [v / total for v in wanted]
+
+
+def _clamped(wave: Callable[[float], float]) -> Callable[[float], float]:
+    def value(t: float) -> float:
+        v = wave(t)
+        return min(1.0, max(0.0, v)) if math.isfinite(v) else 0.0
+
+    return value
