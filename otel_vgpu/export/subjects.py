@@ -58,9 +58,15 @@ class Subject(Generic[Row]):
     labels: tuple[str, ...]
     rows: Callable[[Observed], Sequence[Row]]
     attributes: Callable[[Row], Mapping[str, str]]
-    per_snapshot: bool = True
-    """Its rows and their attributes follow from the snapshot alone: they are built once
-    per snapshot and shared by its families (five pod families read the same rows)."""
+    per_snapshot: bool
+    """True where its rows and their attributes follow from the snapshot alone: they are then
+    built once per snapshot and shared by its families (five pod families read the same rows)
+    and by every reader that collects that snapshot, a scrape and a push alike
+    (export/telemetry.py `_rows_of`). False where they also follow from what is read anew at
+    each collection (the agent's health, the GPUs' health figures, the XID counts): they are
+    then built at each collection, so that a push after a scrape of one snapshot reads the
+    counts as they are at the push. Stated at every subject, never assumed: a subject cached
+    wrongly would serve a push the scrape's counts."""
 
 
 POD_LABELS = ("namespace", "pod", "pod_uid", "gpu_id", "gpu_uuid")
@@ -112,10 +118,14 @@ def seed_rows(snapshot: Snapshot) -> tuple[SeedRow, ...]:
     return tuple(rows.values())
 
 
-POD: Subject[PodRow] = Subject("pod", POD_LABELS, lambda seen: seen.snapshot.pods, pod_attributes)
+POD: Subject[PodRow] = Subject("pod", POD_LABELS, lambda seen: seen.snapshot.pods, pod_attributes, per_snapshot=True)
 """Per (pod, GPU or MIG device): one series per pod row of the snapshot."""
 POD_COUNTED: Subject[PodRow] = Subject(
-    "pod_counted", POD_LABELS, lambda seen: (*seen.snapshot.pods, *seen.snapshot.ended), pod_attributes
+    "pod_counted",
+    POD_LABELS,
+    lambda seen: (*seen.snapshot.pods, *seen.snapshot.ended),
+    pod_attributes,
+    per_snapshot=True,
 )
 """The per-pod counters' series: the pods' rows and, until every reader has collected them,
 those of the pods that have ended, at their final values (collect/usage.py)."""
@@ -124,10 +134,14 @@ ENDED = (
     "A pod that ends keeps its series at its final value until every reader has collected it; one "
     "seen anew after that starts from 0."
 )
-GPU: Subject[GpuRow] = Subject("gpu", GPU_LABELS, lambda seen: seen.snapshot.gpus, gpu_attributes)
+GPU: Subject[GpuRow] = Subject("gpu", GPU_LABELS, lambda seen: seen.snapshot.gpus, gpu_attributes, per_snapshot=True)
 """Per GPU."""
 SEED: Subject[SeedRow] = Subject(
-    "seed", SEED_LABELS, lambda seen: seed_rows(seen.snapshot), lambda row: {"pod": row.pod, "gpu_id": row.gpu_id}
+    "seed",
+    SEED_LABELS,
+    lambda seen: seed_rows(seen.snapshot),
+    lambda row: {"pod": row.pod, "gpu_id": row.gpu_id},
+    per_snapshot=True,
 )
 """The original exporter's families, with --seed-metrics."""
 GPU_HEALTH: Subject[HealthRow] = Subject(
@@ -172,7 +186,11 @@ XID_LAST: Subject[tuple[GpuIdentity, int]] = Subject(
 )
 """Per GPU the agent knows, its latest XID."""
 KNOWN: Subject[tuple[GpuIdentity, bool]] = Subject(
-    "known", GPU_LABELS, lambda seen: known_gpus(seen.snapshot), lambda row: identity_attributes(row[0])
+    "known",
+    GPU_LABELS,
+    lambda seen: known_gpus(seen.snapshot),
+    lambda row: identity_attributes(row[0]),
+    per_snapshot=True,
 )
 """Per GPU the agent knows, lost or not."""
 INFO_LABELS = ("driver_version", "pci_bus_id")
@@ -185,7 +203,11 @@ def info_attributes(gpu: GpuIdentity) -> dict[str, str]:
 
 
 GPU_INFO: Subject[tuple[GpuIdentity, bool]] = Subject(
-    "gpu_info", (*GPU_LABELS, *INFO_LABELS), lambda seen: known_gpus(seen.snapshot), lambda row: info_attributes(row[0])
+    "gpu_info",
+    (*GPU_LABELS, *INFO_LABELS),
+    lambda seen: known_gpus(seen.snapshot),
+    lambda row: info_attributes(row[0]),
+    per_snapshot=True,
 )
 """Per GPU the agent knows, lost or not (under its last identity), what NVML says of it."""
 
@@ -204,6 +226,7 @@ UNATTRIBUTED: Subject[tuple[GpuRow, str, float]] = Subject(
     (*GPU_LABELS, "reason"),
     unattributed_rows,
     lambda row: {**gpu_attributes(row[0]), "reason": row[1]},
+    per_snapshot=True,
 )
 """Per GPU and reason its SM time went to no pod."""
 AGENT: Subject[Observed] = Subject("agent", (), lambda seen: (seen,), lambda _: {}, per_snapshot=False)
