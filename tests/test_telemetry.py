@@ -27,6 +27,7 @@ from otel_vgpu.export.families import (
     POD,
     POD_COUNTED,
     POD_ENGINES,
+    READERS,
     REFUSALS,
     SEED,
     STAGES,
@@ -44,7 +45,7 @@ from otel_vgpu.export.sdk_internals import storage_matches
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.backend import XidEvent
 from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S
-from otel_vgpu.health import Health, Refusal, Stage
+from otel_vgpu.health import Health, Reader, Refusal, Stage
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
 from testkit.clock import Clock
@@ -283,12 +284,12 @@ def test_a_push_after_a_scrape_of_one_snapshot_shares_the_snapshots_rows_and_rea
         at_scrape = dict(telemetry.scope.observed())
         at_scrape_built = dict(built)
         # Between them, what each collection reads beside the snapshot moves: the agent's
-        # health (its failures, refusals, a sweep's duration, the kubelet's answer), the GPUs'
+        # health (its failures, refusals, a sweep's duration, the kubelet's call), the GPUs'
         # health figures (older by a second) and the XID counts.
         health.failed(Stage.KUBERNETES, "Timeout", "Kubernetes API failed")
         health.refused(Refusal.PID_REUSED, "4242:1", "refused")
         health.swept(0.25)
-        health.answered(Stage.POD_RESOURCES, False)
+        health.passed(Reader.POD_RESOURCES, 0.5, False)
         clock.t += 1.0
         xids.add([XidEvent(0, gpu0, 79)])
         telemetry.pusher.push()
@@ -299,7 +300,7 @@ def test_a_push_after_a_scrape_of_one_snapshot_shares_the_snapshots_rows_and_rea
         node.close()
     assert sampler.sweeps == 1
     # What the test moved reaches these subjects, and no other.
-    read_anew = {subject.name for subject in (GPU_HEALTH, XID, XID_LAST, AGENT, STAGES, REFUSALS, SWEEPS)}
+    read_anew = {subject.name for subject in (GPU_HEALTH, XID, XID_LAST, AGENT, STAGES, REFUSALS, SWEEPS, READERS)}
     # The others' rows follow from the snapshot alone: built once, at the scrape, and the push
     # reads those very rows, and observes what the scrape did.
     assert {name: built[name] for name in built.keys() - read_anew} == dict.fromkeys(
@@ -320,6 +321,10 @@ def test_a_push_after_a_scrape_of_one_snapshot_shares_the_snapshots_rows_and_rea
     reused = value(at_scrape, "vgpu.agent.refusals", reason="pid_reused")
     assert value(at_push, "vgpu.agent.refusals", reason="pid_reused") == reused + 1
     assert at_scrape["vgpu.agent.pod_resources.up"] == [] and value(at_push, "vgpu.agent.pod_resources.up") == 0
+    scraped_readers = {dict(o.attributes or {})["reader"] for o in at_scrape["vgpu.agent.reader.success"]}
+    assert "pod_resources" not in scraped_readers
+    assert value(at_push, "vgpu.agent.reader.success", reader="pod_resources") == 0
+    assert value(at_push, "vgpu.agent.reader.duration", reader="pod_resources") == 0.5
     # Each sweep in the histogram once: the scrape's sweep and the one said since, no more.
     assert scraped.by("vgpu_agent_collection_duration_seconds_count") == {(): 1}
     (histogram,) = [

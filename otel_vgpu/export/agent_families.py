@@ -1,15 +1,17 @@
-"""The agent's own families in the metric contract: its sweeps' durations, what it cannot
-see or has let go of, its sources' answers, its failures and refusals, its exports."""
+"""The agent's own families in the metric contract: its sweeps' durations, each reader's last
+pass, what it cannot see or has let go of, its sources' answers, its failures and refusals,
+its exports."""
 
 from __future__ import annotations
 
+from otel_vgpu.collect.device_health import HEALTH_DEADLINE_S
 from otel_vgpu.export.family import Family, Feature, Instrument
-from otel_vgpu.export.subjects import AGENT, REFUSALS, STAGES, SWEEPS
-from otel_vgpu.health import Stage
+from otel_vgpu.export.subjects import AGENT, READERS, REFUSALS, STAGES, SWEEPS
+from otel_vgpu.health import Pass, Reader, Stage
 
 
-def _answering(up: bool | None) -> float | None:
-    return None if up is None else float(up)
+def _answered(last: Pass | None) -> float | None:
+    return None if last is None else float(last.ok)
 
 
 # Left unannotated, so that each entry's `value` is type-checked against its subject's rows.
@@ -22,6 +24,39 @@ AGENT_FAMILIES = (
         value=lambda seconds: seconds,
         instrument=Instrument.HISTOGRAM,
         buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    ),
+    # node_exporter's shape (collector/collector.go: node_scrape_collector_duration_seconds and
+    # node_scrape_collector_success, gauges labelled by collector), one reader a series.
+    Family(
+        "vgpu.agent.reader.duration",
+        "s",
+        READERS,
+        "How long each of the agent's readers took over its last pass, by reader, as node_exporter's "
+        "node_scrape_collector_duration_seconds does for its collectors: sweep (NVML, /proc and the sources, one "
+        "sweep; vgpu_agent_collection_duration_seconds has every sweep), process_watch (one look at every GPU's "
+        "processes between sweeps), gpm (the GPM reads of the last sweep that closed a GPU's GPM window, within "
+        "that sweep), health (one round of every GPU's health figures, read in parallel: its slowest GPU's read, "
+        f"at most the {HEALTH_DEADLINE_S:g} s deadline), xid (one round over every GPU's XID events), "
+        "pod_resources (one call of the kubelet's pod-resources API), api_pods and api_node (the last list of "
+        "this node's pods, and of this node, from the Kubernetes API: the watch that follows a list is no pass). Each "
+        "reader reads on a cadence of its own, off the scrape's path, and a collection serves its last pass. A "
+        "reader that is off has no series (vgpu_agent_reader_success says when).",
+        value=lambda row: row[1].seconds,
+    ),
+    Family(
+        "vgpu.agent.reader.success",
+        "",
+        READERS,
+        "1 when the reader's last pass succeeded and 0 when it failed, by reader, as node_exporter's "
+        "node_scrape_collector_success: sweep, 0 where it counted a failure in vgpu_agent_collection_errors_total "
+        "(a GPM read's is gpm's); health, gpm and xid, 0 where any GPU's read failed or missed its deadline; "
+        "pod_resources, 0 where the kubelet did not answer (vgpu_agent_pod_resources_up); api_pods and api_node, "
+        "0 from a list that failed or a watch that broke until a list answers again; process_watch, 0 where a look "
+        "failed unexpectedly. A reader that is off has no series: health, gpm and xid with their families turned "
+        "off (gpm also on a node without GPM, whose GPUs it never reads), process_watch with --watch-interval 0, "
+        "pod_resources without the Kubernetes API or with --no-pod-resources, api_pods and api_node without the "
+        "Kubernetes API.",
+        value=lambda row: float(row[1].ok),
     ),
     Family(
         "vgpu.agent.blind.gpus",
@@ -47,7 +82,7 @@ AGENT_FAMILIES = (
         "1 when the last call to the kubelet's pod-resources API answered, 0 when it failed (shares then come "
         "from pod limits: no idle allocations, ratio auto reads 1); absent without the Kubernetes API or with "
         "--no-pod-resources.",
-        value=lambda seen: _answering(seen.health.answering(Stage.POD_RESOURCES)),
+        value=lambda seen: _answered(seen.health.last_pass(Reader.POD_RESOURCES)),
     ),
     Family(
         "vgpu.agent.collection.errors",

@@ -47,6 +47,7 @@ from otel_vgpu.export.subjects import (
     POD,
     POD_COUNTED,
     POD_LABELS,
+    READERS,
     REFUSALS,
     SEED,
     SEED_LABELS,
@@ -73,6 +74,7 @@ __all__ = [
     "POD",
     "POD_COUNTED",
     "POD_ENGINES",
+    "READERS",
     "REFUSALS",
     "SEED",
     "STAGES",
@@ -134,7 +136,7 @@ DOC_TABLES = (
         (GPU_HEALTH, XID, XID_LAST),
         "Per GPU, its health, read every 10 s off the scrape's path, labels `gpu_id`, `gpu_uuid`, `gpu_model`:",
     ),
-    ((AGENT, STAGES, REFUSALS, SWEEPS), "The agent itself:"),
+    ((AGENT, STAGES, REFUSALS, SWEEPS, READERS), "The agent itself:"),
     ((SEED,), "With `--seed-metrics`, the original exporter's, labels `pod`, `gpu_id`:"),
 )
 

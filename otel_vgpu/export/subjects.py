@@ -18,7 +18,7 @@ from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.device_health import HealthRow
 from otel_vgpu.collect.lost_gpus import GpuIdentity, identity_of
 from otel_vgpu.collect.xids import XidCount
-from otel_vgpu.health import COLLECTION_STAGES, Health, Refusal, Stage
+from otel_vgpu.health import COLLECTION_STAGES, Health, Pass, Reader, Refusal, Stage
 
 MIB = 1024 * 1024
 
@@ -252,6 +252,10 @@ SWEEPS: Subject[float] = Subject(
 )
 """The sweeps made since the last collection, one row each: taking them empties the list,
 so a histogram of this subject records each sweep once, at the start of a collection."""
+READERS: Subject[tuple[Reader, Pass]] = Subject(
+    "readers", ("reader",), lambda seen: seen.health.passes(), lambda row: {"reader": row[0].value}, per_snapshot=False
+)
+"""Each of the agent's readers that has made a pass, its last one (otel_vgpu/health.py `Reader`)."""
 
 SUBJECTS: tuple[Subject[Any], ...] = (
     POD,
@@ -268,4 +272,5 @@ SUBJECTS: tuple[Subject[Any], ...] = (
     STAGES,
     REFUSALS,
     SWEEPS,
+    READERS,
 )
