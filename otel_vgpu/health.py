@@ -1,5 +1,5 @@
-"""The agent's own health: failures by stage, refusals by reason, sweep durations, and
-logs that say each kind of failure once.
+"""The agent's own health: failures by stage, refusals by reason, sweep durations, each
+reader's last pass, and logs that say each kind of failure once.
 
 One `Health` is made before anything that can fail and is handed to each of
 them: the sampler, the Kubernetes directory, the pod-resources poller, the
@@ -14,6 +14,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -83,6 +84,38 @@ class Refusal(str, Enum):
     """`kubernetes.io/config.hash` on a pod that is not a mirror pod, or on two pods: ignored."""
 
 
+class Reader(str, Enum):
+    """One of the agent's reads, each made on a cadence of its own off the scrape's path: the
+    `reader` label of vgpu_agent_reader_duration_seconds and vgpu_agent_reader_success, as
+    node_exporter labels each collector's duration and success (collector/collector.go,
+    node_scrape_collector_duration_seconds and node_scrape_collector_success)."""
+
+    SWEEP = "sweep"
+    """NVML, /proc and the sources, once a sweep (collect/sampler.py)."""
+    PROCESS_WATCH = "process_watch"
+    """One look at every GPU's processes between sweeps (collect/watch.py)."""
+    GPM = "gpm"
+    """The GPM reads of a sweep in which a GPU's GPM window closed (collect/reading.py): part of that sweep."""
+    HEALTH = "health"
+    """One round of every GPU's health figures, read in parallel (collect/device_health.py)."""
+    XID = "xid"
+    """One round over every GPU's XID events (collect/xids.py)."""
+    POD_RESOURCES = "pod_resources"
+    """One call of the kubelet's pod-resources API (kubernetes/podresources.py)."""
+    API_PODS = "api_pods"
+    """A list of this node's pods from the Kubernetes API, which a watch then keeps current (kubernetes/api.py)."""
+    API_NODE = "api_node"
+    """A list of this node from the Kubernetes API, for its labels, then watched (kubernetes/node.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """A reader's last complete pass: how long it took, and whether it succeeded."""
+
+    seconds: float
+    ok: bool
+
+
 # Inputs already refused, remembered so that each is counted once (a forged annotation is
 # seen at every list of pods, a process at every sweep): at most this many.
 MAX_REFUSED_REMEMBERED = 8192
@@ -94,7 +127,8 @@ MAX_PENDING_DURATIONS = 10_000
 
 
 class Health:
-    """Failure counts by stage, pending sweep durations, and log-once bookkeeping. Thread-safe."""
+    """Failure counts by stage, pending sweep durations, each reader's last pass, and log-once
+    bookkeeping. Thread-safe."""
 
     def __init__(self, log: logging.Logger | None = None) -> None:
         self._log = log or logging.getLogger("otel_vgpu")
@@ -102,7 +136,7 @@ class Health:
         self._counts = dict.fromkeys(Stage, 0)
         self._failing: dict[Stage, set[str]] = {stage: set() for stage in Stage}
         self._durations: deque[float] = deque(maxlen=MAX_PENDING_DURATIONS)
-        self._answering: dict[Stage, bool] = {}
+        self._passes: dict[Reader, Pass] = {}
         self._refusals = dict.fromkeys(Refusal, 0)
         self._refused: OrderedDict[tuple[Refusal, str], None] = OrderedDict()
         self._refusal_logged: set[Refusal] = set()
@@ -145,15 +179,22 @@ class Health:
         with self._lock:
             return dict(self._counts)
 
-    def answered(self, source: Stage, up: bool) -> None:
-        """Whether the source the agent polls at `source` answered its last call."""
-        with self._lock:
-            self._answering[source] = up
+    # --- readers --------------------------------------------------------------------
 
-    def answering(self, source: Stage) -> bool | None:
-        """Whether it did; None while it has not been asked."""
+    def passed(self, reader: Reader, seconds: float, ok: bool) -> None:
+        """`reader` ended a pass that took `seconds`, and succeeded (`ok`) or failed."""
         with self._lock:
-            return self._answering.get(source)
+            self._passes[reader] = Pass(seconds, ok)
+
+    def last_pass(self, reader: Reader) -> Pass | None:
+        """`reader`'s last pass; None while it has made none (it is off, or has not begun)."""
+        with self._lock:
+            return self._passes.get(reader)
+
+    def passes(self) -> list[tuple[Reader, Pass]]:
+        """Each reader's last pass, in the order of `Reader`; a reader that has made none, none."""
+        with self._lock:
+            return [(reader, self._passes[reader]) for reader in Reader if reader in self._passes]
 
     # --- refusals -------------------------------------------------------------------
 

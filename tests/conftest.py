@@ -21,6 +21,7 @@ from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.agent import ROOT
+from testkit.clock import Clock
 
 GIB = 1024**3
 MIB = 1024**2
@@ -91,6 +92,16 @@ def node(steady: Scenario, tmp_path: Path) -> Iterator[SimulatedNode]:
     node = SimulatedNode(steady, tmp_path / "proc")
     yield node
     node.close()
+
+
+def hand_clocked(tmp_path: Path, text: str) -> tuple[Clock, SimulatedNode, Path]:
+    """The scenario `text` as a simulated node on a clock the test moves by hand, and a ratio
+    file of 2 beside it."""
+    clock = Clock(0.0)
+    node = SimulatedNode(parse_scenario(text, "node.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
+    ratio = tmp_path / "gpu_allocation.txt"
+    ratio.write_text("2\n")
+    return clock, node, ratio
 
 
 def make_sampler(

@@ -28,12 +28,11 @@ from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, XidEvent
 from otel_vgpu.gpu.device_figures import GPM_TABLE, MAX_XID_CODES
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.sim.node import SimulatedNode
-from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.clock import Clock
 from testkit.promtext import Exposition, parse
 from testkit.rows import pod_row
 
-from .conftest import make_sampler
+from .conftest import hand_clocked, make_sampler
 
 pytestmark = pytest.mark.unit
 T = TypeVar("T")
@@ -66,10 +65,7 @@ class Node:
 @contextmanager
 def simulated(tmp_path: Path, text: str, families: tuple[str, ...] = ()) -> Iterator[Node]:
     """The scenario `text` on a clock the test moves, scraped in process; `families`: a denylist."""
-    clock = Clock(0.0)
-    node = SimulatedNode(parse_scenario(text, "node.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
-    ratio = tmp_path / "gpu_allocation.txt"
-    ratio.write_text("2\n")
+    clock, node, ratio = hand_clocked(tmp_path, text)
     kept, _ = selected(deny=list(families))
     reads = frozenset(read for family in kept for read in family.reads)
     health = Health()

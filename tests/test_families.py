@@ -19,6 +19,7 @@ from otel_vgpu.export.families import (
     KNOWN,
     POD,
     POD_COUNTED,
+    READERS,
     REFUSALS,
     SEED,
     STAGES,
@@ -33,7 +34,7 @@ from otel_vgpu.export.families import (
 )
 from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES, USE_FIGURES, Device, ProcessUse
 from otel_vgpu.gpu.pidns import BlindGpu
-from otel_vgpu.health import Health, Refusal, Stage
+from otel_vgpu.health import Health, Reader, Refusal, Stage
 from testkit.rows import pod_row
 
 pytestmark = pytest.mark.unit
@@ -189,6 +190,19 @@ def test_the_agents_own() -> None:
     assert len(refusals) == len(Refusal)
     assert observations(SWEEPS, "vgpu.agent.collection.duration", observed) == {(): 0.004}
     assert observations(SWEEPS, "vgpu.agent.collection.duration", observed) == {}  # taken once
+
+
+def test_each_reader_that_has_made_a_pass_has_its_last_one() -> None:
+    health = Health()
+    health.passed(Reader.HEALTH, 0.3, True)
+    health.passed(Reader.SWEEP, 0.01, True)
+    health.passed(Reader.HEALTH, 2.0, False)  # a later pass replaces the one before
+    observed = Observed(Snapshot(taken_at=1.0, ok=True), health)
+    sweep, of_health = labels(reader="sweep"), labels(reader="health")
+    assert observations(READERS, "vgpu.agent.reader.duration", observed) == {sweep: 0.01, of_health: 2.0}
+    assert observations(READERS, "vgpu.agent.reader.success", observed) == {sweep: 1, of_health: 0}
+    # A reader that has made no pass (one that is off) has no series.
+    assert observations(READERS, "vgpu.agent.reader.success", Observed(Snapshot(1.0, True), Health())) == {}
 
 
 def test_every_family_belongs_to_a_subject_and_every_histogram_has_buckets() -> None:

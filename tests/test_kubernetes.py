@@ -75,6 +75,11 @@ def pods_of(exposition: Exposition) -> set[tuple[str, str]]:
     return {(ns, pod) for (ns, pod) in exposition.by("vgpu_pod_memory_allocated_bytes", "namespace", "pod")}
 
 
+def readers(exposition: Exposition) -> dict[str, float]:
+    """Each reader's last pass: 1 where it succeeded, 0 where it failed."""
+    return {reader: ok for (reader,), ok in exposition.by("vgpu_agent_reader_success", "reader").items()}
+
+
 def test_names_shares_idle_allocation_and_static_pod(cluster: Cluster) -> None:
     with cluster.agent() as agent:
         exposition = wait_for(agent, lambda e: ("web", "idle-0") in pods_of(e))
@@ -160,6 +165,8 @@ def test_limits_without_pod_resources(cluster: Cluster) -> None:
     # which GPU the idle pod holds is not known without the kubelet
     assert "idle-0" not in {pod for (_, pod) in pods_of(exposition)}
     assert cluster.kubelet.calls == 0
+    # A reader that is off has no series; the API's are there.
+    assert "pod_resources" not in readers(exposition) and readers(exposition)["api_pods"] == 1
 
 
 def test_kubelet_down_falls_back_then_recovers(cluster: Cluster) -> None:
@@ -169,10 +176,12 @@ def test_kubelet_down_falls_back_then_recovers(cluster: Cluster) -> None:
         assert fallback.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")[("trainer-7f9c", "0")] == 1.5 * 40 * GIB
         assert fallback.by("vgpu_agent_collection_errors_total", "stage")[("pod_resources",)] >= 1
         assert fallback.by("vgpu_agent_pod_resources_up") == {(): 0}
+        assert readers(fallback)["pod_resources"] == 0
         cluster.kubelet.unavailable = False
         healed = wait_for(agent, lambda e: ("web", "idle-0") in pods_of(e))
         assert healed.by("vgpu_pod_memory_allocated_bytes", "pod", "gpu_id")[("trainer-7f9c", "0")] == 2 * 40 * GIB
         assert wait_for(agent, lambda e: e.by("vgpu_agent_pod_resources_up") == {(): 1})
+        assert wait_for(agent, lambda e: readers(e)["pod_resources"] == 1)
         code, err = agent.stop()
     assert code == 0
     assert err.count("pod-resources API failed") == 1
@@ -303,6 +312,23 @@ def test_api_going_down_mid_run_keeps_names_and_catches_up(cluster: Cluster) -> 
         cluster.kubelet.assign("web", "born-in-outage", {"main": [f"{U0}::7"]})
         cluster.api.state.down = False
         wait_for(agent, lambda e: ("web", "born-in-outage") in pods_of(e), timeout=20)
+        code, _ = agent.stop()
+    assert code == 0
+
+
+def test_every_reader_has_its_last_pass_and_an_api_outage_reads_0_until_a_list_answers(cluster: Cluster) -> None:
+    everyone = {"sweep", "process_watch", "gpm", "health", "xid", "pod_resources", "api_pods", "api_node"}
+    # GPM windows of half a second: the gpm reader's first pass closes one.
+    with agent_in_process(*cluster.args, env=cluster.env, engine_every_s=0.5) as agent:
+        # The health reader's first round may come before the first sweep, and the next 10 s on.
+        seen = wait_for(agent, lambda e: readers(e) == dict.fromkeys(everyone, 1), timeout=30)
+        assert set(seen.by("vgpu_agent_reader_duration_seconds", "reader")) == {(r,) for r in everyone}
+        cluster.api.state.down = True
+        cluster.api.break_watches()
+        during = wait_for(agent, lambda e: readers(e)["api_pods"] == readers(e)["api_node"] == 0)
+        assert readers(during)["sweep"] == readers(during)["pod_resources"] == 1  # the others read on
+        cluster.api.state.down = False
+        wait_for(agent, lambda e: readers(e) == dict.fromkeys(everyone, 1), timeout=30)
         code, _ = agent.stop()
     assert code == 0
 

@@ -8,8 +8,11 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from opentelemetry.metrics import Observation
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, MetricExporter, MetricExportResult, MetricsData
 
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.reading import Read
@@ -17,22 +20,35 @@ from otel_vgpu.collect.xids import XidCounts
 from otel_vgpu.export import telemetry as telemetry_module
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.families import (
+    AGENT,
     FAMILIES,
     GPU,
     GPU_HEALTH,
     POD,
     POD_COUNTED,
     POD_ENGINES,
+    READERS,
+    REFUSALS,
     SEED,
+    STAGES,
+    SUBJECTS,
+    SWEEPS,
+    XID,
+    XID_LAST,
     Instrument,
+    Observed,
+    Subject,
     of_subject,
 )
+from otel_vgpu.export.otlp import OtlpSettings
 from otel_vgpu.export.sdk_internals import storage_matches
 from otel_vgpu.export.telemetry import Telemetry
+from otel_vgpu.gpu.backend import XidEvent
 from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S
-from otel_vgpu.health import Health
+from otel_vgpu.health import Health, Reader, Refusal, Stage
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
+from testkit.clock import Clock
 from testkit.promtext import Exposition, parse
 
 from .conftest import GIB, make_sampler
@@ -200,3 +216,124 @@ def test_pruning_that_cannot_work_warns_once_for_every_reader(
         telemetry._prune(telemetry.reader)
         scrape(telemetry)
     assert sum("cannot prune" in r.getMessage() for r in caplog.records) == 1
+
+
+class _Kept(MetricExporter):
+    """An OTLP exporter that keeps what it is given, in place of the network's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[MetricsData] = []
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        self.batches.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+def value(observed: dict[str, list[Observation]], name: str, **labels: str) -> float:
+    """The one observation of `name` with these labels (and maybe others)."""
+    (point,) = [o for o in observed[name] if labels.items() <= dict(o.attributes or {}).items()]
+    return float(point.value)
+
+
+def test_a_push_after_a_scrape_of_one_snapshot_shares_the_snapshots_rows_and_reads_the_rest_anew(
+    steady: Scenario, tmp_path: Path, ratio_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each subject's rows counted as they are built, under its own per_snapshot.
+    built: dict[str, int] = {}
+
+    def counted(subject: Subject[Any]) -> Subject[Any]:
+        def rows(seen: Observed) -> Any:
+            built[subject.name] = built.get(subject.name, 0) + 1
+            return subject.rows(seen)
+
+        return dataclasses.replace(subject, rows=rows)
+
+    subjects = {subject.name: counted(subject) for subject in SUBJECTS}
+    families = [dataclasses.replace(family, subject=subjects[family.subject.name]) for family in FAMILIES]
+    kept = _Kept()
+    monkeypatch.setattr(telemetry_module, "make_exporter", lambda settings: kept)
+    clock = Clock()
+    node = SimulatedNode(steady, tmp_path / "proc", clock.monotonic, clock.wall_us)
+    health = Health()
+    sampler = make_sampler(node, ratio_file, health=health, clock=clock.monotonic)
+    xids = XidCounts()
+    gpu0 = steady.gpus[0].uuid
+    xids.add([XidEvent(0, gpu0, 43)])
+    telemetry = Telemetry(
+        sampler,
+        health,
+        min_interval=60.0,  # one snapshot serves the scrape and the push
+        node_name="n",
+        seed_metrics=True,
+        otlp=OtlpSettings("http://collector:4317", "grpc", 3600.0, 1.0),
+        families=families,
+        devices=DeviceHealth(sampler, health, clock.monotonic),
+        xids=xids,
+    )
+    assert telemetry.pusher is not None
+    telemetry.start()  # the push's thread, which waits out its interval: the test pushes
+    try:
+        scraped = scrape(telemetry)
+        at_scrape = dict(telemetry.scope.observed())
+        at_scrape_built = dict(built)
+        # Between them, what each collection reads beside the snapshot moves: the agent's
+        # health (its failures, refusals, a sweep's duration, the kubelet's call), the GPUs'
+        # health figures (older by a second) and the XID counts.
+        health.failed(Stage.KUBERNETES, "Timeout", "Kubernetes API failed")
+        health.refused(Refusal.PID_REUSED, "4242:1", "refused")
+        health.swept(0.25)
+        health.passed(Reader.POD_RESOURCES, 0.5, False)
+        clock.t += 1.0
+        xids.add([XidEvent(0, gpu0, 79)])
+        telemetry.pusher.push()
+        at_push = telemetry.scope.observed()
+        (batch,) = kept.batches
+    finally:
+        telemetry.shutdown()
+        node.close()
+    assert sampler.sweeps == 1
+    # What the test moved reaches these subjects, and no other.
+    read_anew = {subject.name for subject in (GPU_HEALTH, XID, XID_LAST, AGENT, STAGES, REFUSALS, SWEEPS, READERS)}
+    # The others' rows follow from the snapshot alone: built once, at the scrape, and the push
+    # reads those very rows, and observes what the scrape did.
+    assert {name: built[name] for name in built.keys() - read_anew} == dict.fromkeys(
+        {subject.name for subject in SUBJECTS} - read_anew, 1
+    )
+    for family in FAMILIES:
+        if family.subject.name not in read_anew:
+            assert at_push[family.name] == at_scrape[family.name], family.name
+    # The rest are built anew at the push, which has what moved since the scrape.
+    assert all(built[name] > at_scrape_built[name] for name in read_anew), (built, at_scrape_built)
+    assert {dict(o.attributes or {})["xid"] for o in at_scrape["vgpu.gpu.xid.errors"]} == {"43"}
+    assert value(at_push, "vgpu.gpu.xid.errors", gpu_id="0", xid="79") == 1
+    assert value(at_scrape, "vgpu.gpu.xid.last", gpu_id="0") == 43
+    assert value(at_push, "vgpu.gpu.xid.last", gpu_id="0") == 79
+    assert value(at_push, "vgpu.gpu.health.age", gpu_id="0") == value(at_scrape, "vgpu.gpu.health.age", gpu_id="0") + 1
+    kubernetes = value(at_scrape, "vgpu.agent.collection.errors", stage="kubernetes")
+    assert value(at_push, "vgpu.agent.collection.errors", stage="kubernetes") == kubernetes + 1
+    reused = value(at_scrape, "vgpu.agent.refusals", reason="pid_reused")
+    assert value(at_push, "vgpu.agent.refusals", reason="pid_reused") == reused + 1
+    assert at_scrape["vgpu.agent.pod_resources.up"] == [] and value(at_push, "vgpu.agent.pod_resources.up") == 0
+    scraped_readers = {dict(o.attributes or {})["reader"] for o in at_scrape["vgpu.agent.reader.success"]}
+    assert "pod_resources" not in scraped_readers
+    assert value(at_push, "vgpu.agent.reader.success", reader="pod_resources") == 0
+    assert value(at_push, "vgpu.agent.reader.duration", reader="pod_resources") == 0.5
+    # Each sweep in the histogram once: the scrape's sweep and the one said since, no more.
+    assert scraped.by("vgpu_agent_collection_duration_seconds_count") == {(): 1}
+    (histogram,) = [
+        metric
+        for resource in batch.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "vgpu.agent.collection.duration"
+    ]
+    (point,) = histogram.data.data_points
+    assert isinstance(point, HistogramDataPoint)
+    assert point.count == 2 and point.sum == pytest.approx(0.25)

@@ -16,6 +16,12 @@ fails a scrape. So:
   out a GPU whose last values are older than `stale_s`: a slow or hung GPU costs its own
   health families, never the scrape's time nor the pods' families.
 
+Each round over the GPUs is one pass of the `health` reader (vgpu_agent_reader_duration_seconds
+and vgpu_agent_reader_success): one figure for the node, as node_exporter has one a collector,
+not one a GPU; the GPUs are read in parallel, so the round is as long as its slowest GPU's
+read, at most the deadline, and it fails where any GPU's read failed or was late, which
+`device_health` errors and the log say by GPU.
+
 Without `start` (the in-process tests, a sampler driven by hand), a collection reads the GPUs
 itself when the last read is older than its `max_age`, through the same workers and deadline.
 """
@@ -33,7 +39,7 @@ from otel_vgpu.collect.aggregate import GpuRow
 from otel_vgpu.collect.deadline import CallThread
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.gpu.backend import GpuBackend, GpuError
-from otel_vgpu.health import Health, Stage
+from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -124,13 +130,16 @@ class DeviceHealth:
         return tuple(rows)
 
     def refresh(self) -> None:
-        """Each GPU of the last sweep read once, in parallel, waiting at most `deadline_s`."""
+        """Each GPU of the last sweep read once, in parallel, waiting at most `deadline_s`: one
+        pass of the health reader, as long as its slowest GPU's read, which fails where any GPU's
+        read failed or was late."""
         with self._lock:
             self._refreshed_at = self._clock()
             snapshot = self._sampler.latest()
             if snapshot is None:
                 return
-            asked, late = [], set()
+            started = time.monotonic()
+            asked, late, failed = [], set(), set()
             for gpu in snapshot.gpus:
                 worker = self._workers.get(gpu.index)
                 if worker is None:
@@ -143,6 +152,9 @@ class DeviceHealth:
             for index, worker in asked:
                 if not worker.wait(max(0.0, until - time.monotonic())):
                     late.add(index)
+                elif not worker.result():
+                    failed.add(index)
+            self._health.passed(Reader.HEALTH, time.monotonic() - started, not late and not failed)
             for index in late:
                 kind = f"{index}:DEADLINE"
                 with self._failing_lock:
@@ -158,16 +170,20 @@ class DeviceHealth:
                 failing = set(self._failing)
             self._health.recovered(Stage.DEVICE_HEALTH, "device_health recovered ({kinds})", still=failing)
 
-    def _read(self, index: int) -> None:
-        """GPU `index`'s figures read, on its thread, and kept; nothing kept where they could not be."""
+    def _read(self, index: int) -> bool:
+        """GPU `index`'s figures read, on its thread, and kept; nothing kept where they could not be.
+        False where the read failed (not where the driver is paused, which asks nothing)."""
         try:
             with self._sampler.driver_use() as backend:
-                figures = None if backend is None else self._figures(backend, index)
+                if backend is None:
+                    return True
+                figures = self._figures(backend, index)
         except Exception as error:  # a bug, never the driver's answer (`_figures` says those)
             log.warning("GPU %d: reading its health failed: %s", index, error)
-            return
+            return False
         if figures is not None:
             self._last[index] = _Read(self._clock(), figures)
+        return figures is not None
 
     def _figures(self, backend: GpuBackend, index: int) -> Mapping[str, float] | None:
         try:

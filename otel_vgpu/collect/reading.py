@@ -189,6 +189,8 @@ class GpuReader:
         self._gpm_callers: dict[int, CallThread] = {}
         """Each GPU's thread for its GPM reads, by index (collect/deadline.py)."""
         self._gpm_deadline_s = gpm_deadline_s
+        self._gpm_s: float | None = None
+        """How long this sweep's GPM reads took together (`take_gpm_seconds`); None: none was timed."""
         self._accounted: dict[str, dict[int, int | None]] = {}
         """By UUID, where accounting mode is on: each PID of its buffer, and the start of the
         ended process whose record was taken (None: in the buffer when the agent found it)."""
@@ -465,12 +467,19 @@ class GpuReader:
         caller = self._gpm_callers.get(index)
         if caller is None:
             caller = self._gpm_callers[index] = CallThread(f"gpu{index}-gpm")
+        started = time.monotonic()
         try:
             answered, read_now = caller.run(read, self._gpm_deadline_s)
         except GpuError as error:
+            self._gpm_took(started)
             errors.add(Stage.GPM, f"{index}:{error.code.value}", f"GPU {index}: GPM: {error}")
             self._gpm_opened.pop(device.uuid, None)
             return device
+        if not answered or read_now[0] is not None:
+            # Timed where it closed a window, or failed: a read that answers None (the first,
+            # which opens the window, or a GPU without GPM) closes none, and a node without GPM
+            # has no gpm reader.
+            self._gpm_took(started)
         if not answered:
             # A GPM call hung in the driver costs this GPU's GPM figures, never the sweep: the
             # window opens anew once it answers.
@@ -491,6 +500,15 @@ class GpuReader:
             gpm_seconds=now - opened,
             gpm_instances={gi: f for gi, f in by_instance.items() if f is not None},
         )
+
+    def _gpm_took(self, started: float) -> None:
+        self._gpm_s = (self._gpm_s or 0.0) + time.monotonic() - started
+
+    def take_gpm_seconds(self) -> float | None:
+        """How long the GPM reads since the last call took together, those that closed a window
+        or failed; None where there were none. Taken once a sweep: the `gpm` reader's pass."""
+        seconds, self._gpm_s = self._gpm_s, None
+        return seconds
 
     def _left(self, uuid: str, processes: list[GpuProcess] | None, started: Mapping[int, int]) -> bool:
         """Whether a process listed on the GPU at its last sweep is not listed now (its PID

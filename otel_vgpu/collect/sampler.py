@@ -27,7 +27,7 @@ from otel_vgpu.collect.usage import Usage, accumulate
 from otel_vgpu.config import DEFAULT_MPS_SERVER_NAMESPACES
 from otel_vgpu.gpu.backend import ErrorCode, GpuBackend, GpuError
 from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.health import SWEEP_STAGES, Health, Refusal, Stage
+from otel_vgpu.health import SWEEP_STAGES, Health, Reader, Refusal, Stage
 from otel_vgpu.pods.attribution import Attribution, Attributor
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodDirectory
@@ -264,6 +264,7 @@ class Sampler:
                 collected_through=self._collected_through(),
             )
         self._health.swept(finished - started)
+        self._passed(finished - started, errors)
         self._report(errors)
         self._report_blind(snapshot)
         lost = self._account_lost(gpus) if snapshot.paused is None else ()
@@ -279,6 +280,14 @@ class Sampler:
             paused=snapshot.paused,
             lost=lost,
         )
+
+    def _passed(self, seconds: float, errors: SweepErrors) -> None:
+        """The sweep's pass, failed where it counted a failure, and its GPM reads' pass where it
+        made any, failed where one failed: GPM's failures are the `gpm` reader's, not the sweep's."""
+        self._health.passed(Reader.SWEEP, seconds, all(stage is Stage.GPM for stage, _ in errors.seen))
+        gpm_s = self._reader.take_gpm_seconds()
+        if gpm_s is not None:
+            self._health.passed(Reader.GPM, gpm_s, not any(stage is Stage.GPM for stage, _ in errors.seen))
 
     def _collect(self, errors: SweepErrors) -> Snapshot:
         self._ratio.refresh()
@@ -432,9 +441,15 @@ class Sampler:
             latest = self._latest
             if self._paused is not None or latest is None or not latest.ok:
                 return 0.0
-            for gpu in latest.gpus:
-                self._reader.watch(gpu.index, self._identify)
-            return time.monotonic() - started
+            try:
+                for gpu in latest.gpus:
+                    self._reader.watch(gpu.index, self._identify)
+            except Exception:
+                self._health.passed(Reader.PROCESS_WATCH, time.monotonic() - started, False)
+                raise
+            took = time.monotonic() - started
+            self._health.passed(Reader.PROCESS_WATCH, took, True)
+            return took
 
     def _identify(self, pids: Sequence[int]) -> dict[int, Seen]:
         found = {}

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from otel_vgpu.gpu.backend import GpuBackend, GpuError, XidEvent
 from otel_vgpu.gpu.device_figures import MAX_XID_CODES
-from otel_vgpu.health import Health, Stage
+from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -165,8 +166,18 @@ class XidWatch:
             self._stop.wait(POLL_S)
 
     def take(self) -> Round:
-        """One round: every GPU's queued events taken in turns and counted, failures reported."""
-        done = take_round(self._backend.xid_events, self._gpus(), self._counts.add, self._most_per_s)
+        """One round: every GPU's queued events taken in turns and counted, failures reported;
+        one pass of the `xid` reader where there was a GPU to look at (none before the first
+        sweep, and while the driver is paused)."""
+        gpus = self._gpus()
+        started = time.monotonic()
+        try:
+            done = take_round(self._backend.xid_events, gpus, self._counts.add, self._most_per_s)
+        except Exception:
+            self._health.passed(Reader.XID, time.monotonic() - started, False)
+            raise
+        if gpus:
+            self._health.passed(Reader.XID, time.monotonic() - started, not done.failed)
         for index, error in done.failed.items():
             self._health.failed(Stage.XID_EVENTS, f"{index}:{error.code.value}", f"XID events of GPU {index}: {error}")
         still = {f"{index}:{error.code.value}" for index, error in done.failed.items()}

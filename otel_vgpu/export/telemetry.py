@@ -254,12 +254,12 @@ class Telemetry:
     def _record_histograms(self) -> None:
         # Sweeps made since the last collection, whoever asked for them (a
         # readiness probe too), go into the histogram before it is read.
-        observed = self.scope.seen(self._health)
         for family, histogram in self._histograms:
-            for row in family.subject.rows(observed):
+            rows, attributes = self._rows_of(family.subject)
+            for row, labels in zip(rows, attributes, strict=True):
                 value = family.value(row)
                 if value is not None:
-                    histogram.record(value, dict(family.subject.attributes(row)))
+                    histogram.record(value, dict(labels))
 
     # --- rendering -----------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.shares import counted
 from otel_vgpu.config import DEFAULT_RESOURCES
 from otel_vgpu.files import FileProblem, read_regular
-from otel_vgpu.health import Refusal, Stage
+from otel_vgpu.health import Reader, Refusal, Stage
 from otel_vgpu.kubernetes.watch import ListWatch, WatchSettings, report_failure
 from otel_vgpu.pods.directory import PodMeta, StatedGrant
 
@@ -164,6 +164,7 @@ class KubePodDirectory:
             on_event=self._changed,
             on_failure=self._failed,
             stage=Stage.KUBERNETES,
+            reader=Reader.API_PODS,
         )
 
     # --- PodDirectory --------------------------------------------------------

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from otel_vgpu.health import Stage
+from otel_vgpu.health import Reader, Stage
 from otel_vgpu.kubernetes.watch import ListWatch, WatchSettings, report_failure
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class NodeWatch:
             on_event=self._changed,
             on_failure=self._failed,
             stage=Stage.NODE,
+            reader=Reader.API_NODE,
         )
 
     def start(self) -> None:

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,7 +34,7 @@ from otel_vgpu.allocation.shares import (
 )
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device
-from otel_vgpu.health import Health, Stage
+from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.pods.directory import PodMeta
 from otel_vgpu.threads import NamedThread
 
@@ -261,10 +262,11 @@ class KubeletAllocation:
 
     def _poll(self) -> None:
         assert self._client is not None
+        started = time.monotonic()
         try:
             self._latest = self._client.list()
         except PodResourcesError as error:
-            self._health.answered(Stage.POD_RESOURCES, False)
+            self._health.passed(Reader.POD_RESOURCES, time.monotonic() - started, False)
             self._failed_calls += 1
             kept = self._latest is not None and self._failed_calls <= KEEP_LAST_GOOD_CALLS
             then = (
@@ -282,5 +284,5 @@ class KubeletAllocation:
                 )
             return
         self._failed_calls = 0
-        self._health.answered(Stage.POD_RESOURCES, True)
+        self._health.passed(Reader.POD_RESOURCES, time.monotonic() - started, True)
         self._health.recovered(Stage.POD_RESOURCES, "kubelet pod-resources API answers again")

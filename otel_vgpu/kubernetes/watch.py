@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
-from otel_vgpu.health import Health, Stage
+from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -63,10 +63,13 @@ class ListWatch:
         on_event: Callable[[str, Any], None],
         on_failure: Callable[[Exception], None],
         stage: Stage,
+        reader: Reader,
     ) -> None:
         """`resource`: the lightkube class (Pod, Node); `what` names the
         selection in logs and thread names; `stage` is where a hung watch is
-        counted (failures are the owner's to report, through `on_failure`)."""
+        counted (failures are the owner's to report, through `on_failure`);
+        `reader` is whose passes its lists are: each list's duration, and
+        whether it answered, until a failed list or a broken watch says not."""
         self._settings = settings
         self._resource = resource
         self._what = what
@@ -76,6 +79,9 @@ class ListWatch:
         self._on_event = on_event
         self._on_failure = on_failure
         self._stage = stage
+        self._reader = reader
+        self._listed_s = 0.0
+        """How long the last list took, answered or not."""
         self._client: Any = None
         self._generation = 0
         self._progress = time.monotonic()
@@ -118,6 +124,7 @@ class ListWatch:
             if self.synced.is_set() and not self._settings.health.failing(self._stage) and silent > self._silence_limit:
                 # Counted and logged each time: a hung watch is an event, not an outage.
                 self._settings.health.count(self._stage)
+                self._settings.health.passed(self._reader, self._listed_s, False)
                 log.warning(
                     "no word from the Kubernetes API watch of %s for %.0f s; listing again on a new connection",
                     self._what,
@@ -150,18 +157,25 @@ class ListWatch:
                 if status_of(error) == 410:
                     log.debug("watch of %s expired (410 Gone); listing again", self._what)
                     continue
+                # A list that failed, or the watch after a list broke: failed until a list answers.
+                self._settings.health.passed(self._reader, self._listed_s, False)
                 self._on_failure(error)
                 self._stop.wait(backoff)
                 backoff = min(most, backoff * 2)
 
     def _list(self, client: Any, generation: int) -> str:
-        listing = client.list(self._resource, namespace=self._namespace, fields=self._fields)
-        items = list(listing)
+        started = time.monotonic()
+        try:
+            listing = client.list(self._resource, namespace=self._namespace, fields=self._fields)
+            items = list(listing)
+        finally:
+            self._listed_s = time.monotonic() - started
         with self._lock:
             if generation != self._generation:
                 raise _Superseded
             self._on_list(items)
             self._progress = time.monotonic()
+        self._settings.health.passed(self._reader, self._listed_s, True)
         self.synced.set()
         version: str = listing.resourceVersion
         return version

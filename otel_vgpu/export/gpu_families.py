@@ -1,0 +1,216 @@
+"""The per-GPU families of the metric contract: each GPU's figures read by the sweeps, the
+GPUs the agent knows (lost or not) and what NVML says of each, its health figures read off
+the scrape's path, and its XID errors."""
+
+from __future__ import annotations
+
+from otel_vgpu.collect.reading import Read
+from otel_vgpu.export.family import SPLIT, USE, Family, Instrument
+from otel_vgpu.export.figure_families import (
+    GPM_FAMILIES,
+    GPM_READS,
+    HEALTH_READS,
+    engine_families,
+    health_family,
+)
+from otel_vgpu.export.subjects import GPU, GPU_HEALTH, GPU_INFO, KNOWN, UNATTRIBUTED, XID, XID_LAST
+from otel_vgpu.gpu.backend import ENGINES
+from otel_vgpu.gpu.device_figures import HEALTH_TABLE, MAX_XID_CODES
+
+# Left unannotated, so that each entry's `value` is type-checked against its subject's rows.
+GPU_FAMILIES = (
+    Family(
+        "vgpu.gpu.info",
+        "",
+        GPU_INFO,
+        "1 for each GPU the agent knows, with what NVML says of it as labels: driver_version "
+        "(nvmlSystemGetDriverVersion) and pci_bus_id (nvmlDeviceGetPciInfo's busId, 00000000:3B:00.0), "
+        "each absent where NVML would not tell. Join on gpu_uuid to put them on another family's series. "
+        "A GPU that cannot be read keeps the series it last had (vgpu_gpu_lost 1).",
+        value=lambda row: 1,
+    ),
+    Family(
+        "vgpu.gpu.memory.total",
+        "By",
+        GPU,
+        "Physical memory of the GPU.",
+        value=lambda g: g.device.memory_total,
+    ),
+    # NVML's v1 figure (nvmlDeviceGetMemoryInfo, nvmlMemory_t): nvml.h defines its `used` as the
+    # "Sum of Reserved and Allocated device memory", and v2's `used` as "Allocated device memory"
+    # alone, which is what nvidia-smi's memory.used and dcgm-exporter's DCGM_FI_DEV_FB_USED show
+    # (DCGM reads v2 from driver R510 on). v1's is kept, as ever, so that the reservation, no
+    # process's, is in the GPU's used beside what the processes hold (docs/metrics.md).
+    Family(
+        "vgpu.gpu.memory.used",
+        "By",
+        GPU,
+        "Memory in use on the GPU: NVML's v1 used (nvmlDeviceGetMemoryInfo), what its processes allocated "
+        "and what the driver reserves (vgpu_gpu_memory_reserved_bytes), which no process holds. nvidia-smi's "
+        "memory.used and dcgm-exporter's DCGM_FI_DEV_FB_USED are this less the reserved.",
+        value=lambda g: g.device.memory_used,
+    ),
+    Family(
+        "vgpu.gpu.memory.reserved",
+        "By",
+        GPU,
+        "Memory the driver and firmware reserve on the GPU (NVML's nvmlDeviceGetMemoryInfo_v2 reserved, "
+        "nvidia-smi's memory.reserved), part of vgpu_gpu_memory_used_bytes. Absent where the driver or "
+        "nvidia-ml-py has no v2 (drivers before R510), never 0 in its place.",
+        value=lambda g: g.device.memory_reserved,
+    ),
+    # With it, the GPU's used adds up: the pods', the unattributed, the reserved and this
+    # (docs/metrics.md). Apart from the unattributed, which is processes' memory by definition.
+    Family(
+        "vgpu.gpu.memory.unlisted",
+        "By",
+        GPU,
+        "GPU memory in use that no process listing holds: vgpu_gpu_memory_used_bytes less "
+        "vgpu_gpu_memory_reserved_bytes less the memory NVML lists for every process on the GPU (the pods' "
+        "and those of no pod), never below 0. On an H200 with driver 580, a few MiB per CUDA context that its "
+        "process's listed memory leaves out. Absent where the reserved is, in MIG mode, and where the "
+        "processes or any process's memory could not be read.",
+        value=lambda g: g.unlisted_memory,
+    ),
+    Family(
+        "vgpu.gpu.sm.utilization",
+        "1",
+        GPU,
+        "Device utilization over the last sweep's interval (the mean of NVML's own samples), 0-1 (absent in MIG mode).",
+        value=lambda g: g.interval_utilization,
+        reads=frozenset({Read.GPU_SAMPLES}),
+    ),
+    Family(
+        "vgpu.gpu.sm.busy",
+        "s",
+        GPU,
+        "SM-busy seconds of the GPU: its utilization integrated over time at the agent's sweep cadence "
+        "(absent in MIG mode).",
+        value=lambda g: g.sm_busy_seconds,
+        reads=frozenset({Read.GPU_SAMPLES}),
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.gpu.sm.unattributed",
+        "s",
+        UNATTRIBUTED,
+        "SM-busy seconds of the GPU that no pod was given, by reason: no_pod (a process of no pod: the host's, "
+        "or one gone before it could be read), unseen (a process that lived between two looks, known from "
+        "NVML's accounting alone), mps (beside a process whose use NVML cannot tell: an MPS client or a server "
+        "of several pods), unexplained (what the GPU ran beyond what its processes' figures say). Its rate over "
+        "the GPU's vgpu.gpu.sm.busy is the share of the GPU's use no bill holds.",
+        value=lambda row: row[2],
+        reads=USE,
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.gpu.accounting.mode",
+        "",
+        GPU,
+        "1 while NVML's accounting mode is on for the GPU (an administrator's nvidia-smi -am 1; the agent never "
+        "sets it): a process that lived between two looks is then known from its record, and no period it ran in "
+        "is billed whole to the pod beside it. 0 while "
+        "it is off; absent where it is not asked (MIG mode, or no per-process figures).",
+        value=lambda g: None if g.device.accounting_mode is None else int(g.device.accounting_mode),
+        reads=USE,
+    ),
+    *(family for engine in ENGINES for family in engine_families(engine) if family.subject is GPU),
+    Family(
+        "vgpu.gpu.energy",
+        "J",
+        GPU,
+        "Energy the GPU used, from NVML's counter (Volta and newer; a driver reload is counted from 0, "
+        "not backwards). Absent where NVML has no energy counter.",
+        value=lambda g: g.energy_joules,
+        reads=frozenset({Read.ENERGY}),
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.gpu.energy.unattributed",
+        "J",
+        GPU,
+        "The part of the GPU's energy given to no pod: idle power of the shares nobody holds, SM time no "
+        "pod ran, and all of it where per-pod SM is unknown.",
+        value=lambda g: g.energy_unattributed_joules,
+        reads=SPLIT,
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.gpu.vgpus",
+        "{vgpu}",
+        GPU,
+        "How many vGPUs each physical GPU is presented as: the ratio in force.",
+        value=lambda g: g.vgpus,
+    ),
+    Family(
+        "vgpu.gpu.memory.unattributed",
+        "By",
+        GPU,
+        "GPU memory of processes that belong to no pod.",
+        value=lambda g: g.unattributed_memory,
+    ),
+    Family(
+        "vgpu.gpu.mps.servers",
+        "{server}",
+        GPU,
+        "MPS server processes on the GPU; above 0, NVML gives its clients' SM to the server, so the pod SM "
+        "families are left out for this GPU.",
+        value=lambda g: g.mps_servers,
+    ),
+    *(family for family in GPM_FAMILIES if family.subject is GPU),
+    Family(
+        "vgpu.gpu.gpm.shared.windows",
+        "{window}",
+        GPU,
+        "GPM windows in which several pods (or a process of no pod) used one of the GPU's devices, so that no pod "
+        "got that device's GPM figures for the window. Absent without GPM.",
+        value=lambda g: g.gpm_shared_windows,
+        reads=GPM_READS,
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.gpu.lost",
+        "",
+        KNOWN,
+        "1 while the GPU cannot be read: a sweep read it since the agent started and the last one could not (NVML "
+        "answers GPU_IS_LOST, fallen off the bus, or another error for it, lists it no more, or lists no GPU). Its "
+        "other series are gone meanwhile; its XID series stay, under the labels it last had, until it is read "
+        "again (its counts go on from where they were) or the agent restarts. 0 while it is read; absent while "
+        "the driver is paused for an upgrade.",
+        value=lambda row: int(row[1]),
+    ),
+    *(health_family(figure) for figure in HEALTH_TABLE),
+    Family(
+        "vgpu.gpu.health.age",
+        "s",
+        GPU_HEALTH,
+        "How long ago the GPU's health figures were read. They are read every 10 s, each GPU on a thread of "
+        "its own, off the scrape's path; a GPU whose driver has not answered for three reads has no health "
+        'series until it does (collection_errors_total{stage="device_health"} counts it), and its pods\' '
+        "families are served as ever.",
+        value=lambda row: row.age_s,
+        reads=HEALTH_READS,
+    ),
+    Family(
+        "vgpu.gpu.xid.errors",
+        "{error}",
+        XID,
+        "XID errors NVML reported for the GPU since the agent started, by code (xid; 999: a code the driver does "
+        f"not know; past {MAX_XID_CODES} codes on one GPU, other): the driver's word that something failed, from "
+        "an application fault (13, 31, 43) to a GPU that must be reset (48, 63, 64, 74, 79, 94, 95). A series "
+        "appears at its first error, and stays while the GPU cannot be read (vgpu_gpu_lost 1).",
+        value=lambda row: row[1].count,
+        reads=frozenset({Read.XID_EVENTS}),
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.gpu.xid.last",
+        "",
+        XID_LAST,
+        "The code of the latest XID error NVML reported for the GPU since the agent started, 0 before any "
+        "(dcgm-exporter's DCGM_FI_DEV_XID_ERRORS): the code itself, where vgpu_gpu_xid_errors_total counts "
+        "each code apart. Stays while the GPU cannot be read (vgpu_gpu_lost 1), as the XID series do.",
+        value=lambda row: row[1],
+        reads=frozenset({Read.XID_EVENTS}),
+    ),
+)

@@ -1,0 +1,111 @@
+"""The per-pod families of the metric contract: per (pod, GPU or MIG device), and with
+--seed-metrics the original exporter's, per (pod, gpu_id)."""
+
+from __future__ import annotations
+
+from otel_vgpu.export.family import SPLIT, USE, Family, Feature, Instrument
+from otel_vgpu.export.figure_families import GPM_FAMILIES, POD_ENGINES, engine_families
+from otel_vgpu.export.subjects import ENDED, POD, POD_COUNTED, SEED
+
+# Left unannotated, so that each entry's `value` is type-checked against its subject's rows.
+POD_FAMILIES = (
+    Family(
+        "vgpu.pod.memory.used",
+        "By",
+        POD,
+        "GPU memory used by the pod's processes on this GPU (sum of NVML usedGpuMemory).",
+        value=lambda r: r.memory_used,
+    ),
+    Family(
+        "vgpu.pod.memory.allocated",
+        "By",
+        POD,
+        "GPU memory the pod was given on this GPU or MIG device: what its allocator states (HAMi, DRA), "
+        "else vGPU shares x the device's memory / ratio.",
+        value=lambda r: r.memory_allocated,
+    ),
+    Family(
+        "vgpu.pod.sm.utilization",
+        "1",
+        POD,
+        "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1.",
+        value=lambda r: r.sm_utilization,
+        reads=USE,
+    ),
+    Family(
+        "vgpu.pod.vgpu.utilization",
+        "1",
+        POD,
+        "SM use relative to the compute the pod was given: sm x ratio / shares, or sm / the allocator's "
+        "compute limit (1 = exactly its share).",
+        value=lambda r: r.vgpu_utilization,
+        reads=USE,
+    ),
+    Family(
+        "vgpu.pod.processes",
+        "{process}",
+        POD,
+        "Number of the pod's processes on this GPU.",
+        value=lambda r: r.processes,
+    ),
+    Family(
+        "vgpu.pod.sm.busy",
+        "s",
+        POD_COUNTED,
+        "SM-busy seconds of the pod's processes on this GPU: its SM share integrated over time at the agent's "
+        "sweep cadence, so rate() over any window is its mean SM use there. Absent where per-pod SM is unknown "
+        f"(MIG, MPS). {ENDED}",
+        value=lambda r: r.sm_busy_seconds,
+        reads=USE,
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.pod.energy",
+        "J",
+        POD_COUNTED,
+        "The pod's part of its GPU's energy: the GPU's idle power by the vGPU shares it holds, the rest by "
+        "its SM share, interval by interval; with the GPU's unattributed joules, the pods' (those that ended "
+        "included) add up to the GPU's. Absent where per-pod SM is unknown (MIG, MPS) or the GPU has no "
+        f"energy counter. {ENDED}",
+        value=lambda r: r.energy_joules,
+        reads=SPLIT,
+        instrument=Instrument.COUNTER,
+    ),
+    Family(
+        "vgpu.pod.memory.peak",
+        "By",
+        POD,
+        "The most GPU memory the pod's processes held at once on this GPU since the agent first saw them, read "
+        "at sweep cadence: what to size a vGPU share against.",
+        value=lambda r: r.memory_peak,
+    ),
+    *(family for engine in POD_ENGINES for family in engine_families(engine) if family.subject in (POD, POD_COUNTED)),
+    *(family for family in GPM_FAMILIES if family.subject is POD),
+)
+SEED_FAMILIES = (
+    Family(
+        "pod_gpu_memory_used",
+        "",
+        SEED,
+        "GPU memory used by the pod in MiB (original exporter's family).",
+        value=lambda s: s.memory_used_mib,
+        needs=Feature.SEED_METRICS,
+    ),
+    Family(
+        "pod_gpu_sm_util",
+        "",
+        SEED,
+        "Pod SM utilization in percent x ratio (original exporter's family).",
+        value=lambda s: s.sm_percent,
+        reads=USE,
+        needs=Feature.SEED_METRICS,
+    ),
+    Family(
+        "pod_total_gpu_memory",
+        "",
+        SEED,
+        "GPU memory allocated to the pod in MiB (original exporter's family).",
+        value=lambda s: s.memory_allocated_mib,
+        needs=Feature.SEED_METRICS,
+    ),
+)
