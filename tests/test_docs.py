@@ -1,4 +1,4 @@
-"""The documentation says what the code does: the generated tables are current where
+"""The documentation says what the code does: the generated tables and lists are current where
 they live, a shipped release's notes stay as they shipped, the design is in the repository,
 the image a user deploys is named with how to build it, every doc is in the index, the README
 is a door with figures that hold, and the benchmarks say what they need and how to read them."""
@@ -40,6 +40,15 @@ def test_the_metric_tables_are_the_contracts() -> None:
         assert held == families_markdown(), f"{doc}: regenerate it: .venv/bin/python scripts/gen-metric-tables.py"
     for family in FAMILIES:
         assert f"`{family.prometheus_name}" in families_markdown(), family.name
+
+
+def test_the_metric_lists_are_the_declarations() -> None:
+    # The health and GPM denylist, the families each read is made for, the stages: made, never by hand.
+    lists = load_script("family_lists.py")
+    for name, markdown in lists.BLOCKS.items():
+        for doc, held in generated(name):
+            assert held == markdown(), f"{doc}: regenerate it: .venv/bin/python scripts/gen-metric-tables.py"
+    assert "|  |" not in lists.reads_markdown(), "every read says what it is (its docstring in collect/reading.py)"
 
 
 # Each section of a shipped release's notes, by its SHA-256 as it shipped: pinned here when the
