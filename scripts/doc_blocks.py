@@ -22,6 +22,7 @@ BLOCKS: dict[str, tuple[Path, ...]] = {
     "health and GPM off": (ROOT / "docs" / "metrics.md",),
     # The chart's README is what `helm show readme` prints, so it carries the table too.
     "dcgm-exporter generations": (ROOT / "docs" / "coming-from.md",),
+    "dcgm-exporter optional fields": (ROOT / "docs" / "coming-from.md",),
     "chart values table": (ROOT / "docs" / "chart-values.md", ROOT / "charts" / "otel-vgpu" / "README.md"),
 }
 

@@ -302,6 +302,14 @@ def test_a_fields_unit_is_upstreams_words() -> None:
         factor("DCGM_FI_DEV_FAN_SPEED", "vgpu_gpu_fan_speed_ratio")
 
 
+def test_the_fields_said_to_have_no_family_are_dcgm_exporters_and_in_no_set() -> None:
+    text = (ROOT / "docs" / "coming-from.md").read_text()
+    paragraph = text[text.index("The other fields its files list have no family yet") :].split("\n\n")[0]
+    named = set(re.findall(r"DCGM_FI_\w+", paragraph))
+    assert named and named <= UPSTREAM.keys()
+    assert not named & {m.field for m in GENERATOR.mappings()}, "a field a set now records: say so in the doc"
+
+
 def test_every_file_is_what_the_declarations_make() -> None:
     # Each generation's set, the chart's copy and the kustomize component, and today's file as it shipped.
     generator = load_script("gen-dcgm-rules.py")
@@ -594,6 +602,11 @@ def test_the_coming_from_tables_are_the_declarations() -> None:
         )
     for version, generation in GENERATIONS.items():
         assert f"| `{generation.name('DCGM_FI_DEV_GPU_UTIL')}` |" in held, version
+    # and the fields recorded beside the default counters
+    for doc in blocks.BLOCKS["dcgm-exporter optional fields"]:
+        held = blocks.block(doc.read_text(), "dcgm-exporter optional fields", str(doc))
+        assert held == generator.optional_markdown(), f"{doc}: regenerate: .venv/bin/python scripts/gen-dcgm-rules.py"
+    assert "| `DCGM_FI_DEV_POWER_VIOLATION` | the same | `vgpu_gpu_power_violation_seconds_total` | " in held
 
 
 def test_the_tables_check_sees_a_changed_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
