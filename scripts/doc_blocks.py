@@ -20,9 +20,9 @@ BLOCKS: dict[str, tuple[Path, ...]] = {
     "collection stages": (ROOT / "docs" / "metrics.md",),
     "family reads": (ROOT / "docs" / "metrics.md",),
     "health and GPM off": (ROOT / "docs" / "metrics.md",),
-    # The chart's README is what `helm show readme` prints, so it carries the table too.
     "dcgm-exporter generations": (ROOT / "docs" / "coming-from.md",),
     "dcgm-exporter optional fields": (ROOT / "docs" / "coming-from.md",),
+    # The chart's README is what `helm show readme` prints, so it carries the table too.
     "chart values table": (ROOT / "docs" / "chart-values.md", ROOT / "charts" / "otel-vgpu" / "README.md"),
 }
 
