@@ -3,7 +3,8 @@
 The agent is built as `python -m otel_vgpu --simulate` builds it, twice, over the same simulated
 node (one GPU with GPM, 12 pods, 48 processes, as the H200 cost run has them: a third busy, a
 third copying, a third idle): once with every family, once with the health and GPM families
-turned off by the deny pattern of docs/upgrading.md (the reference, which reads nothing they need). Each
+turned off by the denylist of docs/metrics.md, "Health and GPM off" (the reference, which reads
+nothing they need). Each
 is swept every 2 s and collected (rendered for a scrape) every `--scrape-every` seconds of a
 simulated clock, so that GPM windows close as they would, for `--seconds` of it; CPU is the
 thread's clock, to the nanosecond, so a few seconds of run are enough.
@@ -49,15 +50,12 @@ from otel_vgpu.export.exposition import TEXT  # noqa: E402
 from otel_vgpu.export.memory import quiet_collector  # noqa: E402
 from otel_vgpu.gpu.backend import GpuBackend  # noqa: E402
 from testkit.agent import free_port  # noqa: E402
+from testkit.scripts import load as load_script  # noqa: E402
 
 SWEEP_S = 2.0
-# The health and GPM families off, as docs/upgrading.md's pattern turns them off (which also
-# names `health`, for vgpu_gpu_health_age_seconds, kept here).
-DENY = (
-    "vgpu_gpu_(sm_clock|memory_clock|temperature|memory_temperature|power|power_limit|pcie|clock_event|"
-    "power_violation|thermal_violation|ecc|remapped|xid|graphics|sm_active|sm_occupancy|tensor|dram|fp64|fp32|"
-    "fp16|nvlink|gpm).*,vgpu_pod_(graphics|sm_active|sm_occupancy|tensor|dram|fp64|fp32|fp16|pcie).*"
-)
+# The health and GPM families off as docs/metrics.md's denylist turns them off: every family
+# that needs a health, GPM or XID read, made from the families' declarations.
+DENY = ",".join(load_script("family_lists.py").health_and_gpm_off())
 
 
 def node() -> str:

@@ -16,8 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BLOCKS: dict[str, tuple[Path, ...]] = {
     "flag table": (ROOT / "docs" / "flags.md",),
     "metric tables": (ROOT / "docs" / "metrics.md",),
-    # The chart's README is what `helm show readme` prints, so it carries the table too.
+    # The lists of docs/metrics.md made from the families' declarations (family_lists.py).
+    "collection stages": (ROOT / "docs" / "metrics.md",),
+    "family reads": (ROOT / "docs" / "metrics.md",),
+    "health and GPM off": (ROOT / "docs" / "metrics.md",),
     "dcgm-exporter generations": (ROOT / "docs" / "coming-from.md",),
+    "dcgm-exporter optional fields": (ROOT / "docs" / "coming-from.md",),
+    # The chart's README is what `helm show readme` prints, so it carries the table too.
     "chart values table": (ROOT / "docs" / "chart-values.md", ROOT / "charts" / "otel-vgpu" / "README.md"),
 }
 

@@ -6,8 +6,9 @@ dashboards and alerts written for dcgm-exporter run unchanged once it is uninsta
 come from their declarations (otel_vgpu/gpu/device_figures.py), the rest from the table below,
 both in dcgm-exporter 4.8's names and units; each generation's renames and unit changes are
 applied on top. Also writes the chart's copies (charts/otel-vgpu/files/dcgm-exporter/) and the
-kustomize components, and docs/coming-from.md's tables. tests/test_dcgm_names.py fails when a
-file is stale, and runs every set in promtool on what the agent serves.
+kustomize components, and docs/coming-from.md's tables (each generation's default counters,
+and the fields recorded beside them). tests/test_dcgm_names.py fails when a file is stale,
+and runs every set in promtool on what the agent serves.
 
     .venv/bin/python scripts/gen-dcgm-rules.py
 """
@@ -344,8 +345,38 @@ def generations_markdown() -> str:
     return "\n".join(generation_markdown(generation) for generation in GENERATIONS)
 
 
+def _times(scale: Fraction) -> str:
+    """`scale` as a factor a reader takes in at a glance: 1e9, 0.5."""
+    return f"{float(scale):.0e}".replace("e+0", "e").replace("e+", "e") if scale >= 1000 else f"{float(scale):g}"
+
+
+def optional_markdown() -> str:
+    """The fields the sets record beside every generation's default counters, from the same
+    declarations: each with the names later generations give it, and the family answering."""
+    defaults = {field for generation in GENERATIONS for field in default_counters(generation)}
+    rows = [
+        "| dcgm-exporter field | its name in later generations | otel-vgpu family | the field's value |",
+        "|---|---|---|---|",
+    ]
+    for mapping in mappings():
+        if mapping.field in defaults:
+            continue
+        later, name = [], mapping.field
+        for generation in GENERATIONS[1:]:
+            new, _, rename = renamed(mapping.field, generation)
+            if new != name and rename is not None:
+                later.append(f"`{new}` ({generation.first} on, {rename.confidence})")
+                name = new
+        family = families_of(mapping.gpu) + (f"; per pod, {families_of(mapping.pod)}" if mapping.pod else "")
+        times = f" \N{MULTIPLICATION SIGN} {_times(mapping.scale)}" if mapping.scale != 1 else ""
+        value = f"the family's{times}"
+        rows.append(f"| `{mapping.field}` | {'; '.join(later) or 'the same'} | {family} | {value} |")
+    return "\n".join(rows) + "\n"
+
+
 if __name__ == "__main__":
     write_block("dcgm-exporter generations", generations_markdown())
+    write_block("dcgm-exporter optional fields", optional_markdown())
     for path, text in outputs().items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:

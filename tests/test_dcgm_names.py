@@ -1,10 +1,11 @@
 """dcgm-exporter's names from the agent's families (deploy/prometheus/dcgm-exporter-names.yaml),
-run in promtool on the series the agent serves: each field in dcgm-exporter's unit (as its CSV
-and DCGM's dcgm_fields.h give them, written out here, not taken from the generator), with
-dcgm-exporter's labels."""
+run in promtool on the series the agent serves: each field in dcgm-exporter's unit, as its CSV
+and DCGM's dcgm_fields.h state it (copies in tests/data/dcgm-exporter/, not the generator's
+scales), with dcgm-exporter's labels."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -31,65 +32,123 @@ from .conftest import make_sampler
 
 RULES = ROOT / "deploy" / "prometheus" / "dcgm-exporter-names.yaml"
 MIB = 1048576
-# Each dcgm-exporter field: the agent's family it comes from, and what one unit of the family
-# is in the field's unit (MHz, W, °C, ns, MiB, mJ, percent 0-100, ratio 0-1, bytes/s); a
-# negative number divides (bytes to MiB), as the rule does.
-GPU_FIELDS: dict[str, tuple[str, float]] = {
-    "DCGM_FI_DEV_SM_CLOCK": ("vgpu_gpu_sm_clock_hertz", 1e-6),
-    "DCGM_FI_DEV_MEM_CLOCK": ("vgpu_gpu_memory_clock_hertz", 1e-6),
-    "DCGM_FI_DEV_GPU_TEMP": ("vgpu_gpu_temperature_celsius", 1.0),
-    "DCGM_FI_DEV_MEMORY_TEMP": ("vgpu_gpu_memory_temperature_celsius", 1.0),
-    "DCGM_FI_DEV_POWER_USAGE": ("vgpu_gpu_power_watts", 1.0),
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("vgpu_gpu_power_limit_watts", 1.0),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("vgpu_gpu_pcie_replays_total", 1.0),
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("vgpu_gpu_clock_event_reasons", 1.0),
-    "DCGM_FI_DEV_POWER_VIOLATION": ("vgpu_gpu_power_violation_seconds_total", 1e9),
-    "DCGM_FI_DEV_THERMAL_VIOLATION": ("vgpu_gpu_thermal_violation_seconds_total", 1e9),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("vgpu_gpu_ecc_corrected_total", 1.0),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("vgpu_gpu_ecc_uncorrected_total", 1.0),
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("vgpu_gpu_remapped_rows_correctable_total", 1.0),
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("vgpu_gpu_remapped_rows_uncorrectable_total", 1.0),
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("vgpu_gpu_remapped_rows_failure", 1.0),
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("vgpu_gpu_graphics_active_ratio", 1.0),
-    "DCGM_FI_PROF_SM_ACTIVE": ("vgpu_gpu_sm_active_ratio", 1.0),
-    "DCGM_FI_PROF_SM_OCCUPANCY": ("vgpu_gpu_sm_occupancy_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("vgpu_gpu_tensor_active_ratio", 1.0),
-    "DCGM_FI_PROF_DRAM_ACTIVE": ("vgpu_gpu_dram_active_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("vgpu_gpu_fp64_active_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("vgpu_gpu_fp32_active_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("vgpu_gpu_fp16_active_ratio", 1.0),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": ("vgpu_gpu_pcie_transmit_bytes_per_second", 1.0),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": ("vgpu_gpu_pcie_receive_bytes_per_second", 1.0),
-    "DCGM_FI_DEV_GPU_UTIL": ("vgpu_gpu_sm_utilization_ratio", 100.0),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("vgpu_gpu_memory_copy_utilization_ratio", 100.0),
-    "DCGM_FI_DEV_DEC_UTIL": ("vgpu_gpu_decoder_utilization_ratio", 100.0),
-    "DCGM_FI_DEV_ENC_UTIL": ("vgpu_gpu_encoder_utilization_ratio", 100.0),
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("vgpu_gpu_nvlink_transmit_bytes_per_second", 1.0),
-    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("vgpu_gpu_nvlink_receive_bytes_per_second", 1.0),
-    "DCGM_FI_DEV_FB_USED": ("vgpu_gpu_memory_used_bytes", -MIB),
-    "DCGM_FI_DEV_FB_RESERVED": ("vgpu_gpu_memory_reserved_bytes", -MIB),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("vgpu_gpu_energy_joules_total", 1000.0),
-    "DCGM_FI_DEV_XID_ERRORS": ("vgpu_gpu_xid_last", 1.0),
-}
-# The fields with a pod-labelled series: the pod's own figure.
-POD_FIELDS: dict[str, tuple[str, float]] = {
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("vgpu_pod_graphics_active_ratio", 1.0),
-    "DCGM_FI_PROF_SM_ACTIVE": ("vgpu_pod_sm_active_ratio", 1.0),
-    "DCGM_FI_PROF_SM_OCCUPANCY": ("vgpu_pod_sm_occupancy_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("vgpu_pod_tensor_active_ratio", 1.0),
-    "DCGM_FI_PROF_DRAM_ACTIVE": ("vgpu_pod_dram_active_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("vgpu_pod_fp64_active_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("vgpu_pod_fp32_active_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("vgpu_pod_fp16_active_ratio", 1.0),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": ("vgpu_pod_pcie_transmit_bytes_per_second", 1.0),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": ("vgpu_pod_pcie_receive_bytes_per_second", 1.0),
-    "DCGM_FI_DEV_GPU_UTIL": ("vgpu_pod_sm_utilization_ratio", 100.0),
-    "DCGM_FI_DEV_DEC_UTIL": ("vgpu_pod_decoder_utilization_ratio", 100.0),
-    "DCGM_FI_DEV_ENC_UTIL": ("vgpu_pod_encoder_utilization_ratio", 100.0),
-    "DCGM_FI_DEV_FB_USED": ("vgpu_pod_memory_used_bytes", -MIB),
-}
+DATA = ROOT / "tests" / "data" / "dcgm-exporter"
+GENERATOR = load_script("gen-dcgm-rules.py")
 # Checked apart: what two families make.
 COMPOSED = {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A field as dcgm-exporter's CSV lists it."""
+
+    kind: str
+    """counter, gauge or label."""
+    help: str
+    """Which states its unit."""
+    enabled: bool
+    """Collected by default: a row of default-counters.csv not commented out."""
+
+
+def upstream_rows() -> list[tuple[str, Upstream]]:
+    """Every row of dcgm-exporter's default-counters.csv, enabled or commented out, in order,
+    then those of tests/data/dcgm-exporter/outside-default-counters.csv."""
+    out = []
+    for name in ("default-counters.csv", "outside-default-counters.csv"):
+        for line in (DATA / name).read_text().splitlines():
+            row = re.match(r"^(#\s*)?(DCGM_\w+)\s*,\s*(\w+)\s*,\s*(.*)$", line.strip())
+            if row:
+                enabled = row.group(1) is None and name == "default-counters.csv"
+                out.append((row.group(2), Upstream(row.group(3), row.group(4), enabled)))
+    return out
+
+
+# A field the CSV lists twice (PCIe's, commented out under "PCIE", enabled under DCP) is its
+# enabled row.
+UPSTREAM = dict(sorted(upstream_rows(), key=lambda row: row[1].enabled))
+# A unit as upstream's help messages state it: the agent's unit of that dimension (UCUM's, as
+# the families': Hz, Cel, W, J, s, By, 1), and what one of the agent's is in it; negative where
+# the rule divides (a binary unit), so that the expectation is computed as the rule computes it,
+# to the bit.
+UNITS: dict[str, tuple[str, float]] = {
+    "MHz": ("Hz", 1e-6),
+    "C": ("Cel", 1.0),
+    "W": ("W", 1.0),
+    "mJ": ("J", 1000.0),
+    "ns": ("s", 1e9),
+    "MiB": ("By", -MIB),
+    "%": ("1", 100.0),
+    "bytes per second": ("By/s", 1.0),
+}
+# A family's unit, by its name's suffix (the OpenMetrics convention the agent names by).
+SUFFIXES = (
+    ("_hertz", "Hz"),
+    ("_celsius", "Cel"),
+    ("_watts", "W"),
+    ("_joules_total", "J"),
+    ("_seconds_total", "s"),
+    ("_bytes_per_second", "By/s"),
+    ("_bytes", "By"),
+    ("_ratio", "1"),
+)
+
+
+def field_unit(field: str) -> tuple[str, float]:
+    """`field`'s unit as upstream states it: "(in MHz)", "in bytes per second", a ratio, or none
+    (a count, a code, a flag, a bitmask: "")."""
+    if field not in UPSTREAM:
+        raise ValueError(f"{field}: no such field in tests/data/dcgm-exporter/")
+    help_text = UPSTREAM[field].help
+    stated = re.search(r"\(in ([^)]+)\)|in (bytes per second)", help_text)
+    if stated:
+        unit = stated.group(1) or stated.group(2)
+        if unit not in UNITS:
+            raise ValueError(f"{field}: its unit {unit!r} is not in UNITS")
+        return UNITS[unit]
+    return ("1", 1.0) if re.match(r"(The )?[Rr]atio of", help_text) else ("", 1.0)
+
+
+def family_unit(family: str) -> str:
+    return next((unit for suffix, unit in SUFFIXES if family.endswith(suffix)), "")
+
+
+def factor(field: str, family: str) -> float:
+    """What one unit of `family` is in `field`'s unit (negative: divided by)."""
+    dimension, one = field_unit(field)
+    if dimension != family_unit(family):
+        raise ValueError(
+            f"{field} is in {dimension or 'no unit'} upstream, {family} in {family_unit(family) or 'none'}"
+        )
+    return one
+
+
+Expected = dict[str, tuple[str, float]]
+
+
+def expectations() -> tuple[Expected, Expected, list[str]]:
+    """Each field the sets record, in dcgm-exporter 4.8's names: the family it comes from per GPU
+    and per pod, as the declarations pair them, and what one unit of that family is in the
+    field's unit as upstream states it (never the declarations' scale); and what could not be
+    expected, said by a test rather than at import."""
+    gpu, pod, problems = {}, {}, []
+    for mapping in GENERATOR.mappings():
+        if mapping.field in COMPOSED or GENERATOR.added_later(mapping.field, GENERATOR.GENERATIONS[0]):
+            continue
+        # DCGM_FI_DEV_FB_USED is the used less the reserved, checked as such below.
+        family = re.findall(r"vgpu_\w+", mapping.gpu)[0]
+        if mapping.gpu != family and mapping.field != "DCGM_FI_DEV_FB_USED":
+            problems.append(f"{mapping.field} is made of several families: check it apart (COMPOSED)")
+            continue
+        try:
+            gpu[mapping.field] = (family, factor(mapping.field, family))
+            if mapping.pod:
+                pod[mapping.field] = (mapping.pod, factor(mapping.field, mapping.pod))
+        except ValueError as error:
+            problems.append(str(error))
+    return gpu, pod, problems
+
+
+GPU_FIELDS, POD_FIELDS, UNEXPECTED = expectations()
 NODE = """
 node: gpu-node-7
 gpus:
@@ -206,6 +265,49 @@ GENERATIONS = {
     "4.9": Generation(SETS / "4.9.yaml", "hostname", NEW_DRIVER, RENAMED_49, True),
     "4.10": Generation(SETS / "4.10.yaml", "hostname", NEW_DRIVER, {**RENAMED_49, **RENAMED_410}, True),
 }
+
+
+def test_every_field_the_sets_record_is_one_dcgm_exporter_lists() -> None:
+    # In its CSV (enabled or commented out) or, for the few it lacks, DCGM's header; the field
+    # a later generation added is checked with that generation (DCGM_FI_DEV_FB_CAPACITY_BYTES).
+    recorded = {m.field for m in GENERATOR.mappings() if not GENERATOR.added_later(m.field, GENERATOR.GENERATIONS[0])}
+    assert UNEXPECTED == []
+    assert recorded - UPSTREAM.keys() == set()
+    assert recorded - COMPOSED == GPU_FIELDS.keys()
+
+
+def test_the_default_counters_are_dcgm_exporters_in_its_units() -> None:
+    # scripts/dcgm_generations.py's list, against the CSV it names: its enabled rows, in order.
+    generations = load_script("dcgm_generations.py")
+    enabled = [field for field, row in upstream_rows() if row.enabled and row.kind != "label"]
+    assert list(generations.DEFAULT_COUNTERS) == enabled
+    for field in enabled:
+        stated = re.search(r"\(in ([^)]+)\)", UPSTREAM[field].help)
+        if stated:
+            assert generations.DEFAULT_UNITS[field].lstrip("°").startswith(stated.group(1)), field
+
+
+def test_a_fields_unit_is_upstreams_words() -> None:
+    assert field_unit("DCGM_FI_DEV_SM_CLOCK") == ("Hz", 1e-6)  # "SM clock frequency (in MHz)."
+    assert field_unit("DCGM_FI_DEV_FB_USED") == ("By", -MIB)  # "(in MiB)": divided by
+    assert field_unit("DCGM_FI_PROF_DRAM_ACTIVE") == ("1", 1.0)  # "Ratio of cycles ..."
+    assert field_unit("DCGM_FI_PROF_PCIE_TX_BYTES") == ("By/s", 1.0)  # "... in bytes per second."
+    assert field_unit("DCGM_FI_DEV_XID_ERRORS") == ("", 1.0)  # "Value of the last XID error encountered."
+    assert factor("DCGM_FI_DEV_GPU_UTIL", "vgpu_gpu_sm_utilization_ratio") == 100.0
+    with pytest.raises(ValueError, match="DCGM_FI_DEV_SM_CLOCK is in Hz upstream, vgpu_gpu_power_watts in W"):
+        factor("DCGM_FI_DEV_SM_CLOCK", "vgpu_gpu_power_watts")
+    with pytest.raises(ValueError, match="in no unit upstream"):
+        factor("DCGM_FI_DEV_XID_ERRORS", "vgpu_gpu_temperature_celsius")
+    with pytest.raises(ValueError, match="DCGM_FI_DEV_FAN_SPEED: no such field"):
+        factor("DCGM_FI_DEV_FAN_SPEED", "vgpu_gpu_fan_speed_ratio")
+
+
+def test_the_fields_said_to_have_no_family_are_dcgm_exporters_and_in_no_set() -> None:
+    text = (ROOT / "docs" / "coming-from.md").read_text()
+    paragraph = text[text.index("The other fields its files list have no family yet") :].split("\n\n")[0]
+    named = set(re.findall(r"DCGM_FI_\w+", paragraph))
+    assert named and named <= UPSTREAM.keys()
+    assert not named & {m.field for m in GENERATOR.mappings()}, "a field a set now records: say so in the doc"
 
 
 def test_every_file_is_what_the_declarations_make() -> None:
@@ -500,6 +602,11 @@ def test_the_coming_from_tables_are_the_declarations() -> None:
         )
     for version, generation in GENERATIONS.items():
         assert f"| `{generation.name('DCGM_FI_DEV_GPU_UTIL')}` |" in held, version
+    # and the fields recorded beside the default counters
+    for doc in blocks.BLOCKS["dcgm-exporter optional fields"]:
+        held = blocks.block(doc.read_text(), "dcgm-exporter optional fields", str(doc))
+        assert held == generator.optional_markdown(), f"{doc}: regenerate: .venv/bin/python scripts/gen-dcgm-rules.py"
+    assert "| `DCGM_FI_DEV_POWER_VIOLATION` | the same | `vgpu_gpu_power_violation_seconds_total` | " in held
 
 
 def test_the_tables_check_sees_a_changed_declaration(monkeypatch: pytest.MonkeyPatch) -> None:

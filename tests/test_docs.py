@@ -1,7 +1,7 @@
-"""The documentation says what the code does: the generated tables are current where they live,
-the design is in the repository, the image a user deploys is named with how to build it, every
-doc is in the index, the README is a door with figures that hold, and the benchmarks say what
-they need and how to read them."""
+"""The documentation says what the code does: the generated tables and lists are current where
+they live, a shipped release's notes stay as they shipped, the design is in the repository,
+the image a user deploys is named with how to build it, every doc is in the index, the README
+is a door with figures that hold, and the benchmarks say what they need and how to read them."""
 
 from __future__ import annotations
 
@@ -40,6 +40,50 @@ def test_the_metric_tables_are_the_contracts() -> None:
         assert held == families_markdown(), f"{doc}: regenerate it: .venv/bin/python scripts/gen-metric-tables.py"
     for family in FAMILIES:
         assert f"`{family.prometheus_name}" in families_markdown(), family.name
+
+
+def test_the_metric_lists_are_the_declarations() -> None:
+    # The health and GPM denylist, the families each read is made for, the stages: made, never by hand.
+    lists = load_script("family_lists.py")
+    for name, markdown in lists.BLOCKS.items():
+        for doc, held in generated(name):
+            assert held == markdown(), f"{doc}: regenerate it: .venv/bin/python scripts/gen-metric-tables.py"
+    assert "|  |" not in lists.reads_markdown(), "every read says what it is (its docstring in collect/reading.py)"
+
+
+# Each section of a shipped release's notes, by its SHA-256 as it shipped: pinned here when the
+# release ships (its CHANGELOG section and its upgrade steps), never rewritten after, by hand or
+# by a generator. A note that must name what grows (a family list, a pattern) links to a doc
+# that a generator keeps current.
+SHIPPED_NOTES = {
+    ("CHANGELOG.md", "## 0.2.0"): "55bce9dd3ea0d818a963f399d72ec2bd2ccf9c33eb0983cf6c3e5356d0600eed",
+    ("CHANGELOG.md", "## 0.1.0"): "16bff465a6dc1b027033b62389a591d4504056e1d3eb143fe058c333ae9564a7",
+    ("docs/upgrading.md", "## From 0.1.0 to 0.2.0"): "fa54a9235cdb5b85e3b594461a47fb577d7a4322043a4ea2a63095831e636bc0",
+}
+# The heading of a shipped release's section in each: its version; the two versions it goes between.
+SHIPPED_HEADINGS = {"CHANGELOG.md": r"## \d+\.\d+\.\d+", "docs/upgrading.md": r"## From \S+ to \S+"}
+
+
+def shipped_sections(text: str, heading: str) -> dict[str, str]:
+    """Each `## ` section of `text` whose heading line is `heading`, by that line: up to the next."""
+    sections = re.split(r"(?m)^(?=## )", text)
+    return {s.splitlines()[0]: s for s in sections if re.fullmatch(heading, s.splitlines()[0])}
+
+
+def test_a_shipped_releases_notes_stay_as_they_shipped() -> None:
+    found = {}
+    for doc, heading in SHIPPED_HEADINGS.items():
+        text = (ROOT / doc).read_text()
+        assert BLOCKS.names_in(text) == set(), f"{doc}: no generator writes into the release notes"
+        for title, section in shipped_sections(text, heading).items():
+            found[(doc, title)] = hashlib.sha256(section.encode()).hexdigest()
+    assert found.keys() == SHIPPED_NOTES.keys(), "a release that ships pins its sections in SHIPPED_NOTES"
+    for where, digest in found.items():
+        assert digest == SHIPPED_NOTES[where], f"{where}: changed since it shipped; restore it as it shipped"
+    coming = "# U\n\n## From 0.3.0 (unreleased)\n\na\n\n## From 0.2.0 to 0.3.0\n\nb\n### c\n"
+    assert shipped_sections(coming, SHIPPED_HEADINGS["docs/upgrading.md"]) == {
+        "## From 0.2.0 to 0.3.0": "## From 0.2.0 to 0.3.0\n\nb\n### c\n"
+    }
 
 
 def test_the_flag_table_is_what_help_says() -> None:

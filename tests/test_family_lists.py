@@ -1,20 +1,24 @@
 """--metric-allowlist and --metric-denylist: which families they keep, what sweeps then read,
-and how a bad pattern is answered (the agent's answer: tests/test_family_lists_served.py;
+the denylist docs/metrics.md gives for the health and GPM families, and how a bad pattern is
+answered (the agent's answer: tests/test_family_lists_served.py;
 the push's side: tests/test_otlp.py)."""
 
 from __future__ import annotations
 
-import re
+import dataclasses
 
 import pytest
 
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
 from otel_vgpu.config import ConfigError, parse_config
 from otel_vgpu.export.families import FAMILIES, reads_of, selected
-from testkit.agent import ROOT
+from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_TABLE
+from otel_vgpu.patterns import compile_pattern
 from testkit.fake_gpu import FakeBackend, asked
+from testkit.scripts import load as load_script
 
 pytestmark = pytest.mark.unit
+FAMILY_LISTS = load_script("family_lists.py")
 
 # The memory families, by bytes; and every family of an engine beside SM.
 MEMORY_ONLY = "vgpu_(pod|gpu)_memory_.*_bytes"
@@ -70,38 +74,25 @@ def test_patterns_come_from_the_flag_or_its_twin_and_a_bad_one_is_one_line() -> 
         parse_config(["--metric-allowlist", "a"], {"OTEL_VGPU_METRIC_DENYLIST": "b"})
 
 
-def coming_release_steps(upgrading: str) -> str:
-    """The steps of docs/upgrading.md for the release not yet shipped: its `## From ...
-    (unreleased)` section, or nothing while no change awaits a release. A shipped release's
-    steps are frozen as it shipped them, so no test holds them to today's families."""
-    sections = re.split(r"(?m)^(?=## )", upgrading)
-    coming = [s for s in sections if s.startswith("## From ") and "(unreleased)" in s.splitlines()[0]]
-    if len(coming) > 1:
-        raise ValueError("two sections of unreleased steps: one release comes next")
-    return coming[0] if coming else ""
+def test_the_health_and_gpm_denylist_turns_off_exactly_the_families_of_those_reads() -> None:
+    # The denylist docs/metrics.md gives and the bench uses, through the agent's own matching.
+    kept, unmatched = selected(deny=list(FAMILY_LISTS.health_and_gpm_off()))
+    assert unmatched == []
+    off = {Read.HEALTH, Read.GPM, Read.XID_EVENTS}
+    # Their reads spared, every other read still made, no other family turned off.
+    assert reads_of(kept) == frozenset(Read) - off
+    assert names(FAMILIES) - names(kept) == {f.prometheus_name for f in FAMILIES if f.reads & off}
+    # Every figure the tables declare is among them, per GPU and (GPM) per pod.
+    figures = {f"vgpu.gpu.{figure.name}" for figure in (*HEALTH_TABLE, *GPM_TABLE)}
+    figures |= {f"vgpu.pod.{figure.name}" for figure in GPM_TABLE} & {f.name for f in FAMILIES}
+    assert figures and not figures & {f.name for f in kept}
 
 
-def test_only_the_coming_releases_steps_are_held_to_todays_families() -> None:
-    upgrading = (
-        "# Upgrading\n\n## From 0.2.0 (unreleased)\n\nnew\n\n### Chart\n\nmore\n\n## From 0.1.0 to 0.2.0\n\nold\n"
-    )
-    assert coming_release_steps(upgrading) == "## From 0.2.0 (unreleased)\n\nnew\n\n### Chart\n\nmore\n\n"
-    assert coming_release_steps("# Upgrading\n\n## From 0.1.0 to 0.2.0\n\nold\n") == ""
-    with pytest.raises(ValueError, match="one release comes next"):
-        coming_release_steps("## From 0.2.0 (unreleased)\n\na\n## From 0.3.0 (unreleased)\n\nb\n")
-
-
-# The denylist the coming release's steps give to keep a node's cardinality as it was before the
-# health and GPM families, while they give one: a shipped release's stays as it shipped.
-HEALTH_PATTERNS = re.findall(
-    r"--metric-denylist '(vgpu_gpu_\(sm_clock[^']+)'",
-    coming_release_steps((ROOT / "docs" / "upgrading.md").read_text()),
-)
-
-
-@pytest.mark.parametrize("pattern", HEALTH_PATTERNS)
-def test_the_upgrade_steps_pattern_turns_off_exactly_the_health_and_gpm_families(pattern: str) -> None:
-    kept, unmatched = selected(deny=pattern.split(","))
-    dropped = {f.name for f in FAMILIES} - {f.name for f in kept}
-    new = {f.name for f in FAMILIES if f.reads & {Read.HEALTH, Read.GPM, Read.XID_EVENTS}}
-    assert unmatched == [] and dropped == new
+def test_the_denylist_names_a_figure_added_to_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The trial of a new health figure: its family is in the list without an edit of it.
+    temperature = next(f for f in FAMILIES if f.name == "vgpu.gpu.temperature")
+    added = dataclasses.replace(temperature, name="vgpu.gpu.fan.speed", unit="1")
+    monkeypatch.setattr(FAMILY_LISTS, "FAMILIES", (*FAMILIES, added))
+    patterns = FAMILY_LISTS.health_and_gpm_off()
+    assert any(compile_pattern(p).names("vgpu_gpu_fan_speed_ratio") for p in patterns)
+    assert not any(compile_pattern(p).names("vgpu_gpu_energy_joules_total") for p in patterns)
