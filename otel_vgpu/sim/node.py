@@ -42,6 +42,7 @@ from otel_vgpu.gpu.backend import (
     ErrorCode,
     GpuError,
     GpuProcess,
+    HealthReading,
     MigDevice,
     ProcessUse,
     UtilizationSample,
@@ -380,7 +381,7 @@ class SimulatedNode:
         self._energy_at = [None] * len(self.scenario.gpus)
         self._health.reloaded()
 
-    def health(self, index: int) -> dict[str, float]:
+    def health(self, index: int) -> HealthReading:
         self._in_session()
         self._maybe_fail("health", index)
         return self._health.health(index)
