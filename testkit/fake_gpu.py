@@ -11,6 +11,7 @@ from otel_vgpu.gpu.backend import (
     ErrorCode,
     GpuError,
     GpuProcess,
+    HealthReading,
     MigDevice,
     UtilizationSample,
     XidEvent,
@@ -82,9 +83,9 @@ class FakeBackend:
     def exclusive_process(self, index: int) -> bool | None:
         return False
 
-    def health(self, index: int) -> dict[str, float]:
+    def health(self, index: int) -> HealthReading:
         self.calls.append(("health", 0))
-        return {"temperature": 40.0}
+        return HealthReading({"temperature": 40.0})
 
     def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:
         self.calls.append(("gpm", 0 if gpu_instance is None else gpu_instance))

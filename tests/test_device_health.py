@@ -24,9 +24,10 @@ from otel_vgpu.collect.xids import MAX_XID_EVENTS_PER_S, OTHER, XidCounts, XidWa
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.families import FAMILIES, selected
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError, XidEvent
-from otel_vgpu.gpu.device_figures import GPM_TABLE, MAX_XID_CODES
+from otel_vgpu.gpu.backend import Device, ErrorCode, FailedRead, GpuError, HealthReading, XidEvent
+from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_FIGURES, MAX_XID_CODES
 from otel_vgpu.health import Health, Stage
+from otel_vgpu.sim.health import SIMULATED
 from otel_vgpu.sim.node import SimulatedNode
 from testkit.clock import Clock
 from testkit.promtext import Exposition, parse
@@ -162,6 +163,47 @@ def test_throttling_ecc_errors_replays_and_remaps_as_the_scenario_injects_them(t
     assert one(after, "vgpu_gpu_pcie_replays_total") == 3
     assert one(after, "vgpu_gpu_remapped_rows_uncorrectable_total") == 1
     assert one(after, "vgpu_gpu_remapped_rows_pending") == 1 and one(after, "vgpu_gpu_remapped_rows_failure") == 0
+
+
+def test_the_simulated_driver_gives_each_figure_of_the_table_and_no_other(tmp_path: Path) -> None:
+    assert sorted(SIMULATED) == sorted(HEALTH_FIGURES)
+    with simulated(tmp_path, gpus(f"model: {H100}")) as node:
+        node.after(2.0)
+        reading = node.node.health(0)
+    assert sorted(reading.figures) == sorted(HEALTH_FIGURES) and reading.failed == ()
+
+
+def test_a_read_that_fails_costs_its_figures_alone_counted_once_a_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    health_families = [f.prometheus_name for f in FAMILIES if Read.HEALTH in f.reads]
+    with simulated(tmp_path, gpus(f"model: {H100}", f"model: {H100}")) as node:
+        read = node.node.health
+        failing: list[int] = []  # GPU 0's readings whose power read failed
+
+        def power_failing(index: int) -> HealthReading:
+            reading = read(index)
+            if index != 0 or len(failing) == 2:
+                return reading
+            failing.append(index)
+            error = GpuError(ErrorCode.UNKNOWN, "simulated: the power read failed")
+            kept = {name: value for name, value in reading.figures.items() if name != "power"}
+            return HealthReading(kept, (FailedRead(("power",), error),))
+
+        node.node.health = power_failing  # type: ignore[method-assign]
+        with caplog.at_level(logging.INFO):
+            served = [node.after(2.0) for _ in range(3)]
+    assert len(failing) == 2
+    for seen in served[:2]:
+        # GPU 0 has every health family but its power's; GPU 1 has all of them.
+        assert [f for f in health_families if ("0",) not in seen.by(f, "gpu_id")] == ["vgpu_gpu_power_watts"]
+        assert all(("1",) in seen.by(f, "gpu_id") for f in health_families)
+    assert ("0",) in served[2].by("vgpu_gpu_power_watts", "gpu_id"), "read again, and back"
+    errors = [seen.by("vgpu_agent_collection_errors_total", "stage")[("device_health",)] for seen in served]
+    assert errors == [1, 2, 2], "once a read that failed"
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if m.startswith("GPU 0: health figures power: simulated")]) == 1
+    assert "device_health recovered (0:power:UNKNOWN)" in messages
 
 
 def test_health_is_read_once_per_collection_not_every_sweep(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ the error classes are nvidia-ml-py's own, raised the way NVML raises them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ from otel_vgpu.gpu.backend import (
     UtilizationSample,
 )
 from otel_vgpu.gpu.nvml import SAMPLING_TYPES, NvmlBackend, NvmlUnavailable
+from otel_vgpu.gpu.nvml_session import Scope
 
 pytestmark = pytest.mark.unit
 
@@ -533,14 +535,16 @@ def test_a_call_that_fails_after_the_session_it_began_in_tears_down_no_newer_one
     backend.device(0)
     calls_before = nvml.calls.count("count")
 
-    def stale(*args: Any) -> Any:
+    def stale(handle: str, version: int | None = None) -> Any:
         backend.release()  # meanwhile: the pause ...
         backend.resume()
         backend.device_count()  # ... and the next sweep's new session
         raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
 
+    nvml.nvmlDeviceGetMemoryInfo = stale  # type: ignore[method-assign]
     with pytest.raises(GpuError):
-        backend._call(stale)
+        backend.memory_used(0)
+    del nvml.nvmlDeviceGetMemoryInfo
     assert backend.ready and nvml.calls.count("count") == calls_before + 1
     assert backend.device(0).uuid == "GPU-handle0"
 
@@ -681,12 +685,54 @@ class NoMpsNvml(OlderNvml):
     missing = frozenset({"nvmlDeviceGetMPSComputeRunningProcesses"})
 
 
-def test_a_library_without_the_mps_listing_lists_the_others() -> None:
+def test_a_library_without_the_mps_listing_lists_the_others_and_says_so_once_by_its_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     nvml = NoMpsNvml()
     backend = NvmlBackend(nvml)
     backend.device(0)
+    with caplog.at_level(logging.INFO):
+        assert sorted(p.pid for p in backend.processes(0)) == [10, 11, 12]
+        assert sorted(p.pid for p in backend.processes(0)) == [10, 11, 12]
+    assert [r.message for r in caplog.records if "lacks" in r.message] == [
+        "NVML lacks nvmlDeviceGetMPSComputeRunningProcesses here (FUNCTION_NOT_FOUND); what it gives is left out"
+    ]
+
+
+class NoPciNoDriverVersionNvml(OlderNvml):
+    """An nvidia-ml-py without two calls whose absences are kept for the whole driver and for a GPU."""
+
+    missing = frozenset({"nvmlDeviceGetPciInfo", "nvmlSystemGetDriverVersion"})
+
+
+def test_each_call_a_library_lacks_is_its_own_absence() -> None:
+    # Each is kept by its own name: the driver version's absence is not the bus ID's, nor the MPS listing's.
+    nvml = NoPciNoDriverVersionNvml()
+    backend = NvmlBackend(nvml)
+    device = backend.device(0)
+    assert (device.pci_bus_id, device.driver_version) == (None, None)
     assert sorted(p.pid for p in backend.processes(0)) == [10, 11, 12]
-    assert sorted(p.pid for p in backend.processes(0)) == [10, 11, 12]
+    assert "mps" in nvml.calls
+
+
+def test_a_lost_session_raises_even_out_of_a_call_that_takes_any_error() -> None:
+    # The GPU-instance profiles are asked taking any refusal as "no profile"; a lost session is
+    # none: it raises at once, not after every profile's call has torn the session down anew.
+    nvml = NvmlR550()
+    backend = NvmlBackend(nvml)
+    nvml.fail["profile"] = pynvml.NVML_ERROR_UNINITIALIZED
+    with pytest.raises(GpuError) as caught:
+        backend.device(0)
+    assert caught.value.code is ErrorCode.UNINITIALIZED and not backend.ready
+    assert nvml.calls.count("profile") == 1
+
+
+def test_a_scope_below_the_driver_is_of_a_gpu() -> None:
+    assert Scope(gpu=0, figure="sm.clock") != Scope(gpu=0, figure="memory.clock") != Scope(gpu=0)
+    with pytest.raises(ValueError, match="of a GPU"):
+        Scope(figure="sm.clock")
+    with pytest.raises(ValueError, match="of a GPU"):
+        Scope(instance=1)
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,25 @@ from typing import Any
 import pynvml
 import pytest
 
-from otel_vgpu.gpu.backend import ErrorCode, GpuError, XidEvent
+from otel_vgpu.config import DEFAULT_BACKOFF
+from otel_vgpu.gpu.backend import ABSENT, ErrorCode, FailedRead, GpuError, XidEvent
+from otel_vgpu.gpu.device_figures import (
+    CLOCK_MEM,
+    CLOCK_SM,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    ECC_VOLATILE,
+    FIELD_MEMORY_TEMP,
+    FIELD_POWER_CAP_NS,
+    FIELD_THERMAL_NS,
+    HEALTH_FIGURES,
+    HEALTH_TABLE,
+    TEMPERATURE_GPU,
+    HealthFigure,
+)
 from otel_vgpu.gpu.nvml import NvmlBackend
-from otel_vgpu.gpu.nvml_health import FIELD_MEMORY_TEMP, FIELD_POWER_CAP_NS, FIELD_THERMAL_NS
+from otel_vgpu.gpu.nvml_health import HEALTH_READS, READS, grouped, read_health
+from otel_vgpu.gpu.nvml_session import NvmlSession
 
 pytestmark = pytest.mark.unit
 
@@ -29,6 +45,8 @@ class HealthNvml:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.unsupported: set[str] = set()
+        self.failing: dict[str, int] = {}
+        """By call, the error NVML answers it with."""
         self.field_status = {FIELD_MEMORY_TEMP: 0, FIELD_POWER_CAP_NS: 0, FIELD_THERMAL_NS: 0}
         self.ecc_mode = 1
         self.gpm_supported = 1
@@ -49,6 +67,8 @@ class HealthNvml:
         self.calls.append(name)
         if name in self.unsupported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if name in self.failing:
+            raise pynvml.NVMLError(self.failing[name])
 
     # the session
     def nvmlInit(self) -> None:
@@ -205,8 +225,10 @@ def backend(nvml: HealthNvml, clock: list[float] | None = None) -> NvmlBackend:
 
 
 def test_every_health_figure_in_its_unit(nvml: HealthNvml) -> None:
-    figures = backend(nvml).health(0)
-    assert figures == {
+    reading = backend(nvml).health(0)
+    # The double answers every call of the table: the reading has each of its figures, no other.
+    assert sorted(reading.figures) == sorted(HEALTH_FIGURES) and reading.failed == ()
+    assert reading.figures == {
         "sm.clock": 1980e6,
         "memory.clock": 3201e6,
         "temperature": 38.0,
@@ -226,6 +248,124 @@ def test_every_health_figure_in_its_unit(nvml: HealthNvml) -> None:
     }
 
 
+def test_each_figures_read_is_a_call_nvidia_ml_py_has_and_a_read_the_backend_knows() -> None:
+    for figure in HEALTH_TABLE:
+        for name in (figure.call, *figure.older):
+            assert callable(getattr(pynvml, name, None)), f"{figure.name}: nvidia-ml-py has no {name}"
+        assert figure.read in READS, figure.name
+        assert figure.scale >= 1 or figure.scale * round(1 / figure.scale) == pytest.approx(1.0), figure.name
+    # The arguments are nvml.h's, as nvidia-ml-py names them.
+    assert (CLOCK_SM, CLOCK_MEM, TEMPERATURE_GPU) == (
+        pynvml.NVML_CLOCK_SM,
+        pynvml.NVML_CLOCK_MEM,
+        pynvml.NVML_TEMPERATURE_GPU,
+    )
+    assert (ECC_CORRECTED, ECC_UNCORRECTED, ECC_VOLATILE) == (
+        pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
+    )
+    assert (FIELD_MEMORY_TEMP, FIELD_POWER_CAP_NS, FIELD_THERMAL_NS) == (
+        pynvml.NVML_FI_DEV_MEMORY_TEMP,
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP,
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+    )
+    # A compound read makes one call for its figures, which NVML lacks alike.
+    for read, figures in HEALTH_READS:
+        assert read or len(figures) == 1
+        assert len({(figure.call, figure.absent) for figure in figures}) == 1, read
+
+
+def test_a_scale_under_one_divides_so_that_the_figure_rounds_once() -> None:
+    # 9 mW times 1e-3 is 0.009000000000000001 W; 7 ns times 1e-9, 7.000000000000001e-09 s.
+    assert HealthFigure("x", "W", "", scale=1e-3).published(9.0) == 0.009
+    assert HealthFigure("x", "s", "", scale=1e-9).published(7.0) == 7e-9
+    assert HealthFigure("x", "Hz", "", scale=1e6).published(1980.0) == 1980e6
+
+
+class FanNvml(HealthNvml):
+    """An H200 asked for its fan: nvmlDeviceGetNumFans answers 0 there, and
+    nvmlDeviceGetFanSpeed_v2(handle, 0) INVALID_ARGUMENT; `percent` where a GPU has one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.percent: int | None = None
+
+    def nvmlDeviceGetFanSpeed_v2(self, handle: str, fan: int) -> int:
+        self._ask("fan")
+        if self.percent is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self.percent
+
+
+def fan(absent: frozenset[ErrorCode]) -> HealthFigure:
+    return HealthFigure("fan.speed", "1", "", call="nvmlDeviceGetFanSpeed_v2", args=(0,), scale=0.01, absent=absent)
+
+
+def session_of(nvml: HealthNvml) -> NvmlSession:
+    seam = NvmlSession(nvml, lambda: 0.0, DEFAULT_BACKOFF, let_go=lambda: None, forget=lambda: None)
+    seam.initialise()
+    return seam
+
+
+def test_a_figure_says_which_answers_mean_the_gpu_lacks_it(caplog: pytest.LogCaptureFixture) -> None:
+    nvml = FanNvml()
+    seam, kept = session_of(nvml), dict[tuple[int, str], Any]()
+    # Where its entry takes INVALID_ARGUMENT for an absence: left out, said once, asked once a session.
+    lacking = grouped((fan(ABSENT | {ErrorCode.INVALID_ARGUMENT}),))
+    with caplog.at_level(logging.INFO):
+        readings = [read_health("handle0", 0, seam, kept, lacking) for _ in range(3)]
+    assert [(r.figures, r.failed) for r in readings] == [({}, ())] * 3
+    assert nvml.calls.count("fan") == 1
+    assert [r.message for r in caplog.records] == [
+        "GPU 0 does not report its fan speed: vgpu_gpu_fan_speed is left out"
+    ]
+    # Where it does not: a failure of that read, asked again at the next.
+    failing = grouped((fan(ABSENT),))
+    second = [read_health("handle1", 1, seam, kept, failing) for _ in range(2)]
+    assert [[(f.figures, f.error.code) for f in r.failed] for r in second] == [
+        [(("fan.speed",), ErrorCode.INVALID_ARGUMENT)]
+    ] * 2
+    assert nvml.calls.count("fan") == 3
+    # A GPU with a fan: percent to 0-1.
+    nvml.percent = 30
+    assert read_health("handle1", 1, seam, kept, failing).figures == {"fan.speed": 0.3}
+
+
+def test_a_read_that_fails_costs_its_figures_that_reading_alone(nvml: HealthNvml) -> None:
+    nvml.failing = {
+        "power": pynvml.NVML_ERROR_UNKNOWN,
+        "ecc1": pynvml.NVML_ERROR_UNKNOWN,
+        "remapped": pynvml.NVML_ERROR_NO_PERMISSION,
+    }
+    gpu = backend(nvml)
+    reading = gpu.health(0)
+    rows = tuple(f"remapped.rows.{what}" for what in ("correctable", "uncorrectable", "pending", "failure"))
+    assert set(HEALTH_FIGURES) - set(reading.figures) == {"power", "ecc.uncorrected", *rows}
+    # One failure for each read that failed: the four rows came from one call.
+    assert [(f.figures, f.error.code) for f in reading.failed] == [
+        (("power",), ErrorCode.UNKNOWN),
+        (("ecc.uncorrected",), ErrorCode.UNKNOWN),
+        (rows, ErrorCode.NO_PERMISSION),
+    ]
+    assert all(isinstance(f, FailedRead) for f in reading.failed)
+    # No absence was taken from them: the next reading asks again, and has them.
+    nvml.failing.clear()
+    again = gpu.health(0)
+    assert sorted(again.figures) == sorted(HEALTH_FIGURES) and again.failed == ()
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNINITIALIZED])
+def test_a_lost_gpu_or_session_fails_the_whole_reading(nvml: HealthNvml, code: int) -> None:
+    nvml.failing = {"power": code}
+    gpu = backend(nvml)
+    with pytest.raises(GpuError) as caught:
+        gpu.health(0)
+    assert caught.value.code in {ErrorCode.GPU_IS_LOST, ErrorCode.UNINITIALIZED}
+    assert "limit" not in nvml.calls, "no figure is asked after it"
+    assert gpu.ready is (code == pynvml.NVML_ERROR_GPU_IS_LOST), "a lost session is let go of"
+
+
 def test_what_the_gpu_lacks_is_left_out_said_once_and_not_asked_again(
     nvml: HealthNvml, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -233,7 +373,7 @@ def test_what_the_gpu_lacks_is_left_out_said_once_and_not_asked_again(
     nvml.field_status[FIELD_MEMORY_TEMP] = pynvml.NVML_ERROR_NOT_SUPPORTED
     gpu = backend(nvml)
     with caplog.at_level(logging.INFO):
-        first, second = gpu.health(0), gpu.health(0)
+        first, second = gpu.health(0).figures, gpu.health(0).figures
     assert first == second
     assert "pcie.replays" not in first and "memory.temperature" not in first and "remapped.rows.failure" not in first
     assert nvml.calls.count("replays") == 1 and nvml.calls.count("remapped") == 1
@@ -244,19 +384,19 @@ def test_what_the_gpu_lacks_is_left_out_said_once_and_not_asked_again(
 def test_the_ecc_mode_is_asked_once_a_session(nvml: HealthNvml) -> None:
     gpu = backend(nvml)
     for _ in range(3):
-        assert "ecc.corrected" in gpu.health(0)
+        assert "ecc.corrected" in gpu.health(0).figures
     assert nvml.calls.count("ecc") == 1 and nvml.calls.count("ecc0") == 3
     gpu.release()  # a driver upgrade's pause: the next session asks again
     gpu.resume()
     gpu.device_count()  # the sweep's first call initialises the new session
     nvml.ecc_mode = 0
-    assert "ecc.corrected" not in gpu.health(0)
+    assert "ecc.corrected" not in gpu.health(0).figures
     assert nvml.calls.count("ecc") == 2
 
 
 def test_ecc_off_gives_no_counts_and_asks_for_none(nvml: HealthNvml) -> None:
     nvml.ecc_mode = 0
-    figures = backend(nvml).health(0)
+    figures = backend(nvml).health(0).figures
     assert "ecc.corrected" not in figures and "ecc.uncorrected" not in figures
     assert not [c for c in nvml.calls if c.startswith("ecc") and c != "ecc"]
 

@@ -186,17 +186,28 @@ class DeviceHealth:
         return figures is not None
 
     def _figures(self, backend: GpuBackend, index: int) -> Mapping[str, float] | None:
+        """The GPU's figures read now; None where the read failed whole (the GPU or the session
+        lost). A read of some figures that failed costs those alone, counted once, each kind
+        said once (`<index>:<first figure>:<code>`)."""
         try:
-            figures = backend.health(index)
+            reading = backend.health(index)
         except GpuError as error:
             kind = f"{index}:{error.code.value}"
             with self._failing_lock:
                 self._failing.add(kind)
             self._health.failed(Stage.DEVICE_HEALTH, kind, f"GPU {index}: health figures: {error}")
             return None
+        kinds = {f"{index}:{failure.figures[0]}:{failure.error.code.value}": failure for failure in reading.failed}
         with self._failing_lock:
-            self._failing = {kind for kind in self._failing if not kind.startswith(f"{index}:")}
-        return figures
+            self._failing = {kind for kind in self._failing if not kind.startswith(f"{index}:")} | set(kinds)
+        for kind, failure in kinds.items():
+            self._health.failed(
+                Stage.DEVICE_HEALTH,
+                kind,
+                f"GPU {index}: health figures {', '.join(failure.figures)}: {failure.error}; "
+                "left out of this read, the GPU's other figures kept",
+            )
+        return reading.figures
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -251,7 +251,7 @@ class UtilizationSample:
 
 class ErrorCode(str, Enum):
     """NVML's return codes (`nvmlReturn_t` in nvml.h), by name, with their
-    numbers. The only error codes the agent knows: the NVML seam (nvml.py)
+    numbers. The only error codes the agent knows: the NVML seam (nvml_session.py)
     maps NVML's numbers to them, the simulated node and scenario files name
     them, the sampler decides on them."""
 
@@ -294,6 +294,9 @@ NVML_RETURN_VALUES: dict[int, ErrorCode] = {
     **{number: code for number, code in enumerate(list(ErrorCode)[:-1], start=1)},
     999: ErrorCode.UNKNOWN,
 }
+# What NVML answers for a call this driver (FUNCTION_NOT_FOUND: an older library) or
+# this GPU (NOT_SUPPORTED: no counter, no MIG, a vGPU guest) does not have.
+ABSENT = frozenset({ErrorCode.NOT_SUPPORTED, ErrorCode.FUNCTION_NOT_FOUND})
 
 
 class GpuError(Exception):
@@ -302,6 +305,24 @@ class GpuError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRead:
+    """One read of a GPU's health that failed, and the figures it would have given."""
+
+    figures: tuple[str, ...]
+    """By name (gpu/device_figures.py `HEALTH_TABLE`): one, or those of a read that gives several."""
+    error: GpuError
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReading:
+    """A GPU's health figures read now, by name, in their units; and the reads that failed, whose
+    figures are left out of this reading alone."""
+
+    figures: dict[str, float]
+    failed: tuple[FailedRead, ...] = ()
 
 
 class GpuBackend(Protocol):
@@ -347,9 +368,11 @@ class GpuBackend(Protocol):
         latest process to hold the PID); None where the buffer has none."""
         ...
 
-    def health(self, index: int) -> dict[str, float]:
+    def health(self, index: int) -> HealthReading:
         """The GPU's health figures now (gpu/device_figures.py `HEALTH_TABLE`), in their units;
-        a figure the GPU or driver does not have is absent (said once, never 0)."""
+        a figure the GPU or driver does not have is absent (said once, never 0), and one whose
+        read failed otherwise is absent from this reading, with its failure. GpuError is the
+        GPU's or the session's (lost), which every figure shares."""
         ...
 
     def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:

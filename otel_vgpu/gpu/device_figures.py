@@ -1,18 +1,43 @@
-"""Each GPU's health and efficiency figures, declared once: what NVML calls them, the unit
-each is published in, what it means, and the dcgm-exporter field it answers.
+"""Each GPU's health and efficiency figures, declared once: how NVML gives each (a health
+figure's read: its call by name, arguments, scale and what means absent; a GPM metric's ID),
+the unit each is published in, what it means, and the dcgm-exporter field it answers.
 
 Health figures are read every 10 s off the scrape's path (collect/device_health.py), not every sweep: each is
 one NVML call of under a millisecond (nvmlDeviceGetClockInfo, GetTemperatureV, GetPowerUsage,
 GetFieldValues...), and nobody reads a temperature every 2 s. Efficiency figures come from
 GPM (GPU Performance Monitoring, Hopper and newer: nvmlGpmSampleGet, nvmlGpmMetricsGet), read
 once per engine window (collect/reading.py), over the window. A family per figure follows
-from these tables (export/families.py), as do the simulated node's values (sim/health.py)
-and the dcgm-exporter names (scripts/gen-dcgm-rules.py).
+from these tables (export/families.py), as do the NVML reads (gpu/nvml_health.py) and the
+dcgm-exporter names (scripts/gen-dcgm-rules.py); the simulated node has a value for each
+health figure (sim/health.py's `SIMULATED`), which tests/test_device_health.py holds to the
+table, as tests/test_nvml_health.py holds the NVML double's answers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from otel_vgpu.gpu.backend import ABSENT, ErrorCode
+
+# nvml.h's arguments of the health reads: nvmlClockType_t, nvmlTemperatureSensors_t,
+# nvmlMemoryErrorType_t and nvmlEccCounterType_t.
+CLOCK_SM, CLOCK_MEM = 1, 2
+TEMPERATURE_GPU = 0
+ECC_CORRECTED, ECC_UNCORRECTED, ECC_VOLATILE = 0, 1, 0
+# NVML field IDs (nvml.h): memory temperature, and the nanoseconds the clocks were held down
+# by the power cap and by heat (the fields NVML names in place of the deprecated
+# nvmlDeviceGetViolationStatus).
+FIELD_MEMORY_TEMP = 82
+FIELD_POWER_CAP_NS = 74
+FIELD_THERMAL_NS = 269
+# The compound reads (gpu/nvml_health.py `READS`): one call for several figures, or a call
+# asked only where another allows it.
+FIELD_VALUES = "field_values"
+"""nvmlDeviceGetFieldValues, once for every figure of this read, each its field ID in `args`."""
+ECC = "ecc"
+"""nvmlDeviceGetTotalEccErrors, only where nvmlDeviceGetEccMode (asked once a session) says ECC is on."""
+REMAPPED_ROWS = "remapped_rows"
+"""nvmlDeviceGetRemappedRows, once: each figure its place in the answer, in `args`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +56,28 @@ class HealthFigure:
     dcgm_scale: float = 1.0
     """This figure times `dcgm_scale` is the dcgm-exporter field's value (Hz to MHz: 1e-6; s to
     the violation fields' ns: 1e9, DCGM's dcgm_fields.h)."""
+    call: str = ""
+    """The NVML function that reads it, by its name in nvidia-ml-py (nvml.h's), asked with the
+    GPU's handle and `args`."""
+    args: tuple[int, ...] = ()
+    """`call`'s arguments after the handle; for a compound `read`, what that read takes for this
+    figure (a field ID, a place in the answer)."""
+    scale: float = 1.0
+    """NVML's number times `scale` is the figure (MHz to Hz: 1e6); a scale under 1 (mW to W: 1e-3,
+    ns to s: 1e-9) divides by its whole inverse, which rounds once (`published`)."""
+    older: tuple[str, ...] = ()
+    """The calls an older nvidia-ml-py has in place of `call`, taken in turn where it lacks the
+    newer (nvmlDeviceGetTemperatureV, then nvmlDeviceGetTemperature)."""
+    absent: frozenset[ErrorCode] = ABSENT
+    """What NVML answers for a GPU or driver without the figure: it is left out, said once, and
+    not asked again this NVML session. Any other error costs the figure that reading alone."""
+    read: str = ""
+    """The compound read that serves it with the others of the same `read` (`FIELD_VALUES`,
+    `ECC`, `REMAPPED_ROWS`); empty: `call` alone."""
+
+    def published(self, value: float) -> float:
+        """NVML's number `value` in the unit the figure is published in."""
+        return value * self.scale if self.scale >= 1 else value / round(1 / self.scale)
 
 
 HEALTH_TABLE = (
@@ -40,6 +87,9 @@ HEALTH_TABLE = (
         "The SM clock (nvmlDeviceGetClockInfo, NVML_CLOCK_SM).",
         dcgm="DCGM_FI_DEV_SM_CLOCK",
         dcgm_scale=1e-6,
+        call="nvmlDeviceGetClockInfo",
+        args=(CLOCK_SM,),
+        scale=1e6,
     ),
     HealthFigure(
         "memory.clock",
@@ -47,25 +97,43 @@ HEALTH_TABLE = (
         "The memory clock (nvmlDeviceGetClockInfo, NVML_CLOCK_MEM).",
         dcgm="DCGM_FI_DEV_MEM_CLOCK",
         dcgm_scale=1e-6,
+        call="nvmlDeviceGetClockInfo",
+        args=(CLOCK_MEM,),
+        scale=1e6,
     ),
-    HealthFigure("temperature", "Cel", "The GPU die's temperature.", dcgm="DCGM_FI_DEV_GPU_TEMP"),
+    HealthFigure(
+        "temperature",
+        "Cel",
+        "The GPU die's temperature.",
+        dcgm="DCGM_FI_DEV_GPU_TEMP",
+        call="nvmlDeviceGetTemperatureV",
+        args=(TEMPERATURE_GPU,),
+        older=("nvmlDeviceGetTemperature",),
+    ),
     HealthFigure(
         "memory.temperature",
         "Cel",
         "The memory's temperature (NVML field NVML_FI_DEV_MEMORY_TEMP; HBM GPUs).",
         dcgm="DCGM_FI_DEV_MEMORY_TEMP",
+        call="nvmlDeviceGetFieldValues",
+        args=(FIELD_MEMORY_TEMP,),
+        read=FIELD_VALUES,
     ),
     HealthFigure(
         "power",
         "W",
         "Power drawn by the board (nvmlDeviceGetPowerUsage: a 1 s average on Ampere, GA100 aside, and newer).",
         dcgm="DCGM_FI_DEV_POWER_USAGE",
+        call="nvmlDeviceGetPowerUsage",
+        scale=1e-3,
     ),
     HealthFigure(
         "power.limit",
         "W",
         "The power limit the driver enforces, after every limiter (nvmlDeviceGetEnforcedPowerLimit).",
         dcgm="DCGM_FI_DEV_POWER_MGMT_LIMIT",
+        call="nvmlDeviceGetEnforcedPowerLimit",
+        scale=1e-3,
     ),
     HealthFigure(
         "pcie.replays",
@@ -73,6 +141,7 @@ HEALTH_TABLE = (
         "PCIe replays: link-level retransmissions, a sign of a failing link or riser (nvmlDeviceGetPcieReplayCounter).",
         counter=True,
         dcgm="DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        call="nvmlDeviceGetPcieReplayCounter",
     ),
     HealthFigure(
         "clock.event.reasons",
@@ -81,6 +150,8 @@ HEALTH_TABLE = (
         "0x1 idle, 0x4 software power cap, 0x8 hardware slowdown, 0x10 sync boost, 0x20 software thermal, "
         "0x40 hardware thermal, 0x80 hardware power brake. docs/metrics.md has PromQL for each bit.",
         dcgm="DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        call="nvmlDeviceGetCurrentClocksEventReasons",
+        older=("nvmlDeviceGetCurrentClocksThrottleReasons",),
     ),
     HealthFigure(
         "power.violation",
@@ -90,6 +161,10 @@ HEALTH_TABLE = (
         counter=True,
         dcgm="DCGM_FI_DEV_POWER_VIOLATION",
         dcgm_scale=1e9,
+        call="nvmlDeviceGetFieldValues",
+        args=(FIELD_POWER_CAP_NS,),
+        scale=1e-9,
+        read=FIELD_VALUES,
     ),
     HealthFigure(
         "thermal.violation",
@@ -99,6 +174,10 @@ HEALTH_TABLE = (
         counter=True,
         dcgm="DCGM_FI_DEV_THERMAL_VIOLATION",
         dcgm_scale=1e9,
+        call="nvmlDeviceGetFieldValues",
+        args=(FIELD_THERMAL_NS,),
+        scale=1e-9,
+        read=FIELD_VALUES,
     ),
     HealthFigure(
         "ecc.corrected",
@@ -107,6 +186,9 @@ HEALTH_TABLE = (
         "absent with ECC off.",
         counter=True,
         dcgm="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        call="nvmlDeviceGetTotalEccErrors",
+        args=(ECC_CORRECTED, ECC_VOLATILE),
+        read=ECC,
     ),
     HealthFigure(
         "ecc.uncorrected",
@@ -115,6 +197,9 @@ HEALTH_TABLE = (
         "absent with ECC off.",
         counter=True,
         dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        call="nvmlDeviceGetTotalEccErrors",
+        args=(ECC_UNCORRECTED, ECC_VOLATILE),
+        read=ECC,
     ),
     HealthFigure(
         "remapped.rows.correctable",
@@ -122,6 +207,9 @@ HEALTH_TABLE = (
         "Memory rows remapped after correctable errors (nvmlDeviceGetRemappedRows; Ampere and newer, not in MIG mode).",
         counter=True,
         dcgm="DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        call="nvmlDeviceGetRemappedRows",
+        args=(0,),
+        read=REMAPPED_ROWS,
     ),
     HealthFigure(
         "remapped.rows.uncorrectable",
@@ -129,17 +217,26 @@ HEALTH_TABLE = (
         "Memory rows remapped after uncorrectable errors.",
         counter=True,
         dcgm="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        call="nvmlDeviceGetRemappedRows",
+        args=(1,),
+        read=REMAPPED_ROWS,
     ),
     HealthFigure(
         "remapped.rows.pending",
         "",
         "1 while a row remap waits for the GPU's next reset to take effect, else 0.",
+        call="nvmlDeviceGetRemappedRows",
+        args=(2,),
+        read=REMAPPED_ROWS,
     ),
     HealthFigure(
         "remapped.rows.failure",
         "",
         "1 when a row remap failed (the GPU has no spare rows left for that bank): replace or reset the GPU; else 0.",
         dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        call="nvmlDeviceGetRemappedRows",
+        args=(3,),
+        read=REMAPPED_ROWS,
     ),
 )
 HEALTH_FIGURES = tuple(figure.name for figure in HEALTH_TABLE)

@@ -1,19 +1,14 @@
 """The GPU backend on a real node: NVML through nvidia-ml-py.
 
-NVML may not be ready when the agent starts (the driver still loading on a
-booting node) and may go away while it runs (a driver upgrade). Without the
-library at all the agent refuses to start; any other failure to initialise,
-at start or after `UNINITIALIZED` / `DRIVER_NOT_LOADED` mid-run, is retried
-with exponential backoff (1 s to 60 s) on the sweeps that follow, until NVML
-answers again. No restart is needed.
+Without the library at all the agent refuses to start; any other failure to initialise is
+retried with backoff, and a session lost mid-run is initialised anew, without a restart
+(gpu/nvml_session.py, through which every call below asks NVML by name).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -21,9 +16,9 @@ from typing import Any
 
 from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
 from otel_vgpu.gpu.backend import (
+    ABSENT,
     ENGINE_TABLE,
     ENGINES,
-    NVML_RETURN_VALUES,
     SM_SAMPLE_FIELD,
     SM_SAMPLING_TYPE,
     AccountingRecord,
@@ -31,12 +26,14 @@ from otel_vgpu.gpu.backend import (
     ErrorCode,
     GpuError,
     GpuProcess,
+    HealthReading,
     MigDevice,
     ProcessUse,
     UtilizationSample,
     XidEvent,
 )
 from otel_vgpu.gpu.nvml_health import Gpm, XidWatch, read_health
+from otel_vgpu.gpu.nvml_session import ANY_ERROR, DRIVER, EMPTY, NO_LIBRARY, NO_SAMPLES, NvmlSession, Scope
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +51,6 @@ def _load_pynvml() -> ModuleType:
     return module
 
 
-# Errors after which the NVML session is gone and must be initialised again.
-SESSION_LOST = frozenset({ErrorCode.UNINITIALIZED, ErrorCode.DRIVER_NOT_LOADED, ErrorCode.LIB_RM_VERSION_MISMATCH})
-# Errors that mean this machine cannot use NVML at all.
-NO_LIBRARY = frozenset({ErrorCode.LIBRARY_NOT_FOUND, ErrorCode.FUNCTION_NOT_FOUND})
-# What NVML answers for a call this driver (FUNCTION_NOT_FOUND: an older library) or
-# this GPU (NOT_SUPPORTED: no counter, no MIG, a vGPU guest) does not have.
-ABSENT = frozenset({ErrorCode.NOT_SUPPORTED, ErrorCode.FUNCTION_NOT_FOUND})
-# What NVML answers for samples when none is newer than asked (all idle, not a failure),
-# and for a MIG slot that holds no device.
-NO_SAMPLES = EMPTY = frozenset({ErrorCode.NOT_FOUND})
-# Any failure: for figures that only name a device better, which NVML may refuse an
-# unprivileged caller.
-ANY_ERROR = frozenset(ErrorCode)
 # nvmlSamplingType_t (nvml.h): the GPU's own sample buffer of each figure (gpu/backend.py declares the engines').
 SAMPLING_TYPES = {"sm": SM_SAMPLING_TYPE, **{engine.name: engine.sampling_type for engine in ENGINE_TABLE}}
 # Each engine a GPU may lack: its count in a GPU-instance profile (nvmlGpuInstanceProfileInfo_v2_t),
@@ -78,11 +62,19 @@ ENGINE_FIELDS = {
 }
 # What only the per-process call of R550 and newer (nvmlDeviceGetProcessesUtilizationInfo) gives.
 V2_ONLY = frozenset(engine.name for engine in ENGINE_TABLE if engine.newer_call_only)
+# The per-process call of R550 and newer, and the older one it replaces.
+PROCESSES_V2, PROCESSES_V1 = "nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization"
 # A listing NVML sized, then found too small because processes started in
 # between: asked again this many times.
 LISTING_ATTEMPTS = 3
-# The place of nvmlDeviceGetMPSComputeRunningProcesses in the listings: its processes are MPS clients.
-MPS_LISTING = 2
+# Compute, graphics and (where the library and driver have it) MPS client processes; the first
+# every driver has, and the last lists MPS clients.
+LISTINGS = (
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+)
+MPS_LISTING = LISTINGS[2]
 # nvmlComputeMode_t (nvml.h): one context at a time, which MPS makes its server's.
 COMPUTEMODE_EXCLUSIVE_PROCESS = 3
 # nvmlEnableState_t's NVML_FEATURE_ENABLED (nvml.h).
@@ -103,7 +95,6 @@ class NvmlBackend:
         backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self._nvml = nvml if nvml is not None else _load_pynvml()
-        self._clock = clock
         self._handles: dict[int, Any] = {}
         self._minors: dict[int, int | None] = {}
         self._identities: dict[int, tuple[str, str, str | None]] = {}
@@ -116,32 +107,16 @@ class NvmlBackend:
         self._session_figures: dict[tuple[int, str], Any] = {}
         """What holds for an NVML session, by (GPU index, figure): the ECC mode, the memory the
         driver reserves."""
-        self._lacking: set[tuple[str, object]] = set()
-        """(function, key) of the calls this NVML session lacks (`_query`): not asked again until
-        it is initialised anew (a driver upgrade can bring them)."""
         self._engines: dict[int, frozenset[str]] = {}
         """The engines each GPU has, by index: fixed while the NVML session lives."""
         self._mig_handles: dict[int, list[tuple[Any, str | None]]] = {}
         self._mig_static: dict[str, tuple[str, int | None, int | None, int | None]] = {}
-        # Compute, graphics and (where the library has it) MPS client processes.
-        self._listings = [
-            self._nvml.nvmlDeviceGetComputeRunningProcesses,
-            self._nvml.nvmlDeviceGetGraphicsRunningProcesses,
-            getattr(self._nvml, "nvmlDeviceGetMPSComputeRunningProcesses", _absent),
-        ]
-        self._gpm = Gpm(self._nvml, self._query, clock)
-        self._xids = XidWatch(self._nvml, self._query, self._identified, self._in_session)
-        self._ready = False
-        self._released = False
-        self._session = 0
-        """Which NVML session the backend is in: a call that fails in an older one (a health
-        read that hung across a driver pause and resume) tears down no newer one."""
-        self._session_lock = threading.RLock()
-        self._first_backoff, self._max_backoff = backoff.first, backoff.most
-        self._backoff = self._first_backoff
-        self._next_attempt = 0.0
+        self._session = NvmlSession(self._nvml, clock, backoff, let_go=self._let_go, forget=self._forget_handles)
+        self._query, self._call = self._session.query, self._session.call
+        self._gpm = Gpm(self._nvml, self._session, clock)
+        self._xids = XidWatch(self._session, self._identified)
         try:
-            self._initialise()
+            self._session.initialise()
         except GpuError as error:
             if error.code in NO_LIBRARY:
                 raise NvmlUnavailable(
@@ -152,41 +127,10 @@ class NvmlBackend:
 
     @property
     def ready(self) -> bool:
-        return self._ready
-
-    def _initialise(self) -> None:
-        with self._session_lock:
-            try:
-                self._nvml.nvmlInit()
-            except self._nvml.NVMLError as error:
-                self._next_attempt = self._clock() + self._backoff
-                self._backoff = min(self._max_backoff, self._backoff * 2)
-                raise GpuError(_code(error), _describe(error)) from None
-            self._session += 1
-            self._ready = True
-            self._backoff = self._first_backoff
-            self._forget_handles()
-
-    def _session_lost(self, session: int | None = None) -> None:
-        """NVML's session is gone (the driver unloaded or changed): let go of it, and try again
-        with backoff; a call of an older `session` than the current one changes nothing."""
-        with self._session_lock:
-            if session is not None and session != self._session:
-                return
-            self._session += 1
-            self._tear_down()
-
-    def _tear_down(self) -> None:
-        self._let_go()
-        with contextlib.suppress(self._nvml.NVMLError):
-            self._nvml.nvmlShutdown()
-        self._ready = False
-        self._forget_handles()
-        self._next_attempt = self._clock() + self._backoff
-        self._backoff = min(self._max_backoff, self._backoff * 2)
+        return self._session.ready
 
     def _forget_handles(self) -> None:
-        self._lacking.clear()
+        """What holds for one NVML session, dropped as one starts or ends."""
         self._session_figures.clear()
         self._handles.clear()
         self._minors.clear()
@@ -197,39 +141,20 @@ class NvmlBackend:
         self._mig_static.clear()
 
     def release(self) -> None:
-        """nvmlShutdown: NVML closes the driver's device files (/dev/nvidiactl,
-        /dev/nvidia<N>), whose references keep the kernel module loaded."""
-        with self._session_lock:
-            if self._ready:
-                self._let_go()
-                with contextlib.suppress(self._nvml.NVMLError):
-                    self._nvml.nvmlShutdown()
-            self._session += 1
-            self._ready = False
-            self._released = True
-            self._forget_handles()
+        self._session.release()
 
     def resume(self) -> None:
-        self._released = False
-        self._next_attempt = 0.0
-        self._backoff = self._first_backoff
+        self._session.resume()
 
     def device_count(self) -> int:
-        if self._released:
-            raise GpuError(ErrorCode.UNINITIALIZED, "NVML released while the GPU driver is paused for an upgrade")
-        if not self._ready:
-            if self._clock() < self._next_attempt:
-                wait = self._next_attempt - self._clock()
-                raise GpuError(ErrorCode.UNINITIALIZED, f"NVML is not initialised; next attempt in {wait:.0f} s")
-            self._initialise()
-            log.info("NVML initialised")
-        return int(self._call(self._nvml.nvmlDeviceGetCount))
+        self._session.ensure()
+        return int(self._call("nvmlDeviceGetCount"))
 
     def device(self, index: int) -> Device:
         handle = self._handle(index)
         # v1 (nvmlMemory_t): its `used` is the "Sum of Reserved and Allocated device memory"
         # (nvml.h), what the processes allocated and what the driver reserves (`_reserved`).
-        memory = self._call(self._nvml.nvmlDeviceGetMemoryInfo, handle)
+        memory = self._call("nvmlDeviceGetMemoryInfo", handle)
         uuid, model, bus_id = self._identity(index, handle)
         migs = self._migs(index, handle)
         return Device(
@@ -254,9 +179,9 @@ class NvmlBackend:
         nothing but its info series' driver_version."""
         if self._driver_version is None:
             version = self._query(
-                getattr(self._nvml, "nvmlSystemGetDriverVersion", _absent),
+                "nvmlSystemGetDriverVersion",
                 default=None,
-                remember="",
+                scope=DRIVER,
                 say="NVML gives no driver version here: vgpu_gpu_info has no driver_version",
             )
             self._driver_version = None if version is None else _text(version)
@@ -281,14 +206,15 @@ class NvmlBackend:
         version = getattr(self._nvml, "nvmlMemory_v2", None)
         if version is None:
             return None
+        # nvidia-ml-py's nvmlDeviceGetMemoryInfo with a version calls nvmlDeviceGetMemoryInfo_v2,
+        # a symbol the driver may lack (its FUNCTION_NOT_FOUND).
         memory = self._query(
-            _memory_info_v2,
-            self._nvml,
+            "nvmlDeviceGetMemoryInfo",
             handle,
             version,
             default=None,
             absent=ABSENT | {ErrorCode.ARGUMENT_VERSION_MISMATCH},
-            remember=index,
+            scope=Scope(gpu=index, figure="memory_reserved"),
             say=f"GPU {index}'s driver has no nvmlDeviceGetMemoryInfo_v2: vgpu_gpu_memory_reserved_bytes is left out",
         )
         reserved = self._session_figures[key] = None if memory is None else int(memory.reserved)
@@ -300,21 +226,21 @@ class NvmlBackend:
     def memory_used(self, index: int) -> int:
         # nvmlDeviceGetMemoryInfo: 0.007 ms on an H200, where the three process listings cost
         # 0.09 ms and more with each process (bench/results/h200-sweep-cost.md).
-        return int(self._call(self._nvml.nvmlDeviceGetMemoryInfo, self._handle(index)).used)
+        return int(self._call("nvmlDeviceGetMemoryInfo", self._handle(index)).used)
 
     def _identity(self, index: int, handle: Any) -> tuple[str, str, str | None]:
         identity = self._identities.get(index)
         if identity is None:
-            uuid = _text(self._call(self._nvml.nvmlDeviceGetUUID, handle))
-            name = _text(self._call(self._nvml.nvmlDeviceGetName, handle))
+            uuid = _text(self._call("nvmlDeviceGetUUID", handle))
+            name = _text(self._call("nvmlDeviceGetName", handle))
             # nvmlDeviceGetPciInfo (nvidia-ml-py: _v3): nvml.h's nvmlPciInfo_t `busId`, "The tuple
             # domain:bus:device.function PCI identifier", 00000000:3B:00.0, as DCGM gives it to
             # dcgm-exporter's pci_bus_id; not `busIdLegacy`, whose domain has 4 digits.
             pci = self._query(
-                getattr(self._nvml, "nvmlDeviceGetPciInfo", _absent),
+                "nvmlDeviceGetPciInfo",
                 handle,
                 default=None,
-                remember=index,
+                scope=Scope(gpu=index),
                 say=f"GPU {index} gives no PCI info: its vgpu_gpu_info has no pci_bus_id",
             )
             identity = self._identities[index] = (uuid, name, None if pci is None else _text(pci.busId))
@@ -324,16 +250,16 @@ class NvmlBackend:
         """nvmlDeviceGetTotalEnergyConsumption; a GPU without the counter (before Volta, some
         vGPU guests) is not asked again in this NVML session."""
         energy = self._query(
-            self._nvml.nvmlDeviceGetTotalEnergyConsumption,
+            "nvmlDeviceGetTotalEnergyConsumption",
             handle,
             default=None,
-            remember=index,
+            scope=Scope(gpu=index),
             say=f"GPU {index} has no energy counter: its energy families are left out",
         )
         return None if energy is None else int(energy)
 
     def _utilization(self, handle: Any) -> float | None:
-        rates = self._query(self._nvml.nvmlDeviceGetUtilizationRates, handle, default=None)
+        rates = self._query("nvmlDeviceGetUtilizationRates", handle, default=None)
         return None if rates is None else float(rates.gpu) / 100.0
 
     def _engines_of(self, index: int, handle: Any) -> frozenset[str]:
@@ -352,13 +278,11 @@ class NvmlBackend:
             counts = self._profile_engine_counts(handle)
             if not counts:
                 counts = {
-                    engine: int(self._query(getattr(self._nvml, call, _absent), handle, default=None) is not None)
+                    engine: int(bool(call) and self._query(call, handle, default=None) is not None)
                     for engine, (_, call) in ENGINE_FIELDS.items()
                 }
             engines = self._engines[index] = frozenset(e for e in ENGINES if counts.get(e, 1) > 0)
-        if ("nvmlDeviceGetProcessesUtilizationInfo", index) in self._lacking or not hasattr(
-            self._nvml, "nvmlDeviceGetProcessesUtilizationInfo"
-        ):
+        if self._session.lacks(PROCESSES_V2, Scope(gpu=index)):
             return engines - V2_ONLY
         return engines
 
@@ -367,9 +291,8 @@ class NvmlBackend:
         has no profile for it (no MIG, or a driver without the call). Asked once per session."""
         counts: dict[str, int] = {}
         profiles = int(getattr(self._nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))
-        function = getattr(self._nvml, "nvmlDeviceGetGpuInstanceProfileInfo", _absent)
         for profile in range(profiles):
-            info = self._query(function, handle, profile, default=None, absent=ANY_ERROR)
+            info = self._query("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile, default=None, absent=ANY_ERROR)
             if info is None:
                 continue
             for engine, (field, _) in ENGINE_FIELDS.items():
@@ -378,7 +301,7 @@ class NvmlBackend:
 
     def _minor_number(self, index: int, handle: Any) -> int | None:
         if index not in self._minors:
-            minor = self._query(self._nvml.nvmlDeviceGetMinorNumber, handle, default=None)
+            minor = self._query("nvmlDeviceGetMinorNumber", handle, default=None)
             self._minors[index] = None if minor is None else int(minor)
         return self._minors[index]
 
@@ -389,16 +312,16 @@ class NvmlBackend:
         nvml = self._nvml
         self._mig_handles[index] = []
         # A GPU without MIG (or a driver without the call) is not asked again this session.
-        mode = self._query(nvml.nvmlDeviceGetMigMode, handle, default=None, remember=index)
+        mode = self._query("nvmlDeviceGetMigMode", handle, default=None, scope=Scope(gpu=index))
         if mode is None or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
             return ()
         migs = []
-        for slot in range(int(self._call(nvml.nvmlDeviceGetMaxMigDeviceCount, handle))):
-            mig = self._query(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot, default=None, absent=EMPTY)
+        for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
+            mig = self._query("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot, default=None, absent=EMPTY)
             if mig is None:
                 continue
-            uuid = _text(self._call(nvml.nvmlDeviceGetUUID, mig))
-            memory = self._call(nvml.nvmlDeviceGetMemoryInfo, mig)
+            uuid = _text(self._call("nvmlDeviceGetUUID", mig))
+            memory = self._call("nvmlDeviceGetMemoryInfo", mig)
             static = self._mig_static.get(uuid)
             if static is None:
                 static = self._mig_static[uuid] = self._mig_identity(handle, mig)
@@ -422,17 +345,14 @@ class NvmlBackend:
         profile, GPU instance ID, profile ID and placement start. The last
         two need the GPU instance's handle, which NVML may refuse to an
         unprivileged caller; they are then unknown, not an error."""
-        nvml = self._nvml
-        profile = mig_profile(_text(self._call(nvml.nvmlDeviceGetName, mig)))
-        gpu_instance = self._query(nvml.nvmlDeviceGetGpuInstanceId, mig, default=None, absent=ANY_ERROR)
+        profile = mig_profile(_text(self._call("nvmlDeviceGetName", mig)))
+        gpu_instance = self._query("nvmlDeviceGetGpuInstanceId", mig, default=None, absent=ANY_ERROR)
         if gpu_instance is None:
             return profile, None, None, None
-        instance = self._query(nvml.nvmlDeviceGetGpuInstanceById, parent, gpu_instance, default=None, absent=ANY_ERROR)
-        info = (
-            None
-            if instance is None
-            else self._query(nvml.nvmlGpuInstanceGetInfo, instance, default=None, absent=ANY_ERROR)
-        )
+        instance = self._query("nvmlDeviceGetGpuInstanceById", parent, gpu_instance, default=None, absent=ANY_ERROR)
+        info = None
+        if instance is not None:
+            info = self._query("nvmlGpuInstanceGetInfo", instance, default=None, absent=ANY_ERROR)
         if info is None:
             return profile, int(gpu_instance), None, None
         return profile, int(gpu_instance), int(info.profileId), int(info.placement.start)
@@ -442,8 +362,8 @@ class NvmlBackend:
         migs = self._mig_handles.get(index) or [(handle, None)]
         merged: dict[int, GpuProcess] = {}
         for device_handle, mig_uuid in migs:
-            for listing in list(self._listings):
-                client = listing is self._listings[MPS_LISTING]
+            for listing in LISTINGS:
+                client = listing == MPS_LISTING
                 for info in self._listing(listing, device_handle):
                     pid = int(info.pid)
                     used = None if info.usedGpuMemory is None else int(info.usedGpuMemory)
@@ -459,23 +379,23 @@ class NvmlBackend:
         return list(merged.values())
 
     def exclusive_process(self, index: int) -> bool | None:
-        mode = self._query(self._nvml.nvmlDeviceGetComputeMode, self._handle(index), default=None, remember=index)
+        mode = self._query("nvmlDeviceGetComputeMode", self._handle(index), default=None, scope=Scope(gpu=index))
         return None if mode is None else int(mode) == COMPUTEMODE_EXCLUSIVE_PROCESS
 
     def accounting_pids(self, index: int) -> list[int] | None:
         """nvmlDeviceGetAccountingPids where nvmlDeviceGetAccountingMode says accounting is on
         (nvml.h: "accounting mode needs to be on"); a GPU without it answers NOT_SUPPORTED."""
         handle = self._handle(index)
-        mode = self._query(self._nvml.nvmlDeviceGetAccountingMode, handle, default=None, remember=index)
+        mode = self._query("nvmlDeviceGetAccountingMode", handle, default=None, scope=Scope(gpu=index))
         if mode is None or int(mode) != FEATURE_ENABLED:
             return None
-        pids = self._query(self._nvml.nvmlDeviceGetAccountingPids, handle, default=None)
+        pids = self._query("nvmlDeviceGetAccountingPids", handle, default=None)
         return None if pids is None else [int(pid) for pid in pids]
 
     def accounting_stats(self, index: int, pid: int) -> AccountingRecord | None:
         """nvmlDeviceGetAccountingStats: NOT_FOUND where the buffer has no such PID (nvml.h)."""
         stats = self._query(
-            self._nvml.nvmlDeviceGetAccountingStats, self._handle(index), pid, default=None, absent=ABSENT | EMPTY
+            "nvmlDeviceGetAccountingStats", self._handle(index), pid, default=None, absent=ABSENT | EMPTY
         )
         if stats is None:
             return None
@@ -493,14 +413,11 @@ class NvmlBackend:
         it (R550 and newer: JPEG and optical flow beside the rest), else from
         nvmlDeviceGetProcessUtilization; the two cost the same (2.7 ms on an H200)."""
         handle = self._handle(index)
-        v2 = getattr(self._nvml, "nvmlDeviceGetProcessesUtilizationInfo", None)
-        samples = None
         try:
-            if v2 is not None:
-                # A driver or GPU without it: noted for this session, the older call serves.
-                samples = self._query(v2, handle, since_us, default=None, remember=index)
+            # A library, driver or GPU without it: noted for this session, the older call serves.
+            samples = self._query(PROCESSES_V2, handle, since_us, default=None, scope=Scope(gpu=index))
             if samples is None:
-                samples = self._call(self._nvml.nvmlDeviceGetProcessUtilization, handle, since_us)
+                samples = self._call(PROCESSES_V1, handle, since_us)
         except GpuError as error:
             if error.code in NO_SAMPLES:  # no process had a sample since `since_us`: all idle
                 return []
@@ -516,7 +433,7 @@ class NvmlBackend:
         H200, 71 of them: 14 s), the percent of it in which that engine was busy."""
         handle = self._handle(index)
         _, samples = self._query(
-            self._nvml.nvmlDeviceGetSamples,
+            "nvmlDeviceGetSamples",
             handle,
             SAMPLING_TYPES[figure],
             since_us,
@@ -530,33 +447,26 @@ class NvmlBackend:
         return time.time_ns() // 1000
 
     def close(self) -> None:
-        if self._ready:
-            self._let_go()
-        with contextlib.suppress(self._nvml.NVMLError):
-            self._nvml.nvmlShutdown()
+        self._session.close()
 
     def _let_go(self) -> None:
         """What NVML allocated for the agent, freed before the session ends: the event set
         (after the wait in progress, which holds its lock, at most its timeout) and the GPM
         samples."""
-        with self._xids.lock, contextlib.suppress(GpuError):
+        with self._xids.lock:
             self._xids.free()
             self._gpm.free()
 
     # --- health, efficiency, events (gpu/nvml_health.py) ------------------------------
 
-    def health(self, index: int) -> dict[str, float]:
-        return read_health(self._nvml, self._handle(index), index, self._query, self._session_figures)
+    def health(self, index: int) -> HealthReading:
+        return read_health(self._handle(index), index, self._session, self._session_figures)
 
     def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:
         return self._gpm.read(self._handle(index), index, gpu_instance)
 
     def xid_events(self, index: int, most: int) -> list[XidEvent]:
         return self._xids.take(index, most)
-
-    def _in_session(self) -> bool:
-        """Whether NVML may be called now: initialised, and not released for a driver upgrade."""
-        return self._ready and not self._released
 
     def _identified(self, index: int) -> tuple[Any, str]:
         """GPU `index`'s handle and UUID, for its event set: both kept for the NVML session, so
@@ -567,70 +477,21 @@ class NvmlBackend:
     def _handle(self, index: int) -> Any:
         handle = self._handles.get(index)
         if handle is None:
-            handle = self._call(self._nvml.nvmlDeviceGetHandleByIndex, index)
+            handle = self._call("nvmlDeviceGetHandleByIndex", index)
             self._handles[index] = handle
         return handle
 
-    def _listing(self, function: Any, handle: Any) -> Any:
+    def _listing(self, name: str, handle: Any) -> Any:
         # A driver without the graphics or MPS listing (the compute one it has): the other
         # lists serve, and it is not asked again this session.
-        absent = frozenset() if function is self._listings[0] else ABSENT
+        absent = frozenset() if name == LISTINGS[0] else ABSENT
         for attempt in range(LISTING_ATTEMPTS):
             try:
-                return self._query(function, handle, default=[], absent=absent, remember="")
+                return self._query(name, handle, default=[], absent=absent, scope=DRIVER)
             except GpuError as error:
                 if error.code is not ErrorCode.INSUFFICIENT_SIZE or attempt == LISTING_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def _query(
-        self,
-        function: Any,
-        *args: Any,
-        default: Any,
-        absent: frozenset[ErrorCode] = ABSENT,
-        remember: object = None,
-        say: str | None = None,
-    ) -> Any:
-        """`function(*args)`, or `default` where NVML answers one of `absent` (the call this
-        driver or GPU does not have, by default). With `remember` (a key: the GPU's index, or
-        "" for the whole driver), the absence is noted for this NVML session and the call not
-        made again; `say` is logged once when it is. Any other failure raises GpuError, as
-        `_call` does: one declaration per call that may be missing, as nvitop's nvmlQuery
-        does with `default=` and its UNKNOWN_FUNCTIONS."""
-        name = getattr(function, "__name__", repr(function))
-        if remember is not None and (name, remember) in self._lacking:
-            return default
-        try:
-            return self._call(function, *args)
-        except GpuError as error:
-            if error.code not in absent:
-                raise
-            if remember is not None:
-                self._lacking.add((name, remember))
-                log.info("%s", say or f"NVML lacks {name} here ({error.code.value}); what it gives is left out")
-            return default
-
-    def _call(self, function: Any, *args: Any) -> Any:
-        session = self._session
-        try:
-            return function(*args)
-        except self._nvml.NVMLError as error:
-            code = _code(error)
-            if code in SESSION_LOST:
-                self._session_lost(session)
-            raise GpuError(code, _describe(error)) from None
-
-
-def _memory_info_v2(nvml: Any, handle: Any, version: int) -> Any:
-    """nvidia-ml-py's nvmlDeviceGetMemoryInfo with a version calls nvmlDeviceGetMemoryInfo_v2,
-    a symbol the driver may lack (its FUNCTION_NOT_FOUND)."""
-    return nvml.nvmlDeviceGetMemoryInfo(handle, version)
-
-
-def _absent(*args: Any) -> Any:
-    """Where the library has no such function at all: what calling it would raise."""
-    raise GpuError(ErrorCode.FUNCTION_NOT_FOUND, "not in this nvidia-ml-py")
 
 
 def _percent(value: Any) -> float:
@@ -652,18 +513,6 @@ def mig_profile(name: str) -> str:
     device after its parent, then `MIG`, then the profile."""
     _, sep, profile = name.rpartition(" MIG ")
     return profile.strip() if sep else name.strip()
-
-
-def _code(error: Any) -> ErrorCode:
-    # nvidia-ml-py's NVMLError carries NVML's return code as `value`.
-    return NVML_RETURN_VALUES.get(getattr(error, "value", 999), ErrorCode.UNKNOWN)
-
-
-def _describe(error: Any) -> str:
-    try:
-        return str(error)
-    except Exception:  # nvidia-ml-py's __str__ calls into NVML, which may be gone
-        return _code(error)
 
 
 def _text(value: str | bytes) -> str:

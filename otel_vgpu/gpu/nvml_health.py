@@ -1,11 +1,15 @@
-"""A GPU's health, its GPM figures and its XID events, from NVML (gpu/nvml.py's session).
+"""A GPU's health, its GPM figures and its XID events, from NVML (gpu/nvml_session.py's seam).
 
-Each read goes through the backend's `query`, so a figure this driver or GPU does not have is
-noted once for the NVML session and not asked again, and a lost session is seen as everywhere
-else. Every call below answers an unprivileged process (measured on an H200 with driver 580 as
-uid 0 with no capability and as uid 65534: issue #39). The calls and units are nvml.h's
-(NVIDIA/go-nvml pkg/nvml/nvml.h, CUDA 13.3): clocks in MHz, power in mW, the violation
-counters in ns, GPM utilizations in percent and its byte rates in MiB/s.
+Each health figure is read as its entry in gpu/device_figures.py's `HEALTH_TABLE` says: its
+call by name, its arguments, its scale and what NVML answers where the GPU lacks it; the
+compound reads (`READS`) serve several figures with one call. What the driver or GPU does not
+have is noted once for the NVML session and not asked again; any other failure of a read costs
+its figures that reading alone (`HealthReading.failed`), never the GPU's other figures; a lost
+GPU or session raises out, as everywhere else. Every call below answers an unprivileged
+process (measured on an H200 with driver 580 as uid 0 with no capability and as uid 65534:
+issue #39). The calls and units are nvml.h's (NVIDIA/go-nvml pkg/nvml/nvml.h, CUDA 13.3):
+clocks in MHz, power in mW, the violation counters in ns, GPM utilizations in percent and its
+byte rates in MiB/s.
 """
 
 from __future__ import annotations
@@ -14,124 +18,167 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from otel_vgpu.gpu.backend import ErrorCode, GpuError, XidEvent
-from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S, GPM_TABLE
+from otel_vgpu.gpu.backend import ABSENT, ErrorCode, FailedRead, GpuError, HealthReading, XidEvent
+from otel_vgpu.gpu.device_figures import (
+    ECC,
+    FIELD_VALUES,
+    GPM_MIN_INTERVAL_S,
+    GPM_TABLE,
+    HEALTH_TABLE,
+    REMAPPED_ROWS,
+    HealthFigure,
+)
+from otel_vgpu.gpu.nvml_session import ANY_ERROR, DRIVER, SESSION_LOST, NvmlSession, Scope
 
 log = logging.getLogger(__name__)
 
-# NVML field IDs (nvml.h): memory temperature, and the nanoseconds the clocks were held down
-# by the power cap and by heat (the fields NVML names in place of the deprecated
-# nvmlDeviceGetViolationStatus).
-FIELD_MEMORY_TEMP = 82
-FIELD_POWER_CAP_NS = 74
-FIELD_THERMAL_NS = 269
-FIELDS = {FIELD_MEMORY_TEMP: ("memory.temperature", 1.0), FIELD_POWER_CAP_NS: ("power.violation", 1e-9)}
-FIELDS[FIELD_THERMAL_NS] = ("thermal.violation", 1e-9)
 # nvmlValueType_t to the member of nvmlValue_t that holds it.
 VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-# nvmlClockType_t, nvmlMemoryErrorType_t and nvmlEccCounterType_t (nvml.h).
-CLOCK_SM, CLOCK_MEM = 1, 2
-ECC_CORRECTED, ECC_UNCORRECTED, ECC_VOLATILE = 0, 1, 0
+# nvmlEnableState_t's NVML_FEATURE_ENABLED, as nvmlDeviceGetEccMode answers the current mode.
+ECC_ON = 1
 # nvmlEventTypeXidCriticalError.
 EVENT_XID = 0x8
+# What every figure of a GPU would fail alike: the session lost, or the GPU fallen off the bus.
+GPU_GONE = SESSION_LOST | {ErrorCode.GPU_IS_LOST}
 
 _TIMEOUT = frozenset({ErrorCode.TIMEOUT})
 
-Query = Callable[..., Any]
-"""The backend's `query`: a call, or its default where NVML lacks it (gpu/nvml.py)."""
 
+@dataclass(slots=True)
+class Asking:
+    """One reading of GPU `index`'s health: how each of its reads asks NVML, and what failed."""
 
-def read_health(
-    nvml: Any, handle: Any, index: int, query: Query, session: dict[tuple[int, str], Any]
-) -> dict[str, float]:
-    """GPU `index`'s health figures now; each one the GPU or driver lacks is left out.
-    `session` keeps what holds for the NVML session (the backend clears it with its handles)."""
+    seam: NvmlSession
+    handle: Any
+    index: int
+    kept: dict[tuple[int, str], Any]
+    """What holds for the NVML session (the backend clears it with its handles): the ECC mode."""
+    failed: list[FailedRead] = field(default_factory=list)
 
-    def ask(figure: str, function: Any, *args: Any) -> Any:
-        return query(
-            function,
-            handle,
+    def figure(self, label: str, name: str, *args: Any, absent: frozenset[ErrorCode] = ABSENT) -> Any:
+        """`name(handle, *args)` for the figure (or read) `label`, None where the GPU lacks it:
+        said once, as its family, and not asked again this session."""
+        return self.seam.query(
+            name,
+            self.handle,
             *args,
             default=None,
-            remember=(index, figure),
-            say=f"GPU {index} does not report its {figure.replace('.', ' ')}: vgpu_gpu_{_snake(figure)} is left out",
+            absent=absent,
+            scope=Scope(gpu=self.index, figure=label),
+            say=f"GPU {self.index} does not report its {label.replace('.', ' ')}: "
+            f"vgpu_gpu_{label.replace('.', '_')} is left out",
         )
 
-    out: dict[str, float] = {}
-    sm, mem = (
-        ask("sm.clock", nvml.nvmlDeviceGetClockInfo, CLOCK_SM),
-        ask("memory.clock", nvml.nvmlDeviceGetClockInfo, CLOCK_MEM),
-    )
-    out |= {} if sm is None else {"sm.clock": float(sm) * 1e6}
-    out |= {} if mem is None else {"memory.clock": float(mem) * 1e6}
-    temperature = getattr(nvml, "nvmlDeviceGetTemperatureV", None)
-    celsius = (
-        ask("temperature", temperature, 0)
-        if temperature is not None
-        else ask("temperature", nvml.nvmlDeviceGetTemperature, 0)
-    )
-    out |= {} if celsius is None else {"temperature": float(celsius)}
-    for figure, function in (
-        ("power", nvml.nvmlDeviceGetPowerUsage),
-        ("power.limit", nvml.nvmlDeviceGetEnforcedPowerLimit),
-    ):
-        milliwatts = ask(figure, function)
-        out |= {} if milliwatts is None else {figure: float(milliwatts) / 1000.0}
-    replays = ask("pcie.replays", nvml.nvmlDeviceGetPcieReplayCounter)
-    out |= {} if replays is None else {"pcie.replays": float(replays)}
-    reasons_call = (
-        getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    )
-    reasons = ask("clock.event.reasons", reasons_call)
-    out |= {} if reasons is None else {"clock.event.reasons": float(reasons)}
-    out |= _fields(nvml, handle, index, query)
-    out |= _ecc(nvml, index, ask, session)
-    rows = ask("remapped.rows", nvml.nvmlDeviceGetRemappedRows)
-    if rows is not None:
-        correctable, uncorrectable, pending, failure = (float(value) for value in rows)
-        out |= {
-            "remapped.rows.correctable": correctable,
-            "remapped.rows.uncorrectable": uncorrectable,
-            "remapped.rows.pending": pending,
-            "remapped.rows.failure": failure,
-        }
-    return out
+    def failing(self, figures: tuple[HealthFigure, ...], error: GpuError) -> None:
+        """A read of `figures` failed: they are left out of this reading; raised where the GPU
+        or the session is gone, which every figure shares."""
+        if error.code in GPU_GONE:
+            raise error
+        self.failed.append(FailedRead(tuple(figure.name for figure in figures), error))
 
 
-def _fields(nvml: Any, handle: Any, index: int, query: Query) -> dict[str, float]:
+Read = Callable[[Asking, tuple[HealthFigure, ...]], dict[str, float]]
+
+
+def _plain(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
+    """One figure, one call: the newest of its calls this nvidia-ml-py has."""
+    (figure,) = figures
+    name = ask.seam.newest(figure.call, *figure.older)
+    value = ask.figure(figure.name, name, *figure.args, absent=figure.absent)
+    return {} if value is None else {figure.name: figure.published(float(value))}
+
+
+def _field_values(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
     """The figures NVML gives as field values: one call, each field with its own status."""
-    values = query(nvml.nvmlDeviceGetFieldValues, handle, list(FIELDS), default=(), remember=(index, "fields"))
+    by_id = {figure.args[0]: figure for figure in figures}
+    values = ask.seam.query(
+        figures[0].call,
+        ask.handle,
+        list(by_id),
+        default=(),
+        absent=figures[0].absent,
+        scope=Scope(gpu=ask.index, figure="fields"),
+    )
     out: dict[str, float] = {}
     for value in values:
-        figure, scale = FIELDS.get(int(value.fieldId), ("", 1.0))
-        if figure and int(value.nvmlReturn) == 0 and int(value.valueType) in VALUE_MEMBERS:
-            out[figure] = float(getattr(value.value, VALUE_MEMBERS[int(value.valueType)])) * scale
+        figure = by_id.get(int(value.fieldId))
+        if figure is not None and int(value.nvmlReturn) == 0 and int(value.valueType) in VALUE_MEMBERS:
+            out[figure.name] = figure.published(float(getattr(value.value, VALUE_MEMBERS[int(value.valueType)])))
     return out
 
 
-def _ecc(nvml: Any, index: int, ask: Callable[..., Any], session: dict[tuple[int, str], Any]) -> dict[str, float]:
+def _ecc(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
     """The volatile ECC totals, where ECC is on (nvmlDeviceGetTotalEccErrors requires it).
     The mode is asked once an NVML session: "Changing ECC modes requires a reboot" (nvml.h,
     nvmlDeviceGetEccMode), and a session begins at every start and every driver reload. A mode
     a GPU reset applied while the session lasts is seen at the next one; until then a count
     NVML no longer gives is left out, as any figure it lacks. At 0.16 ms on an H200 the mode
-    was the dearest health call after the PCIe replay counter (bench/results/h200-health.md)."""
-    if (index, "ecc") not in session:
-        session[(index, "ecc")] = ask("ecc", nvml.nvmlDeviceGetEccMode)
-    mode = session[(index, "ecc")]
-    if mode is None or int(mode[0]) != 1:
+    was the dearest health call after the PCIe replay counter (bench/results/h200-health.md).
+    A mode that fails costs every count; a count that fails, itself alone."""
+    if (ask.index, "ecc") not in ask.kept:
+        ask.kept[(ask.index, "ecc")] = ask.figure("ecc", "nvmlDeviceGetEccMode")
+    mode = ask.kept[(ask.index, "ecc")]
+    if mode is None or int(mode[0]) != ECC_ON:
         return {}
     out: dict[str, float] = {}
-    for figure, kind in (("ecc.corrected", ECC_CORRECTED), ("ecc.uncorrected", ECC_UNCORRECTED)):
-        count = ask(figure, nvml.nvmlDeviceGetTotalEccErrors, kind, ECC_VOLATILE)
-        out |= {} if count is None else {figure: float(count)}
+    for figure in figures:
+        try:
+            count = ask.figure(figure.name, figure.call, *figure.args, absent=figure.absent)
+        except GpuError as error:
+            ask.failing((figure,), error)
+            continue
+        out |= {} if count is None else {figure.name: figure.published(float(count))}
     return out
 
 
-def _snake(figure: str) -> str:
-    return figure.replace(".", "_")
+def _remapped_rows(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
+    """nvmlDeviceGetRemappedRows' four numbers (corrRows, uncRows, isPending, failureOccurred)
+    from one call, each figure its place in the answer."""
+    rows = ask.figure("remapped.rows", figures[0].call, absent=figures[0].absent)
+    if rows is None:
+        return {}
+    answer = tuple(rows)
+    return {figure.name: figure.published(float(answer[figure.args[0]])) for figure in figures}
+
+
+READS: dict[str, Read] = {"": _plain, FIELD_VALUES: _field_values, ECC: _ecc, REMAPPED_ROWS: _remapped_rows}
+"""Each read of `HealthFigure.read`, by name; "": a figure's `call` alone."""
+
+
+def grouped(table: tuple[HealthFigure, ...]) -> tuple[tuple[str, tuple[HealthFigure, ...]], ...]:
+    """`table`'s figures by read, in the table's order: each plain figure alone, the figures of
+    a compound read together."""
+    groups: dict[tuple[str, str], list[HealthFigure]] = {}
+    for figure in table:
+        groups.setdefault((figure.read, "" if figure.read else figure.name), []).append(figure)
+    return tuple((read, tuple(figures)) for (read, _), figures in groups.items())
+
+
+HEALTH_READS = grouped(HEALTH_TABLE)
+
+
+def read_health(
+    handle: Any,
+    index: int,
+    seam: NvmlSession,
+    kept: dict[tuple[int, str], Any],
+    reads: tuple[tuple[str, tuple[HealthFigure, ...]], ...] = HEALTH_READS,
+) -> HealthReading:
+    """GPU `index`'s health figures now, each read as its table entry says (`reads`: the table's,
+    `grouped`); each one the GPU or driver lacks is left out, and so is each whose read failed,
+    with its failure. `kept` keeps what holds for the NVML session (the backend clears it with
+    its handles)."""
+    ask = Asking(seam, handle, index, kept)
+    out: dict[str, float] = {}
+    for read, figures in reads:
+        try:
+            out |= READS[read](ask, figures)
+        except GpuError as error:
+            ask.failing(figures, error)
+    return HealthReading(out, tuple(ask.failed))
 
 
 class Gpm:
@@ -141,9 +188,10 @@ class Gpm:
     for the next read, so that no window pays NVML's allocation and free. Samples are NVML
     allocations: `free` must run before nvmlShutdown."""
 
-    def __init__(self, nvml: Any, query: Query, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, nvml: Any, seam: NvmlSession, clock: Callable[[], float] = time.monotonic) -> None:
+        """`nvml`: nvidia-ml-py, for GPM's request structure."""
         self._nvml = nvml
-        self._query = query
+        self._seam = seam
         self._clock = clock
         self._samples: dict[tuple[int, int | None], tuple[Any, float]] = {}
         """The newest sample of each GPU (and GPU instance), and when it was taken."""
@@ -153,7 +201,6 @@ class Gpm:
         self._nvlink: dict[int, bool] = {}
 
     def read(self, handle: Any, index: int, gpu_instance: int | None) -> dict[str, float] | None:
-        nvml = self._nvml
         if not self._supports(handle, index):
             return None
         key = (index, gpu_instance)
@@ -162,14 +209,15 @@ class Gpm:
             return None  # too soon after the last: the driver would answer 0, not refuse
         sample = self._spare.pop(key, None)
         if sample is None:
-            sample = self._query(nvml.nvmlGpmSampleAlloc, default=None, remember="gpm")
+            sample = self._seam.query("nvmlGpmSampleAlloc", default=None, scope=DRIVER)
             if sample is None:
                 return None
         try:
             if gpu_instance is None:
-                self._query(nvml.nvmlGpmSampleGet, handle, sample, default=None, remember=(index, "gpm"))
+                self._seam.query("nvmlGpmSampleGet", handle, sample, default=None, scope=Scope(gpu=index))
             else:
-                self._query(nvml.nvmlGpmMigSampleGet, handle, gpu_instance, sample, default=None, remember=key)
+                scope = Scope(gpu=index, instance=gpu_instance)
+                self._seam.query("nvmlGpmMigSampleGet", handle, gpu_instance, sample, default=None, scope=scope)
         except GpuError:
             self._spare[key] = sample
             raise
@@ -188,7 +236,7 @@ class Gpm:
         request.sample1, request.sample2 = older, newer
         for slot, figure in enumerate(figures):
             request.metrics[slot].metricId = figure.metric_id
-        self._query(nvml.nvmlGpmMetricsGet, request, default=None, remember=(index, "gpm"))
+        self._seam.query("nvmlGpmMetricsGet", request, default=None, scope=Scope(gpu=index))
         # Each metric has its own status; a value is valid only where it is 0 (NVML_SUCCESS).
         return {
             figure.name: max(0.0, float(request.metrics[slot].value)) * figure.scale
@@ -200,15 +248,11 @@ class Gpm:
         """Whether the GPU has GPM (Hopper and newer), asked once per session and said once."""
         supported = self._supported.get(index)
         if supported is None:
-            nvml = self._nvml
-            function = getattr(nvml, "nvmlGpmQueryDeviceSupport", None)
-            answer = (
-                None if function is None else self._query(function, handle, default=None, absent=frozenset(ErrorCode))
-            )
+            answer = self._seam.query("nvmlGpmQueryDeviceSupport", handle, default=None, absent=ANY_ERROR)
             supported = self._supported[index] = bool(answer is not None and answer.isSupportedDevice)
             if not supported:
                 log.info("GPU %d has no GPM (Hopper and newer have it): its efficiency families are left out", index)
-            links = self._query(nvml.nvmlDeviceGetNvLinkState, handle, 0, default=None, absent=frozenset(ErrorCode))
+            links = self._seam.query("nvmlDeviceGetNvLinkState", handle, 0, default=None, absent=ANY_ERROR)
             self._nvlink[index] = links is not None
         return supported
 
@@ -222,7 +266,7 @@ class Gpm:
         self._nvlink.clear()
 
     def _free(self, sample: Any) -> None:
-        self._query(self._nvml.nvmlGpmSampleFree, sample, default=None, absent=frozenset(ErrorCode))
+        self._seam.free("nvmlGpmSampleFree", sample)
 
 
 class XidWatch:
@@ -246,18 +290,10 @@ class XidWatch:
     A take holds `lock`; the backend takes it before nvmlShutdown, so no call is ever inside a
     wait when the session ends (nvml.h says nothing of a wait across nvmlShutdown)."""
 
-    def __init__(
-        self,
-        nvml: Any,
-        query: Query,
-        identified: Callable[[int], tuple[Any, str]],
-        in_session: Callable[[], bool],
-    ) -> None:
+    def __init__(self, seam: NvmlSession, identified: Callable[[int], tuple[Any, str]]) -> None:
         """`identified(index)`: the GPU's handle and UUID."""
-        self._nvml = nvml
-        self._query = query
+        self._seam = seam
         self._identified = identified
-        self._in_session = in_session
         self.lock = threading.RLock()
         self._sets: dict[int, tuple[Any, str] | None] = {}
         """By GPU index: its event set and UUID; None for a GPU that reports no XID events."""
@@ -266,7 +302,7 @@ class XidWatch:
         """Up to `most` events queued in GPU `index`'s set, without waiting; [] outside a session
         (paused for a driver upgrade, or NVML not initialised yet)."""
         with self.lock:
-            if not self._in_session():
+            if not self._seam.in_session():
                 return []
             if index not in self._sets:
                 self._sets[index] = self._made(index)
@@ -277,7 +313,7 @@ class XidWatch:
             out: list[XidEvent] = []
             for _ in range(most):
                 # NVML_ERROR_TIMEOUT: none queued (with a zero timeout, NVML answers at once).
-                data = self._query(self._nvml.nvmlEventSetWait_v2, event_set, 0, default=None, absent=_TIMEOUT)
+                data = self._seam.query("nvmlEventSetWait_v2", event_set, 0, default=None, absent=_TIMEOUT)
                 if data is None:
                     break
                 if int(data.eventType) == EVENT_XID:
@@ -287,19 +323,17 @@ class XidWatch:
     def _made(self, index: int) -> tuple[Any, str] | None:
         """GPU `index`'s event set, with the GPU registered for XID errors; None where it does not
         report them (said once). A registration that fails frees its set: nothing leaks."""
-        nvml = self._nvml
         handle, uuid = self._identified(index)
-        supported = self._query(nvml.nvmlDeviceGetSupportedEventTypes, handle, default=0, remember=(index, "events"))
+        supported = self._seam.query("nvmlDeviceGetSupportedEventTypes", handle, default=0, scope=Scope(gpu=index))
         if not int(supported) & EVENT_XID:
             log.info("GPU %d does not report XID events: vgpu_gpu_xid_errors_total is left out for it", index)
             return None
-        event_set = self._query(nvml.nvmlEventSetCreate, default=None, remember="events")
+        event_set = self._seam.query("nvmlEventSetCreate", default=None, scope=DRIVER)
         if event_set is None:
             return None
         try:
-            self._query(
-                nvml.nvmlDeviceRegisterEvents, handle, EVENT_XID, event_set, default=None, remember=(index, "xid")
-            )
+            scope = Scope(gpu=index)
+            self._seam.query("nvmlDeviceRegisterEvents", handle, EVENT_XID, event_set, default=None, scope=scope)
         except GpuError:
             self._free(event_set)
             raise
@@ -314,4 +348,4 @@ class XidWatch:
             self._sets.clear()
 
     def _free(self, event_set: Any) -> None:
-        self._query(self._nvml.nvmlEventSetFree, event_set, default=None, absent=frozenset(ErrorCode))
+        self._seam.free("nvmlEventSetFree", event_set)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from otel_vgpu.gpu.backend import ErrorCode, GpuError, XidEvent
-from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S, MIB
+from otel_vgpu.gpu.backend import ErrorCode, GpuError, HealthReading, XidEvent
+from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S, HEALTH_TABLE, MIB
 from otel_vgpu.sim.scenario import THROTTLE_REASONS, GpuSpec, HealthEventSpec, Scenario
 
 # What an idle and a busy simulated GPU read (an H200's, issue #39 and nvidia-smi).
@@ -54,6 +55,64 @@ class Running(Protocol):
     def mig(self) -> str | None: ...
 
     def wave(self, figure: str) -> Callable[[float], float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Moment:
+    """A simulated GPU at one instant, as its health figures are read from it."""
+
+    index: int
+    gpu: GpuSpec
+    t: float
+    reasons: int
+    """NVML's clock event reasons now."""
+    sm_clock_mhz: float
+    celsius: float
+    watts: float
+
+
+Simulated = Callable[["SimulatedHealth", Moment], float | None]
+"""A health figure's simulated value, in its published unit; None where NVML would give none."""
+
+
+def _remapped(what: str, flag: bool = False) -> Simulated:
+    """The rows remapped for `what` in the GPU's InfoROM, since ever (a reload keeps them); with
+    `flag`, 1 where any was, else 0. NVML gives none on a GPU with MIG instances."""
+
+    def value(health: SimulatedHealth, m: Moment) -> float | None:
+        if m.gpu.migs:
+            return None
+        count = health.counted(m.index, "remap", m.t, what, since_load=False)
+        return float(count > 0) if flag else float(count)
+
+    return value
+
+
+def _ecc(what: str) -> Simulated:
+    """The volatile ECC errors of `what` kind since the driver loaded; none with ECC off."""
+    return lambda health, m: float(health.counted(m.index, "ecc", m.t, what)) if m.gpu.ecc else None
+
+
+SIMULATED: dict[str, Simulated] = {
+    "sm.clock": lambda _, m: m.sm_clock_mhz * 1e6,
+    "memory.clock": lambda _, m: MEMORY_CLOCK_MHZ * 1e6,
+    "temperature": lambda _, m: m.celsius,
+    "memory.temperature": lambda _, m: m.celsius + MEMORY_CELSIUS_MORE,
+    "power": lambda _, m: m.watts,
+    "power.limit": lambda _, m: m.gpu.power_limit_w,
+    "pcie.replays": lambda health, m: float(health.counted(m.index, "pcie_replays", m.t)),
+    "clock.event.reasons": lambda _, m: float(m.reasons),
+    "power.violation": lambda health, m: health.held_s(m.index, POWER_BITS, m.t),
+    "thermal.violation": lambda health, m: health.held_s(m.index, THROTTLE_REASONS["sw_thermal"], m.t),
+    "ecc.corrected": _ecc("corrected"),
+    "ecc.uncorrected": _ecc("uncorrected"),
+    "remapped.rows.correctable": _remapped("correctable"),
+    "remapped.rows.uncorrectable": _remapped("uncorrectable"),
+    "remapped.rows.pending": _remapped("pending", flag=True),
+    "remapped.rows.failure": _remapped("failure", flag=True),
+}
+"""Each health figure of gpu/device_figures.py's `HEALTH_TABLE`, by name: its value on a simulated
+GPU (tests/test_device_health.py checks that the two name the same figures)."""
 
 
 class SimulatedHealth:
@@ -93,7 +152,14 @@ class SimulatedHealth:
 
     # --- health -------------------------------------------------------------------
 
-    def health(self, index: int) -> dict[str, float]:
+    def health(self, index: int) -> HealthReading:
+        """Each figure of the table its simulated value, but those the GPU does not report."""
+        moment = self._moment(index)
+        values = {figure.name: SIMULATED[figure.name](self, moment) for figure in HEALTH_TABLE}
+        unsupported = moment.gpu.unsupported
+        return HealthReading({n: v for n, v in values.items() if v is not None and n not in unsupported})
+
+    def _moment(self, index: int) -> Moment:
         gpu = self._scenario.gpus[index]
         t = self._now()
         busy = self._use(index, None, "sm", t)
@@ -102,32 +168,14 @@ class SimulatedHealth:
         clock = IDLE_SM_CLOCK_MHZ if busy == 0 else BUSY_SM_CLOCK_MHZ * (THROTTLED_CLOCK_PART if held else 1.0)
         celsius = IDLE_CELSIUS + BUSY_CELSIUS_MORE * busy + (THROTTLED_CELSIUS_MORE if reasons & THERMAL_BITS else 0.0)
         watts = min(gpu.power_limit_w, self._idle_watts + (self._full_watts - self._idle_watts) * busy)
-        out = {
-            "sm.clock": clock * 1e6,
-            "memory.clock": MEMORY_CLOCK_MHZ * 1e6,
-            "temperature": celsius,
-            "memory.temperature": celsius + MEMORY_CELSIUS_MORE,
-            "power": watts,
-            "power.limit": gpu.power_limit_w,
-            "pcie.replays": float(self._counted(index, "pcie_replays", t)),
-            "clock.event.reasons": float(reasons),
-            "power.violation": self._held_s(index, POWER_BITS, t),
-            "thermal.violation": self._held_s(index, THROTTLE_REASONS["sw_thermal"], t),
-        }
-        if gpu.ecc:
-            out["ecc.corrected"] = float(self._counted(index, "ecc", t, "corrected"))
-            out["ecc.uncorrected"] = float(self._counted(index, "ecc", t, "uncorrected"))
-        if not gpu.migs:  # NVML: not supported on MIG-enabled GPUs with active instances
-            for what in ("correctable", "uncorrectable"):
-                out[f"remapped.rows.{what}"] = float(self._counted(index, "remap", t, what, since_load=False))
-            for what in ("pending", "failure"):
-                out[f"remapped.rows.{what}"] = float(self._counted(index, "remap", t, what, since_load=False) > 0)
-        return {name: value for name, value in out.items() if name not in gpu.unsupported}
+        return Moment(index, gpu, t, reasons, clock, celsius, watts)
 
     def _events(self, index: int, kind: str) -> list[HealthEventSpec]:
         return [e for e in self._scenario.health_events if e.gpu == index and e.kind == kind]
 
-    def _counted(self, index: int, kind: str, t: float, what: str = "", since_load: bool = True) -> int:
+    def counted(self, index: int, kind: str, t: float, what: str = "", since_load: bool = True) -> int:
+        """How many of GPU `index`'s `kind` events (of `what`) happened by `t`, since the driver
+        loaded or, without `since_load`, since ever."""
         start = self._loaded_at if since_load else -math.inf
         return sum(e.count for e in self._events(index, kind) if start < e.at_s <= t and (not what or e.what == what))
 
@@ -138,7 +186,7 @@ class SimulatedHealth:
                 bits |= event.reasons
         return bits
 
-    def _held_s(self, index: int, bits: int, t: float) -> float:
+    def held_s(self, index: int, bits: int, t: float) -> float:
         """Seconds the clocks were held down for `bits` since the driver loaded."""
         held = 0.0
         for event in self._events(index, "throttle"):

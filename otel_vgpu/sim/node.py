@@ -34,6 +34,7 @@ from otel_vgpu.gpu.backend import (
     ErrorCode,
     GpuError,
     GpuProcess,
+    HealthReading,
     MigDevice,
     UtilizationSample,
     XidEvent,
@@ -199,7 +200,7 @@ class SimulatedNode:
         self._energy_at = [None] * len(self.scenario.gpus)
         self._health.reloaded()
 
-    def health(self, index: int) -> dict[str, float]:
+    def health(self, index: int) -> HealthReading:
         self._in_session()
         self._maybe_fail("health", index)
         return self._health.health(index)
