@@ -201,6 +201,9 @@ def test_a_read_that_fails_costs_its_figures_alone_counted_once_a_read(
     assert ("0",) in served[2].by("vgpu_gpu_power_watts", "gpu_id"), "read again, and back"
     errors = [seen.by("vgpu_agent_collection_errors_total", "stage")[("device_health",)] for seen in served]
     assert errors == [1, 2, 2], "once a read that failed"
+    # The health reader's pass failed while a figure was missing, and succeeded once none was.
+    success = [seen.by("vgpu_agent_reader_success", "reader").get(("health",)) for seen in served]
+    assert success == [0, 0, 1]
     messages = [r.getMessage() for r in caplog.records]
     assert len([m for m in messages if m.startswith("GPU 0: health figures power: simulated")]) == 1
     assert "device_health recovered (0:power:UNKNOWN)" in messages

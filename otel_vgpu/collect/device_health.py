@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from otel_vgpu.collect.aggregate import GpuRow
 from otel_vgpu.collect.deadline import CallThread
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.gpu.backend import GpuBackend, GpuError
+from otel_vgpu.gpu.backend import GpuBackend, GpuError, HealthReading
 from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.threads import NamedThread
 
@@ -172,20 +172,21 @@ class DeviceHealth:
 
     def _read(self, index: int) -> bool:
         """GPU `index`'s figures read, on its thread, and kept; nothing kept where they could not be.
-        False where the read failed (not where the driver is paused, which asks nothing)."""
+        False where the read failed, whole or in part (not where the driver is paused, which asks
+        nothing): the health reader's success says so while the figures that were read serve."""
         try:
             with self._sampler.driver_use() as backend:
                 if backend is None:
                     return True
-                figures = self._figures(backend, index)
+                reading = self._figures(backend, index)
         except Exception as error:  # a bug, never the driver's answer (`_figures` says those)
             log.warning("GPU %d: reading its health failed: %s", index, error)
             return False
-        if figures is not None:
-            self._last[index] = _Read(self._clock(), figures)
-        return figures is not None
+        if reading is not None:
+            self._last[index] = _Read(self._clock(), reading.figures)
+        return reading is not None and not reading.failed
 
-    def _figures(self, backend: GpuBackend, index: int) -> Mapping[str, float] | None:
+    def _figures(self, backend: GpuBackend, index: int) -> HealthReading | None:
         """The GPU's figures read now; None where the read failed whole (the GPU or the session
         lost). A read of some figures that failed costs those alone, counted once, each kind
         said once (`<index>:<first figure>:<code>`)."""
@@ -207,7 +208,7 @@ class DeviceHealth:
                 f"GPU {index}: health figures {', '.join(failure.figures)}: {failure.error}; "
                 "left out of this read, the GPU's other figures kept",
             )
-        return reading.figures
+        return reading
 
     def _run(self) -> None:
         while not self._stop.is_set():
