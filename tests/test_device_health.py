@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from otel_vgpu.collect.aggregate import GpuRow, PodRow, pod_key
+from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot, pod_key
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.gpm import Gpm, step
 from otel_vgpu.collect.reading import GpuReader, Read
@@ -29,6 +29,7 @@ from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_FIGURES, MAX_XID_CODE
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.sim.health import SIMULATED
 from otel_vgpu.sim.node import SimulatedNode
+from testkit.agent import wait_until
 from testkit.clock import Clock
 from testkit.promtext import Exposition, parse
 from testkit.rows import pod_row
@@ -220,6 +221,39 @@ def test_health_is_read_once_per_collection_not_every_sweep(tmp_path: Path) -> N
         assert calls == []
         node.scrape()
         assert calls == [0]
+
+
+def test_a_cadence_started_before_the_first_sweep_reads_the_gpus_once_it_has_swept(tmp_path: Path) -> None:
+    # As the agent starts them: the health thread beside the first sweep, which runs on its own
+    # thread; a round that finds no sweep yet must not leave the health families out for a
+    # whole cadence (an hour here, so that only a round asked again soon can pass).
+    clock, node, ratio = hand_clocked(tmp_path, gpus(f"model: {H100}"))
+    health = Health()
+    sampler = make_sampler(node, ratio, health=health, clock=clock.monotonic)
+    devices = DeviceHealth(sampler, health, clock.monotonic, every_s=3600.0)
+    calls: list[int] = []
+    node.health = counting(calls, node.health)  # type: ignore[method-assign]
+    looked: list[bool] = []  # each round's look for the last sweep: whether it found one
+    latest = sampler.latest
+
+    def looking() -> Snapshot | None:
+        found = latest()
+        looked.append(found is not None)
+        return found
+
+    sampler.latest = looking  # type: ignore[method-assign]
+    try:
+        devices.start()
+        wait_until(lambda: looked, what="a round before the first sweep")
+        assert looked[0] is False and calls == []
+        clock.t += 2.0
+        sampler.snapshot(0.0)
+        rows = wait_until(lambda: devices.rows(max_age=3600.0), what="the GPU's health after the first sweep")
+        assert [row.gpu.index for row in rows] == [0] and "temperature" in rows[0].figures
+        assert calls == [0], "read once, then at the cadence"
+    finally:
+        devices.stop()
+        node.close()
 
 
 def test_while_the_driver_is_paused_no_health_is_read_and_its_counters_restart_after(tmp_path: Path) -> None:

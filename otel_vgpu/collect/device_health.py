@@ -44,6 +44,9 @@ from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
 
+# How soon a round is asked again while no GPU has been read yet (`DeviceHealth._run`).
+FIRST_READ_POLL_S = 0.25
+
 # How often each GPU's health is read: Prometheus scrapes every 15-60 s, and a health figure
 # (a temperature, a clock, an error count) that is 10 s old tells what a fresher one would.
 HEALTH_EVERY_S = 10.0
@@ -217,4 +220,8 @@ class DeviceHealth:
                 self.refresh()
             except Exception as error:  # a bug: said, and the next round tries again
                 log.warning("reading the GPUs' health failed: %s", error)
-            self._stop.wait(max(0.0, self._every_s - (time.monotonic() - started)))
+            # Until a GPU has been read, the round is asked again soon: the first sweep runs on a
+            # thread of its own beside this one, and a round that found no sweep to read the GPUs
+            # of would otherwise leave every health family out for the whole first cadence.
+            every_s = self._every_s if self._last else min(self._every_s, FIRST_READ_POLL_S)
+            self._stop.wait(max(0.0, every_s - (time.monotonic() - started)))
