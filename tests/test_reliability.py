@@ -258,7 +258,9 @@ def test_sigterm_during_a_sweep_exits_cleanly(tmp_path: Path, ratio_file: Path) 
 def test_soak_churning_pods_memory_bounded_no_leftovers() -> None:
     # 2,000 pods of half a second, 20 processes each: 40,000 processes and
     # their PIDs reused, in 10 s (bench/soak.py runs 5,000 for the figures).
-    soak = run_soak(pods=2000, live=100, lifetime_s=0.5, processes=20)
+    pods, live, lifetime_s = 2000, 100, 0.5
+    soak = run_soak(pods=pods, live=live, lifetime_s=lifetime_s, processes=20)
+    churn_s = pods * lifetime_s / live
     assert soak.returncode == 0
     # Every scrape reports exactly the pods alive at its sweep: none missing,
     # none outliving its pod. How many scrapes fit in the churn, and so how
@@ -267,10 +269,14 @@ def test_soak_churning_pods_memory_bounded_no_leftovers() -> None:
     assert soak.scrapes >= 10 and soak.pods_seen >= 100
     assert soak.max_live_pods <= 100, "no series outlived its pod"
     assert soak.samples[-1].pod_series == 0, "after the churn, no pod series remain"
-    warm = [s for s in soak.samples if s.seconds >= 4]
+    # From the churn's midpoint on: before it the allocator is still warming up (42 MiB to 62 in
+    # the first 4 s, slowing, then flat), which on a loaded machine ran past 4 s and read as 6 MiB
+    # of growth; a leak grows at the same rate throughout, so its second half still shows it (5 MiB
+    # over the last 20,000 processes: 260 bytes a process, a cache entry or a series kept per one).
+    warm = [s for s in soak.samples if s.seconds >= churn_s / 2]
     growth = warm[-1].rss_mib - warm[0].rss_mib
     print("soak RSS MiB:", [round(s.rss_mib, 1) for s in soak.samples])
-    assert growth < 5, f"resident memory grew {growth:.1f} MiB over the soak"
+    assert growth < 5, f"resident memory grew {growth:.1f} MiB over the soak's second half"
     fds = {s.open_fds for s in soak.samples}
     assert max(fds) - min(fds) <= 2, f"file descriptors: {sorted(fds)}"
 
