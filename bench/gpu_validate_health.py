@@ -181,6 +181,11 @@ def next_window(what: str, after: Samples) -> Samples:
 def consistent_health(report: Report) -> None:
     """Health against nvidia-smi: a scrape and nvidia-smi a moment apart, again (three times at
     most) where a figure that moves with the load moved between the two."""
+    # The health figures serve from the health reader's first round, which follows the first
+    # sweep (a quarter of a second at most): the agent answers before it.
+    asked = time.monotonic()
+    wait_for("the health figures", lambda s: "vgpu_gpu_temperature_celsius" in s, timeout=10)
+    report.lines += [f"The health figures served {time.monotonic() - asked:.2f} s after the agent answered.", ""]
     for attempt in range(3):
         trial = Report()
         samples = scrape(f"{URL}/metrics")
@@ -281,12 +286,25 @@ def proof(args: argparse.Namespace, cluster: Doubles, tmp: Path, report: Report)
             *(f"    {line}" for line in pmon.stdout.splitlines()),
             "",
         ]
+        readers(report, both)
     finally:
         log = agent.stop()
         stop_pods(pods)
         errors = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
         lines += ["", f"agent log: {len(log.splitlines())} lines, {len(errors)} errors", ""]
         lines += [f"    {line}" for line in errors[:5]]
+
+
+def readers(report: Report, samples: Samples) -> None:
+    """Each reader's last pass as the agent served it (vgpu_agent_reader_*): the GPU's readers
+    (sweep, health, GPM) all succeeded, each taking what it took on this GPU."""
+    duration = {labels["reader"]: value for labels, value in samples.get("vgpu_agent_reader_duration_seconds", [])}
+    success = {labels["reader"]: value for labels, value in samples.get("vgpu_agent_reader_success", [])}
+    report.lines += ["### Each reader's last pass", "", "| reader | seconds | success |", "|---|---|---|"]
+    report.lines += [f"| {r} | {duration.get(r, 0.0):.4f} | {success.get(r)} |" for r in sorted(success)]
+    report.lines.append("")
+    for reader in ("sweep", "health", "gpm"):
+        report.check(success.get(reader) == 1.0, f"the {reader} reader's last pass succeeded")
 
 
 def main() -> int:
