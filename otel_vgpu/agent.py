@@ -105,7 +105,9 @@ class Agent:
         from otel_vgpu.export.otlp import settings_from  # noqa: PLC0415
 
         try:
-            self.otlp = settings_from(config.otlp_endpoint, config.otlp_protocol, config.otlp_interval)
+            self.otlp = settings_from(
+                config.otlp_endpoint, config.otlp_protocol, config.otlp_interval, config.otlp_names
+            )
             ssl_context, auth = _endpoint_security(config)
         except ValueError as error:
             raise StartupError(str(error), EXIT_USAGE) from None

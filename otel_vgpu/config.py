@@ -32,6 +32,7 @@ from otel_vgpu.flag_values import (
     namespaces,
     number,
     optional_path,
+    otlp_names,
     scenario,
 )
 from otel_vgpu.limits import Limits
@@ -350,6 +351,16 @@ FLAGS: tuple[Flag, ...] = (
         metavar="SECONDS",
         shown_default="OTEL_METRIC_EXPORT_INTERVAL in ms, else 60",
     ),
+    Flag(
+        "--otlp-names",
+        "the names the OTLP push speaks: vgpu, the agent's own, as a scrape serves them; semconv, OpenTelemetry's "
+        "semantic conventions (hw.gpu.utilization, hw.energy, ...; a Resource per pod with k8s.pod.uid, "
+        "k8s.pod.name and k8s.namespace.name: docs/metrics.md). The scrape is the same with either",
+        "OTEL_VGPU_OTLP_NAMES",
+        otlp_names,
+        "vgpu",
+        metavar="{vgpu,semconv}",
+    ),
     Flag("--tls-cert-file", "serve HTTPS with this certificate (PEM)", "OTEL_VGPU_TLS_CERT_FILE", optional_path),
     Flag("--tls-key-file", "the certificate's private key (PEM)", "OTEL_VGPU_TLS_KEY_FILE", optional_path),
     Flag(
@@ -441,6 +452,8 @@ class Config:
     otlp_endpoint: str | None = _default("otlp_endpoint")
     otlp_protocol: str | None = _default("otlp_protocol")
     otlp_interval: float | None = _default("otlp_interval")
+    otlp_names: str = _default("otlp_names")
+    """vgpu or semconv: the names of the OTLP push (export/semconv.py)."""
     tls_cert_file: Path | None = _default("tls_cert_file")
     tls_key_file: Path | None = _default("tls_key_file")
     tls_client_ca_file: Path | None = _default("tls_client_ca_file")

@@ -68,6 +68,20 @@ def interval(what: str, high: float, off: str | None = None) -> Any:
     return parse
 
 
+OTLP_SEMCONV = "semconv"
+OTLP_NAMES = ("vgpu", OTLP_SEMCONV)
+"""--otlp-names: the agent's own names on the OTLP push, or the semantic conventions' (export/semconv.py)."""
+
+
+def otlp_names(text: str) -> str:
+    if text.strip().lower() not in OTLP_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"invalid OTLP names {text!r}: expected vgpu (the agent's own, as scraped) or semconv "
+            "(OpenTelemetry's semantic conventions)"
+        )
+    return text.strip().lower()
+
+
 def log_level_name(text: str) -> str:
     if text.lower() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"invalid log level {text!r}: expected one of {', '.join(LOG_LEVELS)}")

@@ -20,6 +20,7 @@ BLOCKS: dict[str, tuple[Path, ...]] = {
     "collection stages": (ROOT / "docs" / "metrics.md",),
     "family reads": (ROOT / "docs" / "metrics.md",),
     "health and GPM off": (ROOT / "docs" / "metrics.md",),
+    "semconv names": (ROOT / "docs" / "metrics.md",),
     "dcgm-exporter generations": (ROOT / "docs" / "coming-from.md",),
     "dcgm-exporter optional fields": (ROOT / "docs" / "coming-from.md",),
     # The chart's README is what `helm show readme` prints, so it carries the table too.

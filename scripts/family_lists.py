@@ -5,7 +5,9 @@ them without an edit:
 - the denylist that turns the health and GPM families off (those that need a health, GPM or XID
   read), which bench/health_families_cost.py turns them off with too;
 - which families each of a sweep's optional reads is made for;
-- the stages of vgpu_agent_collection_errors_total.
+- the stages of vgpu_agent_collection_errors_total;
+- the names of the push with --otlp-names semconv that are no family's own, each with what
+  Prometheus' OTLP ingestion names it (testkit/otlp_names.py, otlptranslator's rules).
 
 scripts/gen-metric-tables.py writes them where scripts/doc_blocks.py says; tests/test_docs.py
 fails when one is stale. A release note names the block, never the pattern: the note is frozen
@@ -19,8 +21,11 @@ import inspect
 import itertools
 
 from otel_vgpu.collect.reading import Read
-from otel_vgpu.export.families import FAMILIES
+from otel_vgpu.conventions import Kind
+from otel_vgpu.export.families import FAMILIES, POD
+from otel_vgpu.export.semconv import forms
 from otel_vgpu.health import COLLECTION_STAGES
+from testkit.otlp_names import prometheus_name
 
 # The reads the health and GPM families are made for: the health figures (read every 10 s
 # off the scrape's path), GPM's windows and the XID events' thread. With every family that
@@ -81,8 +86,42 @@ def stages_markdown() -> str:
     return f"The stages of `vgpu_agent_collection_errors_total{{stage}}` are {', '.join(names[:-1])} and {names[-1]}.\n"
 
 
+# The attributes of a GPU's point and of a pod's, and a pod's Resource, on the semconv push (export/semconv.py).
+_GPU_POINT = "`hw.id`, `hw.name`, `hw.model`, `hw.vendor`, `hw.driver_version`"
+_POD_POINT = "`hw.id`; its Resource: `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name` (`k8s.container.name`)"
+
+
+def semconv_names_markdown() -> str:
+    """Each name of the push with --otlp-names semconv that no family has of its own: its
+    instrument, unit and attributes, the name Prometheus' OTLP ingestion gives it (the default
+    UnderscoreEscapingWithSuffixes), and the families it is made from."""
+    rows = [
+        "| OTLP name | instrument | unit | attributes | in Prometheus (OTLP ingestion) | made from |",
+        "|---|---|---|---|---|---|",
+    ]
+    for form, families in forms():
+        per_pod = all(family.subject.name.startswith(POD.name) for family in families)
+        attributes = _POD_POINT if per_pod else _GPU_POINT + (", `hw.type`" if form.name.startswith("hw.") else "")
+        fixed: dict[str, list[str]] = {}
+        for family in families:
+            for key, value in family.semconv.attributes if family.semconv else ():
+                fixed.setdefault(key, []).append(value)
+        told = "; ".join(f"`{key}`: {', '.join(values)}" for key, values in fixed.items())
+        data_type = "Gauge" if form.kind is Kind.GAUGE else "Sum"
+        prometheus = prometheus_name(form.name, form.unit, data_type, monotonic=form.kind is Kind.COUNTER)
+        made_from = ", ".join(f"`{family.name}`" for family in families)
+        if form.name == "hw.gpu.memory.utilization":
+            made_from = " over ".join(f"`{family.name}`" for family in families)
+        rows.append(
+            f"| `{form.name}` | {form.kind.value} | `{form.unit}` | {attributes}{'; ' + told if told else ''} "
+            f"| `{prometheus}` | {made_from} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 # Each block of docs/metrics.md this module makes, by the name scripts/doc_blocks.py gives it.
 BLOCKS = {
+    "semconv names": semconv_names_markdown,
     "health and GPM off": health_and_gpm_off_markdown,
     "family reads": reads_markdown,
     "collection stages": stages_markdown,

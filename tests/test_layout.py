@@ -20,7 +20,14 @@ PACKAGE = ROOT / "otel_vgpu"
 # Lower layers first. A module may import from lower layers and from its own
 # package; never from a layer above, nor from a sibling package of its layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("otel_vgpu", "otel_vgpu.files", "otel_vgpu.patterns", "otel_vgpu.threads", "otel_vgpu.wording"),
+    (
+        "otel_vgpu",
+        "otel_vgpu.conventions",
+        "otel_vgpu.files",
+        "otel_vgpu.patterns",
+        "otel_vgpu.threads",
+        "otel_vgpu.wording",
+    ),
     ("otel_vgpu.flag_values", "otel_vgpu.limits"),
     ("otel_vgpu.config", "otel_vgpu.health"),
     ("otel_vgpu.gpu", "otel_vgpu.pods"),

@@ -196,6 +196,20 @@ CASES = {
         (("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpcs")),
         ("OTEL_EXPORTER_OTLP_PROTOCOL='grpcs': expected one of grpc, http/protobuf",),
     ),
+    # The names of the OTLP push: the two there are.
+    "otlp-names-flag": Case(
+        (*SIMULATED, "--otlp-names", "otel"),
+        (),
+        (
+            "otel-vgpu: error: argument --otlp-names: invalid OTLP names 'otel': expected vgpu (the agent's own, "
+            "as scraped) or semconv (OpenTelemetry's semantic conventions)",
+        ),
+    ),
+    "otlp-names-variable": Case(
+        SIMULATED,
+        (("OTEL_VGPU_OTLP_NAMES", "hw"),),
+        ("OTEL_VGPU_OTLP_NAMES: invalid OTLP names 'hw': expected vgpu (the agent's own, as scraped) or semconv",),
+    ),
     # Where to listen: named as given, with the flag and variable to change.
     "address-unresolvable-flag": Case(
         (*SIMULATED, "--address", "no-such-host.invalid"),

@@ -72,6 +72,8 @@ class GpuRow:
     or without GPM."""
     gpm_busy_seconds: Mapping[str, float] = field(default_factory=dict)
     """Tensor and DRAM busy seconds counted so far, from GPM."""
+    gpm_bytes: Mapping[str, float] = field(default_factory=dict)
+    """PCIe bytes each way counted so far, from GPM's byte rates (collect/gpm.py)."""
     gpm_shared_windows: int | None = None
     """GPM windows in which several pods (or a process of none) used one of its devices, so
     that no pod got its figures; None without GPM."""

@@ -3,7 +3,8 @@
 GPM (Hopper and newer) measures a GPU, or a MIG GPU instance, not a process. The GPU's
 figures are read when its window closes (collect/reading.py, every ENGINE_EVERY_S of otel_vgpu/config.py) and
 published until the next close, with a busy-seconds counter for tensor and DRAM (each
-figure times the window's seconds, as SM's busy seconds).
+figure times the window's seconds, as SM's busy seconds) and a byte counter for PCIe (each
+byte rate times the window's seconds alike).
 
 A pod gets a device's figures only where they are its own: in a window where it alone had
 processes on that GPU (or MIG device) at every sweep and at every look of the process watch
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from otel_vgpu.collect.aggregate import GpuRow, PodKey, PodRow
-from otel_vgpu.gpu.device_figures import GPM_BUSY
+from otel_vgpu.gpu.device_figures import GPM_BUSY, GPM_BYTES
 
 Figures = Mapping[str, float]
 OUTSIDE = "<outside>"
@@ -46,6 +47,8 @@ class Gpm:
     """By GPU UUID: its SM-busy seconds no process was given, and all of them, over its open window."""
     gpu_now: dict[str, Figures] = field(default_factory=dict)
     gpu_busy: dict[str, dict[str, float]] = field(default_factory=dict)
+    gpu_bytes: dict[str, dict[str, float]] = field(default_factory=dict)
+    """By GPU UUID, the bytes its byte-rate figures (`GpmFigure.io`) counted so far."""
     shared_windows: dict[str, int] = field(default_factory=dict)
     """By GPU UUID: the windows whose devices were shared, so no pod got their figures."""
     pod_now: dict[PodKey, Figures] = field(default_factory=dict)
@@ -87,8 +90,8 @@ def step(gpm: Gpm, gpus: Sequence[GpuRow], pods: Sequence[PodRow], keys: Sequenc
             users[uuid] = users[uuid] | {OUTSIDE}
         seconds = gpu.device.gpm_seconds
         after.gpu_now[uuid] = dict(window)
-        busy = gpm.gpu_busy.get(uuid, {})
-        after.gpu_busy[uuid] = {f: busy.get(f, 0.0) + window.get(f, 0.0) * seconds for f in GPM_BUSY if f in window}
+        after.gpu_busy[uuid] = _integrated(gpm.gpu_busy.get(uuid, {}), window, seconds, GPM_BUSY)
+        after.gpu_bytes[uuid] = _integrated(gpm.gpu_bytes.get(uuid, {}), window, seconds, GPM_BYTES)
         shared = gpm.shared_windows.get(uuid, 0)
         for device in devices:
             figures = window if device == uuid else _instance_figures(gpu, device)
@@ -105,6 +108,13 @@ def step(gpm: Gpm, gpus: Sequence[GpuRow], pods: Sequence[PodRow], keys: Sequenc
     return after
 
 
+def _integrated(
+    so_far: Mapping[str, float], window: Figures, seconds: float, figures: Sequence[str]
+) -> dict[str, float]:
+    """The counters of `figures` with one more window: each figure times its seconds."""
+    return {f: so_far.get(f, 0.0) + window.get(f, 0.0) * seconds for f in figures if f in window}
+
+
 def _instance_figures(gpu: GpuRow, mig_uuid: str) -> Figures | None:
     """The GPM figures of the GPU instance that holds MIG device `mig_uuid`, if read."""
     instance = next((m.gpu_instance_id for m in gpu.device.migs if m.uuid == mig_uuid), None)
@@ -113,7 +123,7 @@ def _instance_figures(gpu: GpuRow, mig_uuid: str) -> Figures | None:
 
 def _carry(before: Gpm, after: Gpm, uuid: str, keys: Sequence[PodKey]) -> None:
     """A GPU whose window stays open keeps its last closed window's figures and counters."""
-    for table in ("gpu_now", "gpu_busy", "shared_windows"):
+    for table in ("gpu_now", "gpu_busy", "gpu_bytes", "shared_windows"):
         kept = getattr(before, table)
         if uuid in kept:
             getattr(after, table)[uuid] = kept[uuid]

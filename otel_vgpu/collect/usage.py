@@ -233,6 +233,7 @@ def accumulate(
             engine_busy_seconds=engines.gpu_busy.get(gpu.uuid, {}),
             gpm=gpm.gpu_now.get(gpu.uuid, {}),
             gpm_busy_seconds=gpm.gpu_busy.get(gpu.uuid, {}),
+            gpm_bytes=gpm.gpu_bytes.get(gpu.uuid, {}),
             gpm_shared_windows=gpm.shared_windows.get(gpu.uuid),
         )
         for gpu in gpus

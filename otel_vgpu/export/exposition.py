@@ -172,7 +172,9 @@ class Renderer:
     Not thread-safe: one render at a time (Telemetry renders under its lock).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, leave_out: frozenset[str] = frozenset()) -> None:
+        """`leave_out`: the metrics, by name, that a collection may hold and no render shows."""
+        self._leave_out = leave_out
         # (escaping, label names) -> id(attribute dict) -> (the dict, its label text)
         self._labels: dict[tuple[str, tuple[str, ...]], dict[int, tuple[Mapping[str, Any], str]]] = {}
         # (id(resource), OpenMetrics or not, escaping) -> (the resource, its target_info text)
@@ -201,7 +203,8 @@ class Renderer:
             for resource_metrics in data.resource_metrics:
                 for scope_metrics in resource_metrics.scope_metrics:
                     for metric in scope_metrics.metrics:
-                        self._metric(metric, fmt, out, used)
+                        if metric.name not in self._leave_out:
+                            self._metric(metric, fmt, out, used)
         # Only the label text of series that still exist is kept: ended pods' go. The other
         # escaping's texts stay for its next render (clients that alternate between dots
         # and the rest would otherwise have every series' labels written anew each time).

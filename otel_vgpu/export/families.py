@@ -141,17 +141,29 @@ DOC_TABLES = (
 )
 
 
+def semconv_name(family: Family[Any]) -> str:
+    """What a family is on the push with --otlp-names semconv, for the tables: its form's name,
+    fixed attributes and instrument, or its own name."""
+    if family.needs is Feature.SEED_METRICS:
+        return "not pushed"
+    form = family.semconv
+    if form is None:
+        return f"`{family.name}`"
+    fixed = ",".join(f'{key}="{value}"' for key, value in form.attributes)
+    return f"`{form.name}{{{fixed}}}` {form.kind.value}" if fixed else f"`{form.name}` {form.kind.value}"
+
+
 def families_markdown() -> str:
     """The metric tables of docs/metrics.md, made from this table (scripts/gen-metric-tables.py
     writes them there, tests/test_docs.py checks the doc holds them): each family's name as a
-    scrape shows it, its type and its help text."""
+    scrape shows it, its type, its name on the push with --otlp-names semconv and its help text."""
     out = []
     for subjects, heading in DOC_TABLES:
-        out += [heading, "", "| name | type | meaning |", "|---|---|---|"]
+        out += [heading, "", "| name | type | with `--otlp-names semconv` | meaning |", "|---|---|---|---|"]
         for family in of_subject(*subjects):
             labels = [label for label in family.labels if label not in POD_LABELS + GPU_LABELS + SEED_LABELS]
             name = f"`{family.prometheus_name}{{{','.join(labels)}}}`" if labels else f"`{family.prometheus_name}`"
             meaning = family.description.replace("|", "\\|").replace("<", "\\<").replace("*", "\\*")
-            out.append(f"| {name} | {family.instrument.value} | {meaning} |")
+            out.append(f"| {name} | {family.instrument.value} | {semconv_name(family)} | {meaning} |")
         out.append("")
     return "\n".join(out)

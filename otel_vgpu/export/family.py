@@ -1,7 +1,7 @@
 """A family of the metric contract, typed: its name, unit, instrument, subject, how its value
-is read from a row, what it needs turned on and what a sweep must read for it; and the
-Prometheus name a scrape shows (`prometheus_name`, the OpenTelemetry-to-Prometheus rules of
-opentelemetry-exporter-prometheus)."""
+is read from a row, what it needs turned on, what a sweep must read for it and its form under
+the semantic conventions; and the Prometheus name a scrape shows (`prometheus_name`, the
+OpenTelemetry-to-Prometheus rules of opentelemetry-exporter-prometheus)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Generic
 
 from otel_vgpu.collect.reading import Read
+from otel_vgpu.conventions import Form
 from otel_vgpu.export.subjects import Row, Subject
 
 
@@ -27,6 +28,9 @@ class Feature(str, Enum):
     """--seed-metrics: the original exporter's families."""
     OTLP = "otlp"
     """The OTLP push."""
+    SEMCONV = "semconv"
+    """The OTLP push under the semantic conventions (--otlp-names semconv), which alone carries
+    the family: a scrape leaves it out (export/telemetry.py), as does the push of the agent's names."""
 
 
 # UCUM units and the suffix they give a Prometheus name, on a scrape and
@@ -61,6 +65,9 @@ class Family(Generic[Row]):
     with every such family turned off, it is not read."""
     buckets: tuple[float, ...] = ()
     """A histogram's bucket boundaries."""
+    semconv: Form | None = None
+    """Its form on the push with --otlp-names semconv (otel_vgpu/conventions.py, export/semconv.py);
+    None: it keeps its name there."""
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -11,13 +11,16 @@ from typing import Any
 from otel_vgpu.collect.aggregate import GpuRow, PodRow
 from otel_vgpu.collect.device_health import HealthRow
 from otel_vgpu.collect.reading import Read
-from otel_vgpu.export.family import Family, Instrument
+from otel_vgpu.conventions import gpu_io, gpu_utilization, pod_gpu_time, pod_gpu_utilization
+from otel_vgpu.export.family import Family, Feature, Instrument
 from otel_vgpu.export.subjects import ENDED, GPU, GPU_HEALTH, POD, POD_COUNTED
 from otel_vgpu.gpu.backend import ENGINE_TABLE
 from otel_vgpu.gpu.device_figures import GPM_TABLE, GpmFigure, HealthFigure
 
-# The engines beside SM (gpu/backend.py ENGINE_TABLE): what each one's figure is, for the help texts.
+# The engines beside SM (gpu/backend.py ENGINE_TABLE): what each one's figure is, for the help
+# texts, and its hw.gpu.task on the semantic-conventions push.
 _ENGINE_MEANING = {engine.name: engine.meaning for engine in ENGINE_TABLE}
+_ENGINE_TASK = {engine.name: engine.task for engine in ENGINE_TABLE}
 _ENGINE_WINDOW = "over its GPU's last engine window (about 10 s, closed at a sweep), 0-1 of the physical GPU's engine"
 _ENGINE_ABSENT = (
     "Absent on a GPU without that engine, on one where no process has used it since the agent started, where "
@@ -54,8 +57,10 @@ def _gpu_engine_busy(engine: str) -> Callable[[GpuRow], float | None]:
 
 
 def engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Family[GpuRow], Family[GpuRow]]:
-    """The four families of one engine: per pod and per GPU, a gauge and a busy-seconds counter."""
+    """The four families of one engine: per pod and per GPU, a gauge and a busy-seconds counter;
+    with a task, the gauges and the pod's counter have their semantic-conventions forms."""
     meaning = _ENGINE_MEANING[engine]
+    task = _ENGINE_TASK[engine]
     return (
         Family(
             f"vgpu.pod.{engine}.utilization",
@@ -64,6 +69,7 @@ def engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Family
             f"The pod's share of {meaning}, {_ENGINE_WINDOW}; the pods' sum is at most the GPU's. {_ENGINE_ABSENT}",
             value=_pod_engine(engine),
             reads=_ENGINE_READS,
+            semconv=pod_gpu_utilization(task) if task else None,
         ),
         Family(
             f"vgpu.pod.{engine}.busy",
@@ -74,6 +80,7 @@ def engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Family
             value=_pod_engine_busy(engine),
             reads=_ENGINE_READS,
             instrument=Instrument.COUNTER,
+            semconv=pod_gpu_time(task) if task else None,
         ),
         Family(
             f"vgpu.gpu.{engine}.utilization",
@@ -83,6 +90,7 @@ def engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Family
             "without that engine, in MIG mode, and until the first window closes.",
             value=_gpu_engine(engine),
             reads=_ENGINE_READS,
+            semconv=gpu_utilization(task) if task else None,
         ),
         Family(
             f"vgpu.gpu.{engine}.busy",
@@ -114,12 +122,13 @@ def health_family(figure: HealthFigure) -> Family[HealthRow]:
         value=lambda row: row.figures.get(name),
         reads=HEALTH_READS,
         instrument=Instrument.COUNTER if figure.counter else Instrument.GAUGE,
+        semconv=figure.semconv,
     )
 
 
 def gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
-    """A GPM figure's families: per GPU, a busy-seconds counter where it has one, and per pod
-    where it has one."""
+    """A GPM figure's families: per GPU, a busy-seconds counter where it has one, a byte counter
+    where it has one (on the semantic-conventions push only), and per pod where it has one."""
     name = figure.name
     links = " Only on a GPU with NVLink." if figure.nvlink else ""
     gpu: list[Family[Any]] = [
@@ -143,6 +152,21 @@ def gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
                 value=lambda g: g.gpm_busy_seconds.get(name),
                 reads=GPM_READS,
                 instrument=Instrument.COUNTER,
+            )
+        )
+    if figure.io:
+        gpu.append(
+            Family(
+                f"vgpu.gpu.{name}.bytes",
+                "By",
+                GPU,
+                f"Bytes of the GPU's {name} figure ({figure.meaning}): its rate times each GPM window, summed. "
+                f"Pushed only with --otlp-names semconv, as hw.gpu.io; never scraped. {_GPM_ABSENT}",
+                value=lambda g: g.gpm_bytes.get(name),
+                reads=GPM_READS,
+                instrument=Instrument.COUNTER,
+                needs=Feature.SEMCONV,
+                semconv=gpu_io(figure.io),
             )
         )
     if figure.per_pod:

@@ -5,6 +5,7 @@ the scrape's path, and its XID errors."""
 from __future__ import annotations
 
 from otel_vgpu.collect.reading import Read
+from otel_vgpu.conventions import Form, Kind, gpu_utilization
 from otel_vgpu.export.family import SPLIT, USE, Family, Instrument
 from otel_vgpu.export.figure_families import (
     GPM_FAMILIES,
@@ -35,6 +36,7 @@ GPU_FAMILIES = (
         GPU,
         "Physical memory of the GPU.",
         value=lambda g: g.device.memory_total,
+        semconv=Form("hw.gpu.memory.limit", "By", Kind.UPDOWNCOUNTER, "Size of the GPU memory.", integer=True),
     ),
     # NVML's v1 figure (nvmlDeviceGetMemoryInfo, nvmlMemory_t): nvml.h defines its `used` as the
     # "Sum of Reserved and Allocated device memory", and v2's `used` as "Allocated device memory"
@@ -49,6 +51,14 @@ GPU_FAMILIES = (
         "and what the driver reserves (vgpu_gpu_memory_reserved_bytes), which no process holds. nvidia-smi's "
         "memory.used and dcgm-exporter's DCGM_FI_DEV_FB_USED are this less the reserved.",
         value=lambda g: g.device.memory_used,
+        semconv=Form(
+            "hw.gpu.memory.usage",
+            "By",
+            Kind.UPDOWNCOUNTER,
+            "GPU memory used: NVML's v1 used, the driver's reservation included "
+            "(vgpu.gpu.memory.reserved), as vgpu.gpu.memory.used.",
+            integer=True,
+        ),
     ),
     Family(
         "vgpu.gpu.memory.reserved",
@@ -79,6 +89,7 @@ GPU_FAMILIES = (
         "Device utilization over the last sweep's interval (the mean of NVML's own samples), 0-1 (absent in MIG mode).",
         value=lambda g: g.interval_utilization,
         reads=frozenset({Read.GPU_SAMPLES}),
+        semconv=gpu_utilization("general"),
     ),
     Family(
         "vgpu.gpu.sm.busy",
@@ -124,6 +135,7 @@ GPU_FAMILIES = (
         value=lambda g: g.energy_joules,
         reads=frozenset({Read.ENERGY}),
         instrument=Instrument.COUNTER,
+        semconv=Form("hw.energy", "J", Kind.COUNTER, "Energy consumed by the component."),
     ),
     Family(
         "vgpu.gpu.energy.unattributed",

@@ -27,8 +27,9 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
 
+from otel_vgpu.export.semconv import translate
 from otel_vgpu.files import MAX_PEM_BYTES, FileProblem, read_regular
-from otel_vgpu.flag_values import MIN_INTERVAL_S
+from otel_vgpu.flag_values import MIN_INTERVAL_S, OTLP_SEMCONV
 from otel_vgpu.health import Health, Stage
 from otel_vgpu.threads import NamedThread
 
@@ -60,9 +61,13 @@ class OtlpSettings:
     protocol: str
     interval_s: float
     timeout_s: float
+    names: str = "vgpu"
+    """--otlp-names: vgpu, the agent's own names; semconv, the semantic conventions' (export/semconv.py)."""
 
 
-def settings_from(endpoint: str | None, protocol: str | None, interval_s: float | None) -> OtlpSettings | None:
+def settings_from(
+    endpoint: str | None, protocol: str | None, interval_s: float | None, names: str = "vgpu"
+) -> OtlpSettings | None:
     """The push settings, or None when OTLP is off."""
     if endpoint is None and not any(os.environ.get(name) for name in ENDPOINT_VARIABLES):
         return None
@@ -84,7 +89,7 @@ def settings_from(endpoint: str | None, protocol: str | None, interval_s: float 
         if value and value not in COMPRESSIONS:
             raise ValueError(f"{name}={value!r}: expected one of {', '.join(COMPRESSIONS)}")
     _check_pem_files()
-    return OtlpSettings(endpoint=endpoint, protocol=chosen, interval_s=interval_s, timeout_s=timeout_s)
+    return OtlpSettings(endpoint=endpoint, protocol=chosen, interval_s=interval_s, timeout_s=timeout_s, names=names)
 
 
 # The SDK's own names for what it reads (opentelemetry-exporter-otlp: gzip,
@@ -174,7 +179,9 @@ class OtlpPusher(MetricReader):
 
     `scope` wraps each collection (the sweep sharing); `after_collect` runs
     after it (pruning stale attribute sets); `health` counts failed exports
-    and logs each outage once.
+    and logs each outage once. With --otlp-names semconv, each collection is
+    exported under the semantic conventions (export/semconv.py); otherwise as
+    collected.
     """
 
     def __init__(
@@ -199,6 +206,8 @@ class OtlpPusher(MetricReader):
         self._stop = threading.Event()
         self._export_timeout_s = settings.timeout_s
         self._thread = NamedThread(target=self._run, name="otlp-push", daemon=True)
+        # The start of the updowncounters the semantic conventions make of the agent's gauges.
+        self._started_ns = time.time_ns()
 
     def start(self) -> None:
         self._thread.start()
@@ -218,6 +227,8 @@ class OtlpPusher(MetricReader):
     def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
         if metrics_data is None:
             return
+        if self._settings.names == OTLP_SEMCONV:
+            metrics_data = translate(metrics_data, self._started_ns)
         try:
             result = self._exporter.export(metrics_data, timeout_millis=self._export_timeout_s * 1000)
         except Exception as error:

@@ -3,9 +3,18 @@
 
 from __future__ import annotations
 
+from otel_vgpu.conventions import Form, Kind, pod_gpu_time, pod_gpu_utilization
 from otel_vgpu.export.family import SPLIT, USE, Family, Feature, Instrument
 from otel_vgpu.export.figure_families import GPM_FAMILIES, POD_ENGINES, engine_families
 from otel_vgpu.export.subjects import ENDED, POD, POD_COUNTED, SEED
+
+# The descriptions of the per-pod names on the semantic-conventions push (otel_vgpu/conventions.py):
+# the agent's own, no convention names a pod's use of a GPU.
+_USED = "GPU memory used by the pod's processes on this GPU, as vgpu.pod.memory.used."
+_LIMIT = "GPU memory the pod was given on this GPU or MIG device, as vgpu.pod.memory.allocated."
+_PROCESSES = "Number of the pod's processes on this GPU, as vgpu.pod.processes."
+_ENERGY = "The pod's part of its GPU's energy, as vgpu.pod.energy."
+_PEAK = "The most GPU memory the pod's processes held at once on this GPU, as vgpu.pod.memory.peak."
 
 # Left unannotated, so that each entry's `value` is type-checked against its subject's rows.
 POD_FAMILIES = (
@@ -15,6 +24,7 @@ POD_FAMILIES = (
         POD,
         "GPU memory used by the pod's processes on this GPU (sum of NVML usedGpuMemory).",
         value=lambda r: r.memory_used,
+        semconv=Form("vgpu.pod.gpu.memory.usage", "By", Kind.UPDOWNCOUNTER, _USED, integer=True),
     ),
     Family(
         "vgpu.pod.memory.allocated",
@@ -23,6 +33,7 @@ POD_FAMILIES = (
         "GPU memory the pod was given on this GPU or MIG device: what its allocator states (HAMi, DRA), "
         "else vGPU shares x the device's memory / ratio.",
         value=lambda r: r.memory_allocated,
+        semconv=Form("vgpu.pod.gpu.memory.limit", "By", Kind.UPDOWNCOUNTER, _LIMIT, integer=True),
     ),
     Family(
         "vgpu.pod.sm.utilization",
@@ -31,6 +42,7 @@ POD_FAMILIES = (
         "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1.",
         value=lambda r: r.sm_utilization,
         reads=USE,
+        semconv=pod_gpu_utilization("general"),
     ),
     Family(
         "vgpu.pod.vgpu.utilization",
@@ -47,6 +59,7 @@ POD_FAMILIES = (
         POD,
         "Number of the pod's processes on this GPU.",
         value=lambda r: r.processes,
+        semconv=Form("vgpu.pod.gpu.process.count", "{process}", Kind.UPDOWNCOUNTER, _PROCESSES, integer=True),
     ),
     Family(
         "vgpu.pod.sm.busy",
@@ -58,6 +71,7 @@ POD_FAMILIES = (
         value=lambda r: r.sm_busy_seconds,
         reads=USE,
         instrument=Instrument.COUNTER,
+        semconv=pod_gpu_time("general"),
     ),
     Family(
         "vgpu.pod.energy",
@@ -70,6 +84,7 @@ POD_FAMILIES = (
         value=lambda r: r.energy_joules,
         reads=SPLIT,
         instrument=Instrument.COUNTER,
+        semconv=Form("vgpu.pod.gpu.energy", "J", Kind.COUNTER, _ENERGY),
     ),
     Family(
         "vgpu.pod.memory.peak",
@@ -78,6 +93,7 @@ POD_FAMILIES = (
         "The most GPU memory the pod's processes held at once on this GPU since the agent first saw them, read "
         "at sweep cadence: what to size a vGPU share against.",
         value=lambda r: r.memory_peak,
+        semconv=Form("vgpu.pod.gpu.memory.peak", "By", Kind.GAUGE, _PEAK, integer=True),
     ),
     *(family for engine in POD_ENGINES for family in engine_families(engine) if family.subject in (POD, POD_COUNTED)),
     *(family for family in GPM_FAMILIES if family.subject is POD),

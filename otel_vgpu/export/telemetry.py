@@ -52,6 +52,7 @@ from otel_vgpu.export.sdk_internals import (
     storage_matches,
     use_ratio_suffix,
 )
+from otel_vgpu.flag_values import OTLP_SEMCONV
 from otel_vgpu.health import Health
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,11 @@ class Telemetry:
             Histogram: CARDINALITY_LIMIT,
         }
         self.reader = ScrapeReader(cardinality_limits=limits)
-        self._renderer = Renderer()
+        # The families of the semantic-conventions push alone are collected by the scrape's reader
+        # too (the SDK has no reader of its own instruments), and left out of what it renders.
+        self._renderer = Renderer(
+            leave_out=frozenset(family.name for family in families if family.needs is Feature.SEMCONV)
+        )
         readers: list[MetricReader] = [self.reader]
         self.pusher: OtlpPusher | None = None
         if otlp is not None:
@@ -215,6 +220,8 @@ class Telemetry:
         features = {Feature.SEED_METRICS} if seed_metrics else set()
         if self.pusher is not None:
             features.add(Feature.OTLP)
+        if otlp is not None and otlp.names == OTLP_SEMCONV:
+            features.add(Feature.SEMCONV)
         meter = self.provider.get_meter("otel_vgpu", __version__)
         self._histograms = self._instruments(meter, families, features)
         self._render_lock = threading.Lock()

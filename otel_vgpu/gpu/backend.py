@@ -176,6 +176,11 @@ class Engine:
     """Given per process only by nvmlDeviceGetProcessesUtilizationInfo (drivers R550 and newer)."""
     per_pod: bool = True
     """Published per pod (collect/engines.py): not memory copy, export/families.py says why."""
+    task: str | None = None
+    """Its `hw.gpu.task` on the push with --otlp-names semconv (otel_vgpu/conventions.py), its
+    utilization pushed as hw.gpu.utilization; None: none, the figure keeps its name (memory
+    copy is the memory's busy time, not the fraction of memory used that
+    hw.gpu.memory.utilization is)."""
 
 
 # nvmlSamplingType_t of the SMs' own buffer, and the per-process samples' field for them.
@@ -197,6 +202,7 @@ ENGINE_TABLE: tuple[Engine, ...] = (
         sample_field="encUtil",
         profile_field="encoderCount",
         utilization_call="nvmlDeviceGetEncoderUtilization",
+        task="encoder",
     ),
     Engine(
         "decoder",
@@ -205,6 +211,7 @@ ENGINE_TABLE: tuple[Engine, ...] = (
         sample_field="decUtil",
         profile_field="decoderCount",
         utilization_call="nvmlDeviceGetDecoderUtilization",
+        task="decoder",
     ),
     Engine(
         "jpeg",
@@ -214,6 +221,7 @@ ENGINE_TABLE: tuple[Engine, ...] = (
         profile_field="jpegCount",
         utilization_call="nvmlDeviceGetJpgUtilization",
         newer_call_only=True,
+        task="jpeg",
     ),
     Engine(
         "optical_flow",
@@ -223,6 +231,7 @@ ENGINE_TABLE: tuple[Engine, ...] = (
         profile_field="ofaCount",
         utilization_call="nvmlDeviceGetOfaUtilization",
         newer_call_only=True,
+        task="optical_flow",
     ),
 )
 ENGINES = tuple(engine.name for engine in ENGINE_TABLE)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_vgpu.conventions import Form, Kind, errors, temperature
 from otel_vgpu.gpu.backend import ABSENT, ErrorCode
 
 # nvml.h's arguments of the health reads: nvmlClockType_t, nvmlTemperatureSensors_t,
@@ -74,6 +75,9 @@ class HealthFigure:
     read: str = ""
     """The compound read that serves it with the others of the same `read` (`FIELD_VALUES`,
     `ECC`, `REMAPPED_ROWS`); empty: `call` alone."""
+    semconv: Form | None = None
+    """Its family's form on the push with --otlp-names semconv (otel_vgpu/conventions.py); None:
+    it keeps its name there."""
 
     def published(self, value: float) -> float:
         """NVML's number `value` in the unit the figure is published in."""
@@ -109,6 +113,7 @@ HEALTH_TABLE = (
         call="nvmlDeviceGetTemperatureV",
         args=(TEMPERATURE_GPU,),
         older=("nvmlDeviceGetTemperature",),
+        semconv=temperature("gpu"),
     ),
     HealthFigure(
         "memory.temperature",
@@ -118,6 +123,7 @@ HEALTH_TABLE = (
         call="nvmlDeviceGetFieldValues",
         args=(FIELD_MEMORY_TEMP,),
         read=FIELD_VALUES,
+        semconv=temperature("memory"),
     ),
     HealthFigure(
         "power",
@@ -126,6 +132,7 @@ HEALTH_TABLE = (
         dcgm="DCGM_FI_DEV_POWER_USAGE",
         call="nvmlDeviceGetPowerUsage",
         scale=1e-3,
+        semconv=Form("hw.power", "W", Kind.GAUGE, "Instantaneous power consumed by the component."),
     ),
     HealthFigure(
         "power.limit",
@@ -189,6 +196,7 @@ HEALTH_TABLE = (
         call="nvmlDeviceGetTotalEccErrors",
         args=(ECC_CORRECTED, ECC_VOLATILE),
         read=ECC,
+        semconv=errors("corrected"),
     ),
     HealthFigure(
         "ecc.uncorrected",
@@ -200,6 +208,7 @@ HEALTH_TABLE = (
         call="nvmlDeviceGetTotalEccErrors",
         args=(ECC_UNCORRECTED, ECC_VOLATILE),
         read=ECC,
+        semconv=errors("uncorrected"),
     ),
     HealthFigure(
         "remapped.rows.correctable",
@@ -259,6 +268,10 @@ class GpmFigure:
     """Also a busy-seconds counter per GPU, as SM has."""
     nvlink: bool = False
     """Only on a GPU with NVLink."""
+    io: str = ""
+    """A byte rate whose bytes are also counted, its rate times each window summed as the busy
+    seconds are (collect/gpm.py), and pushed only with --otlp-names semconv, as hw.gpu.io in this
+    `network.io.direction`; empty: none."""
     dcgm: str = ""
     dcgm_scale: float = 1.0
 
@@ -323,6 +336,7 @@ GPM_TABLE = (
         unit="By/s",
         scale=MIB,
         dcgm="DCGM_FI_PROF_PCIE_TX_BYTES",
+        io="transmit",
     ),
     GpmFigure(
         "pcie.receive",
@@ -331,6 +345,7 @@ GPM_TABLE = (
         unit="By/s",
         scale=MIB,
         dcgm="DCGM_FI_PROF_PCIE_RX_BYTES",
+        io="receive",
     ),
     GpmFigure(
         "nvlink.transmit",
@@ -354,6 +369,7 @@ GPM_TABLE = (
     ),
 )
 GPM_BUSY = tuple(figure.name for figure in GPM_TABLE if figure.busy)
+GPM_BYTES = tuple(figure.name for figure in GPM_TABLE if figure.io)
 # GPM's minimum interval between two samples (nvml.h, nvmlGpmMetricsGet: "should be greater than
 # 100ms due to the internal sample refresh rate"); the driver does not refuse a shorter one, it
 # answers 0, so the agent keeps to it.
