@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from otel_vgpu.config import ConfigError, parse_config
+from otel_vgpu.export.telemetry import agent_resource
 from testkit.agent import ROOT
 from testkit.helm import (
     CHART,
@@ -267,6 +269,9 @@ BAD_VALUES = [
     (("--set", "prometheus.podMonitor.intervall=30s"), "at '/prometheus/podMonitor'", "'intervall' not allowed"),
     (("--set", "service.internalTrafficPolicy=Nearest"), "at '/service/internalTrafficPolicy'", "'Cluster', 'Local'"),
     (("--set", "kubelet.rootDir=var/lib/kubelet"), "at '/kubelet/rootDir'", "'^/'"),
+    (("--set", "otlp.names=otel"), "at '/otlp/names'", "'vgpu', 'semconv'"),
+    # A comma or an equals sign would be another attribute in OTEL_RESOURCE_ATTRIBUTES.
+    (("--set", "clusterName=east\\,k8s.pod.name=x"), "at '/clusterName'", "'^([A-Za-z0-9][A-Za-z0-9._-]*)?$'"),
     (("--set-json", 'metricDenylist=["a,b"]'), "at '/metricDenylist/0'", "'^[^,]+$'"),
     # A version, as dcgm-exporter numbers its releases; its image tag or a `v` is no version.
     (
@@ -484,6 +489,50 @@ def test_the_chart_ships_the_tested_rules_and_collector_config() -> None:
     files = CHART / "files"
     assert (files / "otel-vgpu-rules.yaml").read_text() == (ROOT / "deploy/prometheus/otel-vgpu-rules.yaml").read_text()
     assert (files / "collector-gateway.yaml").read_text() == (ROOT / "collector-config/gateway/config.yaml").read_text()
+    assert (files / "collector-semconv.yaml").read_text() == (ROOT / "collector-config/semconv/config.yaml").read_text()
+
+
+def _agent_env(*args: str) -> dict[str, str | None]:
+    (container,) = chart_daemonset(*args)["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_the_push_speaks_the_names_asked_and_only_where_there_is_a_push() -> None:
+    push = ("--set", "otlp.endpoint=http://collector.observability:4317")
+    assert "OTEL_VGPU_OTLP_NAMES" not in _agent_env(*push), "the default push, as before"
+    gateway = ("--set", "otlp.collector.enabled=true")
+    for pushing in (push, gateway):
+        assert _agent_env(*pushing, "--set", "otlp.names=semconv")["OTEL_VGPU_OTLP_NAMES"] == "semconv"
+    assert "OTEL_VGPU_OTLP_NAMES" not in _agent_env("--set", "otlp.names=semconv"), "no push, nothing to name"
+
+
+def test_the_cluster_name_joins_the_agents_resource(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = _agent_env()["OTEL_RESOURCE_ATTRIBUTES"]
+    assert plain and "k8s.cluster.name" not in plain
+    named = _agent_env("--set", "clusterName=gpu-east.1")["OTEL_RESOURCE_ATTRIBUTES"]
+    assert named == f"{plain},k8s.cluster.name=gpu-east.1"
+    # As the kubelet expands it, read by the agent's own resource.
+    pod = {"$(POD_UID)": "0d3e6c1a", "$(POD_NAME)": "otel-vgpu-x7k2p", "$(NODE_NAME)": "gpu-node-1"}
+    for reference, value in pod.items():
+        named = named.replace(reference, value)
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", named)
+    attributes = agent_resource("gpu-node-1").attributes
+    assert attributes["k8s.cluster.name"] == "gpu-east.1" and attributes["k8s.pod.uid"] == "0d3e6c1a"
+
+
+def test_the_gateway_runs_the_configuration_of_the_names_pushed() -> None:
+    def gateway(*args: str) -> tuple[str, str]:
+        docs = documents(template("--set", "otlp.collector.enabled=true", *args))
+        (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-collector")]
+        (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        return config["data"]["config.yaml"], annotations["checksum/config"]
+
+    for args, folder in (((), "gateway"), (("--set", "otlp.names=semconv"), "semconv")):
+        text, checksum = gateway(*args)
+        assert text == (ROOT / "collector-config" / folder / "config.yaml").read_text(), folder
+        # A new configuration rolls the gateway's pods.
+        assert checksum == hashlib.sha256(text.encode()).hexdigest(), folder
 
 
 def test_the_install_doc_offers_every_platform_and_feature() -> None:

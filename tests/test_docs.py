@@ -21,6 +21,7 @@ from otel_vgpu.export.families import FAMILIES, families_markdown
 from testkit.agent import ROOT, agent_in_process, clean_env
 from testkit.doc_commands import doc_files
 from testkit.helm import chart_daemonset
+from testkit.otlp_names import prometheus_name
 from testkit.promtext import parse
 from testkit.scripts import load as load_script
 
@@ -286,3 +287,15 @@ def test_every_relative_link_of_the_docs_resolves() -> None:
                 if anchor not in slugs:
                     broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
     assert broken == []
+
+
+def test_the_semconv_docs_examples_of_prometheus_names_follow_otlptranslator() -> None:
+    # Each "`name` (`unit`, kind) → `prometheus_name`" of docs/otlp-semconv.md, by the rules
+    # testkit/otlp_names.py writes out (the table of every family is generated, in metrics.md).
+    doc = (DOCS / "otlp-semconv.md").read_text()
+    examples = re.findall(r"`([\w.]+)` \(`([^`]*)`, (gauge|counter|updowncounter)\) → `(\w+)`", doc)
+    assert len(examples) >= 5, "the rules are shown on the pushed names"
+    kinds = {"gauge": ("Gauge", True), "counter": ("Sum", True), "updowncounter": ("Sum", False)}
+    for name, unit, kind, shown in examples:
+        data_type, monotonic = kinds[kind]
+        assert prometheus_name(name, unit, data_type, monotonic) == shown, (name, unit, kind)

@@ -42,6 +42,8 @@ NON_ROOT = {"non-root"}  # gives up the root-only pod-resources socket
 # driver is mounted.
 NO_RUNTIME_CLASS = {"nvidia-default-runtime", "gke", "eks", "aks", "hami", "openshift-oci-hook", "openshift-nri"}
 OPENSHIFT = {"openshift", "openshift-oci-hook", "openshift-nri"}
+# The overlays with a Collector gateway, and the configuration each runs (collector-config/<it>).
+GATEWAYS = {"otlp": "gateway", "otlp-semconv": "semconv"}
 # The base's node-affinity terms, as the NVIDIA device plugin's chart has them,
 # and what each cluster's overlay adds to them (ORed).
 GPU_NODE_TERMS = {
@@ -242,7 +244,7 @@ def test_rbac_is_get_list_watch_on_pods_and_nodes(target: str) -> None:
             {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "openshift-monitoring"}
         ]
         assert len(other_roles) == 2
-    elif target == "otlp":
+    elif target in GATEWAYS:
         # The gateway's k8sattributes, for its own service account, reads only.
         assert [r["metadata"]["name"] for r in other_roles] == ["otel-vgpu-collector"]
         assert all(set(rule["verbs"]) == {"get", "list", "watch"} for rule in other_roles[0]["rules"])
@@ -286,9 +288,10 @@ def test_prometheus_operator_ships_the_tested_rules() -> None:
     assert rule["metadata"]["namespace"] == "otel-vgpu"
 
 
-def test_otlp_overlay_pushes_to_its_collector() -> None:
-    docs = render("otlp")
-    env = {e["name"]: e.get("value") for e in agent_container("otlp")["env"]}
+@pytest.mark.parametrize("target", sorted(GATEWAYS))
+def test_otlp_overlay_pushes_to_its_collector(target: str) -> None:
+    docs = render(target)
+    env = {e["name"]: e.get("value") for e in agent_container(target)["env"]}
     service = one(docs, "Service", "otel-vgpu-collector")
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-vgpu-collector:4317"
     assert 4317 in [p["port"] for p in service["spec"]["ports"]]
@@ -296,10 +299,20 @@ def test_otlp_overlay_pushes_to_its_collector() -> None:
     assert service["spec"]["selector"].items() <= collector["spec"]["template"]["metadata"]["labels"].items()
     config_volume = collector["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
     config = one(docs, "ConfigMap", config_volume)["data"]["config.yaml"]
-    assert config == (ROOT / "collector-config" / "gateway" / "config.yaml").read_text()
+    assert config == (ROOT / "collector-config" / GATEWAYS[target] / "config.yaml").read_text()
+    configs = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("otel-vgpu-collector")]
+    assert len(configs) == 1, "one configuration: the overlay's replaces the one it builds on"
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] in ("Deployment", "Service", "DaemonSet")} == {
         "otel-vgpu"
     }
+    # The names the push speaks: the default's, or the semantic conventions' that its gateway expects.
+    assert env.get("OTEL_VGPU_OTLP_NAMES") == (None if target == "otlp" else "semconv")
+
+
+def test_the_semconv_gateway_is_granted_what_collector_config_semconv_grants() -> None:
+    role = one(render("otlp-semconv"), "ClusterRole", "otel-vgpu-collector")
+    shipped = one(documents((ROOT / "collector-config" / "semconv" / "rbac.yaml").read_text()), "ClusterRole")
+    assert role["rules"] == shipped["rules"]
 
 
 def test_small_overlays_do_what_they_say() -> None:
