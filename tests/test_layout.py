@@ -83,6 +83,17 @@ def test_every_module_has_a_layer() -> None:
     assert unit_of("otel_vgpu.nowhere") is None and unit_of("otel_vgpu.gpu.nowhere") == "otel_vgpu.gpu"
 
 
+# A module past this does more than one job (docs/layout.md): split it by job.
+MOST_LINES = 600
+
+
+def test_no_module_of_the_agent_or_the_testkit_is_over_the_bound() -> None:
+    modules = [*PACKAGE.rglob("*.py"), *(ROOT / "testkit").rglob("*.py")]
+    sizes = {path: len(path.read_text().splitlines()) for path in modules}
+    over = {str(path.relative_to(ROOT)): lines for path, lines in sizes.items() if lines > MOST_LINES}
+    assert sizes and not over, f"over {MOST_LINES} lines: {over}"
+
+
 def test_no_module_imports_upward() -> None:
     upward = []
     for module, path in modules().items():
