@@ -100,7 +100,8 @@ class _EngineWindow:
 
 class Read(str, Enum):
     """What a sweep may read of a GPU beside its device figures and processes: each only
-    where a family the agent publishes needs it (export/families.py says which)."""
+    where a family the agent publishes needs it (each family's `reads`, export/family.py;
+    docs/metrics.md's reads table says which)."""
 
     PROCESS_USE = "process_use"
     """Per-process utilization samples."""

@@ -8,7 +8,8 @@
 - with mutual TLS, a client certificate is required on /metrics only: the
   kubelet's probes send none.
 
-The connections, their bounds and TLS are the server's (server.py).
+The connections, their bounds and TLS are the server's (server.py, with places.py,
+handshakes.py, exchange.py and connections.py).
 """
 
 from __future__ import annotations

@@ -157,9 +157,9 @@ class AccountingRecord:
 @dataclass(frozen=True, slots=True)
 class Engine:
     """One of a GPU's engines beside its SMs, declared once, with what each part of the agent
-    needs of it: NVML's names (gpu/nvml.py), the help texts (export/families.py), the simulated
-    node's scenario fields (sim/pod_fields.py). Its figure is the `ProcessUse` field of its name;
-    a field of ProcessUse with no declaration here fails tests/test_families.py."""
+    needs of it: NVML's names (gpu/nvml.py), the help texts (export/figure_families.py), the
+    simulated node's scenario fields (sim/pod_fields.py). Its figure is the `ProcessUse` field
+    of its name; a field of ProcessUse with no declaration here fails tests/test_families.py."""
 
     name: str
     meaning: str
@@ -175,7 +175,8 @@ class Engine:
     newer_call_only: bool = False
     """Given per process only by nvmlDeviceGetProcessesUtilizationInfo (drivers R550 and newer)."""
     per_pod: bool = True
-    """Published per pod (collect/engines.py): not memory copy, export/families.py says why."""
+    """Published per pod (collect/engines.py): not memory copy, export/figure_families.py's
+    POD_ENGINES says why."""
     task: str | None = None
     """Its `hw.gpu.task` on the push with --otlp-names semconv (otel_vgpu/conventions.py), its
     utilization pushed as hw.gpu.utilization; None: none, the figure keeps its name (memory

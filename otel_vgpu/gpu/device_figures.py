@@ -7,7 +7,7 @@ one NVML call of under a millisecond (nvmlDeviceGetClockInfo, GetTemperatureV, G
 GetFieldValues...), and nobody reads a temperature every 2 s. Efficiency figures come from
 GPM (GPU Performance Monitoring, Hopper and newer: nvmlGpmSampleGet, nvmlGpmMetricsGet), read
 once per engine window (collect/reading.py), over the window. A family per figure follows
-from these tables (export/families.py), as do the NVML reads (gpu/nvml_health.py) and the
+from these tables (export/figure_families.py), as do the NVML reads (gpu/nvml_health.py) and the
 dcgm-exporter names (scripts/gen-dcgm-rules.py); the simulated node has a value for each
 health figure (sim/health.py's `SIMULATED`), which tests/test_device_health.py holds to the
 table, as tests/test_nvml_health.py holds the NVML double's answers.
