@@ -318,7 +318,7 @@ def test_a_figure_says_which_answers_mean_the_gpu_lacks_it(caplog: pytest.LogCap
     assert [(r.figures, r.failed) for r in readings] == [({}, ())] * 3
     assert nvml.calls.count("fan") == 1
     assert [r.message for r in caplog.records] == [
-        "GPU 0 does not report its fan speed: vgpu_gpu_fan_speed is left out"
+        "GPU 0 does not report its fan speed: vgpu.gpu.fan.speed is left out"
     ]
     # Where it does not: a failure of that read, asked again at the next.
     failing = grouped((fan(ABSENT),))
@@ -378,7 +378,8 @@ def test_what_the_gpu_lacks_is_left_out_said_once_and_not_asked_again(
     assert "pcie.replays" not in first and "memory.temperature" not in first and "remapped.rows.failure" not in first
     assert nvml.calls.count("replays") == 1 and nvml.calls.count("remapped") == 1
     said = [r.message for r in caplog.records if "does not report" in r.message]
-    assert len(said) == 2 and any("vgpu_gpu_pcie_replays" in m for m in said)
+    assert len(said) == 2 and "GPU 0 does not report its pcie replays: vgpu.gpu.pcie.replays is left out" in said
+    assert "GPU 0 does not report its remapped rows: the vgpu.gpu.remapped.rows.* families are left out" in said
 
 
 def test_the_ecc_mode_is_asked_once_a_session(nvml: HealthNvml) -> None:

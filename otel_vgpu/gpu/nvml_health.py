@@ -27,6 +27,7 @@ from otel_vgpu.gpu.device_figures import (
     FIELD_VALUES,
     GPM_MIN_INTERVAL_S,
     GPM_TABLE,
+    HEALTH_FIGURES,
     HEALTH_TABLE,
     REMAPPED_ROWS,
     HealthFigure,
@@ -68,8 +69,7 @@ class Asking:
             default=None,
             absent=absent,
             scope=Scope(gpu=self.index, figure=label),
-            say=f"GPU {self.index} does not report its {label.replace('.', ' ')}: "
-            f"vgpu_gpu_{label.replace('.', '_')} is left out",
+            say=f"GPU {self.index} does not report its {label.replace('.', ' ')}: {_families_of(label)} left out",
         )
 
     def failing(self, figures: tuple[HealthFigure, ...], error: GpuError) -> None:
@@ -349,3 +349,10 @@ class XidWatch:
 
     def _free(self, event_set: Any) -> None:
         self._seam.free("nvmlEventSetFree", event_set)
+
+
+def _families_of(label: str) -> str:
+    """The families a figure, or a call that several figures come from (the remapped rows, the
+    ECC mode), gives, as the contract names them: vgpu.gpu.<figure>, or every one below it."""
+    several = any(name.startswith(f"{label}.") for name in HEALTH_FIGURES)
+    return f"the vgpu.gpu.{label}.* families are" if several else f"vgpu.gpu.{label} is"
