@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from otel_vgpu.export.families import FAMILIES, Family
+from otel_vgpu.export.families import FAMILIES, Family, Feature
 from otel_vgpu.export.semconv import AGENT_POD, forms
 from testkit.agent import ROOT
-from testkit.otlp_names import prometheus_label
+from testkit.otlp_names import prometheus_label, prometheus_name
 from testkit.scripts import load as load_script
 from testkit.semconv_model import MODEL
 from testkit.semconv_model import metrics as conventions
@@ -239,10 +239,24 @@ def test_the_queries_use_the_names_metrics_md_gives_the_push_in_prometheus() -> 
     assert len(metrics) >= 5 and metrics <= in_prometheus, sorted(metrics - in_prometheus)
 
 
-def test_the_doc_leads_to_the_tables_of_metrics_md() -> None:
-    text = DOC.read_text()
-    assert "](metrics.md#with---otlp-names-semconv)" in text
-    assert "### With `--otlp-names semconv`" in METRICS_DOC.read_text()
+def test_metrics_md_gives_every_family_both_names_and_each_its_name_in_prometheus() -> None:
+    # What docs/otlp-semconv.md says metrics.md holds, and the two lead to each other.
+    assert "](metrics.md#with---otlp-names-semconv)" in DOC.read_text()
+    text = METRICS_DOC.read_text()
+    section = text.split("\n### With `--otlp-names semconv`\n", 1)[1].split("\n## ", 1)[0]
+    assert "](otlp-semconv.md)" in section
+    table_rows = {
+        _cells(line)[0].split("{")[0].strip("`"): _cells(line) for line in text.splitlines() if line.startswith("| `")
+    }
+    for family in FAMILIES:
+        if family.needs is Feature.SEED_METRICS:
+            continue  # not pushed, as its row says
+        semconv = table_rows[family.prometheus_name][2]
+        assert semconv.startswith(f"`{family.semconv.name if family.semconv else family.name}"), family.name
+        if family.semconv is None:
+            # Its name in Prometheus is the scrape's: the same name, unit and instrument as the default push.
+            kind = "Sum" if family.instrument.value == "counter" else family.instrument.value.capitalize()
+            assert prometheus_name(family.name, family.unit, kind) == family.prometheus_name, family.name
 
 
 def test_the_readmes_otlp_section_leads_to_the_doc() -> None:
