@@ -13,9 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
+from opentelemetry.sdk.metrics.export import Gauge, Metric, MetricsData, NumberDataPoint, ResourceMetrics, ScopeMetrics
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_vgpu.export.families import FAMILIES, Family, Feature
-from otel_vgpu.export.semconv import AGENT_POD, forms
+from otel_vgpu.export.semconv import AGENT_POD, forms, translate
 from testkit.agent import ROOT
 from testkit.otlp_names import prometheus_label, prometheus_name
 from testkit.scripts import load as load_script
@@ -257,6 +260,25 @@ def test_metrics_md_gives_every_family_both_names_and_each_its_name_in_prometheu
             # Its name in Prometheus is the scrape's: the same name, unit and instrument as the default push.
             kind = "Sum" if family.instrument.value == "counter" else family.instrument.value.capitalize()
             assert prometheus_name(family.name, family.unit, kind) == family.prometheus_name, family.name
+
+
+def test_the_promotion_the_doc_gives_keeps_every_attribute_of_a_pods_resource() -> None:
+    # Without one of them promoted, two pods' series on one GPU collide in Prometheus.
+    block = re.search(r"```yaml\n(otlp:\n.*?)```", DOC.read_text(), re.DOTALL)
+    assert block, "the promotion, as Prometheus' configuration"
+    promoted = set(yaml.safe_load(block.group(1))["otlp"]["promote_resource_attributes"])
+    node = Resource({"service.name": "otel-vgpu", "k8s.node.name": "gpu-node-1", "k8s.cluster.name": "east"})
+    pod = {"namespace": "ml", "pod": "trainer", "pod_uid": "u-1", "gpu_id": "0", "gpu_uuid": "GPU-1"}
+    # With --by-container: a container the API named, and one known by its runtime ID alone.
+    points = [NumberDataPoint({**pod, "container": c}, None, 1, 1.0) for c in ("main", "0f" * 32)]  # type: ignore[arg-type]
+    metric = Metric("vgpu.pod.memory.used", "", "By", Gauge(points))
+    collection = MetricsData(
+        [ResourceMetrics(node, [ScopeMetrics(InstrumentationScope("otel_vgpu"), [metric], "")], "")]
+    )
+    pushed = translate(collection, 1).resource_metrics
+    added = {key for r in pushed for key in r.resource.attributes} - set(node.attributes)
+    assert {"k8s.pod.uid", "k8s.container.name", "container.id"} <= added
+    assert added | {"k8s.node.name", "k8s.cluster.name"} <= promoted, sorted(added - promoted)
 
 
 def test_the_readmes_otlp_section_leads_to_the_doc() -> None:
