@@ -88,7 +88,10 @@ def stages_markdown() -> str:
 
 # The attributes of a GPU's point and of a pod's, and a pod's Resource, on the semconv push (export/semconv.py).
 _GPU_POINT = "`hw.id`, `hw.name`, `hw.model`, `hw.vendor`, `hw.driver_version`"
-_POD_POINT = "`hw.id`; its Resource: `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name` (`k8s.container.name`)"
+_POD_POINT = (
+    "`hw.id`; its Resource: `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name` "
+    "(`k8s.container.name` or `container.id`)"
+)
 
 
 def semconv_names_markdown() -> str:

@@ -77,6 +77,40 @@ def flag_values(container: dict[str, Any]) -> dict[str, str]:
     return values
 
 
+# What the kubelet gives a rendered pod's Downward API fields, for reading its containers' environment.
+POD_FIELDS = {
+    "spec.nodeName": "gpu-node-1",
+    "metadata.name": "otel-vgpu-x7k2p",
+    "metadata.namespace": "otel-vgpu",
+    "metadata.uid": "0d3e6c1a-5b1f-4c2e-9a7d-3f6b8e2c1d40",
+}
+# A `$(VAR)` reference, or `$$`, which stands for `$`.
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def container_environment(container: dict[str, Any], fields: dict[str, str] = POD_FIELDS) -> dict[str, str]:
+    """The environment a rendered container starts with, as the kubelet makes it: each
+    `fieldRef` the pod's field of `fields`, each `value` with its references to the variables
+    before it expanded; a reference to none stays as written (kubernetes
+    third_party/forked/golang/expansion/expand.go, `MappingFuncFor` and `Expand`). Any other
+    source (a Secret's, a ConfigMap's) is refused: a test reading it would guess its value."""
+    assert "envFrom" not in container, "envFrom: read from objects the render does not hold"
+    env: dict[str, str] = {}
+    for variable in container.get("env", []):
+        name = variable["name"]
+        if "valueFrom" in variable:
+            source = variable["valueFrom"]
+            assert set(source) == {"fieldRef"}, f"{name}: {source}"
+            env[name] = fields[source["fieldRef"]["fieldPath"]]
+        else:
+            env[name] = _expanded(variable.get("value", ""), dict(env))
+    return env
+
+
+def _expanded(text: str, env: dict[str, str]) -> str:
+    return _REFERENCE.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
 @functools.cache
 def cli_flags() -> set[str]:
     result = run_to_exit(["--help"])

@@ -34,7 +34,7 @@ from testkit.helm import (
     template,
 )
 from testkit.helm import values_file as ci_values
-from testkit.manifests import OVERLAYS, render, validate_strictly
+from testkit.manifests import OVERLAYS, POD_FIELDS, container_environment, render, validate_strictly
 from testkit.scripts import load as load_script
 from testkit.yamldocs import documents
 
@@ -512,12 +512,10 @@ def test_the_cluster_name_joins_the_agents_resource(monkeypatch: pytest.MonkeyPa
     named = _agent_env("--set", "clusterName=gpu-east.1")["OTEL_RESOURCE_ATTRIBUTES"]
     assert named == f"{plain},k8s.cluster.name=gpu-east.1"
     # As the kubelet expands it, read by the agent's own resource.
-    pod = {"$(POD_UID)": "0d3e6c1a", "$(POD_NAME)": "otel-vgpu-x7k2p", "$(NODE_NAME)": "gpu-node-1"}
-    for reference, value in pod.items():
-        named = named.replace(reference, value)
-    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", named)
+    (container,) = chart_daemonset("--set", "clusterName=gpu-east.1")["spec"]["template"]["spec"]["containers"]
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", container_environment(container)["OTEL_RESOURCE_ATTRIBUTES"])
     attributes = agent_resource("gpu-node-1").attributes
-    assert attributes["k8s.cluster.name"] == "gpu-east.1" and attributes["k8s.pod.uid"] == "0d3e6c1a"
+    assert attributes["k8s.cluster.name"] == "gpu-east.1" and attributes["k8s.pod.uid"] == POD_FIELDS["metadata.uid"]
 
 
 def test_the_gateway_runs_the_configuration_of_the_names_pushed() -> None:

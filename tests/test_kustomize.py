@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from otel_vgpu.config import parse_config
 from testkit.agent import ROOT, running_agent
 from testkit.crds import problems
 from testkit.manifests import (
@@ -20,9 +21,11 @@ from testkit.manifests import (
     KUBELET_ROOTS,
     KUSTOMIZE,
     OVERLAYS,
+    POD_FIELDS,
     TARGETS,
     agent_container,
     cli_flags,
+    container_environment,
     daemonset,
     flag_values,
     one,
@@ -191,6 +194,15 @@ def test_daemonset_invariants(target: str) -> None:
 def test_flags_are_flags_the_agent_has(target: str) -> None:
     for arg in agent_container(target).get("args", []):
         assert arg.split("=", 1)[0] in cli_flags(), arg
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_agent_takes_its_flags_and_environment(target: str) -> None:
+    # As its own parsing reads them at start (the chart renders what these render: tests/test_chart.py).
+    container = agent_container(target)
+    config = parse_config(container.get("args", []), container_environment(container))
+    assert config.node_name == POD_FIELDS["spec.nodeName"], "the Downward API's NODE_NAME"
+    assert config.otlp_names == ("semconv" if target == "otlp-semconv" else "vgpu")
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -16,7 +16,7 @@ push of the agent's own names never come here.
   without a value is left out, as Prometheus reads it.
 - `hw.gpu.memory.utilization` is made, for each GPU with both, as its hw.gpu.memory.usage over
   its hw.gpu.memory.limit: the fraction of memory used the convention means, not the memory's
-  busy time (vgpu.gpu.memory.copy.utilization, which keeps its name).
+  busy time (vgpu.gpu.memory_copy.utilization, which keeps its name).
 - Each pod's points go to a Resource of their own (each pod and container's, with
   --by-container), as the Collector's kubeletstats receiver emits pods: the node's attributes and
   `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name` (`k8s.container.name`, or `container.id`
