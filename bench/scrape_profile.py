@@ -31,15 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client import generate_latest
 
 from otel_vgpu.allocation.ratio import RatioSource
-from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.memory import quiet_collector
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
-from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
 from testkit.floor_exporter import floor_registry
 from testkit.scrape_load import scenario
+from testkit.sim_sampler import sim_sampler
 
 
 def median_ms(samples: list[float]) -> float:
@@ -59,14 +58,7 @@ def main() -> None:
     (tmp / "ratio").write_text("4\n")
     node = SimulatedNode(load_scenario(str(tmp / "node.yaml")), tmp / "node")
     health = Health()
-    sampler = Sampler(
-        node,
-        attributor=Attributor(ProcReader(node.proc_root)),
-        directory=node.directory(),
-        allocation=node,
-        ratio=RatioSource(tmp / "ratio"),
-        health=health,
-    )
+    sampler = sim_sampler(node, RatioSource(tmp / "ratio"), health=health)
     telemetry = Telemetry(sampler, health, min_interval=0.0, node_name="bench", seed_metrics=False)
     for _ in range(10):
         telemetry.render(TEXT)

@@ -26,16 +26,15 @@ from pathlib import Path
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.reading import GpuReader
-from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.collect.xids import XidCounts
 from otel_vgpu.export.exposition import TEXT, negotiate
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
-from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import BUILTIN, Scenario
 from otel_vgpu.sim.scenario_file import load_scenario, parse_scenario
 from testkit.clock import Clock
+from testkit.sim_sampler import sim_sampler
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the tests' inline scenarios, imported from tests/
@@ -70,12 +69,9 @@ def _scraped(scenario: Scenario) -> tuple[str, str]:
     with tempfile.TemporaryDirectory() as folder:
         node = SimulatedNode(scenario, Path(folder) / "proc", clock=clock.monotonic, wall_clock_us=clock.wall_us)
         health = Health()
-        sampler = Sampler(
+        sampler = sim_sampler(
             node,
-            attributor=Attributor(ProcReader(node.proc_root)),
-            directory=node.directory(),
-            allocation=node,
-            ratio=RatioSource(Path(folder) / "absent", fallback=scenario.ratio),
+            RatioSource(Path(folder) / "absent", fallback=scenario.ratio),
             health=health,
             clock=clock.monotonic,
             reader=GpuReader(node, clock=clock.monotonic, engine_every_s=0.0),

@@ -16,12 +16,12 @@ from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.health import Health
-from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.agent import ROOT
 from testkit.clock import Clock
+from testkit.sim_sampler import sim_sampler
 
 GIB = 1024**3
 MIB = 1024**2
@@ -115,12 +115,9 @@ def make_sampler(
     """A sampler of `node`; `extra`: Sampler's other keywords (clock, reader...). Its engine
     windows close at every sweep after the first, so that two sweeps show every family."""
     extra.setdefault("reader", GpuReader(node, clock=extra.get("clock", time.monotonic), engine_every_s=0.0))
-    return Sampler(
+    return sim_sampler(
         node,
-        attributor=Attributor(ProcReader(node.proc_root)),
-        directory=node.directory(),
-        allocation=node,
-        ratio=RatioSource(ratio_file),
+        RatioSource(ratio_file),
         health=health,
         host_pid_namespace=host_pid_namespace,
         by_container=by_container,

@@ -11,11 +11,11 @@ import pytest
 
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import BUILTIN, Scenario, sm_asked
 from otel_vgpu.sim.scenario_file import load_scenario
 from testkit.clock import Clock
+from testkit.sim_sampler import sim_sampler
 
 pytestmark = pytest.mark.unit
 
@@ -26,14 +26,7 @@ CYCLE_S = 600  # every period of the built-in node (15 s to 300 s) divides it
 def on_a_clock(scenario: Scenario, tmp_path: Path, clock: Clock) -> tuple[SimulatedNode, Sampler]:
     """The node and a sampler on `clock`, the scenario's ratio in force (no ratio file)."""
     node = SimulatedNode(scenario, tmp_path / "proc", clock=clock.monotonic, wall_clock_us=clock.wall_us)
-    sampler = Sampler(
-        node,
-        attributor=Attributor(ProcReader(node.proc_root)),
-        directory=node.directory(),
-        allocation=node,
-        ratio=RatioSource(tmp_path / "absent", fallback=scenario.ratio),
-        clock=clock.monotonic,
-    )
+    sampler = sim_sampler(node, RatioSource(tmp_path / "absent", fallback=scenario.ratio), clock=clock.monotonic)
     return node, sampler
 
 
