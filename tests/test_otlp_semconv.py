@@ -19,8 +19,6 @@ from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
     Metric,
-    MetricExporter,
-    MetricExportResult,
     MetricsData,
     NumberDataPoint,
     ResourceMetrics,
@@ -38,6 +36,7 @@ from otel_vgpu.export.semconv import forms, translate
 from otel_vgpu.health import Health
 from otel_vgpu.sim.health import IDLE_PCIE_RX, IDLE_PCIE_TX
 from testkit.agent import InProcessAgent, agent_in_process, clean_env, wait_until
+from testkit.kept_exporter import KeptExporter
 from testkit.otlp_names import prometheus_name
 from testkit.promtext import Exposition
 from testkit.rotel import DecodedMetric, DecodedResource, Receiver, running_rotel
@@ -421,22 +420,6 @@ def test_the_default_push_is_the_agents_own_names_as_scraped(node: Node) -> None
     assert not {f.name for f in FAMILIES if f.needs is Feature.SEMCONV} & names
 
 
-class Recording(MetricExporter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.exported: list[MetricsData] = []
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        self.exported.append(metrics_data)
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        pass
-
-
 def one_gauge(resource: Resource, name: str, *labelled: dict[str, str]) -> MetricsData:
     gauge = Gauge([NumberDataPoint(labels, None, 1_000, 5.0) for labels in labelled])  # type: ignore[arg-type]
     metric = Metric(name, "", "By", gauge)
@@ -445,13 +428,13 @@ def one_gauge(resource: Resource, name: str, *labelled: dict[str, str]) -> Metri
 
 @pytest.mark.parametrize("names", ["vgpu", "semconv"])
 def test_the_pusher_translates_only_with_semconv(names: str) -> None:
-    exporter = Recording()
+    exporter = KeptExporter()
     settings = OtlpSettings(None, "grpc", 60.0, 10.0, names)
     pusher = OtlpPusher(exporter, settings, scope=contextlib.nullcontext, after_collect=lambda _: None, health=Health())
     pod = {"namespace": "ml", "pod": "trainer", "pod_uid": "u-1", "gpu_id": "0", "gpu_uuid": "GPU-1"}
     data = one_gauge(Resource({"service.name": "otel-vgpu", **AGENT_POD}), "vgpu.pod.memory.used", pod)
     pusher._receive_metrics(data)
-    (sent,) = exporter.exported
+    (sent,) = exporter.batches
     if names == "vgpu":
         assert sent is data  # the very collection, byte for byte today's
         return

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.metrics import Observation
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import HistogramDataPoint
 
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.reading import Read
@@ -50,6 +50,7 @@ from otel_vgpu.health import Health, Reader, Refusal, Stage
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
 from testkit.clock import Clock
+from testkit.kept_exporter import KeptExporter
 from testkit.promtext import Exposition, parse
 
 from .conftest import GIB, make_sampler
@@ -221,24 +222,6 @@ def test_pruning_that_cannot_work_warns_once_for_every_reader(
     assert sum("cannot prune" in r.getMessage() for r in caplog.records) == 1
 
 
-class _Kept(MetricExporter):
-    """An OTLP exporter that keeps what it is given, in place of the network's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.batches: list[MetricsData] = []
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        self.batches.append(metrics_data)
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        pass
-
-
 def value(observed: dict[str, list[Observation]], name: str, **labels: str) -> float:
     """The one observation of `name` with these labels (and maybe others)."""
     (point,) = [o for o in observed[name] if labels.items() <= dict(o.attributes or {}).items()]
@@ -260,7 +243,7 @@ def test_a_push_after_a_scrape_of_one_snapshot_shares_the_snapshots_rows_and_rea
 
     subjects = {subject.name: counted(subject) for subject in SUBJECTS}
     families = [dataclasses.replace(family, subject=subjects[family.subject.name]) for family in FAMILIES]
-    kept = _Kept()
+    kept = KeptExporter()
     monkeypatch.setattr(telemetry_module, "make_exporter", lambda settings: kept)
     clock = Clock()
     node = SimulatedNode(steady, tmp_path / "proc", clock.monotonic, clock.wall_us)
