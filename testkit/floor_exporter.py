@@ -23,10 +23,11 @@ from prometheus_client.registry import Collector
 
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.aggregate import Snapshot
+from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.export.families import GPU, POD, POD_COUNTED, Family, of_subject
+from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario_file import load_scenario
-from testkit.sim_sampler import sim_sampler
 
 
 def families(rows: Sequence[Any], specs: Iterable[Family[Any]]) -> list[GaugeMetricFamily]:
@@ -63,7 +64,15 @@ def floor_registry(snapshot: Snapshot) -> CollectorRegistry:
 def main() -> None:
     scenario_path, ratio_path, port = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     node = SimulatedNode(load_scenario(scenario_path), Path(tempfile.mkdtemp()))
-    sampler = sim_sampler(node, RatioSource(ratio_path))
+    # Built here, not with testkit/sim_sampler.py: this runs as a script of its own, with the
+    # installed package on its path and not the repository.
+    sampler = Sampler(
+        node,
+        attributor=Attributor(ProcReader(node.proc_root)),
+        directory=node.directory(),
+        allocation=node,
+        ratio=RatioSource(ratio_path),
+    )
     start_http_server(port, addr="127.0.0.1", registry=floor_registry(sampler.snapshot(0.0)))
     threading.Event().wait()
 
