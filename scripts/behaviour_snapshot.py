@@ -23,6 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# testkit, and the tests' inline scenarios imported from tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.reading import GpuReader
@@ -37,7 +40,6 @@ from testkit.clock import Clock
 from testkit.sim_sampler import sim_sampler
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the tests' inline scenarios, imported from tests/
 SWEEPS, STEP_S = 6, 2.5
 OPENMETRICS = negotiate("application/openmetrics-text; version=1.0.0")
 # The process's own families (prometheus_client's process, platform and GC collectors).
