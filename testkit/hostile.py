@@ -20,7 +20,7 @@ from pathlib import Path
 from otel_vgpu.limits import Limits
 from testkit.agent import ROOT, clean_env, free_port, launched, wait_until
 from testkit.launch import overrides_json
-from testkit.procstat import rss_mib
+from testkit.procstat import cpu_seconds, rss_mib
 
 # The endpoint's bounds in these tests: the defaults, each time in them a fraction of itself.
 LIMITS = Limits(head_deadline_s=2.0, handshake_s=2.0, idle_s=5.0, shed_after_s=0.5, stall_s=0.5)
@@ -189,6 +189,9 @@ class Baseline:
     """Unattacked, one scrape in each body format (OpenMetrics or not, four escapings), each
     the first in its format, so an encoding of its own: what a scraper may wait for behind
     clients asking every variant of a new snapshot, on this machine as loaded now."""
+    encoding_cpu_s: float = 0.0
+    """The agent's CPU time over those scrapes, per scrape: what one encoding of a body costs
+    it, in CPU time, which a loaded machine stretches far less than it stretches wall time."""
 
 
 def settle(pid: int) -> Baseline:
@@ -274,12 +277,15 @@ def warm(scraper: Scraper, target: Agent) -> Baseline:
         assert target.process.poll() is None and time.monotonic() < deadline, scraper.failures
         time.sleep(0.2)
     scraper.forget()
-    for accept in dict.fromkeys(accept for accept, _ in VARIANTS):
+    formats = list(dict.fromkeys(accept for accept, _ in VARIANTS))
+    cpu = cpu_seconds(target.pid)
+    for accept in formats:
         scraper.scrape_once(accept)
+    encoding_cpu_s = (cpu_seconds(target.pid) - cpu) / len(formats)
     assert not scraper.failures, scraper.failures
     variants_s = sum(scraper.durations)
     scraper.forget()
-    return dataclasses.replace(settle(target.pid), variants_s=variants_s)
+    return dataclasses.replace(settle(target.pid), variants_s=variants_s, encoding_cpu_s=encoding_cpu_s)
 
 
 # Every body variant a client can ask for: OpenMetrics or the text format, four escapings, gzip or not.
