@@ -480,8 +480,8 @@ def _selected_families(config: Config) -> tuple[Family[Any], ...]:
     for pattern in unmatched:
         flag = "--metric-allowlist" if pattern in config.metric_allowlist else "--metric-denylist"
         log.warning(
-            "%s pattern %r names no family (matched against the whole name, e.g. vgpu_pod_energy.* or "
-            "vgpu\\.pod\\.energy); docs/metrics.md lists them",
+            "%s pattern %r names no family (matched against the whole name, e.g. vgpu_pod_energy.*, "
+            "vgpu\\.pod\\.energy or hw\\.energy); docs/metrics.md lists them",
             flag,
             pattern,
         )

@@ -298,8 +298,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--metric-allowlist",
         "publish only the families these comma-separated RE2 regular expressions name (each matched against the "
-        "whole Prometheus or OpenTelemetry name), on the scrape and the OTLP push alike; a call to NVML that "
-        "only turned-off families need is not made",
+        "whole Prometheus or OpenTelemetry name, or the name under the semantic conventions), on the scrape and "
+        "the OTLP push alike; a call to NVML that only turned-off families need is not made",
         "OTEL_VGPU_METRIC_ALLOWLIST",
         metric_patterns,
         (),

@@ -44,6 +44,24 @@ def test_an_allowlist_keeps_only_what_it_names_and_says_which_patterns_name_noth
     assert unmatched == ["nothing_at_all"]
 
 
+def test_a_pattern_names_the_families_a_semconv_name_is_pushed_from() -> None:
+    # hw.gpu.utilization is the GPU's utilization per task: its SMs' and its engines'.
+    kept, unmatched = selected(deny=[r"hw\.gpu\.utilization"])
+    dropped = names(FAMILIES) - names(kept)
+    assert unmatched == []
+    assert {"vgpu_gpu_sm_utilization_ratio", "vgpu_gpu_encoder_utilization_ratio"} <= dropped
+    assert all(name.startswith("vgpu_gpu_") and name.endswith("_utilization_ratio") for name in dropped), dropped
+    # The pods' share of a GPU is the agent's own name, not the hardware one.
+    assert "vgpu_pod_sm_utilization_ratio" not in dropped
+    # A convention's namespace keeps the GPU's hardware families and none of the pods'.
+    hardware, _ = selected(allow=[r"hw\..*"])
+    assert "vgpu_gpu_power_watts" in names(hardware) and "vgpu_gpu_temperature_celsius" in names(hardware)
+    assert not any(name.startswith(("vgpu_pod_", "vgpu_agent_")) for name in names(hardware)), names(hardware)
+    # The agent's own semconv names name theirs too.
+    pods, unmatched = selected(allow=[r"vgpu\.pod\.gpu\.utilization"])
+    assert "vgpu_pod_sm_utilization_ratio" in names(pods) and unmatched == []
+
+
 def test_what_sweeps_read_follows_the_families_kept() -> None:
     assert reads_of(FAMILIES) == frozenset(Read)
     no_energy, _ = selected(deny=[".*energy.*"])

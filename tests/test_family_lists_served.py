@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testkit.agent import run_to_exit, running_agent
+from testkit.agent import run_to_exit, running_agent, wait_for
 
 
 def test_a_bad_pattern_stops_the_agent_with_one_line() -> None:
@@ -44,3 +44,14 @@ def test_the_scrape_leaves_out_the_denied_families_and_a_pattern_naming_none_is_
     assert served.series("vgpu_pod_memory_used_bytes") and served.series("vgpu_pod_sm_utilization_ratio")
     warned = [line for line in log.splitlines() if "names no family" in line]
     assert len(warned) == 1 and "--metric-denylist pattern 'vgpu_typo.*'" in warned[0], log
+
+
+def test_a_semconv_name_turns_off_the_families_it_is_pushed_from(scenario_file: Path, ratio_file: Path) -> None:
+    # hw.power is the GPU's power draw on the semconv push; on the scrape it is vgpu_gpu_power_watts.
+    args = ["--simulate", str(scenario_file), "--allocation-file", str(ratio_file)]
+    with running_agent(*args, "--metric-denylist", r"hw\.power") as agent:
+        served = wait_for(agent, lambda exposition: bool(exposition.series("vgpu_gpu_temperature_celsius")))
+        code, log = agent.stop()
+    assert code == 0
+    assert "vgpu_gpu_power_watts" not in served.types and "vgpu_gpu_power_limit_watts" in served.types
+    assert "names no family" not in log, log

@@ -110,13 +110,15 @@ def of_subject(*subjects: Subject[Any]) -> tuple[Family[Any], ...]:
 def selected(allow: Sequence[str] = (), deny: Sequence[str] = ()) -> tuple[tuple[Family[Any], ...], list[str]]:
     """The families `allow` keeps (all, when empty) less those `deny` names, and the patterns
     that name no family. A pattern is a regular expression matched against the whole of a
-    family's Prometheus name or its OpenTelemetry name, as kube-state-metrics'
-    --metric-allowlist and --metric-denylist match theirs."""
+    family's Prometheus name, its OpenTelemetry name or its semantic-conventions name (any of
+    `Family.names`), as kube-state-metrics' --metric-allowlist and --metric-denylist match
+    theirs: an operator who reads the semconv push writes `hw[.]gpu[.].*` and names the families
+    it is pushed from. A semconv name is a metric several families make, and names each of them."""
 
     compiled = {text: compile_pattern(text) for text in (*allow, *deny)}
 
     def named(pattern: str, family: Family[Any]) -> bool:
-        return compiled[pattern].names(family.prometheus_name) or compiled[pattern].names(family.name)
+        return any(compiled[pattern].names(name) for name in family.names)
 
     unmatched = [p for p in (*allow, *deny) if not any(named(p, family) for family in FAMILIES)]
     kept = tuple(

@@ -82,6 +82,12 @@ class Family(Generic[Row]):
             name = f"{name}_{suffix}"
         return f"{name}_total" if self.instrument is Instrument.COUNTER else name
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name it goes by: on the scrape, on the push, and on the push under the
+        semantic conventions (a name several families share, such as `hw.gpu.utilization`)."""
+        return (self.prometheus_name, self.name, *((self.semconv.name,) if self.semconv is not None else ()))
+
 
 # Per-process figures are fitted under the GPU's own samples; the energy split needs both.
 USE = frozenset({Read.PROCESS_USE, Read.GPU_SAMPLES})
