@@ -30,7 +30,13 @@ DEPRECATED = {
     "exporters": {"otlp": "otlp_grpc", "otlphttp": "otlp_http", "prometheusremotewrite": "prometheus_remote_write"},
     "processors": {"k8sattributes": "k8s_attributes"},
 }
-DEPRECATED_FIELDS = {"add_metric_suffixes": "translation_strategy"}
+DEPRECATED_FIELDS = {
+    "add_metric_suffixes": "translation_strategy",
+    "resource_to_telemetry_conversion": "resource_constant_labels",
+}
+# The remote-write exporter's HTTP client settings at its top level, deprecated since v0.158.0
+# for the same under `http` (exporter/prometheusremotewriteexporter/config.go's topLevelHTTPClientKeys).
+TOP_LEVEL_HTTP = {"endpoint", "proxy_url", "tls", "headers", "auth", "compression", "compression_params"}
 # The aliases the first two configurations still use (v0.165 takes them with a warning): the
 # otlp overlay and the chart render the gateway's file, so renaming them is a change of its own.
 STILL_ON_ALIASES = {"gateway": {"k8sattributes", "prometheusremotewrite"}, "scrape": {"prometheusremotewrite"}}
@@ -87,6 +93,10 @@ def test_no_deprecated_component_or_field(path: Path) -> None:
             assert old not in names or old in allowed, f"{path}: {kind[:-1]} {old} is deprecated; use {names[old]}"
     for field, instead in DEPRECATED_FIELDS.items():
         assert field not in path.read_text(), f"{path}: {field} is deprecated; use {instead}"
+    for component, settings in (config.get("exporters") or {}).items():
+        if component.split("/", 1)[0] == "prometheus_remote_write":
+            flat = TOP_LEVEL_HTTP & set(settings)
+            assert not flat, f"{path}: {component}: put {sorted(flat)} under http (deprecated at the top level)"
 
 
 def statements(config: dict[str, Any], processor: str) -> list[str]:
@@ -160,7 +170,7 @@ def test_semconv_exports_the_agents_names_as_they_come_with_each_pods_workload()
     assert label == {"tag_name": f"k8s.pod.label.{label['key']}", "key": "app.kubernetes.io/name", "from": "pod"}
     remote_write = semconv["exporters"]["prometheus_remote_write"]
     # Without the pod's resource attributes as labels, two pods on one GPU would be one series.
-    assert remote_write["resource_to_telemetry_conversion"] == {"enabled": True}
+    assert remote_write["resource_constant_labels"] == {"included": ["*"]}
     assert remote_write["translation_strategy"] == "UnderscoreEscapingWithSuffixes"
 
 
