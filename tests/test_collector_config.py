@@ -21,8 +21,8 @@ SEMCONV = ROOT / "collector-config" / "semconv"
 # Component types of otelcol-contrib v0.165 that these files may use.
 KNOWN = {
     "receivers": {"otlp", "prometheus"},
-    "processors": {"memory_limiter", "batch", "transform", "groupbyattrs", "k8sattributes", "k8s_attributes"},
-    "exporters": {"prometheusremotewrite", "prometheus_remote_write", "otlp_grpc", "otlp_http", "debug"},
+    "processors": {"memory_limiter", "batch", "transform", "groupbyattrs", "k8s_attributes"},
+    "exporters": {"prometheus_remote_write", "otlp_grpc", "otlp_http", "debug"},
     "extensions": {"health_check"},
 }
 # Deprecated names (collector-config/README.md says where each was read).
@@ -37,9 +37,6 @@ DEPRECATED_FIELDS = {
 # The remote-write exporter's HTTP client settings at its top level, deprecated since v0.158.0
 # for the same under `http` (exporter/prometheusremotewriteexporter/config.go's topLevelHTTPClientKeys).
 TOP_LEVEL_HTTP = {"endpoint", "proxy_url", "tls", "headers", "auth", "compression", "compression_params"}
-# The aliases the first two configurations still use (v0.165 takes them with a warning): the
-# otlp overlay and the chart render the gateway's file, so renaming them is a change of its own.
-STILL_ON_ALIASES = {"gateway": {"k8sattributes", "prometheusremotewrite"}, "scrape": {"prometheusremotewrite"}}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -86,11 +83,10 @@ def test_environment_placeholders_use_the_collector_syntax(path: Path) -> None:
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.parent.name for p in CONFIGS])
 def test_no_deprecated_component_or_field(path: Path) -> None:
     config = load(path)
-    allowed = STILL_ON_ALIASES.get(path.parent.name, set())
     for kind, names in DEPRECATED.items():
         for component in config.get(kind) or {}:
             old = component.split("/", 1)[0]
-            assert old not in names or old in allowed, f"{path}: {kind[:-1]} {old} is deprecated; use {names[old]}"
+            assert old not in names, f"{path}: {kind[:-1]} {old} is deprecated; use {names[old]}"
     for field, instead in DEPRECATED_FIELDS.items():
         assert field not in path.read_text(), f"{path}: {field} is deprecated; use {instead}"
     for component, settings in (config.get("exporters") or {}).items():
@@ -107,10 +103,10 @@ def test_gateway_gives_prometheus_the_scrapes_names_and_node() -> None:
     gateway = load(ROOT / "collector-config" / "gateway" / "config.yaml")
     assert set(gateway["receivers"]["otlp"]["protocols"]) == {"grpc", "http"}
     pipeline = gateway["service"]["pipelines"]["metrics/prometheus"]
-    assert pipeline["exporters"] == ["prometheusremotewrite"]
+    assert pipeline["exporters"] == ["prometheus_remote_write"]
     assert "transform/node" in pipeline["processors"]
     # The translation tests/test_otlp.py checks the scrape's names against.
-    assert gateway["exporters"]["prometheusremotewrite"]["translation_strategy"] == "UnderscoreEscapingWithSuffixes"
+    assert gateway["exporters"]["prometheus_remote_write"]["translation_strategy"] == "UnderscoreEscapingWithSuffixes"
     (node,) = statements(gateway, "transform/node")
     assert node.startswith('set(attributes["node"], resource.attributes["k8s.node.name"])')
 
@@ -121,9 +117,8 @@ def test_gateway_gives_otlp_back_ends_the_semantic_conventions() -> None:
     assert pipeline["exporters"] == ["otlp_grpc"]
     processors = pipeline["processors"]
     # Attributes copied, then moved onto a resource per pod, then enriched by UID.
-    assert (
-        processors.index("transform/semconv") < processors.index("groupbyattrs/pod") < processors.index("k8sattributes")
-    )
+    order = [processors.index(name) for name in ("transform/semconv", "groupbyattrs/pod", "k8s_attributes")]
+    assert order == sorted(order), processors
     text = " ".join(statements(gateway, "transform/semconv"))
     for target, source in (("k8s.pod.uid", "pod_uid"), ("k8s.pod.name", "pod"), ("k8s.namespace.name", "namespace")):
         assert f'set(attributes["{target}"], attributes["{source}"])' in text
@@ -132,7 +127,7 @@ def test_gateway_gives_otlp_back_ends_the_semantic_conventions() -> None:
         "k8s.pod.name",
         "k8s.namespace.name",
     }
-    association = gateway["processors"]["k8sattributes"]["pod_association"][0]["sources"][0]
+    association = gateway["processors"]["k8s_attributes"]["pod_association"][0]["sources"][0]
     assert association == {"from": "resource_attribute", "name": "k8s.pod.uid"}
     for old, new in (
         ("vgpu.gpu.memory.total", "hw.gpu.memory.limit"),

@@ -257,7 +257,7 @@ def test_rbac_is_get_list_watch_on_pods_and_nodes(target: str) -> None:
         ]
         assert len(other_roles) == 2
     elif target in GATEWAYS:
-        # The gateway's k8sattributes, for its own service account, reads only.
+        # The gateway's k8s_attributes, for its own service account, reads only.
         assert [r["metadata"]["name"] for r in other_roles] == ["otel-vgpu-collector"]
         assert all(set(rule["verbs"]) == {"get", "list", "watch"} for rule in other_roles[0]["rules"])
     else:
