@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -95,7 +96,8 @@ class Reader(str, Enum):
     PROCESS_WATCH = "process_watch"
     """One look at every GPU's processes between sweeps (collect/watch.py)."""
     GPM = "gpm"
-    """The GPM reads of a sweep in which a GPU's GPM window closed (collect/reading.py): part of that sweep."""
+    """The GPM reads of a sweep in which a GPU's GPM window closed, every GPU's at once (collect/gpm_reads.py):
+    part of that sweep."""
     HEALTH = "health"
     """One round of every GPU's health figures, read in parallel (collect/device_health.py)."""
     XID = "xid"
@@ -110,10 +112,19 @@ class Reader(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Pass:
-    """A reader's last complete pass: how long it took, and whether it succeeded."""
+    """A reader's last complete pass: how long it took, and whether it succeeded. Or its pass in
+    flight past its deadline: how long it has run so far, failed (`Health.began`)."""
 
     seconds: float
     ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Flight:
+    """A reader's pass in flight: when it began, and how long it may take."""
+
+    began: float
+    deadline_s: float
 
 
 # Inputs already refused, remembered so that each is counted once (a forged annotation is
@@ -130,13 +141,16 @@ class Health:
     """Failure counts by stage, pending sweep durations, each reader's last pass, and log-once
     bookkeeping. Thread-safe."""
 
-    def __init__(self, log: logging.Logger | None = None) -> None:
+    def __init__(self, log: logging.Logger | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: what a pass in flight is timed by against its deadline (`began`)."""
         self._log = log or logging.getLogger("otel_vgpu")
+        self._clock = clock
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(Stage, 0)
         self._failing: dict[Stage, set[str]] = {stage: set() for stage in Stage}
         self._durations: deque[float] = deque(maxlen=MAX_PENDING_DURATIONS)
         self._passes: dict[Reader, Pass] = {}
+        self._flights: dict[Reader, _Flight] = {}
         self._refusals = dict.fromkeys(Refusal, 0)
         self._refused: OrderedDict[tuple[Refusal, str], None] = OrderedDict()
         self._refusal_logged: set[Refusal] = set()
@@ -181,20 +195,44 @@ class Health:
 
     # --- readers --------------------------------------------------------------------
 
+    def began(self, reader: Reader, deadline_s: float) -> None:
+        """`reader` began a pass that should end within `deadline_s` (`passed` ends it). Past
+        that, the pass reads failed while it runs: a sweep stuck 40 s in a driver call read
+        success 1, its last pass's, and only /healthz said so, after 120 s."""
+        with self._lock:
+            self._flights[reader] = _Flight(self._clock(), deadline_s)
+
     def passed(self, reader: Reader, seconds: float, ok: bool) -> None:
         """`reader` ended a pass that took `seconds`, and succeeded (`ok`) or failed."""
         with self._lock:
             self._passes[reader] = Pass(seconds, ok)
+            self._flights.pop(reader, None)
 
     def last_pass(self, reader: Reader) -> Pass | None:
-        """`reader`'s last pass; None while it has made none (it is off, or has not begun)."""
+        """`reader`'s last pass, or its pass in flight past its deadline (failed, as long as it
+        has run); None while it has made neither (it is off, or has not begun)."""
         with self._lock:
-            return self._passes.get(reader)
+            return self._pass_of(reader, self._clock())
 
     def passes(self) -> list[tuple[Reader, Pass]]:
-        """Each reader's last pass, in the order of `Reader`; a reader that has made none, none."""
+        """Each reader's `last_pass`, in the order of `Reader`; a reader that has none, none."""
         with self._lock:
-            return [(reader, self._passes[reader]) for reader in Reader if reader in self._passes]
+            now = self._clock()
+            found = [(reader, self._pass_of(reader, now)) for reader in Reader]
+        return [(reader, last) for reader, last in found if last is not None]
+
+    def stuck(self) -> bool:
+        """Whether a reader's pass in flight is past its deadline: a collection's body made
+        before says otherwise, and is not served again (export/telemetry.py, export/endpoint.py)."""
+        with self._lock:
+            now = self._clock()
+            return any(now - flight.began > flight.deadline_s for flight in self._flights.values())
+
+    def _pass_of(self, reader: Reader, now: float) -> Pass | None:
+        flight = self._flights.get(reader)
+        if flight is not None and now - flight.began > flight.deadline_s:
+            return Pass(now - flight.began, False)
+        return self._passes.get(reader)
 
     # --- refusals -------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ and GPM's ctypes structs) and raises its own errors, as NVML does."""
 from __future__ import annotations
 
 import logging
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,6 +31,7 @@ from otel_vgpu.gpu.device_figures import (
 from otel_vgpu.gpu.nvml import NvmlBackend
 from otel_vgpu.gpu.nvml_health import HEALTH_READS, READS, grouped, read_health
 from otel_vgpu.gpu.nvml_session import NvmlSession
+from testkit.agent import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -59,6 +61,8 @@ class HealthNvml:
         self.queued: dict[str, list[Any]] = {}
         """By event set, what it holds to deliver."""
         self.lost_sets: set[str] = set()
+        self.hung_sets: dict[str, threading.Event] = {}
+        """By event set, what its waits hang on until it is set, as a driver's call may."""
         self.failing_registration: set[str] = set()
         self.without_xid_events: set[str] = set()
         self.shutdown_with_alive: set[int] | None = None
@@ -203,6 +207,8 @@ class HealthNvml:
     def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
         self.calls.append(f"wait {event_set}")
         assert timeout_ms == 0  # never blocks in NVML
+        if event_set in self.hung_sets:
+            self.hung_sets[event_set].wait()
         if event_set in self.lost_sets:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         if not self.queued[event_set]:
@@ -459,6 +465,27 @@ def test_each_gpus_xid_events_come_from_its_own_event_set_freed_before_shutdown(
     assert nvml.calls.index("free set2") < nvml.calls.index("shutdown")
     waits = [call for call in nvml.calls if call.startswith("wait")]
     assert gpu.xid_events(0, 8) == [] and [c for c in nvml.calls if c.startswith("wait")] == waits  # released
+
+
+def test_a_take_hung_in_one_gpus_event_set_holds_back_no_other_gpus_take(nvml: HealthNvml) -> None:
+    gpu = backend(nvml)
+    assert gpu.xid_events(0, 8) == [] and gpu.xid_events(1, 8) == []  # both sets made
+    nvml.hung_sets["set1"] = threading.Event()  # GPU 0's wait hangs in the driver...
+    nvml.happen("handle1", 0x8, 79)  # ...while GPU 1 has an XID 79 queued
+    hung = threading.Thread(target=gpu.xid_events, args=(0, 8), daemon=True)
+    hung.start()
+    wait_until(lambda: nvml.calls.count("wait set1") == 2, what="GPU 0's take in its wait")
+    taken: list[list[XidEvent]] = []
+    other = threading.Thread(target=lambda: taken.append(gpu.xid_events(1, 8)), daemon=True)
+    other.start()
+    # Before, one lock held every GPU's takes: GPU 1's waited for GPU 0's hung call.
+    other.join(timeout=10)
+    in_time = list(taken)  # while GPU 0's call still hangs
+    nvml.hung_sets["set1"].set()
+    hung.join(timeout=10)
+    assert in_time == [[XidEvent(1, "GPU-h200-handle1", 79)]]
+    gpu.release()  # after the take in progress: the sets are freed before shutdown
+    assert nvml.calls.index("free set1") < nvml.calls.index("shutdown")
 
 
 def test_a_lost_gpus_event_set_fails_alone_and_a_failed_registration_frees_its_set(nvml: HealthNvml) -> None:

@@ -1,11 +1,15 @@
 """Each reader's cost in sight: vgpu_agent_reader_duration_seconds and vgpu_agent_reader_success,
 by reader, on the simulated node in process (a clock the test moves, the agent's threads' reads
 made by hand): which readers there are, that one turned off has no series, that a failing read
-reads 0 and 1 again once it answers, and that a scrape serves the last passes and makes none.
+reads 0 and 1 again once it answers, that a scrape serves the last passes and makes none, and that
+a reader stuck in the driver says so: slow GPM reads cost a sweep one deadline, a hung XID take
+on one GPU leaves the others' XIDs counted, and a pass in flight past its deadline reads 0.
 The Kubernetes readers are in tests/test_kubernetes.py."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,14 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.collect import sampler as sampler_module
 from otel_vgpu.collect.device_health import DeviceHealth
+from otel_vgpu.collect.gpm_reads import GPM_DEADLINE_S
 from otel_vgpu.collect.reading import GpuReader, Read
-from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.collect.xids import XidCounts, XidWatch
+from otel_vgpu.collect.sampler import SWEEP_DEADLINE_S, Sampler
+from otel_vgpu.collect.xids import XID_DEADLINE_S, XidCounts, XidWatch
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.families import FAMILIES, reads_of, selected
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.health import Health, Reader
+from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.sim.node import SimulatedNode
 from testkit.agent import wait_until
 from testkit.clock import Clock
@@ -50,6 +56,7 @@ class Node:
     devices: DeviceHealth | None
     xids: XidWatch | None
     telemetry: Telemetry
+    counts: XidCounts | None = None
 
     def round(self) -> Exposition:
         """2 s later: a sweep, a look of the process watch and a round of XID events, as the
@@ -63,21 +70,32 @@ class Node:
 
 
 @contextmanager
-def simulated(tmp_path: Path, text: str, deny: tuple[str, ...] = (), deadline_s: float = 2.0) -> Iterator[Node]:
-    """The scenario `text` read with the families `deny` leaves: what they read, and no more."""
+def simulated(
+    tmp_path: Path,
+    text: str,
+    deny: tuple[str, ...] = (),
+    deadline_s: float = 2.0,
+    gpm_deadline_s: float = GPM_DEADLINE_S,
+    sweep_deadline_s: float = SWEEP_DEADLINE_S,
+    xid_deadline_s: float = XID_DEADLINE_S,
+) -> Iterator[Node]:
+    """The scenario `text` read with the families `deny` leaves: what they read, and no more.
+    `deadline_s`: the health reads'; the others, each reader's."""
     clock, sim, ratio = hand_clocked(tmp_path, text)
     kept, _ = selected(deny=list(deny))
     reads = reads_of(kept)
     health = Health()
     # Every sweep closes a GPM window: each reads GPM.
-    reader = GpuReader(sim, clock.monotonic, reads=reads, engine_every_s=0.0)
-    sampler = make_sampler(sim, ratio, health=health, clock=clock.monotonic, reader=reader)
+    reader = GpuReader(sim, clock.monotonic, reads=reads, engine_every_s=0.0, gpm_deadline_s=gpm_deadline_s)
+    sampler = make_sampler(
+        sim, ratio, health=health, clock=clock.monotonic, reader=reader, sweep_deadline_s=sweep_deadline_s
+    )
     devices = DeviceHealth(sampler, health, clock.monotonic, deadline_s=deadline_s) if Read.HEALTH in reads else None
     counts = XidCounts() if Read.XID_EVENTS in reads else None
-    xids = XidWatch(sim, counts, health, sampler.gpu_indices) if counts is not None else None
+    xids = XidWatch(sim, counts, health, sampler.gpu_indices, deadline_s=xid_deadline_s) if counts is not None else None
     telemetry = Telemetry(sampler, health, 1.0, "n", False, families=kept, devices=devices, xids=counts)
     try:
-        yield Node(sim, clock, sampler, health, devices, xids, telemetry)
+        yield Node(sim, clock, sampler, health, devices, xids, telemetry, counts)
     finally:
         telemetry.shutdown()
         if devices is not None:
@@ -158,3 +176,85 @@ def test_a_scrape_serves_the_last_passes_and_makes_none(tmp_path: Path) -> None:
         assert all(a is b for (_, a), (_, b) in zip(node.health.passes(), passes, strict=True))
     assert success(first) == success(second) == {"sweep": 1, "health": 1}
     assert duration(first) == duration(second) == {reader.value: last.seconds for reader, last in passes}
+
+
+def h100s(count: int, extra: str = "") -> str:
+    """`count` H100s, a pod busy on each, and `extra` (faults, health events)."""
+    return (
+        "gpus:\n"
+        + f"  - {{model: {H100}}}\n" * count
+        + "pods:\n"
+        + "".join(
+            f"  - {{name: p{n}, processes: [{{gpu: {n}, memory: 1GiB, sm: 0.5, tensor: 0.4}}]}}\n" for n in range(count)
+        )
+        + extra
+    )
+
+
+def test_slow_gpm_reads_on_every_gpu_cost_the_sweep_one_of_them_not_one_each(tmp_path: Path) -> None:
+    # Each of 8 GPUs' GPM calls takes 0.5 s: read in turn, a sweep that closes their windows
+    # took 8 x 0.5 s (8 x 0.9 s held it 7.2 s on the issue's node). Read at once, the slowest.
+    slow_s, gpus = 0.5, 8
+    with simulated(tmp_path, h100s(gpus, f"faults: [{{call: gpm, delay_s: {slow_s}}}]\n"), gpm_deadline_s=4.0) as node:
+        node.round()  # the windows open
+        node.clock.t += 2.0
+        started = time.monotonic()
+        node.sampler.snapshot(0.0)  # the windows close: every GPU's GPM read
+        took = time.monotonic() - started
+        seen = parse(node.telemetry.render(TEXT).decode())
+    # Half of what reading in turn must take, whatever the machine's load: it took about slow_s.
+    assert took < gpus * slow_s / 2, took
+    assert sorted(seen.by("vgpu_gpu_tensor_active_ratio", "gpu_id")) == [(str(n),) for n in range(gpus)]
+    assert success(seen)["gpm"] == 1 and slow_s <= duration(seen)["gpm"] < gpus * slow_s / 2
+
+
+def test_a_hung_xid_take_on_one_gpu_leaves_the_other_gpus_xids_counted_and_the_round_failed(tmp_path: Path) -> None:
+    # GPU 0's event set hangs (a minute: for ever, to this test); GPU 3 has an XID 79 at 1 s.
+    text = h100s(4, "faults: [{call: xid_events, gpu: 0, delay_s: 60}]\nhealth_events: [{gpu: 3, at_s: 1, xid: 79}]\n")
+    with simulated(tmp_path, text) as node:
+        node.clock.t += 2.0
+        node.sampler.snapshot(0.0)
+        assert node.xids is not None
+        # A round on the watch's own thread, as the agent's: it must not hold GPU 3's XID.
+        threading.Thread(target=node.xids.take, daemon=True).start()
+        assert node.counts is not None
+        counts = node.counts
+        # Each GPU's take has a 1 s deadline; before, GPU 3 waited for GPU 0's minute.
+        wait_until(
+            lambda: [(c.gpu_index, c.xid) for c in counts.rows()] == [(3, "79")],
+            timeout=30,
+            what="GPU 3's XID 79 counted beside GPU 0's hung take",
+        )
+        wait_until(lambda: node.health.failing(Stage.XID_EVENTS, "0:DEADLINE"), what="GPU 0's take said late")
+        seen = node.round()  # the next sweep's scrape (its round of XIDs refuses GPU 0 at once)
+    assert seen.by("vgpu_gpu_xid_errors_total", "gpu_id", "xid") == {("3", "79"): 1}
+    assert success(seen)["xid"] == 0  # GPU 0 missed its deadline: the round failed, and says so
+    assert success(seen)["sweep"] == 1
+
+
+def test_a_sweep_stuck_in_the_driver_reads_0_once_past_its_deadline_and_1_again_once_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # From 3 s on the node's clock, GPU 0's device call takes 3 s: the sweep then is stuck in it,
+    # for 0.2 s of deadline. A scrape waits for no sweep in flight (the agent's own sweeps).
+    monkeypatch.setattr(sampler_module, "SWEEP_WAIT_S", 0.0)
+    text = h100s(1, "faults: [{call: device, gpu: 0, delay_s: 3, from_s: 3}]\n")
+    with simulated(tmp_path, text, sweep_deadline_s=0.2) as node:
+        node.round()
+        node.sampler.drive()
+        node.clock.t += 2.0
+        sweep = threading.Thread(target=node.sampler.sweep, daemon=True)
+        sweep.start()
+
+        def stuck() -> Exposition | None:
+            seen = parse(node.telemetry.render(TEXT).decode())
+            return seen if success(seen).get("sweep") == 0 else None
+
+        # Before, the gauge read the last sweep's 1 until this one ended (and /healthz said
+        # nothing for 120 s).
+        during = wait_until(stuck, timeout=2.5, what="the stuck sweep's reader to read 0")
+        sweep.join(timeout=30)
+        after = parse(node.telemetry.render(TEXT).decode())
+    assert duration(during)["sweep"] >= 0.2  # how long it has run so far
+    assert success(during)["process_watch"] == 1  # the other readers say their own passes
+    assert success(after)["sweep"] == 1  # the sweep answered, late: it did not fail

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from otel_vgpu.collect.aggregate import GpuReading
+from otel_vgpu.collect.estimator import SETTLE_US
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
 from otel_vgpu.gpu.backend import AccountingRecord, MigDevice, ProcessUse, UtilizationSample
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
@@ -37,7 +38,13 @@ def test_each_sweep_reads_the_window_since_the_last_and_never_less_than_a_second
     reader.read(0, SweepErrors())
     backend.now += S // 10  # a tenth of a second later: still the last second
     reader.read(0, SweepErrors())
-    assert asked(backend, "processes") == [100 * S - MIN_WINDOW_US, 100 * S, 105 * S + S // 10 - MIN_WINDOW_US]
+    # Each asks a settling lag further back (collect/estimator.py): a sample NVML shows late.
+    back = SETTLE_US
+    assert asked(backend, "processes") == [
+        100 * S - MIN_WINDOW_US - back,
+        100 * S - back,
+        105 * S + S // 10 - MIN_WINDOW_US - back,
+    ]
 
 
 def test_the_processes_are_fitted_under_the_gpus_own_samples_of_the_window() -> None:
@@ -47,6 +54,7 @@ def test_the_processes_are_fitted_under_the_gpus_own_samples_of_the_window() -> 
         UtilizationSample(2, 100 * S - 10, ProcessUse(0.3)),
     ]
     backend.gpu_samples = [(100 * S - 20, 0.4), (100 * S - 10, 0.5)]
+    backend.now = 100 * S + SETTLE_US  # the periods have settled (collect/ledger.py)
     reading = swept(reader_of(backend, clock))
     assert reading is not None and reading.use_by_pid is not None
     assert reading.device.utilization_window == pytest.approx(0.45)
@@ -113,7 +121,7 @@ def test_a_gpu_that_went_away_starts_a_new_window_when_it_comes_back() -> None:
     reader.keep_only([])
     backend.now += 30 * S
     reader.read(0, SweepErrors())
-    assert asked(backend, "processes")[-1] == 130 * S - MIN_WINDOW_US, "not the 30 s since it was last seen"
+    assert asked(backend, "processes")[-1] == 130 * S - MIN_WINDOW_US - SETTLE_US, "not the 30 s since it was last seen"
 
 
 def test_errors_of_a_sweep_keep_the_first_message_of_each_kind() -> None:

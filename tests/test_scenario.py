@@ -192,6 +192,16 @@ def test_wave_moves_around_its_mean() -> None:
             "gpus: [{}]\nfaults:\n  - {call: device, delay_s: 1.0e+300}\n",
             "faults[0].delay_s: 1e+300 must be from 0 to 60 s",
         ),
+        (
+            # Accepted, it grew the agent to 1.67 GB in 20 s without a word.
+            "gpus: [{}]\nchurn: {pods: 10, lifetime_s: 1,\n        live: 1000000, processes: 100}\n",
+            "bad.yaml:3: churn.live: 1000000 pods of 100 processes each are 100000000 processes at once; "
+            "valid: live x processes up to 10000",
+        ),
+        (
+            "gpus: [{}]\nchurn: {pods: 10, live: 101, lifetime_s: 1, processes: 100}\n",
+            "bad.yaml:2: churn.live: 101 pods of 100 processes each are 10100 processes at once",
+        ),
     ],
 )
 def test_errors_name_file_line_field_and_what_is_valid(text: str, expected: str) -> None:
@@ -199,6 +209,11 @@ def test_errors_name_file_line_field_and_what_is_valid(text: str, expected: str)
         parse_scenario(text, "bad.yaml")
     assert expected in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_churn_of_the_most_processes_at_once_is_accepted() -> None:
+    churn = parse_scenario("gpus: [{}]\nchurn: {pods: 10, live: 100, lifetime_s: 1, processes: 100}\n", "s.yaml").churn
+    assert churn is not None and churn.live * churn.processes == 10_000
 
 
 def test_missing_file() -> None:

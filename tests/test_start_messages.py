@@ -63,6 +63,14 @@ CASES = {
         (),
         ("--simulate {bad_scenario}:4: pods[0].processes[0].gpu: 5 is not a GPU index; valid: 0 to 0",),
     ),
+    "simulate-churn-bound-flag": Case(
+        ("--simulate", "{churn_scenario}", "--allocation-file", "{ratio}"),
+        (),
+        (
+            "--simulate {churn_scenario}:2: churn.live: 1000000 pods of 100 processes each are 100000000 "
+            "processes at once; valid: live x processes up to 10000",
+        ),
+    ),
     # The users file.
     "basic-auth-missing-variable": Case(
         SIMULATED,
@@ -252,6 +260,8 @@ def paths(tmp_path: Path) -> dict[str, str]:
     ratio.write_text("2\n")
     bad_scenario = tmp_path / "bad.yaml"
     bad_scenario.write_text("gpus:\n  - memory: 80GiB\npods:\n  - {name: a, processes: [{gpu: 5}]}\n")
+    churn_scenario = tmp_path / "churn.yaml"
+    churn_scenario.write_text("gpus: [{}]\nchurn: {pods: 10, live: 1000000, lifetime_s: 1, processes: 100}\n")
     service_account = tmp_path / "serviceaccount"
     service_account.mkdir()
     (service_account / "token").write_text("not-a-token\n")  # no namespace file beside it
@@ -261,6 +271,7 @@ def paths(tmp_path: Path) -> dict[str, str]:
         "garbage": str(garbage),
         "ratio": str(ratio),
         "bad_scenario": str(bad_scenario),
+        "churn_scenario": str(churn_scenario),
         "cert": str(certs.cert),
         "key": str(certs.key),
         "service_account": str(service_account),

@@ -331,13 +331,14 @@ def test_an_ended_pods_last_increments_reach_the_bill(tmp_path: Path, sweep_ever
     assert gpu > 0 and pods + unattributed == pytest.approx(gpu, rel=1e-9), (pods, unattributed, gpu)
     # Its busy seconds are its work, 0.5 of the GPU for the 28 s it ran, to one sample period,
     # where the driver keeps an ended process's last sample. Else, with sweeps alone (no watch
-    # here), it ran to halfway between the last sweep that listed it and the first that did not.
+    # here), it ran at least to halfway between the last sweep that listed it and the first
+    # that did not, and at most to its end, at its last figure (its tail: collect/estimator.py).
     billed = seen[("vgpu_pod_sm_busy_seconds_total", ATTACKER)]
     if kept_s:
         assert billed == pytest.approx(0.5 * 28, abs=0.5 * 0.4)
     else:
         last_sweep = (math.ceil(28 / sweep_every) - 1) * sweep_every  # the last that saw it running
-        assert billed == pytest.approx(0.5 * (last_sweep + sweep_every / 2), abs=0.5 * 0.4)
+        assert 0.5 * (last_sweep + sweep_every / 2) - 0.2 <= billed <= 0.5 * 28 + 0.2
     # The first scrape after the end has its counters at their final values, and no gauge of it.
     assert (ATTACKER,) in after_the_end.by("vgpu_pod_energy_joules_total", "pod_uid")
     assert (ATTACKER,) in after_the_end.by("vgpu_pod_sm_busy_seconds_total", "pod_uid")

@@ -13,7 +13,9 @@ from testkit.agent import agent_in_process
 
 def test_the_agent_counts_busy_seconds_at_its_own_cadence_without_scrapes(tmp_path: Path, ratio_file: Path) -> None:
     # One pod at half the SMs of GPU 0, nothing on GPU 1; sweeps every 0.1 s, and two scrapes
-    # eight of them apart. Each scrape sweeps (--min-interval 0): its figures are as of its time.
+    # forty of them apart. Each scrape sweeps (--min-interval 0): its figures are as of its time.
+    # The SM counters advance by the GPU's 200 ms periods as they settle (collect/ledger.py), so
+    # that over four seconds they are within a period of the time at either end.
     scenario = tmp_path / "node.yaml"
     scenario.write_text(
         "gpus: [{memory: 80GiB}, {memory: 80GiB}]\n"
@@ -25,7 +27,7 @@ def test_the_agent_counts_busy_seconds_at_its_own_cadence_without_scrapes(tmp_pa
     with agent_in_process(*args, *timing, env={}, energy_every_s=0.0) as agent:
         sent_first = time.monotonic()
         first, got_first = agent.scrape(), time.monotonic()
-        agent.wait_sweeps(8)
+        agent.wait_sweeps(40)
         sent_second = time.monotonic()
         second, got_second = agent.scrape(), time.monotonic()
         code, _ = agent.stop()
@@ -72,7 +74,7 @@ def test_a_configured_idle_power_reaches_the_holder_of_a_share_on_a_busy_gpu(tmp
         """The standby pod's part of the GPU's energy between two scrapes (the same sweeps')."""
         with agent_in_process(*args, *extra, env={}, energy_every_s=0.0) as agent:
             first = agent.scrape()
-            agent.wait_sweeps(8)
+            agent.wait_sweeps(40)
             second = agent.scrape()
         standby = [e.by("vgpu_pod_energy_joules_total", "pod").get(("standby-0",), 0.0) for e in (first, second)]
         gpu = [e.by("vgpu_gpu_energy_joules_total", "gpu_id")[("0",)] for e in (first, second)]

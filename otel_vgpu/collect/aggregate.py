@@ -42,6 +42,11 @@ class GpuReading:
     """SM-busy seconds of the GPU over the window that no process was given."""
     unattributed_seconds: Mapping[str, float] = field(default_factory=dict)
     """SM-busy seconds of the GPU over the window that no pod was given, by reason (collect/ledger.py)."""
+    window_seconds: float | None = None
+    """How long the window the ledger settled is (0: none settled yet); None: no ledger window."""
+    window_utilization: float | None = None
+    """The GPU's own figure over the ledger's last window that settled a period, which its pods'
+    figures cover; None before one did."""
     reused_pids: frozenset[int] = frozenset()
     """PIDs listed whose samples were older than the process holding them: not theirs."""
 
@@ -86,6 +91,12 @@ class GpuRow:
     """The part of `busy_seconds` no process was given."""
     unattributed_seconds: Mapping[str, float] = field(default_factory=dict)
     """Over the sweep's window, the SM-busy seconds no pod was given, by reason (collect/ledger.py)."""
+    window_seconds: float | None = None
+    """How long the ledger's window is (its settled periods together); None: no ledger window,
+    and the pods' figures stand for the time since the last sweep."""
+    window_utilization: float | None = None
+    """The GPU's own figure over the ledger's last window that settled a period (the one its
+    pods' figures cover); None without one."""
     sm_unattributed_seconds: Mapping[str, float] = field(default_factory=dict)
     """The same, counted so far (collect/usage.py); empty where the ledger has not split its SM."""
 
@@ -99,9 +110,12 @@ class GpuRow:
 
     @property
     def interval_utilization(self) -> float | None:
-        """The GPU's SM figure over the interval since the previous sweep: the mean of its
-        own samples where NVML gave them; else its last period's figure, which a sweep
-        every few seconds samples, not averages. None where NVML cannot tell (MIG mode)."""
+        """The GPU's SM figure over the window its pods' figures cover: the ledger's settled
+        periods where it split them; else the mean of its own samples since the previous
+        sweep where NVML gave them; else its last period's figure, which a sweep every few
+        seconds samples, not averages. None where NVML cannot tell (MIG mode)."""
+        if self.window_utilization is not None:
+            return min(1.0, self.window_utilization)
         window = self.device.utilization_window
         return window if window is not None else self.device.utilization
 
@@ -319,6 +333,8 @@ def aggregate(
                 busy_seconds=reading.busy_seconds,
                 unexplained_seconds=reading.unexplained_seconds,
                 unattributed_seconds=reading.unattributed_seconds,
+                window_seconds=reading.window_seconds,
+                window_utilization=reading.window_utilization,
             )
         )
     return tuple(gpu_rows), tuple(pod_rows)
@@ -454,6 +470,13 @@ def _unit_rows(
             row.use_unknown = True
         elif reading.use_by_pid is not None and (use := reading.use_by_pid.get(process.pid)) is not None:
             row.use = row.use.plus(use)
+    # A pod with a process whose use NVML cannot tell has no SM figure on the device at all:
+    # the ledger gives none of its processes a share (collect/ledger.py), so that what the
+    # others' samples hold (a tenant's own MPS server's, say) is unattributed, not in no series.
+    blind = {ref.pod_uid for p in processes if p.pid in reading.unknown_pids and (ref := pods_by_pid.get(p.pid))}
+    for row in rows.values():
+        if any(key[0] in blind for key in row.keys):
+            row.use_unknown = True
     for key in placed_here:
         row_for(key)
     return rows, unattributed

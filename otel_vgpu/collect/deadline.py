@@ -1,7 +1,10 @@
 """Driver calls made with a deadline: each on a thread of its GPU's own, waited for at most so
 long. NVML calls cannot be interrupted, so a call that never returns holds its thread, and
 that GPU's next call is refused until it does: one hung GPU holds one thread, never the
-caller, and never another GPU (collect/device_health.py, collect/reading.py's GPM reads).
+caller, and never another GPU (collect/device_health.py, collect/gpm_reads.py's GPM reads,
+collect/xids.py's XID events). Where several GPUs are read, their calls are begun together and
+waited for after (`start`, then `wait`), so that slow GPUs cost the caller one deadline, not
+one each: 8 GPUs at 0.9 s a GPM call, waited for in turn, held a sweep 7.2 s.
 NVML is thread-safe (nvml.h: "it is safe to make simultaneous NVML calls from multiple
 threads")."""
 
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +32,8 @@ class CallThread:
         self._result: Any = None
         self._error: BaseException | None = None
         self.stopped = False
+        self.took = 0.0
+        """How long the last call that returned took, on this thread."""
         self._thread = NamedThread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -73,9 +79,11 @@ class CallThread:
             self._asked.clear()
             if self.stopped:
                 return
+            started = time.monotonic()
             try:
                 self._result = self._call()
             except BaseException as error:  # handed to the caller, which says what failed
                 self._error = error
             finally:
+                self.took = time.monotonic() - started
                 self._done.set()

@@ -1,7 +1,7 @@
 """GPM figures per GPU and, where exact, per pod, over GPM windows, carried from sweep to sweep.
 
 GPM (Hopper and newer) measures a GPU, or a MIG GPU instance, not a process. The GPU's
-figures are read when its window closes (collect/reading.py, every ENGINE_EVERY_S of otel_vgpu/config.py) and
+figures are read when its window closes (collect/gpm_reads.py, every ENGINE_EVERY_S of otel_vgpu/config.py) and
 published until the next close, with a busy-seconds counter for tensor and DRAM (each
 figure times the window's seconds, as SM's busy seconds) and a byte counter for PCIe (each
 byte rate times the window's seconds alike).

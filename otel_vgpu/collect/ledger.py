@@ -6,38 +6,27 @@ the processes alive at its instant, and a process's latest sample times the whol
 a tenant that times its work around the sweeps would shed its bill. So the watch
 (collect/watch.py) lists each GPU's processes between sweeps, and this ledger keeps each
 process's life on the GPU: when it was first and last listed, its pod as read at first
-sight, and every sample taken of it while it lived. At each sweep the GPU's own samples of
-the window (one per sample period, 200 ms on an H200) are split among the processes that
-lived in each period:
+sight, and every sample read of it while it lived. At each sweep the GPU's own samples (one
+per sample period, 200 ms on an H200) that have settled (`estimator.SETTLE_US` old: the
+driver has stamped every sample that will stand for them) are split among the lives in each
+period by one estimator (collect/estimator.py, docs/chargeback.md "The estimator"):
 
-- a period in which the processes of one pod alone lived is that pod's, whole: nothing else
-  held a context on the GPU, and a kernel runs only in a context, which NVML lists;
-- a period shared by several pods, or with a process of none, is split by each process's
-  own figure (its first sample taken at or after the period, else its last before), those
-  listed through the period first, scaled down where they add up to more than the GPU ran;
-  beside settled figures that hold still, what the GPU ran beyond them is the one pod's
-  whose figures swing, since a sample of a swinging figure can be a trough or a crest;
-  what they leave goes to the processes younger than `YOUNG_US`, whose NVML figure may not
-  have settled, each held to the rise its coming made over what the GPU ran for the other
-  pods just before it, and only beside settled figures that hold still; the rest is
-  unattributed, never a settled neighbour's;
 - a process lived from halfway between the listing that first had it and the one before,
   to halfway between the last listing that had it and the first without it, so that a
   listing's cadence neither adds nor takes on average;
+- its evidence in a period is the sample that stands for it, its tail after its newest
+  sample where it ended, or none: it ran nothing then;
 - a process whose use NVML cannot tell (an MPS client, or a server serving several pods)
-  gets no figure, and no period it shares is given whole to anyone;
+  gets no figure, and neither does any process of its pod on the GPU (the pod's row has no
+  SM figure to carry it: collect/aggregate.py); what the period's figures leave is `mps`;
 - where an administrator turned NVML's accounting mode on, a process that no listing saw is
   known from its record (`accounted`): a life of no pod, without a figure, over the time the
-  record gives, so that no period it ran in is another pod's whole, and what the figures leave
-  there is counted as its. Its lifetime figure is not used as its figure: nvml.h calls it
-  "utilization stats just like returned by nvmlDeviceGetUtilizationRates but for the life
-  time of a process", which may be the device's, and a lifetime's mean says nothing of the
-  last window, where a process that idled then ran hard would hide its work.
+  record gives; what the figures leave in its periods is `unseen`. Its lifetime figure is not
+  used: nvml.h calls it "utilization stats just like returned by
+  nvmlDeviceGetUtilizationRates but for the life time of a process", which may be the
+  device's.
 
-What no pod is given is counted by its reason (`Window.unattributed`): `no_pod` (a process
-of no pod), `unseen` (a period with a process no listing saw, known from accounting alone),
-`mps` (a period with a process whose use NVML cannot tell), `unexplained` (what the GPU ran
-beyond what its processes' figures say).
+What no pod is given is counted by its reason (`Window.unattributed`, the estimator's).
 
 Pure: no NVML, no clock; the watch and the sweep bring the listings and samples.
 """
@@ -47,9 +36,10 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from otel_vgpu.collect import estimator
 from otel_vgpu.gpu.backend import USE_FIGURES, AccountingRecord, ProcessUse, UtilizationSample
 from otel_vgpu.pods.cgroups import PodRef
 
@@ -61,23 +51,14 @@ PERIOD_US = 200_000
 BORN_SLACK_US = 200_000
 # Samples kept per process: the newest, a minute's worth at the watch's cadence at most.
 SAMPLES_KEPT = 64
-# A process this young (since it was first listed) has a figure that may not have settled yet:
-# NVML smooths it (bench/results/h200-nvml-samples.md); how fast it settles is not measured.
-YOUNG_US = 5_000_000
-# A settled process's figure holds still when its last samples agree within this: on an H200 a
-# busy process's samples read 90-93 % and a bursty one's 6-7 % (bench/results/h200-nvml-samples.md).
-STILL_SAMPLES = 5
-STILL_SPREAD = 0.15
-# What a young process's share is held to: the GPU's figure for the other pods over this long
-# before it began; the periods integrated are kept this long for it.
-BEFORE_US = 2_000_000
-HISTORY_US = YOUNG_US + BEFORE_US
-# Lives that ended this long before the newest period integrated are forgotten, whatever
+# Lives that ended this long before the newest period settled are forgotten, whatever
 # else: no window reaches that far back.
 FORGET_US = 60_000_000
+# The GPU's periods waiting to settle, at most: NVML's own buffer holds 71 (14 s).
+PENDING_KEPT = 100
 
-# Why the GPU's SM time went to no pod (the module's docstring says each).
-UNATTRIBUTED_REASONS = ("no_pod", "unseen", "mps", "unexplained")
+# Why the GPU's SM time went to no pod (collect/estimator.py says each).
+UNATTRIBUTED_REASONS = estimator.REASONS
 
 LifeKey = tuple[int, int | None]
 """(PID, start time in clock ticks): who a process is; the start time tells a reused PID apart."""
@@ -113,6 +94,9 @@ class Life:
     """The first listing without it: it had ended by then."""
     samples: list[tuple[int, ProcessUse]] = field(default_factory=list)
     """Its samples, by stamp, oldest first."""
+    covers: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """By sample stamp: from when that sample may stand for the process, and from when surely
+    (`sampled`)."""
     unknown: bool = False
     """NVML cannot tell its use (MPS): it gets no figure."""
     unseen: bool = False
@@ -127,14 +111,6 @@ class Life:
         until = math.inf if self.until_us is None else self.until_us
         return max(0.0, min(until, end_us) - max(self.since_us, start_us))
 
-    def figure_at(self, end_us: int, period_us: int) -> ProcessUse | None:
-        """Its figure for the period ending at `end_us`: its first sample at or after the
-        period, else its last before; None with no sample at all."""
-        if not self.samples:
-            return None
-        at = bisect.bisect_right(self.samples, end_us - period_us, key=lambda sample: sample[0])
-        return self.samples[min(at, len(self.samples) - 1)][1]
-
 
 @dataclass(slots=True)
 class GpuLedger:
@@ -145,10 +121,15 @@ class GpuLedger:
     """By PID: the life each PID of the last listing is."""
     listed_at: int | None = None
     """When it was last listed, on the samples' clock."""
-    history: list[tuple[int, float, dict[str, float], frozenset[str]]] = field(default_factory=list)
-    """The periods integrated in the last `HISTORY_US`: each one's end, the GPU's figure, what
-    each pod (UID, "" for none) was given of it, and the pods with a young process in it: what
-    a young process's share is held to."""
+    pending: list[tuple[int, float | None]] = field(default_factory=list)
+    """The GPU's periods read and not yet settled: each one's end and its SM figure."""
+    settled_to: int | None = None
+    """The end of the newest period settled."""
+    read_at: int | None = None
+    """When its processes' samples were last read."""
+    shown: tuple[dict[int, ProcessUse], float | None] = field(default_factory=lambda: ({}, None))
+    """The last window that settled a period: each listed process's mean use over it, by PID,
+    and the GPU's own figure; what the gauges show while no new period settles."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,9 +191,18 @@ def confirmed(ledger: GpuLedger, at_us: int) -> None:
     ledger.listed_at = at_us
 
 
-def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample]) -> frozenset[int]:
+def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int | None = None) -> frozenset[int]:
     """Each sample given to the life that held its PID when it was taken; the PIDs listed now
-    whose sample is older than the process holding them (an earlier holder's, never theirs)."""
+    whose sample is older than the process holding them (an earlier holder's, never theirs).
+    `at_us`: when NVML was asked for them (every process's at once): a sample first read then
+    stands for no time before the read before it (less `estimator.BACK_US`), since a process
+    that ran then would have had a newer sample to read. It stands surely where it continues a
+    sample read at the read before, or is the process's first; one that comes back after a gap
+    surely only for its own period, and for the rest of the gap only if the GPU ran more."""
+    before = ledger.read_at
+    if at_us is not None:
+        ledger.read_at = at_us
+    reach = -math.inf if before is None else before - estimator.BACK_US
     older = set()
     by_pid: dict[int, list[Life]] = {}
     for each in ledger.lives.values():
@@ -229,10 +219,20 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample]) -> frozense
             continue
         # Drivers have been seen to report more than 100 %.
         use = ProcessUse(**{f: min(1.0, max(0.0, getattr(sample.use, f))) for f in USE_FIGURES})
+        earlier = max((stamp for stamp, _ in life.samples if stamp < sample.timestamp_us), default=-math.inf)
+        covers = max(earlier, reach)
+        # Its first, or it had a sample as new at the read before: it ran on, surely. Else it
+        # comes back after a gap in which it ran nothing: when, after the read before, it began
+        # again no sample says; only its own period is sure.
+        continues = earlier == -math.inf or earlier >= reach
+        sure = covers if continues else sample.timestamp_us - PERIOD_US
+        life.covers[sample.timestamp_us] = (covers, sure)
         life.samples.append((sample.timestamp_us, use))
         if life.until_us is not None and life.until_us < sample.timestamp_us:
             life.until_us = sample.timestamp_us  # it ran at least until its sample's period ended
         life.samples.sort(key=lambda s: s[0])
+        for stamp, _ in life.samples[:-SAMPLES_KEPT]:
+            life.covers.pop(stamp, None)
         del life.samples[:-SAMPLES_KEPT]
     return frozenset(older)
 
@@ -291,63 +291,83 @@ def accounted(ledger: GpuLedger, records: Sequence[AccountingRecord]) -> None:
             by_pid.setdefault(record.pid, []).append(unseen)
 
 
-def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period_us: int | None = None) -> Window:
-    """What each life ran over `periods` (each the GPU's own sample: the end of its period on
-    the samples' clock, and its SM figure, None where the GPU has none), by the module's
-    rules; the lives that ended before the last period are forgotten afterwards. `period_us`:
+def close(
+    ledger: GpuLedger,
+    periods: Sequence[tuple[int, float | None]],
+    now_us: int | None = None,
+    period_us: int | None = None,
+) -> Window:
+    """What each life ran over the periods that settle by `now_us` (None: all of them), of
+    those read so far (`periods`: each the GPU's own sample, the end of its period on the
+    samples' clock and its SM figure, None where the GPU has none), by the estimator; the
+    lives that ended before the newest settled period are forgotten afterwards. `period_us`:
     how long each period is; by default, the samples' spacing."""
-    period_us = period_us or _spacing(periods)
+    newest = ledger.settled_to if ledger.settled_to is not None else -math.inf
+    known = {end for end, _ in ledger.pending}
+    ledger.pending.extend((end, gpu) for end, gpu in periods if end > newest and end not in known)
+    ledger.pending.sort(key=lambda each: each[0])
+    del ledger.pending[:-PENDING_KEPT]
+    period_us = period_us or _spacing(ledger.pending)
+    cut = math.inf if now_us is None else now_us - estimator.SETTLE_US
+    settling = [each for each in ledger.pending if each[0] <= cut]
+    ledger.pending = [each for each in ledger.pending if each[0] > cut]
+    return _settle(ledger, settling, period_us)
+
+
+def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period_us: int) -> Window:
     ran: dict[LifeKey, _Ran] = {}
     busy = 0.0
-    given = 0.0
     users: set[str] = set()
     unattributed = dict.fromkeys(UNATTRIBUTED_REASONS, 0.0)
     seconds = period_us / 1e6
-    # The lives that reach into the window at all, once, rather than every life every period.
     first = min((end for end, _ in periods), default=0) - period_us
     last = max((end for end, _ in periods), default=0)
     reaching = [life for life in ledger.lives.values() if life.overlap_us(first, last) > 0]
-    # Whether each life's figure holds still: its samples do not change while the window closes.
-    still = {life.key: _holds_still(life) for life in reaching}
-    for end_us, gpu_sm in periods:
+    # A pod with a process whose use NVML cannot tell has no SM figure on the GPU at all.
+    blind = {_uid(life) for life in reaching if life.unknown}
+    stamps = {
+        life.key: [(stamp, use.sm, *life.covers.get(stamp, (-math.inf, -math.inf))) for stamp, use in life.samples]
+        for life in reaching
+    }
+    # Each life in the periods it reaches only: on a churning node most live a few periods.
+    ends = [end for end, _ in periods]
+    within: list[list[tuple[Life, float]]] = [[] for _ in periods]
+    for life in reaching:
+        until = math.inf if life.until_us is None else life.until_us
+        low = bisect.bisect_right(ends, life.since_us)
+        high = len(ends) if until == math.inf else bisect.bisect_left(ends, until + period_us)
+        for k in range(low, min(high + 1, len(ends))):
+            part = life.overlap_us(ends[k] - period_us, ends[k]) / period_us
+            if part > 0:
+                within[k].append((life, part))
+    for (end_us, gpu_sm), present in zip(periods, within, strict=True):
         start_us = end_us - period_us
-        present = [(life, life.overlap_us(start_us, end_us) / period_us) for life in reaching]
-        present = [(life, part) for life, part in present if part > 0]
-        if gpu_sm is not None:
-            busy += gpu_sm * seconds
-        if not present:
-            if gpu_sm:
-                unattributed["unexplained"] += gpu_sm * seconds
+        users |= {_uid(life) for life, _ in present}
+        if gpu_sm is None:
             continue
-        owners = {life.owner.pod_uid if life.owner is not None else "" for life, _ in present}
-        users |= owners
-        figures = [(life, part, None if life.unknown else life.figure_at(end_us, period_us)) for life, part in present]
-        alone = len(owners) == 1 and "" not in owners and not any(life.unknown for life, _ in present)
-        sms = _split(
-            figures, gpu_sm, alone, start_us, end_us, lambda life: _others_before(ledger, life), still.__getitem__
+        busy += gpu_sm * seconds
+        evidence = [
+            estimator.evidence_at(
+                stamps[life.key], start_us, end_us, life.until_us, life.unknown or _uid(life) in blind
+            )
+            for life, _ in present
+        ]
+        result = estimator.split(
+            gpu_sm,
+            [
+                estimator.Present(None if life.owner is None else life.owner.pod_uid, part, said, life.unseen)
+                for (life, part), said in zip(present, evidence, strict=True)
+            ],
         )
-        by_owner: dict[str, float] = {}
-        if gpu_sm is not None:
-            young = frozenset(_uid(life) for life, _ in present if end_us - life.since_us < YOUNG_US)
-            ledger.history.append((end_us, gpu_sm, by_owner, young))
-        unknown_here = unseen_here = False
-        for (life, part, use), sm in zip(figures, sms, strict=True):
-            uid = _uid(life)
-            by_owner[uid] = by_owner.get(uid, 0.0) + sm
+        for reason, value in result.unattributed.items():
+            unattributed[reason] += value * seconds
+        for (life, part), said, share in zip(present, evidence, result.shares, strict=True):
             acc = ran.get(life.key)
             if acc is None:
                 acc = ran[life.key] = _Ran()
-            acc.add(sm * seconds, use, part * seconds)
-            given += sm * seconds
-            unknown_here |= life.unknown
-            unseen_here |= life.unseen
-            if life.unknown:
-                unattributed["mps"] += sm * seconds
-            elif life.owner is None:
-                unattributed["unseen" if life.unseen else "no_pod"] += sm * seconds
-        if gpu_sm is not None:
-            left = max(0.0, gpu_sm - sum(sms)) * seconds
-            unattributed["mps" if unknown_here else "unseen" if unseen_here else "unexplained"] += left
+            use = life.samples[said.sample][1] if said.sample is not None else None
+            acc.add(share * seconds, use, part * seconds)
+    given = sum(acc.sm for acc in ran.values())
     window = Window(
         seconds=seconds * len(periods),
         ran={key: acc.use() for key, acc in ran.items()},
@@ -358,9 +378,8 @@ def close(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period
         unattributed=unattributed,
     )
     if periods:
-        newest = max(end for end, _ in periods)
-        _forget(ledger, newest)
-        ledger.history = [h for h in ledger.history if h[0] > newest - HISTORY_US]
+        ledger.settled_to = max(end for end, _ in periods)
+        _forget(ledger, ledger.settled_to)
     return window
 
 
@@ -387,169 +406,6 @@ class _Ran:
     def use(self) -> ProcessUse:
         figures = {f: sum(getattr(u, f) * w for u, w in self.weights) for f in USE_FIGURES if f != "sm"}
         return ProcessUse(sm=self.sm, **figures)
-
-
-def _others_before(ledger: GpuLedger, life: Life) -> float | None:
-    """What the GPU ran for others than `life`'s pod just before `life` began: the mean, over
-    the periods of the last `BEFORE_US` before it, of the GPU's figure less what its pod was
-    given, and less what no one was given where the pod had a young process then (a pod that
-    restarts its processes back to back: what its predecessor's figure left was its own, and
-    counted for the others it would hold each successor lower and lower); None where no
-    period was integrated then (the agent had just started)."""
-    uid = life.owner.pod_uid if life.owner is not None else ""
-    before = [
-        gpu_sm - given.get(uid, 0.0) - (max(0.0, gpu_sm - sum(given.values())) if uid in young else 0.0)
-        for end, gpu_sm, given, young in ledger.history
-        if life.since_us - BEFORE_US < end <= life.since_us
-    ]
-    return sum(before) / len(before) if before else None
-
-
-def _split(
-    figures: Sequence[tuple[Life, float, ProcessUse | None]],
-    gpu_sm: float | None,
-    alone: bool,
-    start_us: int,
-    end_us: int,
-    others_before: Callable[[Life], float | None] = lambda life: None,
-    is_still: Callable[[LifeKey], bool] | None = None,
-) -> list[float]:
-    """The GPU's SM over one period, split among the lives present in it (`figures`: each
-    life, the part of the period it lived, its figure), by the module's rules. A life listed
-    at both ends of the period is sure to have run through it; one whose presence rests on
-    the halfway rule alone comes second, with what the sure ones leave. Each tier is scaled
-    down where it wants more than is left. What the GPU ran beyond goes to the lives at an
-    edge (up to their figure over the whole period), then to the young ones (up to the whole
-    of the period they lived); no life older than `YOUNG_US`, whose figure has settled, is
-    given more than its figure says it ran."""
-    wanted = [part * use.sm if use is not None else 0.0 for _, part, use in figures]
-    if gpu_sm is None:
-        return wanted
-    if alone:
-        # One pod's processes alone: the GPU's period is theirs, split by presence.
-        presence = sum(part for _, part, _ in figures)
-        return [gpu_sm * part / presence for _, part, _ in figures]
-    holds_still = (lambda life: is_still(life.key)) if is_still is not None else _holds_still
-    swinging = _swinging(figures, end_us, holds_still)
-    if swinging:
-        # Beside settled figures that hold still, a figure that swings from sample to sample is
-        # the one a sample can have caught at a trough or a crest: the GPU's period beyond what
-        # the still ones read is its pod's, each of its lives up to the part it lived. A trough
-        # timed at the sweeps sheds nothing, and a crest takes nothing from a neighbour.
-        read = sum(w for k, w in enumerate(wanted) if k not in swinging)
-        if read <= gpu_sm:
-            presence = sum(figures[k][1] for k in swinging)
-            given = list(wanted)
-            for k in swinging:
-                life, part, _ = figures[k]
-                # Never past the most its own recent samples read: what is beyond that may be a
-                # still neighbour's, read low, as well as its own.
-                given[k] = min(part * _highest(life), (gpu_sm - read) * part / presence)
-            return given
-    # A process known from accounting alone comes second: what the looks saw was measured beside
-    # it, and it gets what their figures leave, up to its own.
-    sure = [life.since_us <= start_us and life.last_listed_us >= end_us and not life.unseen for life, _, _ in figures]
-    given = list(wanted)
-    left = gpu_sm
-    for tier in (True, False):
-        tier_wanted = sum(w for w, s in zip(wanted, sure, strict=True) if s is tier)
-        scale = 1.0 if tier_wanted <= left else left / tier_wanted
-        for k, is_sure in enumerate(sure):
-            if is_sure is tier:
-                given[k] = wanted[k] * scale
-        left = max(0.0, left - tier_wanted * scale)
-    # What the GPU ran beyond: first to the lives at an edge, up to their figure over the whole
-    # period (a listing's cadence can have cut their presence short); the rest is unexplained.
-    room = [
-        (part and use.sm * (1.0 - part)) if use is not None and not is_sure else 0.0
-        for (_, part, use), is_sure in zip(figures, sure, strict=True)
-    ]
-    if left > 0 and sum(room) > 0:
-        scale = min(1.0, left / sum(room))
-        given = [g + r * scale for g, r in zip(given, room, strict=True)]
-        left = max(0.0, left - sum(room) * scale)
-    # The rest to the young lives, up to the whole of the part they lived: NVML smooths a
-    # process's figure, so one just begun reads below what it runs (on an H200, fresh 1 s
-    # processes beside a steady pod were billed half their work without this, and 1.05 of it
-    # with it: bench/results/h200-tenant-restarts.md). A settled figure stands as read.
-    # Each is held to what the GPU ran beyond what it ran for the other pods just before the
-    # process began: a young process is given the rise its coming made, never a neighbour's
-    # figure that reads low (a bursty pod's, say) beside it.
-    if left <= 0:
-        return given
-    young = [k for k, (life, _, _) in enumerate(figures) if end_us - life.since_us < YOUNG_US]
-    # Only beside settled lives whose figures hold still or read at their crest: where one
-    # swings and reads below its recent high, what the figures leave may be its own, read at a
-    # trough, as well as a young one's. One at its crest hides nothing below it: on an H200 a
-    # time-sliced process's figure rises while a neighbour runs beside it, to 4.5 times the
-    # work it does then (bench/results/h200-shared-samples.md), and held to that rise the
-    # young neighbour was billed 0.65 of its work (h200-restarts-holds.md).
-    is_young = set(young)
-    steady = all(
-        holds_still(life) or _at_crest(life, use)
-        for k, (life, _, use) in enumerate(figures)
-        if k not in is_young and not life.unknown
-    )
-    if young and steady:
-        mine: dict[str, float] = {}
-        for (life, _, _), g in zip(figures, given, strict=True):
-            mine[_uid(life)] = mine.get(_uid(life), 0.0) + g
-        befores: dict[tuple[str, float], float | None] = {}
-        room = []
-        for k in young:
-            life, part, _ = figures[k]
-            uid = _uid(life)
-            if (uid, life.since_us) not in befores:  # a churning pod's processes come together
-                befores[uid, life.since_us] = others_before(life)
-            before = befores[uid, life.since_us]
-            rise = 0.0 if before is None else max(0.0, gpu_sm - before - mine[uid])
-            room.append(max(0.0, min(part - given[k], rise)))
-        if sum(room) > 0:
-            scale = min(1.0, left / sum(room))
-            for k, r in zip(young, room, strict=True):
-                given[k] += r * scale
-    return given
-
-
-def _swinging(
-    figures: Sequence[tuple[Life, float, ProcessUse | None]], end_us: int, holds_still: Callable[[Life], bool]
-) -> frozenset[int]:
-    """The lives (by position) whose figures swing, where they are all of one pod and every
-    other life is of a pod, settled, with a figure that holds still; else none. Any process of
-    no pod, of unknown use, without a figure, or young in another pod, and what the figures
-    leave may be its: the rule is off."""
-    swinging = set()
-    pods = set()
-    for k, (life, _, use) in enumerate(figures):
-        if use is None or life.unknown or life.owner is None:
-            return frozenset()
-        if not holds_still(life):
-            swinging.add(k)
-            pods.add(life.owner.pod_uid)
-    if len(pods) != 1:
-        return frozenset()
-    (pod,) = pods
-    for k, (life, _, _) in enumerate(figures):
-        young = end_us - life.since_us < YOUNG_US
-        if k not in swinging and young and _uid(life) != pod:
-            return frozenset()
-    return frozenset(swinging)
-
-
-def _highest(life: Life) -> float:
-    """The highest of a life's last few samples' SM figures."""
-    return max((use.sm for _, use in life.samples[-STILL_SAMPLES:]), default=0.0)
-
-
-def _at_crest(life: Life, use: ProcessUse | None) -> bool:
-    """Whether the figure a period used is within `STILL_SPREAD` of the life's recent high."""
-    return use is not None and use.sm >= _highest(life) - STILL_SPREAD
-
-
-def _holds_still(life: Life) -> bool:
-    """Whether a life's last few samples agree within `STILL_SPREAD` (one with none is idle)."""
-    recent = [use.sm for _, use in life.samples[-STILL_SAMPLES:]]
-    return not recent or max(recent) - min(recent) <= STILL_SPREAD
 
 
 def _uid(life: Life) -> str:

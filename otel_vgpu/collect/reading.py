@@ -31,7 +31,8 @@ from enum import Enum
 
 from otel_vgpu.collect import ledger
 from otel_vgpu.collect.aggregate import GpuReading
-from otel_vgpu.collect.deadline import CallThread
+from otel_vgpu.collect.estimator import SETTLE_US
+from otel_vgpu.collect.gpm_reads import GPM_DEADLINE_S, GpmReads
 from otel_vgpu.config import ASK_AGAIN_S, ENERGY_EVERY_S, ENGINE_EVERY_S
 from otel_vgpu.gpu.backend import (
     AccountingRecord,
@@ -68,9 +69,8 @@ CLOSE_EARLY = 0.95
 # yet: each read costs 2 ms of CPU on an H200 (bench/results/h200-sweep-cost.md), so a node
 # whose tenants start a process a second costs at most this bound, and a steady one nothing.
 SAMPLE_EVERY_S = 0.5
-# How long a sweep waits for a GPU's GPM read (2 ms on an H200: bench/results/h200-health.md)
-# before it goes on without that GPU's GPM figures for the window.
-GPM_DEADLINE_S = 1.0
+# How long a process listed without a sample is looked for one by the watch.
+YOUNG_US = 5_000_000
 # How long after a change of a GPU's memory in use the watch lists it at every look: on an
 # H200 a new process's context holds its memory 220 ms before NVML lists the process
 # (bench/results/h200-memory-probe.md), so a listing at the change alone finds it not yet there.
@@ -165,8 +165,8 @@ class GpuReader:
         """Each GPU's open engine window, by UUID."""
         self._listed: dict[str, frozenset[tuple[int, int | None]]] = {}
         """The processes each GPU listed at its last sweep, (PID, start), by UUID."""
-        self._gpm_opened: dict[str, float] = {}
-        """When each GPU's GPM window opened, by UUID (GPM windows last as engine windows do)."""
+        self._gpm = GpmReads(backend, clock, engine_every_s * CLOSE_EARLY, gpm_deadline_s)
+        """Each GPU's GPM windows, which last as engine windows do, and the threads they are read on."""
         self._ledgers: dict[str, ledger.GpuLedger] = {}
         """Each GPU's processes' lives (collect/ledger.py), by UUID."""
         self._pending: dict[str, _Pending] = {}
@@ -187,11 +187,6 @@ class GpuReader:
         """When the watch last read each GPU's per-process samples, by UUID."""
         self.watch_samples = 0
         """How many times the watch has read per-process samples (each costs 2 ms on an H200)."""
-        self._gpm_callers: dict[int, CallThread] = {}
-        """Each GPU's thread for its GPM reads, by index (collect/deadline.py)."""
-        self._gpm_deadline_s = gpm_deadline_s
-        self._gpm_s: float | None = None
-        """How long this sweep's GPM reads took together (`take_gpm_seconds`); None: none was timed."""
         self._accounted: dict[str, dict[int, int | None]] = {}
         """By UUID, where accounting mode is on: each PID of its buffer, and the start of the
         ended process whose record was taken (None: in the buffer when the agent found it)."""
@@ -203,7 +198,7 @@ class GpuReader:
         self._listed = {uuid: pids for uuid, pids in self._listed.items() if uuid in keep}
         self._ledgers = {uuid: book for uuid, book in self._ledgers.items() if uuid in keep}
         self._engine_windows = {uuid: w for uuid, w in self._engine_windows.items() if uuid in keep}
-        self._gpm_opened = {uuid: at for uuid, at in self._gpm_opened.items() if uuid in keep}
+        self._gpm.keep_only(keep)
 
     def read(self, index: int, errors: SweepErrors, born: Born = _unborn) -> GpuReading | None:
         """GPU `index` as this sweep reads it; None where the device itself could not be read.
@@ -224,8 +219,6 @@ class GpuReader:
         started = born([p.pid for p in processes]) if processes is not None else {}
         if Read.ENERGY in self._reads:
             device = self._with_energy(index, device, errors, self._left(device.uuid, processes, started))
-        if Read.GPM in self._reads:
-            device = self._with_gpm(index, device, errors)
         if processes is None:
             return GpuReading(device=device, processes=None, use_by_pid=None)
         if any(p.mps_client for p in processes):
@@ -238,7 +231,9 @@ class GpuReader:
             errors.ongoing.add((Stage.PROCESS_UTILIZATION, f"{index}:{ErrorCode.NOT_SUPPORTED.value}"))
             return GpuReading(device=device, processes=processes, use_by_pid=None)
         now = self._backend.now_us()
-        since = self._windows.start(device.uuid, now)
+        # Back to what can still settle: NVML may show a sample well after its stamp (1.9 s on
+        # an H200: docs/nvml-sampling.md), and the ledger knows each one it has.
+        since = self._windows.start(device.uuid, now) - SETTLE_US
         try:
             samples = self._backend.utilization_samples(index, since)
         except GpuError as error:
@@ -321,7 +316,7 @@ class GpuReader:
             pending.now_us,
             [ledger.Seen(p.pid, starts.get(p.pid), pending.born.get(p.pid), pods.get(p.pid)) for p in processes],
         )
-        refused = ledger.sampled(book, pending.samples)
+        refused = ledger.sampled(book, pending.samples, pending.now_us)
         ledger.accounted(book, pending.records)
         self._swept_at[device.uuid] = pending.now_us
         self._memory_seen[device.uuid] = device.memory_used
@@ -330,10 +325,19 @@ class GpuReader:
         if periods is None:
             # No sample buffer of the GPU's own: the window is one period, at its last figure.
             began = self._window_began.get(device.uuid, pending.now_us - MIN_WINDOW_US)
-            window = ledger.close(book, [(pending.now_us, device.utilization)], max(1, pending.now_us - began))
+            # It settles at once: no later sample of the GPU's would change it.
+            window = ledger.close(
+                book, [(pending.now_us, device.utilization)], now_us=None, period_us=max(1, pending.now_us - began)
+            )
         else:
-            window = ledger.close(book, periods)
+            window = ledger.close(book, periods, pending.now_us)
         use_by_pid, earlier = ledger.means(window)
+        if window.seconds > 0:
+            book.shown = (use_by_pid, window.gpu_busy / window.seconds)
+        else:
+            # No period settled since the last sweep (sweeps closer together than the GPU's
+            # period): the gauges keep the last window's figures, and the counters add nothing.
+            use_by_pid = {pid: use for pid, use in book.shown[0].items() if pid in book.listed}
         if Read.ENGINE_SAMPLES in self._reads and device.engines:
             # The samples too: an MPS server's holds its clients' engines, which no pod is given.
             uses = [*use_by_pid.values(), *earlier.values(), *(sample.use for sample in pending.samples)]
@@ -347,6 +351,8 @@ class GpuReader:
             busy_seconds=window.gpu_busy,
             unexplained_seconds=window.unexplained,
             unattributed_seconds=window.unattributed,
+            window_seconds=window.seconds,
+            window_utilization=book.shown[1],
             reused_pids=refused,
         )
 
@@ -392,13 +398,13 @@ class GpuReader:
         ledger.listed(book, now, seen)
 
     def _sample_young(self, index: int, uuid: str, book: ledger.GpuLedger, now: int) -> None:
-        """The GPU's per-process samples, where a process came since the sweep's own read and
-        has none yet, at most every `sample_every_s`."""
-        # Only a process that came since the sweep's own read and has no sample yet: one that
-        # has been listed since before it and still has none is idle, and the sweep reads it.
-        swept = self._swept_at.get(uuid, 0)
+        """The GPU's per-process samples, where a process listed for less than `YOUNG_US` has
+        none yet, at most every `sample_every_s`."""
+        # A young process's first sample is its only evidence, and NVML forgets it when the
+        # process ends: one born just before a sweep has none then, and may end before the
+        # next. One listed for longer with none is idle, and the sweeps read it.
         unsampled = any(
-            not life.samples and life.since_us > swept
+            not life.samples and now - life.since_us < YOUNG_US
             for key in book.listed.values()
             if (life := book.lives.get(key)) is not None
         )
@@ -411,7 +417,7 @@ class GpuReader:
         except GpuError:
             return
         self.watch_samples += 1
-        ledger.sampled(book, samples)
+        ledger.sampled(book, samples, now)
 
     def _with_compute_mode(self, index: int, device: Device) -> Device:
         """The device with its compute mode, where NVML tells it (collect/trust.py decides on it)."""
@@ -451,65 +457,14 @@ class GpuReader:
         self._engine_windows[device.uuid] = _EngineWindow(self._clock(), now_us)
         return dataclasses.replace(device, engine_window=means)
 
-    def _with_gpm(self, index: int, device: Device, errors: SweepErrors) -> Device:
-        """The device with its GPM figures, and each MIG GPU instance's, over the window that
-        closes in this sweep, if one does. A read takes a GPM sample (0.03 ms on an H200) and
-        gives the figures since the last (2 ms for every metric): once a window, as the engines'
-        buffers. A GPU without GPM answers None, and is not asked again by the backend."""
-        opened = self._gpm_opened.get(device.uuid)
-        now = self._clock()
-        if opened is not None and now - opened < self._engine_every_s * CLOSE_EARLY:
-            return device
-        instances = [m.gpu_instance_id for m in device.migs if m.gpu_instance_id is not None]
-
-        def read() -> tuple[dict[str, float] | None, dict[int, dict[str, float] | None]]:
-            return self._backend.gpm(index), {gi: self._backend.gpm(index, gi) for gi in instances}
-
-        caller = self._gpm_callers.get(index)
-        if caller is None:
-            caller = self._gpm_callers[index] = CallThread(f"gpu{index}-gpm")
-        started = time.monotonic()
-        try:
-            answered, read_now = caller.run(read, self._gpm_deadline_s)
-        except GpuError as error:
-            self._gpm_took(started)
-            errors.add(Stage.GPM, f"{index}:{error.code.value}", f"GPU {index}: GPM: {error}")
-            self._gpm_opened.pop(device.uuid, None)
-            return device
-        if not answered or read_now[0] is not None:
-            # Timed where it closed a window, or failed: a read that answers None (the first,
-            # which opens the window, or a GPU without GPM) closes none, and a node without GPM
-            # has no gpm reader.
-            self._gpm_took(started)
-        if not answered:
-            # A GPM call hung in the driver costs this GPU's GPM figures, never the sweep: the
-            # window opens anew once it answers.
-            errors.add(
-                Stage.GPM,
-                f"{index}:DEADLINE",
-                f"GPU {index}: GPM: no answer from the driver in {self._gpm_deadline_s:g} s",
-            )
-            self._gpm_opened.pop(device.uuid, None)
-            return device
-        figures, by_instance = read_now
-        self._gpm_opened[device.uuid] = now
-        if opened is None or figures is None:
-            return device  # the window opens
-        return dataclasses.replace(
-            device,
-            gpm_window=figures,
-            gpm_seconds=now - opened,
-            gpm_instances={gi: f for gi, f in by_instance.items() if f is not None},
-        )
-
-    def _gpm_took(self, started: float) -> None:
-        self._gpm_s = (self._gpm_s or 0.0) + time.monotonic() - started
+    def read_gpm(self, readings: Sequence[GpuReading], errors: SweepErrors) -> list[GpuReading]:
+        """The readings with the GPM figures of each GPU whose GPM window closes in this sweep:
+        every GPU at once, under one deadline (collect/gpm_reads.py)."""
+        return self._gpm.read(readings, errors) if Read.GPM in self._reads else list(readings)
 
     def take_gpm_seconds(self) -> float | None:
-        """How long the GPM reads since the last call took together, those that closed a window
-        or failed; None where there were none. Taken once a sweep: the `gpm` reader's pass."""
-        seconds, self._gpm_s = self._gpm_s, None
-        return seconds
+        """How long the GPM reads since the last call took (collect/gpm_reads.py): the `gpm` reader's pass."""
+        return self._gpm.take_seconds()
 
     def _left(self, uuid: str, processes: list[GpuProcess] | None, started: Mapping[int, int]) -> bool:
         """Whether a process listed on the GPU at its last sweep is not listed now (its PID
@@ -550,13 +505,18 @@ class GpuReader:
         if device.mig_mode:
             return device
         now = self._backend.now_us()
-        since = self._gpu_seen.get(device.uuid, now - MIN_WINDOW_US)
+        # At the first sweep, far enough back that a window settles at once (collect/ledger.py):
+        # the GPU keeps its samples of the seconds before (14 s on an H200).
+        since = self._gpu_seen.get(device.uuid, now - MIN_WINDOW_US - SETTLE_US)
         try:
             samples = self._backend.gpu_utilization_samples(index, since)
         except GpuError:
             return device
         mean = mean_since(samples, since)
         if mean is None:
+            # No period ended since the last read (sweeps closer than the GPU's period): the
+            # ledger settles what it holds as time passes.
+            self._periods[device.uuid] = ()
             return device
         self._gpu_seen[device.uuid] = max(stamp for stamp, _ in samples)
         self._periods[device.uuid] = tuple((stamp, value) for stamp, value in samples if stamp > since)

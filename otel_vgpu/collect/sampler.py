@@ -38,6 +38,12 @@ PAUSE_WAIT_S = 5.0
 # How long a collection waits for the sweep in flight before it serves the last one: a sweep
 # takes milliseconds (bench/results/h200-sweep-cost.md), and Prometheus' scrape_timeout is 10 s.
 SWEEP_WAIT_S = 2.0
+# How long a sweep, or a look of the process watch, may run before its reader reads failed while
+# it runs (vgpu_agent_reader_success): Prometheus' default scrape_timeout. A sweep takes
+# milliseconds (bench/results/h200-sweep-cost.md), its GPM reads at most their 1 s deadline
+# (collect/gpm_reads.py); one past this is stuck in a driver call, which no deadline can end,
+# and /healthz fails only after `Limits.stuck_after_s`.
+SWEEP_DEADLINE_S = 10.0
 
 # A reader that has not collected for this long (a Prometheus that went away) no longer holds
 # the ended pods' series (collect/usage.py) for itself.
@@ -61,6 +67,7 @@ class Sampler:
         idle_watts: float | None = None,
         reader: GpuReader | None = None,
         mps_server_namespaces: Collection[str] = DEFAULT_MPS_SERVER_NAMESPACES,
+        sweep_deadline_s: float = SWEEP_DEADLINE_S,
     ) -> None:
         """`host_pid_namespace`: whether the agent shares the host's PID
         namespace (None: unknown); by default read from /proc/self/ns/pid.
@@ -69,7 +76,8 @@ class Sampler:
         `idle_watts`: every GPU's idle power, for the energy split; None: learned.
         `reader`: how each GPU is read (collect/reading.py); by default with its
         default cadences and this sampler's clock.
-        `mps_server_namespaces`: where a pod may run an MPS server (collect/trust.py)."""
+        `mps_server_namespaces`: where a pod may run an MPS server (collect/trust.py).
+        `sweep_deadline_s`: how long a sweep or a look may run before its reader reads failed."""
         self._backend = backend
         self._attributor = attributor
         self._directory = directory
@@ -99,6 +107,7 @@ class Sampler:
         self._mps_server_namespaces = frozenset(mps_server_namespaces)
         self._readers: dict[str, tuple[int, float]] = {}
         """By reader (the scrape, the OTLP push): the sweep it last collected, and when."""
+        self._sweep_deadline_s = sweep_deadline_s
         self.sweeps = 0
         self._driven = False
         """Whether sweeps are the agent's own (collect/sweeper.py): then no reader ever sweeps."""
@@ -236,6 +245,7 @@ class Sampler:
 
     def _sweep(self) -> Snapshot:
         started = self._sweep_started = self._clock()
+        self._health.began(Reader.SWEEP, self._sweep_deadline_s)
         try:
             return self._sweep_from(started)
         finally:
@@ -315,6 +325,8 @@ class Sampler:
             reading = self._reader.read(index, errors, self._attributor.started_us)
             if reading is not None:
                 readings.append(reading)
+        # Every GPU's GPM read at once, under one deadline (collect/gpm_reads.py).
+        readings = self._reader.read_gpm(readings, errors)
         self._reader.keep_only(reading.device.uuid for reading in readings)
         blind = blind_gpus([(r.device, r.processes) for r in readings], self._host_pid_namespace)
         if blind:
@@ -441,6 +453,7 @@ class Sampler:
             latest = self._latest
             if self._paused is not None or latest is None or not latest.ok:
                 return 0.0
+            self._health.began(Reader.PROCESS_WATCH, self._sweep_deadline_s)
             try:
                 for gpu in latest.gpus:
                     self._reader.watch(gpu.index, self._identify)

@@ -2,10 +2,13 @@
 
 A gauge read at scrape time says "now"; chargeback needs "how much". Each
 sweep adds, per (pod, GPU or MIG device[, container]), its SM share times the
-seconds since that GPU's previous sweep, and per GPU the device's SM figure
-times the same seconds: counters of busy seconds whose `rate()` over any
-window is the mean SM use in it, whatever the scrape interval, since they
-advance at the agent's sweep cadence (`--sweep-interval`). Pure functions
+seconds of the GPU's periods the ledger settled in that sweep (collect/ledger.py),
+and per GPU the GPU's own busy seconds over the same periods, and its
+unattributed ones by reason: so a GPU's pods plus its unattributed reasons equal
+it at every sweep. Where the ledger has no window (no per-process figures), the
+seconds since that GPU's previous sweep. Counters of busy seconds whose `rate()`
+over any window is the mean SM use in it, whatever the scrape interval, since
+they advance at the agent's sweep cadence (`--sweep-interval`). Pure functions
 over plain data: no NVML, no clock.
 
 - A gap longer than `max_gap_s` between two sweeps of a GPU (no sweeper and
@@ -56,7 +59,7 @@ from otel_vgpu.collect.aggregate import GpuRow, PodKey, PodRow, pod_key
 from otel_vgpu.collect.engines import Engines
 from otel_vgpu.collect.gpm import Gpm
 from otel_vgpu.collect.gpm import step as gpm_step
-from otel_vgpu.gpu.backend import ProcessUse
+from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse
 
 MAX_GAP_S = 10.0
 # A GPU under this utilization over an interval is idle: its power then is its idle power.
@@ -201,9 +204,16 @@ def accumulate(
     seconds = 0.0 if usage.at is None else min(max(0.0, now - usage.at), max_gap_s)
     pods = _with_ended(usage, pods)
     gpu_busy: dict[str, float] = {}
+    # The seconds each GPU's pod figures stand for: the ledger's settled window where it has
+    # one, so that the GPU's counter, its pods' and its unattributed reasons advance over the
+    # same periods and add up at every sweep; else the time since the last sweep.
+    span: dict[str, float] = {}
     for gpu in gpus:
         utilization = gpu.interval_utilization
-        if utilization is not None:
+        span[gpu.uuid] = seconds if gpu.window_seconds is None else gpu.window_seconds
+        if gpu.window_seconds is not None:
+            gpu_busy[gpu.uuid] = usage.gpu_busy.get(gpu.uuid, 0.0) + gpu.busy_seconds
+        elif utilization is not None:
             gpu_busy[gpu.uuid] = usage.gpu_busy.get(gpu.uuid, 0.0) + utilization * seconds
         elif gpu.uuid in usage.gpu_busy:
             gpu_busy[gpu.uuid] = usage.gpu_busy[gpu.uuid]  # held while the figure is unknown
@@ -215,7 +225,7 @@ def accumulate(
         pod_peak[key] = max(usage.pod_peak.get(key, 0), row.memory_used)
         busy_so_far = usage.pod_busy.get(key)
         if row.sm_utilization is not None:
-            pod_busy[key] = (busy_so_far or 0.0) + row.sm_utilization * seconds
+            pod_busy[key] = (busy_so_far or 0.0) + row.sm_utilization * span.get(row.gpu_uuid, seconds)
         elif busy_so_far is not None:
             pod_busy[key] = busy_so_far  # held while the figure is unknown; not exported
     energy = _energy(usage, gpus, pods, seconds, idle_watts)
@@ -293,6 +303,12 @@ def _with_ended(usage: Usage, pods: Sequence[PodRow]) -> list[PodRow]:
         if key not in keys and key not in kept and row.use is not None:
             # Just ended. Where its SM was unknown (MIG, MPS) it has no counter to keep.
             kept[key] = row
+    for key, row in last_interval.items():
+        if key not in keys and key not in kept:
+            # A pod no sweep saw alive (its whole life between two sweeps, or processes that
+            # come and go between them): what it ran is its bill all the same, and its series
+            # is kept until every reader has collected it, as any ended pod's.
+            kept[key] = row
     rows = list(live)
     for key, row in kept.items():
         now = last_interval.get(key)
@@ -323,6 +339,10 @@ def _still_kept(
         key = pod_key(row)
         before = usage.ended.get(key)
         final = before.final if before is not None else None
+        if row.use is not None and any(getattr(row.use, f) > 0 for f in USE_FIGURES):
+            # Its processes' last periods settle after they end (collect/ledger.py): what
+            # came in this sweep must be collected before its series goes.
+            final = None
         if final is None and _settled(key, row.gpu_uuid, counters):
             final = generation
         if final is not None and (collected_through is None or collected_through >= final):

@@ -8,6 +8,12 @@ few events has them all taken at its first turn however many another GPU has que
 event set for every GPU, an XID 79 on GPU 1 behind 3x10^6 events of a storm on GPU 0 waited
 ~25 minutes at the bound below; now it waits for one round.
 
+Each take has a deadline, on a thread of its GPU's own (collect/deadline.py): a call hung in
+the driver on GPU 0 held the whole round, GPU 3's XID 79 uncounted behind it, while the `xid`
+reader still read its last pass's success. Now a GPU whose take is late is left out of the
+round (`<index>:DEADLINE` in `xid_events`, the round failed), not asked again until the call
+returns, and the events that call took are counted then; the other GPUs go on.
+
 An event storm (a GPU stuck in a loop of errors) costs bounded memory and CPU: each GPU has at
 most MAX_XID_CODES codes counted apart (the rest as `other`), and a round takes at most
 MAX_XID_EVENTS_PER_S events over every GPU. What a storming GPU has beyond its turns waits in
@@ -24,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from otel_vgpu.collect.deadline import CallThread
 from otel_vgpu.gpu.backend import GpuBackend, GpuError, XidEvent
 from otel_vgpu.gpu.device_figures import MAX_XID_CODES
 from otel_vgpu.health import Health, Reader, Stage
@@ -41,6 +48,9 @@ XID_SLICE = 64
 # blocked in 500 ms waits used 23 % more CPU than without these families
 # (bench/results/h200-health.md); an XID is counted within a second either way.
 POLL_S = 1.0
+# How long one take of a GPU's events may run: it waits 0 ms in NVML, and answers in
+# microseconds; one still in flight after this is hung in the driver.
+XID_DEADLINE_S = 1.0
 OTHER = "other"
 
 
@@ -88,26 +98,30 @@ class XidCounts:
 @dataclass(frozen=True, slots=True)
 class Round:
     """What one round took: by GPU index, how many events; the GPUs that still had events when
-    the round's budget ran out (storming); those whose events could not be taken, and why."""
+    the round's budget ran out (storming); those whose events could not be taken, and why; those
+    whose take did not answer within its deadline."""
 
     taken: dict[int, int] = field(default_factory=dict)
     cut: tuple[int, ...] = ()
     failed: dict[int, GpuError] = field(default_factory=dict)
+    late: tuple[int, ...] = ()
 
 
 def take_round(
-    take: Callable[[int, int], Sequence[XidEvent]],
+    take: Callable[[int, int], Sequence[XidEvent] | None],
     gpus: Sequence[int],
     count: Callable[[Sequence[XidEvent]], None],
     most: int = MAX_XID_EVENTS_PER_S,
     slice_of: int = XID_SLICE,
 ) -> Round:
     """One round over `gpus`: each in turn takes up to `slice_of` of its events (`take(index,
-    at_most)`, which never waits) and `count`s them, until every GPU is drained or `most` are
-    taken. A GPU whose take fails is left out of the round; the others go on."""
+    at_most)`, which never waits, and answers None where the driver did not answer in time) and
+    `count`s them, until every GPU is drained or `most` are taken. A GPU whose take fails or is
+    late is left out of the round; the others go on."""
     pending = list(dict.fromkeys(gpus))
     taken = dict.fromkeys(pending, 0)
     failed: dict[int, GpuError] = {}
+    late: list[int] = []
     left = most
     while pending and left > 0:
         for index in list(pending):
@@ -120,12 +134,16 @@ def take_round(
                 failed[index] = error
                 pending.remove(index)
                 continue
+            if events is None:
+                late.append(index)
+                pending.remove(index)
+                continue
             count(events)
             taken[index] += len(events)
             left -= len(events)
             if len(events) < ask:
                 pending.remove(index)  # drained
-    return Round(taken, tuple(pending), failed)
+    return Round(taken, tuple(pending), failed, tuple(late))
 
 
 class XidWatch:
@@ -138,14 +156,20 @@ class XidWatch:
         health: Health,
         gpus: Callable[[], Sequence[int]],
         most_per_s: int = MAX_XID_EVENTS_PER_S,
+        deadline_s: float = XID_DEADLINE_S,
     ) -> None:
         """`gpus`: the indices of the GPUs to look at, those of the last sweep, read or lost
-        (Sampler.gpu_indices)."""
+        (Sampler.gpu_indices). `deadline_s`: how long one take of a GPU's events may run."""
         self._backend = backend
         self._counts = counts
         self._health = health
         self._gpus = gpus
         self._most_per_s = most_per_s
+        self._deadline_s = deadline_s
+        self._callers: dict[int, CallThread] = {}
+        """Each GPU's thread for its takes, by index."""
+        self._unanswered: set[int] = set()
+        """The GPUs whose last take missed its deadline: what it took is counted once it returns."""
         self._storming: set[int] = set()
         self._stop = threading.Event()
         self._thread = NamedThread(target=self._run, name="xid-events", daemon=True)
@@ -156,6 +180,8 @@ class XidWatch:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5 * POLL_S)
+        for caller in list(self._callers.values()):
+            caller.stop()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -171,16 +197,27 @@ class XidWatch:
         sweep, and while the driver is paused)."""
         gpus = self._gpus()
         started = time.monotonic()
+        if gpus:
+            # Each GPU's takes wait at most a deadline once a round (a late GPU is then left out).
+            self._health.began(Reader.XID, self._deadline_s * len(gpus))
         try:
-            done = take_round(self._backend.xid_events, gpus, self._counts.add, self._most_per_s)
+            done = take_round(self._take, gpus, self._counts.add, self._most_per_s)
         except Exception:
             self._health.passed(Reader.XID, time.monotonic() - started, False)
             raise
         if gpus:
-            self._health.passed(Reader.XID, time.monotonic() - started, not done.failed)
+            self._health.passed(Reader.XID, time.monotonic() - started, not done.failed and not done.late)
         for index, error in done.failed.items():
             self._health.failed(Stage.XID_EVENTS, f"{index}:{error.code.value}", f"XID events of GPU {index}: {error}")
+        for index in done.late:
+            self._health.failed(
+                Stage.XID_EVENTS,
+                f"{index}:DEADLINE",
+                f"XID events of GPU {index}: no answer from the driver in {self._deadline_s:g} s; "
+                "the other GPUs' events are counted, and its own once it answers",
+            )
         still = {f"{index}:{error.code.value}" for index, error in done.failed.items()}
+        still |= {f"{index}:DEADLINE" for index in done.late}
         self._health.recovered(Stage.XID_EVENTS, "xid_events recovered ({kinds})", still=still)
         for index in sorted(set(done.cut) - self._storming):
             log.warning(
@@ -192,3 +229,22 @@ class XidWatch:
             )
         self._storming = set(done.cut)
         return done
+
+    def _take(self, index: int, most: int) -> Sequence[XidEvent] | None:
+        """Up to `most` of GPU `index`'s events, taken on its thread within the deadline; None
+        where the take is late, or the last one still is. A late take's events, once it
+        returns, are this turn's answer: taken from NVML's queue, they are counted, never lost."""
+        caller = self._callers.get(index)
+        if caller is None:
+            caller = self._callers[index] = CallThread(f"gpu{index}-xid")
+        if index in self._unanswered:
+            if caller.busy:
+                return None
+            self._unanswered.discard(index)
+            events: Sequence[XidEvent] = caller.result()
+            return events
+        answered, events = caller.run(lambda: self._backend.xid_events(index, most), self._deadline_s)
+        if not answered:
+            self._unanswered.add(index)
+            return None
+        return events

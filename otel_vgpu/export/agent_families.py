@@ -5,6 +5,9 @@ its exports."""
 from __future__ import annotations
 
 from otel_vgpu.collect.device_health import HEALTH_DEADLINE_S
+from otel_vgpu.collect.gpm_reads import GPM_DEADLINE_S
+from otel_vgpu.collect.sampler import SWEEP_DEADLINE_S
+from otel_vgpu.collect.xids import XID_DEADLINE_S
 from otel_vgpu.export.family import Family, Feature, Instrument
 from otel_vgpu.export.subjects import AGENT, READERS, REFUSALS, STAGES, SWEEPS
 from otel_vgpu.health import Pass, Reader, Stage
@@ -35,12 +38,15 @@ AGENT_FAMILIES = (
         "node_scrape_collector_duration_seconds does for its collectors: sweep (NVML, /proc and the sources, one "
         "sweep; vgpu_agent_collection_duration_seconds has every sweep), process_watch (one look at every GPU's "
         "processes between sweeps), gpm (the GPM reads of the last sweep that closed a GPU's GPM window, within "
-        "that sweep), health (one round of every GPU's health figures, read in parallel: its slowest GPU's read, "
-        f"at most the {HEALTH_DEADLINE_S:g} s deadline), xid (one round over every GPU's XID events), "
+        f"that sweep, read at once on every GPU: its slowest GPU's read, at most the {GPM_DEADLINE_S:g} s "
+        "deadline), health (one round of every GPU's health figures, read in parallel: its slowest GPU's read, "
+        f"at most the {HEALTH_DEADLINE_S:g} s deadline), xid (one round over every GPU's XID events, each GPU's "
+        f"take within a {XID_DEADLINE_S:g} s deadline), "
         "pod_resources (one call of the kubelet's pod-resources API), api_pods and api_node (the last list of "
         "this node's pods, and of this node, from the Kubernetes API: the watch that follows a list is no pass). Each "
-        "reader reads on a cadence of its own, off the scrape's path, and a collection serves its last pass. A "
-        "reader that is off has no series (vgpu_agent_reader_success says when).",
+        "reader reads on a cadence of its own, off the scrape's path, and a collection serves its last pass, or "
+        "how long its pass in flight has run once that is past its deadline. A reader that is off has no series "
+        "(vgpu_agent_reader_success says when).",
         value=lambda row: row[1].seconds,
     ),
     Family(
@@ -52,10 +58,12 @@ AGENT_FAMILIES = (
         "(a GPM read's is gpm's); health, gpm and xid, 0 where any GPU's read failed or missed its deadline; "
         "pod_resources, 0 where the kubelet did not answer (vgpu_agent_pod_resources_up); api_pods and api_node, "
         "0 from a list that failed or a watch that broke until a list answers again; process_watch, 0 where a look "
-        "failed unexpectedly. A reader that is off has no series: health, gpm and xid with their families turned "
-        "off (gpm also on a node without GPM, whose GPUs it never reads), process_watch with --watch-interval 0, "
-        "pod_resources without the Kubernetes API or with --no-pod-resources, api_pods and api_node without the "
-        "Kubernetes API.",
+        "failed unexpectedly. A pass still in flight past its deadline (sweep and process_watch "
+        f"{SWEEP_DEADLINE_S:g} s, xid {XID_DEADLINE_S:g} s a GPU; health's and gpm's end at theirs) reads 0 from "
+        "that moment until it ends: it is stuck in a driver call. A reader that is off has no series: health, gpm "
+        "and xid with their families turned off (gpm also on a node without GPM, whose GPUs it never reads), "
+        "process_watch with --watch-interval 0, pod_resources without the Kubernetes API or with "
+        "--no-pod-resources, api_pods and api_node without the Kubernetes API.",
         value=lambda row: float(row[1].ok),
     ),
     Family(

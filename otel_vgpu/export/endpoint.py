@@ -125,9 +125,14 @@ class Endpoint:
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
         if no_cache(request.headers):
             return _as(fmt, await self._shared(fmt, compress, fresh=True))
-        # Scrapes within --min-interval of each other share the sweep, and the body too.
+        # Scrapes within --min-interval of each other share the sweep, and the body too; while a
+        # reader is stuck past its deadline, each is rendered anew to say so (health.py `began`).
         cached = self._bodies.get((fmt.body, compress))
-        if cached is not None and cached[0] is self._sampler.fresh(self._telemetry.min_interval):
+        if (
+            cached is not None
+            and cached[0] is self._sampler.fresh(self._telemetry.min_interval)
+            and not self._telemetry.stuck
+        ):
             return _as(fmt, cached[1])
         return _as(fmt, await self._shared(fmt, compress))
 

@@ -274,6 +274,11 @@ class Telemetry:
     def min_interval(self) -> float:
         return self.scope.max_age
 
+    @property
+    def stuck(self) -> bool:
+        """Whether a reader's pass in flight is past its deadline: no body made before is served."""
+        return self._health.stuck()
+
     def render(self, fmt: Format) -> bytes:
         return self.render_snapshot(fmt)[1]
 
@@ -287,9 +292,11 @@ class Telemetry:
             snapshot = self.scope.snapshot()
             # One collection per snapshot, and one encoding per body it is asked in: the
             # variants (OpenMetrics or not, four escapings, gzip) cost their encoding at
-            # most, never another run of every callback over the same rows.
+            # most, never another run of every callback over the same rows. Save while a
+            # reader is stuck past its deadline (a sweep in a hung driver call makes no new
+            # snapshot): each collection then says so, and for how long.
             done = self._encoded
-            if done is None or done[0] is not snapshot:
+            if done is None or done[0] is not snapshot or self.stuck:
                 data = self.reader.collect_data()
                 self._prune(self.reader)
                 if self._renderer.new_collection():

@@ -61,7 +61,7 @@ class Device:
     closed in this sweep, 0-1 (collect/reading.py fills it in); None in a sweep that closed none."""
     gpm_window: Mapping[str, float] | None = None
     """Its GPM figures (gpu/device_figures.py `GPM_TABLE`) over the GPM window that closed in this
-    sweep, read by collect/reading.py; None in a sweep that closed none, or without GPM."""
+    sweep, read by collect/gpm_reads.py; None in a sweep that closed none, or without GPM."""
     gpm_seconds: float = 0.0
     """The length of that window."""
     gpm_instances: Mapping[int, Mapping[str, float]] = field(default_factory=dict)

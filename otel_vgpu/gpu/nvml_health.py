@@ -14,6 +14,7 @@ byte rates in MiB/s.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -287,21 +288,28 @@ class XidWatch:
       out);
     - nvml.h documents no bound of a set's queue, nor any order across sets.
 
-    A take holds `lock`; the backend takes it before nvmlShutdown, so no call is ever inside a
-    wait when the session ends (nvml.h says nothing of a wait across nvmlShutdown)."""
+    A take holds its GPU's lock, never another GPU's: a call hung on GPU 0 holds GPU 0's takes
+    alone, and GPU 3's XID 79 is taken beside it (collect/xids.py gives each take a deadline).
+    `free` holds `lock` and every GPU's; the backend takes `lock` before nvmlShutdown, so no call
+    is ever inside a wait when the session ends (nvml.h says nothing of a wait across
+    nvmlShutdown)."""
 
     def __init__(self, seam: NvmlSession, identified: Callable[[int], tuple[Any, str]]) -> None:
         """`identified(index)`: the GPU's handle and UUID."""
         self._seam = seam
         self._identified = identified
         self.lock = threading.RLock()
+        self._gpu_locks: dict[int, threading.Lock] = {}
+        """Each GPU's takes, one at a time, by index (made under `lock`)."""
         self._sets: dict[int, tuple[Any, str] | None] = {}
         """By GPU index: its event set and UUID; None for a GPU that reports no XID events."""
 
     def take(self, index: int, most: int) -> list[XidEvent]:
         """Up to `most` events queued in GPU `index`'s set, without waiting; [] outside a session
         (paused for a driver upgrade, or NVML not initialised yet)."""
-        with self.lock:
+        with self.lock:  # only while `free` does not hold it: a GPU's lock is made here
+            gpu_lock = self._gpu_locks.setdefault(index, threading.Lock())
+        with gpu_lock:
             if not self._seam.in_session():
                 return []
             if index not in self._sets:
@@ -341,7 +349,9 @@ class XidWatch:
 
     def free(self) -> None:
         """Every set freed, for the session's end; the next session makes them anew."""
-        with self.lock:
+        with self.lock, contextlib.ExitStack() as held:
+            for index in sorted(self._gpu_locks):
+                held.enter_context(self._gpu_locks[index])  # after each GPU's take in progress
             for made in self._sets.values():
                 if made is not None:
                     self._free(made[0])

@@ -18,6 +18,7 @@ it (gpu/device_figures.py).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -133,6 +134,8 @@ class SimulatedHealth:
         self._uses: dict[tuple[str, float], dict[tuple[int, str | None], float]] = {}
         self._figures: set[str] = set()
         """The figures asked of moments so far (`_use`)."""
+        self._uses_lock = threading.Lock()
+        """The GPUs are read at once, as NVML allows (collect/gpm_reads.py, collect/device_health.py)."""
         self._idle_watts, self._full_watts = idle_watts, full_watts
         self._loaded_at = -math.inf
         """When the driver last loaded: its volatile counters count from there."""
@@ -244,6 +247,11 @@ class SimulatedHealth:
         at most 1: at `t` to the GRID_S, for every GPU and device at once, since the GPUs ask
         for the same moments in turn."""
         at = round(t / GRID_S) * GRID_S
+        with self._uses_lock:
+            return min(1.0, self._uses_at(figure, at).get((index, mig), 0.0))
+
+    def _uses_at(self, figure: str, at: float) -> dict[tuple[int, str | None], float]:
+        """What the processes running at moment `at` use of `figure`, by GPU and MIG device."""
         uses = self._uses.get((figure, at))
         if uses is None:
             # One look at who ran then, for every figure asked of moments: GPM asks each of
@@ -260,7 +268,7 @@ class SimulatedHealth:
             while len(self._uses) > USES_KEPT:
                 del self._uses[next(iter(self._uses))]
             uses = self._uses[figure, at]
-        return min(1.0, uses.get((index, mig), 0.0))
+        return uses
 
     # --- XID events ---------------------------------------------------------------
 

@@ -194,15 +194,21 @@ class Fields:
             return number
 
         if isinstance(raw, dict):
-            spec = self.mapping(raw, where, line, {"mean", "amplitude", "period_s", "phase"})
+            spec = self.mapping(raw, where, line, {"mean", "amplitude", "period_s", "phase", "on_s"})
             period = self.number(spec.get("period_s", 60), f"{where}.period_s", line)
             if period <= 0:
                 raise self.fail(f"{where}.period_s", line, f"{period} must be above 0")
+            on = spec.get("on_s")
+            if on is not None:
+                on = self.number(on, f"{where}.on_s", line)
+                if not 0 < on <= period:
+                    raise self.fail(f"{where}.on_s", line, f"{on} must be above 0 and at most period_s ({period})")
             return Wave(
                 mean=value(spec.get("mean", 0), f"{where}.mean"),
                 amplitude=value(spec.get("amplitude", 0), f"{where}.amplitude"),
                 period_s=period,
                 phase=self.number(spec.get("phase", 0), f"{where}.phase", line),
+                on_s=on,
             )
         return Wave(mean=value(raw, where))
 

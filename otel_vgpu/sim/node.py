@@ -36,6 +36,7 @@ from otel_vgpu.gpu.backend import (
     GpuProcess,
     HealthReading,
     MigDevice,
+    ProcessUse,
     UtilizationSample,
     XidEvent,
 )
@@ -63,6 +64,9 @@ DRIVER_FILE = "nvidiactl"
 # grid, and a process's latest busy period is looked for up to 50 periods back.
 SAMPLE_PERIOD_US = 200_000
 SAMPLES_KEPT = 50
+# A process's figure is the mean of its use over this many periods up to its sample's (about a
+# second: bench/results/h200-nvml-samples-two-bursty.md).
+SMOOTHED_PERIODS = 5
 # Sample periods whose running processes are remembered (`_alive`): four seconds, what a sweep's
 # samples reach back at the sweeper's longest wait (1.5 x 2 s) and a second more. Older periods
 # are worked out again if asked for (a GPM window's, say), since on a churning node thousands of
@@ -232,7 +236,7 @@ class SimulatedNode:
         its energy and its samples count it, as a real driver's do."""
         found = self._alive_at.get(stamp_us)
         if found is None:
-            t = self._scenario_time(stamp_us)
+            t = self._period_time(stamp_us)
             found = [p for p in self._processes_at(t) if p.starts_at <= t < p.ends_at]
             with self._alive_lock:
                 self._alive_at[stamp_us] = found
@@ -353,7 +357,7 @@ class SimulatedNode:
         stamp = max(done, latest - ENERGY_PERIODS_KEPT * SAMPLE_PERIOD_US) + SAMPLE_PERIOD_US
         while stamp <= latest:
             alive = [p for p in self._alive(stamp) if p.gpu == index]
-            for process, use in zip(alive, uses(alive, self._scenario_time(stamp)), strict=True):
+            for process, use in zip(alive, uses(alive, self._period_time(stamp)), strict=True):
                 key = (process.pid, process.start_time)
                 life = book.get(key)
                 if life is None:
@@ -368,10 +372,13 @@ class SimulatedNode:
         return book
 
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
-        """Each PID's latest sample, as NVML keeps it: the last period in which the process
-        that held the PID then ran; on a driver that keeps them (`driver.ended_samples_s`),
-        that of a process that has ended since, its PID maybe reused. Under MPS the server's
-        sample is its clients' use and its own; the clients have none."""
+        """Each PID's latest sample, as NVML keeps it: stamped at the last period in which the
+        process that held the PID then ran, its figure the mean of its use over the
+        `SMOOTHED_PERIODS` up to it that it lived (on an H200, alone, a bursty process's figure
+        is smoothed over about a second: bench/results/h200-nvml-samples-two-bursty.md); on a
+        driver that keeps them (`driver.ended_samples_s`), that of a process that has ended
+        since, its PID maybe reused. Under MPS the server's sample is its clients' use and its
+        own; the clients have none."""
         self._maybe_fail("utilization_samples", index)
         if self.scenario.gpus[index].migs:
             raise GpuError(ErrorCode.NOT_SUPPORTED, "simulated: no per-process utilization in MIG mode")
@@ -382,26 +389,70 @@ class SimulatedNode:
         now = self.now()
         kept_since = now - self.scenario.driver.ended_samples_s
         latest = self._latest_period()
-        newest: dict[int, UtilizationSample] = {}
+        newest: dict[int, tuple[int, tuple[int, int]]] = {}
+        by_period: dict[int, dict[tuple[int, int], ProcessUse]] = {}
+
+        def period(stamp: int) -> dict[tuple[int, int], ProcessUse]:
+            found = by_period.get(stamp)
+            if found is None:
+                found = by_period[stamp] = self._period_uses(index, stamp)
+            return found
+
+        # Where the driver keeps no ended process's sample, only those running now have one: once
+        # each has its newest, older periods hold nothing more (a churning node runs thousands).
+        running = (
+            {
+                p.pid
+                for p in self._alive(latest)
+                if p.gpu == index and p.mps != "client" and p.starts_at <= now < p.ends_at
+            }
+            if self.scenario.driver.ended_samples_s <= 0
+            else None
+        )
+        kept = {
+            (p.pid, p.start_time)
+            for p in self._processes_at(self._scenario_time(latest))
+            if p.gpu == index and (p.starts_at <= now < p.ends_at or p.ends_at > kept_since)
+        }
         for stamp in (latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)):
-            if stamp <= since_us:
+            if stamp <= since_us or (running is not None and running <= newest.keys()):
                 break
-            alive = [p for p in self._alive(stamp) if p.gpu == index]
-            if not alive:
-                continue
-            used = uses(alive, self._scenario_time(stamp))
-            clients = summed([u for p, u in zip(alive, used, strict=True) if p.mps == "client"])
-            for process, own in zip(alive, used, strict=True):
+            for key, use in period(stamp).items():
                 # One sample per PID, its newest: an older one of the same PID is another
-                # period's, or another holder's.
-                if process.mps == "client" or process.pid in newest:
+                # period's, or another holder's. NVML keeps the last period it ran in.
+                if key[0] in newest or not any(getattr(use, f) > 0 for f in USE_FIGURES):
                     continue
-                if not (process.starts_at <= now < process.ends_at or process.ends_at > kept_since):
-                    continue
-                use = summed([own, clients]) if process.mps == "server" else own
-                if any(getattr(use, f) > 0 for f in USE_FIGURES):  # NVML keeps the last period it ran in
-                    newest[process.pid] = UtilizationSample(process.pid, stamp, use)
-        return list(newest.values())
+                if key in kept or self._ended_kept(key, stamp, now, kept_since):
+                    newest[key[0]] = (stamp, key)
+        samples = []
+        for pid, (stamp, key) in newest.items():
+            around = [period(stamp - back * SAMPLE_PERIOD_US).get(key) for back in range(SMOOTHED_PERIODS)]
+            lived = [each for each in around if each is not None]
+            mean = ProcessUse(**{f: sum(getattr(u, f) for u in lived) / len(lived) for f in USE_FIGURES})
+            samples.append(UtilizationSample(pid, stamp, mean))
+        return samples
+
+    def _ended_kept(self, key: tuple[int, int], stamp: int, now: float, kept_since: float) -> bool:
+        """Whether the process `key` that ran in the period ending at `stamp` has a sample the
+        driver still keeps: running now, or ended since `kept_since`."""
+        return any(
+            (p.pid, p.start_time) == key and (p.starts_at <= now < p.ends_at or p.ends_at > kept_since)
+            for p in self._alive(stamp)
+        )
+
+    def _period_uses(self, index: int, stamp: int) -> dict[tuple[int, int], ProcessUse]:
+        """What each process (PID, start time) of GPU `index` used in the period ending at
+        `stamp`; an MPS server its clients' use and its own, a client none of its own."""
+        alive = [p for p in self._alive(stamp) if p.gpu == index]
+        if not alive:
+            return {}
+        used = uses(alive, self._period_time(stamp))
+        clients = summed([u for p, u in zip(alive, used, strict=True) if p.mps == "client"])
+        return {
+            (process.pid, process.start_time): summed([own, clients]) if process.mps == "server" else own
+            for process, own in zip(alive, used, strict=True)
+            if process.mps != "client"
+        }
 
     def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
         """The GPU's figure for each period on the simulated driver's grid since `since_us`;
@@ -419,7 +470,7 @@ class SimulatedNode:
         at once, from one look at who ran then: the GPUs ask for the same periods in turn."""
         figures = self._busy_at.get(stamp_us)
         if figures is None:
-            t = self._scenario_time(stamp_us)
+            t = self._period_time(stamp_us)
             alive = self._alive(stamp_us)
             by_gpu = [[p for p in alive if p.gpu == gpu] for gpu in range(len(self.scenario.gpus))]
             figures = self._busy_at[stamp_us] = {
@@ -441,7 +492,7 @@ class SimulatedNode:
         total = 0.0
         while stamp <= last:
             alive = [p for p in self._alive(stamp) if p.gpu == index]
-            t = self._scenario_time(stamp)
+            t = self._period_time(stamp)
             for process, use in zip(alive, uses(alive, t), strict=True):
                 if pod_uid is None or underscored is None or pod_uid in process.cgroup or underscored in process.cgroup:
                     total += use.sm * SAMPLE_PERIOD_US / 1e6
@@ -451,6 +502,13 @@ class SimulatedNode:
     def _latest_period(self) -> int:
         """The end of the simulated driver's last complete sample period."""
         return self.now_us() // SAMPLE_PERIOD_US * SAMPLE_PERIOD_US
+
+    def _period_time(self, stamp_us: int) -> float:
+        """The scenario time that stands for the sample period ending at `stamp_us`: its middle,
+        so that a process counts in the periods it lived most of, as many before its start as
+        after its end (at the end, a process that began with the period would count in the
+        period before it too)."""
+        return self._scenario_time(stamp_us - SAMPLE_PERIOD_US // 2)
 
     def _scenario_time(self, stamp_us: int) -> float:
         return (stamp_us - self._wall_started_us) / 1e6

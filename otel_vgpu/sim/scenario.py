@@ -15,6 +15,10 @@ MAX_SCENARIO_BYTES = 1024 * 1024
 MAX_DELAY_S = 60.0
 # NVML's sample buffers hold about 14 s (71 periods of 200 ms on an H200).
 MAX_KEPT_S = 14.0
+# Churning processes alive at once (churn.live x churn.processes), at most: the soak runs 2,000;
+# 10,000 held the agent at 177 MB (its DaemonSet's limit is 192 MiB), where live 1,000,000 of
+# 100 processes each, accepted, grew it to 1.67 GB in 20 s without a word.
+MAX_CHURN_PROCESSES = 10_000
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 RUNTIMES = ("containerd", "crio", "docker")
 DRIVERS = ("systemd", "cgroupfs")
@@ -41,14 +45,19 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Wave:
-    """A value that moves: mean + amplitude * sin(2 pi (t / period + phase))."""
+    """A value that moves: mean + amplitude * sin(2 pi (t / period + phase)); with `on_s`, that
+    value for the first `on_s` of each period (shifted by `phase`) and 0 for the rest, as a
+    process that keeps its context between batches runs."""
 
     mean: float
     amplitude: float = 0.0
     period_s: float = 60.0
     phase: float = 0.0
+    on_s: float | None = None
 
     def at(self, t: float) -> float:
+        if self.on_s is not None and ((t / self.period_s + self.phase) % 1.0) * self.period_s >= self.on_s:
+            return 0.0
         if self.amplitude == 0.0:
             return self.mean
         return self.mean + self.amplitude * math.sin(2 * math.pi * (t / self.period_s + self.phase))

@@ -27,6 +27,7 @@ from otel_vgpu.sim.scenario import (
     DEVICE_PLUGINS,
     DRIVER_VERSION,
     FAULT_CALLS,
+    MAX_CHURN_PROCESSES,
     MAX_DELAY_S,
     MAX_KEPT_S,
     MAX_SCENARIO_BYTES,
@@ -337,6 +338,14 @@ class ScenarioReader(PodFields, HealthFields):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise self.fail(f"{where}.{key}", line_of(spec, key), f"{value!r} is not a whole number >= 1")
             counts[key] = value
+        at_once = counts["live"] * counts["processes"]
+        if at_once > MAX_CHURN_PROCESSES:
+            raise self.fail(
+                f"{where}.live",
+                line_of(spec, "live"),
+                f"{counts['live']} pods of {counts['processes']} processes each are {at_once} processes at once; "
+                f"valid: live x processes up to {MAX_CHURN_PROCESSES}",
+            )
         lifetime = self.number(spec.get("lifetime_s"), f"{where}.lifetime_s", line_of(spec, "lifetime_s"))
         if lifetime <= 0:
             raise self.fail(f"{where}.lifetime_s", line_of(spec, "lifetime_s"), f"{lifetime} must be above 0")

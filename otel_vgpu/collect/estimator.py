@@ -1,0 +1,229 @@
+"""One estimator splits each sample period's GPU busy time among the processes that lived in it.
+docs/chargeback.md ("The estimator") states its model and its error; in short:
+
+- **Evidence.** A process's NVML sample (its SM figure, stamped at the end of the driver's
+  period) is the only figure of its own use. NVML keeps one, its latest, and refreshes it only
+  while the process runs; the agent reads it at its sweeps. A sample read stands for the time
+  back to the one before it, but not before the read before it (less `BACK_US`, the driver's
+  delay in showing a sample): a process that ran then would have had a newer sample to read.
+  It stands for no time after its stamp.
+- **Absence.** A period after a process's newest sample, once the driver has had `SETTLE_US`
+  to stamp a new one, is a period it did not run in (nvml.h: a process idle over a period has
+  no sample for it). A process that ended took its sample with it (the driver forgets it); the
+  periods between its newest sample and its end are its `tail`: it may have run in them, at
+  most at the rate its newest sample says.
+- **The split.** Each life claims its figure times the part of the period it lived. Where the
+  claims add up to more than the GPU ran, the figures that swing give way first, each down to
+  the lowest its own samples read within `PEAK_US`; then (time-slicing: a waiting process's
+  figure counts its waiting) each is scaled down alike. Where they add up to less, a pod alone with figures on
+  the GPU may take up to `SLACK` more than them (the driver's own error: docs/nvml-sampling.md), then a
+  life at an edge of its life its figure over the rest of the period (the listings' cadence
+  blurs when it came and went), then each life up to the highest its own samples read within
+  `PEAK_US` (a figure read at a trough), then the tails, each up to its newest figure (and
+  SLACK); the rest is unattributed.
+- **What no pod is given,** by reason: `no_pod` (a process of no pod's share), `unseen` (what a
+  process known from accounting alone may have run), `mps` (a period with a process whose use
+  NVML cannot tell: an MPS client, or its server, whose figure holds its clients' work),
+  `unexplained` (what the GPU ran beyond every figure and tail).
+
+It conserves: in every period, the lives' shares and the unattributed reasons add up to the
+GPU's figure exactly. No pod is given more than its own figures (and SLACK) or its own tails
+allow, and no input of one pod changes what another's evidence allows: a tenant's timing, idle
+contexts or extra pods can shrink its own bill only into the unattributed.
+
+Pure: plain data in, plain data out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# How far past a period the driver may stamp the next sample of a process that ran in it
+# (a bursty process beside a busy one: a sample every 2 s or so on an H200,
+# docs/nvml-sampling.md), and the arrival delay besides: a period is settled that long after it.
+SETTLE_US = 3_000_000
+# How far before the read that preceded it a sample may stand: NVML shows a sample some time
+# after its stamp, so a process that ran just before a read may have had no sample to read yet.
+BACK_US = 1_000_000
+# How far around a period a life's samples show how high its figure runs.
+PEAK_US = 5_000_000
+# How much more than its figure a life may be given where the GPU ran more than every figure
+# says: the error of one process's figure alone on the GPU (docs/nvml-sampling.md).
+SLACK = 0.05
+
+REASONS = ("no_pod", "unseen", "mps", "unexplained")
+
+
+class Kind(enum.Enum):
+    FIGURE = "figure"
+    """A sample stands for the period: `value` is its figure."""
+    IDLE = "idle"
+    """Settled, and no sample stands for it: the process ran nothing."""
+    TAIL = "tail"
+    """The process ended after this period, past its newest sample, which the driver forgot
+    with it: it may have run, at most at its newest figure (`value`)."""
+    UNKNOWN = "unknown"
+    """NVML cannot tell its use (MPS)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    kind: Kind
+    value: float = 0.0
+    """Its SM figure, 0-1 (a FIGURE's, or a TAIL's newest)."""
+    sample: int | None = None
+    """Which of the life's samples it is, by position."""
+    peak: float = 0.0
+    """The highest figure of its samples within `PEAK_US` of the period: what its own samples
+    show it runs at, at most, around then."""
+    low: float = 0.0
+    """The lowest of them."""
+    sure: bool = True
+    """A FIGURE that surely stands for the period; else one that may (a process back from a
+    gap, before its own period): it is given only what the sure ones leave."""
+
+
+@dataclass(frozen=True, slots=True)
+class Present:
+    """One life in one period."""
+
+    owner: str | None
+    """Its pod's UID; None: of no pod."""
+    part: float
+    """The part of the period it lived, 0-1."""
+    evidence: Evidence
+    unseen: bool = False
+    """Known from NVML's accounting alone: no listing saw it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    shares: tuple[float, ...]
+    """Each life's part of the GPU's figure, in the order given."""
+    unattributed: dict[str, float]
+    """What no pod was given, by reason; with the pods' shares, the GPU's figure."""
+
+
+def evidence_at(
+    samples: Sequence[tuple[int, float, float, float]],
+    start_us: int,
+    end_us: int,
+    ended_us: float | None,
+    unknown: bool = False,
+) -> Evidence:
+    """What a life's samples (by stamp, oldest first: each stamp, SM figure 0-1, from when it
+    may stand and from when surely) say of the period (start, end]: the first sample at or
+    after its end stands for it, if it stands from before that end; with none after it, a life that ended after the
+    period began is in its tail, at its newest figure (none: no evidence, nothing given), and
+    any other ran nothing."""
+    if unknown:
+        return Evidence(Kind.UNKNOWN)
+    at = bisect.bisect_left(samples, end_us, key=lambda sample: sample[0])
+    if at < len(samples):
+        _, value, since, sure = samples[at]
+        if since >= end_us:
+            return Evidence(Kind.IDLE)
+        low = bisect.bisect_left(samples, end_us - PEAK_US, key=lambda sample: sample[0])
+        high = bisect.bisect_right(samples, end_us + PEAK_US, key=lambda sample: sample[0])
+        around = [value, *(sample[1] for sample in samples[low:high])]
+        return Evidence(Kind.FIGURE, value, at, max(around), min(around), end_us > sure)
+    if ended_us is not None and ended_us > start_us and samples:
+        # Its newest figure, up to its end: the rate it was last seen running at.
+        return Evidence(Kind.TAIL, samples[-1][1], len(samples) - 1)
+    return Evidence(Kind.IDLE)
+
+
+def split(gpu: float, present: Sequence[Present]) -> Split:
+    """The GPU's figure of one period (0-1, of the whole period) among the lives in it (the
+    module's rules)."""
+    unattributed = dict.fromkeys(REASONS, 0.0)
+    claims = [p.part * p.evidence.value if p.evidence.kind is Kind.FIGURE and p.evidence.sure else 0.0 for p in present]
+    wanted = sum(claims)
+    if wanted >= gpu and wanted > 0:
+        # More than the GPU ran: the figures that swing give way first, each down to the lowest
+        # its own samples read around the period (a crest read high takes nothing from a still
+        # neighbour); then, time-slicing, every figure alike.
+        lows = [
+            p.part * min(p.evidence.low, p.evidence.value) if c > 0 else 0.0
+            for p, c in zip(present, claims, strict=True)
+        ]
+        slack = wanted - sum(lows)
+        excess = wanted - gpu
+        if slack >= excess and slack > 0:
+            shares = [c - (c - lo) * excess / slack for c, lo in zip(claims, lows, strict=True)]
+        else:
+            floor = sum(lows)
+            shares = [gpu * lo / floor for lo in lows] if floor > 0 else [gpu * c / wanted for c in claims]
+        left = 0.0
+    else:
+        shares = list(claims)
+        left = gpu - wanted
+        # A process back from a gap, before its own period: what the sure figures leave, up to
+        # its figure.
+        room = [
+            p.part * p.evidence.value if p.evidence.kind is Kind.FIGURE and not p.evidence.sure else 0.0
+            for p in present
+        ]
+        left = _give(shares, room, left)
+        # The driver's own error, where one pod's figures alone explain the GPU: they may read
+        # up to SLACK low. Beside another pod, or what NVML cannot tell, what the GPU ran
+        # beyond the figures may be theirs: none of it is this pod's.
+        if _alone(present):
+            left = _give(shares, [c * SLACK for c in claims], left)
+        # A life at an edge of its life lived the part of the period the listings tell, give
+        # or take a listing's cadence: at its own figure, it may have run the rest of it.
+        room = [
+            (1.0 - p.part) * p.evidence.value if p.evidence.kind in (Kind.FIGURE, Kind.TAIL) else 0.0 for p in present
+        ]
+        left = _give(shares, room, left)
+        # The tails: what ended processes may have run past their last sample, at the rate
+        # they were last seen at. Never more: what a neighbour's figure leaves is no
+        # evidence of what this process ran.
+        room = [p.part * p.evidence.value * (1 + SLACK) if p.evidence.kind is Kind.TAIL else 0.0 for p in present]
+        left = _give(shares, room, left)
+        # A figure that swings may have been read at a trough: each life may run up to the
+        # highest its own samples read around the period (a tenant's troughs timed at the
+        # sweeps shed nothing, and a still neighbour takes none of it).
+        room = [
+            p.part * max(0.0, p.evidence.peak - p.evidence.value)
+            if p.evidence.kind is Kind.FIGURE and p.evidence.sure
+            else 0.0
+            for p in present
+        ]
+        left = _give(shares, room, left)
+    for share, life in zip(shares, present, strict=True):
+        if life.owner is None:
+            unattributed["unseen" if life.unseen else "no_pod"] += share
+    if left > 0:
+        if any(p.evidence.kind is Kind.UNKNOWN for p in present):
+            unattributed["mps"] += left
+        elif any(p.unseen for p in present):
+            unattributed["unseen"] += left
+        else:
+            unattributed["unexplained"] += left
+    return Split(tuple(shares), unattributed)
+
+
+def _alone(present: Sequence[Present]) -> bool:
+    """Whether every life that may have run in the period is of one pod."""
+    owners = set()
+    for life in present:
+        if life.evidence.kind is Kind.UNKNOWN or life.unseen:
+            return False
+        if life.evidence.kind is not Kind.IDLE:
+            owners.add(life.owner)
+    return len(owners) == 1 and None not in owners
+
+
+def _give(shares: list[float], room: Sequence[float], left: float) -> float:
+    """Up to `left` more, spread over `room` in proportion: what is left after."""
+    total = sum(room)
+    if left <= 0 or total <= 0:
+        return left
+    scale = min(1.0, left / total)
+    for k, r in enumerate(room):
+        shares[k] += r * scale
+    return left - total * scale

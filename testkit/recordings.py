@@ -1,0 +1,153 @@
+"""The recordings of the real driver (tests/data/nvml-recordings, made by
+bench/gpu_record_sampling.py on an H200): loaded as plain data, with each process's own truth,
+for the tests, the simulated driver's checks, the replay backend and the bill's evaluation."""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+DIRECTORY = Path(__file__).resolve().parents[1] / "tests" / "data" / "nvml-recordings"
+
+
+@dataclass(frozen=True, slots=True)
+class Truth:
+    """One CUDA process as it noted itself: its kernels' bursts, in Unix microseconds."""
+
+    pid: int
+    worker: str
+    pod: str
+    context_us: tuple[int, int]
+    """When it began to make its CUDA context, and when that was done."""
+    exit_us: int
+    bursts: tuple[tuple[int, int, int], ...]
+    """[start, end, steps]: kernels ran between start and end, `steps` of them."""
+
+    def work_s(self, solo_s: float, start_us: float = float("-inf"), end_us: float = float("inf")) -> float:
+        """GPU seconds of work (steps x one step's solo time) in its bursts within (start, end],
+        a burst cut by the window counted by the part of it inside."""
+        total = 0.0
+        for begin, finish, steps in self.bursts:
+            if finish <= start_us or begin >= end_us:
+                continue
+            inside = min(finish, end_us) - max(begin, start_us)
+            total += steps * solo_s * inside / max(1, finish - begin)
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    arrived_us: int
+    pid: int
+    stamp_us: int
+    sm: float
+    """0-1."""
+    memory: float
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    at_us: int
+    listed: dict[int, int]
+    """PID -> used bytes (the compute listing)."""
+    device_used: int
+    utilization: float
+    mps_clients: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Recording:
+    name: str
+    about: str
+    gpu: dict[str, Any]
+    start_us: int
+    workers: tuple[dict[str, Any], ...]
+    """Each worker as the recorder planned it: name, pod, plan or spawn."""
+    truths: tuple[Truth, ...]
+    polls: tuple[Poll, ...]
+    samples: tuple[Sample, ...]
+    device: tuple[tuple[int, float], ...]
+    """The GPU's own samples: [stamp us, busy 0-1], one per period."""
+    mps: bool
+    _poll_times: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def solo_s(self) -> float:
+        return float(self.gpu["step_solo_s"])
+
+    @property
+    def end_us(self) -> int:
+        return self.polls[-1].at_us
+
+    def truth(self, pid: int) -> Truth | None:
+        return next((t for t in self.truths if t.pid == pid), None)
+
+    def poll_at(self, at_us: int) -> Poll:
+        """The last poll at or before `at_us` (the first, before it)."""
+        if not self._poll_times:
+            self._poll_times.extend(p.at_us for p in self.polls)
+        k = bisect.bisect_right(self._poll_times, at_us) - 1
+        return self.polls[max(0, k)]
+
+    def samples_of(self, pid: int) -> list[Sample]:
+        return [s for s in self.samples if s.pid == pid]
+
+
+def _recording(path: Path) -> Recording:
+    with gzip.open(path, "rt") as raw:
+        data = json.load(raw)
+    truths = []
+    for worker in data["workers"]:
+        for process in worker["processes"]:
+            truths.append(
+                Truth(
+                    pid=int(process["pid"]),
+                    worker=worker["name"],
+                    pod=worker["pod"],
+                    context_us=(round(process["context"][0] * 1e6), round(process["context"][1] * 1e6)),
+                    exit_us=round(process["exit"] * 1e6),
+                    bursts=tuple((round(b * 1e6), round(e * 1e6), int(n)) for b, e, n in process["bursts"]),
+                )
+            )
+    return Recording(
+        name=data["scenario"],
+        about=data["about"],
+        gpu=data["gpu"],
+        start_us=int(data["start_us"]),
+        workers=tuple({k: w[k] for k in ("name", "pod", "plan", "spawn")} for w in data["workers"]),
+        truths=tuple(truths),
+        polls=tuple(
+            Poll(
+                int(at),
+                {int(pid): int(used) for pid, used in listed.items()},
+                int(dev),
+                rate / 100,
+                frozenset(map(int, mps)),
+            )
+            for at, listed, dev, rate, mps in data["polls"]
+        ),
+        samples=tuple(Sample(int(a), int(p), int(s), sm / 100, mem / 100) for a, p, s, sm, mem, *_ in data["samples"]),
+        device=tuple((int(stamp), value / 100) for stamp, value in data["device"]),
+        mps=bool(data["mps"]),
+    )
+
+
+@cache
+def load(name: str, directory: Path = DIRECTORY) -> Recording:
+    """The recording of scenario `name` (bench/gpu_record_sampling.py's)."""
+    return _recording(directory / f"{name}.json.gz")
+
+
+def names(directory: Path = DIRECTORY) -> list[str]:
+    return sorted(path.name.removesuffix(".json.gz") for path in directory.glob("*.json.gz"))
+
+
+def every(directory: Path = DIRECTORY) -> Iterator[Recording]:
+    for name in names(directory):
+        yield load(name, directory)

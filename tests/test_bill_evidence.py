@@ -1,0 +1,95 @@
+"""A bill from each pod's own evidence (docs/chargeback.md, "The estimator"): the ways a bill
+moved money in round 6 (issue 55), each an attack or an ordinary workload on the simulated
+node, held to what the scenario ran. A victim pays at most 1.05 of what it ran, a tenant at
+least 0.90, and the GPU's SM-busy seconds are the pods' plus every unattributed reason at every
+sweep: none is in no series."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testkit.bill_runs import ATTACKER, STEADY, THIRD, VICTIM, attacks, case, node, run
+
+pytestmark = pytest.mark.unit
+
+# The bill's bounds (issue 55's goals).
+VICTIM_MOST = 1.05
+TENANT_LEAST = 0.90
+# Conservation: at every sweep, within rounding.
+CONSERVED = 1e-6
+
+
+def test_a_neighbour_whose_context_idles_between_batches_pays_only_its_batches(tmp_path: Path) -> None:
+    # An inference server between batches keeps its context and gets no new NVML sample: its
+    # last sample must not stand for the minutes it runs nothing.
+    text, seconds = case("idle-neighbour")
+    bill = run(tmp_path, text, seconds=seconds)
+    assert bill.ran[VICTIM] > 10.0, bill
+    assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
+    assert bill.ratio(ATTACKER) >= TENANT_LEAST, bill
+    assert bill.imbalance <= CONSERVED, bill
+
+
+def test_a_tenant_that_works_while_its_neighbour_idles_moves_nothing_onto_it(tmp_path: Path) -> None:
+    text, seconds = case("works-while-neighbour-idles")
+    bill = run(tmp_path, text, seconds=seconds)
+    assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
+    assert bill.ratio(ATTACKER) >= TENANT_LEAST, bill
+
+
+@pytest.mark.parametrize("name", ["bursts-without-a-share", "pod-between-sweeps"])
+def test_a_pod_no_sweep_saw_alive_is_billed_what_it_ran(tmp_path: Path, name: str) -> None:
+    # 1 s bursts every 20 s without a share, or a pod that exists 1.2 s of every 2 s (the pod
+    # itself, not only its processes): no sweep may see it alive.
+    bill = run(tmp_path, case(name)[0])
+    assert bill.ran[ATTACKER] > 1.0, bill
+    assert bill.ratio(ATTACKER) >= TENANT_LEAST, bill
+    assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
+    assert bill.imbalance <= CONSERVED, bill
+
+
+def test_two_pods_on_a_tenants_own_mps_daemon_hide_nothing(tmp_path: Path) -> None:
+    # The tenant's daemon in one of its pods, a client in each: NVML gives the daemon's sample
+    # both clients' work and the clients none. Whatever no pod is billed is the GPU's
+    # unattributed, never in no series.
+    bill = run(tmp_path, case("own-mps-two-pods")[0])
+    hidden = bill.ran[ATTACKER] + bill.ran[THIRD]
+    assert hidden > 20.0, bill
+    shown = bill.pods.get(ATTACKER, 0.0) + bill.pods.get(THIRD, 0.0) + bill.unattributed_sm.get("mps", 0.0)
+    assert shown >= 0.95 * hidden, bill
+    assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
+    assert bill.imbalance <= CONSERVED, bill
+
+
+def test_an_idle_context_in_the_tenants_pod_changes_nothing(tmp_path: Path) -> None:
+    bill = run(tmp_path, case("trough-with-idle-context")[0])
+    assert bill.ratio(ATTACKER) >= TENANT_LEAST, bill
+    assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
+
+
+def test_spikes_above_a_still_figure_stay_with_the_tenant_beside_a_restarting_neighbour(tmp_path: Path) -> None:
+    bill = run(tmp_path, case("spikes-beside-restarts")[0])
+    assert bill.ran[VICTIM] > 10.0, bill
+    assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
+    assert bill.ratio(ATTACKER) >= TENANT_LEAST, bill
+
+
+@pytest.mark.parametrize("offset", [round(0.2 * k, 1) for k in range(10)])
+def test_the_phased_attack_fails_at_every_offset(tmp_path: Path, offset: float) -> None:
+    bill = run(tmp_path, node(STEADY, attacks(offset)["phased-between-sweeps"]))
+    assert bill.ran[ATTACKER] > 10.0, bill
+    assert bill.ratio(ATTACKER) >= TENANT_LEAST, bill
+    assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
+    assert bill.imbalance <= CONSERVED, bill
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.55, 1.25])
+def test_processes_shorter_than_a_look_never_land_on_the_neighbour(tmp_path: Path, offset: float) -> None:
+    # 150 ms processes every 2 s, accounting off: the watch, every 0.25 s, misses most. What
+    # it cannot see is unattributed, never the victim's.
+    bill = run(tmp_path, case("shorter-than-a-look", offset)[0])
+    assert bill.ran[ATTACKER] > 2.0, bill
+    assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
+    assert bill.imbalance <= CONSERVED, bill
