@@ -42,6 +42,8 @@ ALL = [command for doc in doc_files() for command in commands(doc)]
 SLOW_BENCHES = {
     "bench/kube_client_cost.py": "needs the official Kubernetes client in its own venv (docs/kubernetes.md)",
     "bench/wrk_keepalive.py": "loads both servers with wrk for half a minute, one after the other: run by hand",
+    "bench/nvml_sampling_stats.py": "tabulates recordings made on a GPU machine, which tests/data/nvml-recordings "
+    "does not hold yet (docs/nvml-sampling.md)",
 }
 
 
