@@ -12,6 +12,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from otel_vgpu.collect.estimator import SETTLE_US
 from testkit.agent import get, running_agent, swept_per_scrape
 from testkit.procstat import rss_mib
 
@@ -57,6 +58,7 @@ def alive_at_one_moment(indexes: set[int], pods: int, live: int) -> bool:
 def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, processes: int = 20) -> Soak:
     """The agent on a churning scenario, scraped back to back until past the churn's end."""
     churn_s = pods * lifetime_s / live + lifetime_s
+    after_s = SETTLE_US / 1e6
     samples: list[Sample] = []
     seen: set[str] = set()
     wrong: list[str] = []
@@ -76,8 +78,9 @@ def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, process
             started = time.monotonic()
             last_sample = -10.0
             final = False
-            # Past the churn's end, so the last pods are seen to go.
-            while time.monotonic() - started < churn_s + 3:
+            # Past the churn's end, and the ledger's settling after it (an ended pod's last periods
+            # are billed, and collected, before its series goes), so the last pods are seen to go.
+            while time.monotonic() - started < churn_s + 3 + after_s:
                 status, body, _ = get(f"{agent.url}/metrics", timeout=30)
                 assert status == 200
                 text = body.decode()
@@ -96,9 +99,9 @@ def run_soak(pods: int = 5000, live: int = 100, lifetime_s: float = 1.0, process
                     wrong.append(f"scrape {scrapes}: pods {sorted(indexes)}")
                 max_live = max(max_live, len(pods_now))
                 elapsed = time.monotonic() - started
-                if elapsed - last_sample >= 2 or (elapsed >= churn_s + 2.5 and not final):
+                if elapsed - last_sample >= 2 or (elapsed >= churn_s + 2.5 + after_s and not final):
                     last_sample = elapsed
-                    final = elapsed >= churn_s + 2.5
+                    final = elapsed >= churn_s + 2.5 + after_s
                     samples.append(
                         Sample(
                             seconds=elapsed,
