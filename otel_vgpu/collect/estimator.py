@@ -15,12 +15,14 @@ docs/chargeback.md ("The estimator") states its model and its error; in short:
 - **The split.** Each life claims its figure times the part of the period it lived. Where the
   claims add up to more than the GPU ran, the figures that swing give way first, each down to
   the lowest its own samples read within `PEAK_US`; then (time-slicing: a waiting process's
-  figure counts its waiting) each is scaled down alike. Where they add up to less, a pod alone with figures on
-  the GPU may take up to `SLACK` more than them (the driver's own error: docs/nvml-sampling.md), then a
-  life at an edge of its life its figure over the rest of the period (the listings' cadence
-  blurs when it came and went), then each life up to the highest its own samples read within
-  `PEAK_US` (a figure read at a trough), then the tails, each up to its newest figure (and
-  SLACK); the rest is unattributed.
+  figure counts its waiting) each is scaled down alike. Where they add up to less, each life
+  may take more, in turn and up to its own room: a process back from a gap its figure over the
+  rest of the gap (a sample that stands only maybe for it); a pod alone with figures on the GPU
+  up to `SLACK` more than them (the driver's own error: docs/nvml-sampling.md); a life at an
+  edge of its life its figure over the rest of the period (the listings' cadence blurs when it
+  came and went); a tail up to its newest figure (and SLACK); a figure that swings up to the
+  highest its own samples read within `PEAK_US` (one read at a trough). The rest is
+  unattributed.
 - **What no pod is given,** by reason: `no_pod` (a process of no pod's share), `unseen` (what a
   process known from accounting alone may have run), `mps` (a period with a process whose use
   NVML cannot tell: an MPS client, or its server, whose figure holds its clients' work),

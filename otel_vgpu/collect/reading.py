@@ -181,8 +181,6 @@ class GpuReader:
         """Each GPU's memory in use at its last listing, by UUID: the watch lists it anew on a change."""
         self.watch_listings = 0
         """How many times the watch has listed a GPU's processes."""
-        self._swept_at: dict[str, int] = {}
-        """When each GPU's per-process samples were last read by a sweep, by UUID."""
         self._watch_sampled: dict[str, int] = {}
         """When the watch last read each GPU's per-process samples, by UUID."""
         self.watch_samples = 0
@@ -318,7 +316,6 @@ class GpuReader:
         )
         refused = ledger.sampled(book, pending.samples, pending.now_us)
         ledger.accounted(book, pending.records)
-        self._swept_at[device.uuid] = pending.now_us
         self._memory_seen[device.uuid] = device.memory_used
         ledger.unknown(book, reading.unknown_pids)
         periods = pending.periods
