@@ -158,8 +158,11 @@ class Receiver:
     def decoded(self) -> list[DecodedResource]:
         """Every ResourceMetrics received so far (with `dump` on), decoded."""
         assert self.dump is not None, "running_rotel(dump=True) writes what it receives"
-        text = self.dump.read_text() if self.dump.exists() else ""
-        return [_decoded(json.loads(line)) for line in text.splitlines() if line.strip()]
+        data = self.dump.read_bytes() if self.dump.exists() else b""
+        # Whole lines only: rotel may be writing the last one (testkit/rotel_dump.py), read
+        # once its '\n' is there.
+        whole = data[: data.rfind(b"\n") + 1]
+        return [_decoded(json.loads(line)) for line in whole.splitlines() if line.strip()]
 
     def wait_for_batches(self, count: int, timeout: float = 20) -> list[Batch]:
         deadline = time.monotonic() + timeout

@@ -48,5 +48,14 @@ def process_metrics(resource_metrics: Any) -> None:
         "resource": {kv.key: _value(kv.value) for kv in resource_metrics.resource.attributes},
         "metrics": [_metric(metric) for scope in resource_metrics.scope_metrics for metric in scope.metrics],
     }
-    with open(os.environ[DUMP_FILE], "a") as out:
-        out.write(json.dumps(record) + "\n")
+    # The whole line in one unbuffered write: a buffered text file wrote a record longer than
+    # its buffer in pieces, and a test reading between them found half a record at the end.
+    # A reader still leaves out a last line without its '\n' (testkit/rotel.py): the kernel
+    # copies a large write into the file a page at a time.
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(os.environ[DUMP_FILE], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while line:
+            line = line[os.write(fd, line) :]
+    finally:
+        os.close(fd)

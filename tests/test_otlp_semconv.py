@@ -12,6 +12,7 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -40,6 +41,7 @@ from testkit.kept_exporter import KeptExporter
 from testkit.otlp_names import prometheus_name
 from testkit.promtext import Exposition
 from testkit.rotel import DecodedMetric, DecodedResource, Receiver, running_rotel
+from testkit.rotel_dump import DUMP_FILE, process_metrics
 from testkit.semconv_model import metrics as conventions
 from testkit.semconv_model import registry
 
@@ -521,3 +523,21 @@ def test_a_bad_otlp_names_is_refused_naming_what_is_valid(
             parse_config(argv, environ)
     assert parse_config([], {"OTEL_VGPU_OTLP_NAMES": "semconv"}).otlp_names == "semconv"
     assert parse_config([], {}).otlp_names == "vgpu"
+
+
+def test_a_record_rotel_is_still_writing_is_read_once_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # rotel writes each ResourceMetrics it receives as a line while the test reads the file: a
+    # last line without its '\n' yet is left for a later read, never parsed half written.
+    dump = tmp_path / "rotel-received.jsonl"
+    monkeypatch.setenv(DUMP_FILE, str(dump))
+    attribute = SimpleNamespace(key="k8s.node.name", value=SimpleNamespace(value="gpu-node-3"))
+    process_metrics(SimpleNamespace(resource=SimpleNamespace(attributes=[attribute]), scope_metrics=[]))
+    line = dump.read_bytes()
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    receiver = Receiver("", "", tmp_path / "rotel.log", dump)
+    with dump.open("ab") as out:
+        out.write(line[: len(line) // 2])
+    assert [r.attributes for r in receiver.decoded()] == [{"k8s.node.name": "gpu-node-3"}]
+    with dump.open("ab") as out:
+        out.write(line[len(line) // 2 :])
+    assert len(receiver.decoded()) == 2
