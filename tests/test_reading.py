@@ -59,7 +59,8 @@ def test_the_processes_are_fitted_under_the_gpus_own_samples_of_the_window() -> 
     assert reading is not None and reading.use_by_pid is not None
     assert reading.device.utilization_window == pytest.approx(0.45)
     assert sum(use.sm for use in reading.use_by_pid.values()) == pytest.approx(0.45)
-    assert reading.use_by_pid[1].sm == pytest.approx(2 * reading.use_by_pid[2].sm)
+    # In proportion to their figures, each read to NVML's whole percent.
+    assert reading.use_by_pid[1].sm == pytest.approx(2 * reading.use_by_pid[2].sm, rel=0.02)
 
 
 def test_a_gpu_that_cannot_tell_per_process_use_is_asked_again_only_after_ask_again_s() -> None:

@@ -129,6 +129,9 @@ def test_with_the_watch_off_what_no_look_saw_is_unattributed_never_the_victims(t
     assert blind.pods[VICTIM] <= 1.05 * blind.ran[VICTIM]
     assert blind.unattributed_sm["unexplained"] + blind.pods.get(ATTACKER, 0.0) >= 0.9 * blind.ran[ATTACKER]
     assert accounted.pods[VICTIM] == pytest.approx(accounted.ran[VICTIM], rel=0.05)
+    # What a sweep saw of them is billed; a process seen by none is unseen; a figure's whole
+    # percents, over lives this short, leave some unexplained: none of it the victim's.
     billed = accounted.pods.get(ATTACKER, 0.0)
-    assert accounted.unattributed_sm["unseen"] + billed >= 0.9 * accounted.ran[ATTACKER]
+    hidden = accounted.unattributed_sm["unseen"] + accounted.unattributed_sm["unexplained"]
+    assert hidden + billed >= 0.9 * accounted.ran[ATTACKER]
     assert blind.unattributed_sm.get("unseen", 0.0) == 0.0

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 # How far past a period the driver may stamp the next sample of a process that ran in it
@@ -50,6 +50,8 @@ SETTLE_US = 3_000_000
 # How far before the read that preceded it a sample may stand: NVML shows a sample some time
 # after its stamp, so a process that ran just before a read may have had no sample to read yet.
 BACK_US = 1_000_000
+# How far back a tail's rate is read from a life's newest samples.
+TAIL_US = 1_000_000
 # How far around a period a life's samples show how high its figure runs.
 PEAK_US = 5_000_000
 # How much more than its figure a life may be given where the GPU ran more than every figure
@@ -133,14 +135,30 @@ def evidence_at(
         around = [value, *(sample[1] for sample in samples[low:high])]
         return Evidence(Kind.FIGURE, value, at, max(around), min(around), end_us > sure)
     if ended_us is not None and ended_us > start_us and samples:
-        # Its newest figure, up to its end: the rate it was last seen running at.
-        return Evidence(Kind.TAIL, samples[-1][1], len(samples) - 1)
+        # The rate it was last seen running at, up to its end: over its last second at least,
+        # since a figure over less is NVML's whole percents more than its use.
+        return Evidence(Kind.TAIL, _newest_rate(samples), len(samples) - 1)
     return Evidence(Kind.IDLE)
 
 
-def split(gpu: float, present: Sequence[Present]) -> Split:
+def _newest_rate(samples: Sequence[tuple[int, float, float, float]]) -> float:
+    """A life's mean figure over its newest samples, back to `TAIL_US` before the newest."""
+    ran = spanned = 0.0
+    for stamp, value, since, _ in reversed(samples):
+        span = stamp - since
+        if span == float("inf") or span <= 0:
+            break
+        ran += value * span
+        spanned += span
+        if spanned >= TAIL_US:
+            break
+    return samples[-1][1] if spanned <= 0 else ran / spanned
+
+
+def split(gpu: float, present: Sequence[Present], tails: bool = True) -> Split:
     """The GPU's figure of one period (0-1, of the whole period) among the lives in it (the
-    module's rules)."""
+    module's rules); without `tails`, the tails are left for `give_tails` (after `rebalance`:
+    what a life's own figures owe it comes before what an ended one may have run)."""
     unattributed = dict.fromkeys(REASONS, 0.0)
     claims = [p.part * p.evidence.value if p.evidence.kind is Kind.FIGURE and p.evidence.sure else 0.0 for p in present]
     wanted = sum(claims)
@@ -184,8 +202,8 @@ def split(gpu: float, present: Sequence[Present]) -> Split:
         # The tails: what ended processes may have run past their last sample, at the rate
         # they were last seen at. Never more: what a neighbour's figure leaves is no
         # evidence of what this process ran.
-        room = [p.part * p.evidence.value * (1 + SLACK) if p.evidence.kind is Kind.TAIL else 0.0 for p in present]
-        left = _give(shares, room, left)
+        if tails:
+            left = _give(shares, _tail_room(present), left)
         # A figure that swings may have been read at a trough: each life may run up to the
         # highest its own samples read around the period (a tenant's troughs timed at the
         # sweeps shed nothing, and a still neighbour takes none of it).
@@ -207,6 +225,57 @@ def split(gpu: float, present: Sequence[Present]) -> Split:
         else:
             unattributed["unexplained"] += left
     return Split(tuple(shares), unattributed)
+
+
+def _tail_room(present: Sequence[Present]) -> list[float]:
+    return [p.part * p.evidence.value * (1 + SLACK) if p.evidence.kind is Kind.TAIL else 0.0 for p in present]
+
+
+def give_tails(present: Sequence[Present], shares: list[float], unattributed: dict[str, float]) -> None:
+    """The tails of a period that `split` left without (`tails=False`), given in place from
+    what it left unattributed for want of a figure."""
+    reason = next((r for r in ("mps", "unseen", "unexplained") if unattributed.get(r, 0.0) > 0), None)
+    if reason is None:
+        return
+    before = list(shares)
+    unattributed[reason] = _give(shares, _tail_room(present), unattributed[reason])
+    for life, old, new in zip(present, before, shares, strict=True):
+        if new > old and life.owner is None:
+            unattributed["unseen" if life.unseen else "no_pod"] += new - old
+
+
+def rebalance(
+    periods: Sequence[tuple[Sequence[Hashable], Sequence[Evidence], Sequence[float], list[float], dict[str, float]]],
+) -> None:
+    """A window's periods as `split` left them (each: who its lives are, their evidence, the
+    part of it each lived, their shares and the unattributed), evened out over the window, in
+    place. A figure
+    is a mean over the time its sample stands for, not the use of each period: a life whose
+    use swings inside that time was given less than its figure where the GPU ran less than the
+    figures together (its troughs, or a neighbour's), and the GPU's peaks went unexplained.
+    What a life's own figures claim over the window, less what it was given, it may take back
+    from what is unexplained in the periods where its figure stands, up to the whole period (a
+    process back from a gap too: what it ran over the gap is known, not when). No life is given
+    more than its figures claim over the window."""
+    owed: dict[Hashable, float] = {}
+    for keys, evidence, parts, shares, _ in periods:
+        for key, said, part, share in zip(keys, evidence, parts, shares, strict=True):
+            if said.kind is Kind.FIGURE:
+                owed[key] = owed.get(key, 0.0) + part * said.value - share
+    for keys, evidence, parts, shares, left in periods:
+        spare = left.get("unexplained", 0.0)
+        if spare <= 0:
+            continue
+        room = [
+            min(max(0.0, owed.get(key, 0.0)), part - share) if said.kind is Kind.FIGURE else 0.0
+            for key, said, part, share in zip(keys, evidence, parts, shares, strict=True)
+        ]
+        total = sum(room)
+        left["unexplained"] = _give(shares, room, spare)
+        scale = 0.0 if total <= 0 else min(1.0, spare / total)
+        for key, r in zip(keys, room, strict=True):
+            if r > 0:
+                owed[key] -= r * scale
 
 
 def _alone(present: Sequence[Present]) -> bool:

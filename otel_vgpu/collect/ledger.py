@@ -39,7 +39,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from otel_vgpu.collect import estimator
+from otel_vgpu.collect import estimator, trailing
 from otel_vgpu.gpu.backend import USE_FIGURES, AccountingRecord, ProcessUse, UtilizationSample
 from otel_vgpu.pods.cgroups import PodRef
 
@@ -49,6 +49,8 @@ PERIOD_US = 200_000
 # A sample stamped this soon after a process started is its PID's earlier holder's: NVML
 # stamps a sample at the end of its period (bench/results/h200-nvml-samples.md).
 BORN_SLACK_US = 200_000
+# The shortest time between two samples of a process that the ledger keeps both of.
+MIN_SPAN_US = 1_000_000
 # Samples kept per process: the newest, a minute's worth at the watch's cadence at most.
 SAMPLES_KEPT = 64
 # Lives that ended this long before the newest period settled are forgotten, whatever
@@ -93,7 +95,10 @@ class Life:
     absent_us: int | None = None
     """The first listing without it: it had ended by then."""
     samples: list[tuple[int, ProcessUse]] = field(default_factory=list)
-    """Its samples, by stamp, oldest first."""
+    """Its samples, by stamp, oldest first: each its mean use since the time it covers
+    (`covers`), unwound from NVML's trailing mean (collect/trailing.py)."""
+    trail: list[trailing.Point] = field(default_factory=list)
+    """What it had run by each sample, as its figures tell: what the next is unwound with."""
     covers: dict[int, tuple[float, float]] = field(default_factory=dict)
     """By sample stamp: from when that sample may stand for the process, and from when surely
     (`sampled`)."""
@@ -219,8 +224,26 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
             continue
         # Drivers have been seen to report more than 100 %.
         use = ProcessUse(**{f: min(1.0, max(0.0, getattr(sample.use, f))) for f in USE_FIGURES})
-        earlier = max((stamp for stamp, _ in life.samples if stamp < sample.timestamp_us), default=-math.inf)
-        covers = max(earlier, reach)
+        if life.samples and sample.timestamp_us <= life.samples[-1][0]:
+            continue  # older than one it has: NVML keeps a process's newest
+        replaced = None
+        if life.samples:
+            stamp, _ = life.samples[-1]
+            if stamp - life.covers.get(stamp, (-math.inf, -math.inf))[0] < MIN_SPAN_US:
+                # Whole percents of a 14.2 s window tell what ran between two samples to
+                # 0.14 s: over a quarter second, nothing. The newest stands in for the last.
+                life.samples.pop()
+                replaced = life.covers.pop(stamp)
+                life.trail = [point for point in life.trail if point.at_us < stamp]
+        earlier = life.samples[-1][0] if life.samples else -math.inf
+        covers = max(earlier, reach) if replaced is None else replaced[0]
+        if earlier == -math.inf and life.born_us is not None:
+            covers = max(covers, life.born_us)  # its figure's window reaches before it began
+        unwound = trailing.unwound(life.trail, sample.timestamp_us, use, covers)
+        if unwound is None:
+            continue
+        life.trail, use = unwound
+        covers = max(covers, sample.timestamp_us - trailing.WINDOW_US)
         # Its first, or it had a sample as new at the read before: it ran on, surely. Else it
         # comes back after a gap in which it ran nothing: when, after the read before, it began
         # again no sample says; only its own period is sure.
@@ -340,6 +363,11 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
             part = life.overlap_us(ends[k] - period_us, ends[k]) / period_us
             if part > 0:
                 within[k].append((life, part))
+    split: list[
+        tuple[
+            list[tuple[Life, float]], list[estimator.Evidence], list[estimator.Present], list[float], dict[str, float]
+        ]
+    ] = []
     for (end_us, gpu_sm), present in zip(periods, within, strict=True):
         start_us = end_us - period_us
         users |= {_uid(life) for life, _ in present}
@@ -352,16 +380,23 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
             )
             for life, _ in present
         ]
-        result = estimator.split(
-            gpu_sm,
-            [
-                estimator.Present(None if life.owner is None else life.owner.pod_uid, part, said, life.unseen)
-                for (life, part), said in zip(present, evidence, strict=True)
-            ],
-        )
-        for reason, value in result.unattributed.items():
+        lives = [
+            estimator.Present(None if life.owner is None else life.owner.pod_uid, part, said, life.unseen)
+            for (life, part), said in zip(present, evidence, strict=True)
+        ]
+        result = estimator.split(gpu_sm, lives, tails=False)
+        split.append((present, evidence, lives, list(result.shares), dict(result.unattributed)))
+    estimator.rebalance(
+        [
+            ([life.key for life, _ in present], evidence, [part for _, part in present], shares, left)
+            for present, evidence, _, shares, left in split
+        ]
+    )
+    for present, evidence, lives, shares, left in split:
+        estimator.give_tails(lives, shares, left)
+        for reason, value in left.items():
             unattributed[reason] += value * seconds
-        for (life, part), said, share in zip(present, evidence, result.shares, strict=True):
+        for (life, part), said, share in zip(present, evidence, shares, strict=True):
             acc = ran.get(life.key)
             if acc is None:
                 acc = ran[life.key] = _Ran()

@@ -69,7 +69,7 @@ CLOSE_EARLY = 0.95
 # yet: each read costs 2 ms of CPU on an H200 (bench/results/h200-sweep-cost.md), so a node
 # whose tenants start a process a second costs at most this bound, and a steady one nothing.
 SAMPLE_EVERY_S = 0.5
-# How long a process listed without a sample is looked for one by the watch.
+# How long after it is first listed a process is young: the watch reads its samples.
 YOUNG_US = 5_000_000
 # How long after a change of a GPU's memory in use the watch lists it at every look: on an
 # H200 a new process's context holds its memory 220 ms before NVML lists the process
@@ -356,7 +356,7 @@ class GpuReader:
     def watch(self, index: int, identify: Identify) -> None:
         """One look at GPU `index` between sweeps (collect/watch.py): its processes listed, each
         new one attributed at first sight, while its /proc entry exists, and the GPU's samples
-        read where a process listed has none yet, at most every `sample_every_s`."""
+        read while a process listed is young, at most every `sample_every_s`."""
         uuid = self._uuids.get(index)
         if uuid is None or Read.PROCESS_USE not in self._reads or uuid in self._no_process_utilization:
             return
@@ -395,15 +395,14 @@ class GpuReader:
         ledger.listed(book, now, seen)
 
     def _sample_young(self, index: int, uuid: str, book: ledger.GpuLedger, now: int) -> None:
-        """The GPU's per-process samples, where a process listed for less than `YOUNG_US` has
-        none yet, at most every `sample_every_s`."""
-        # A young process's first sample is its only evidence, and NVML forgets it when the
-        # process ends: one born just before a sweep has none then, and may end before the
-        # next. One listed for longer with none is idle, and the sweeps read it.
+        """The GPU's per-process samples, where a process has been listed for less than
+        `YOUNG_US`, at most every `sample_every_s`."""
+        # A young process's samples are its only evidence, and NVML forgets them when the
+        # process ends: one born just after a sweep may end before the next. Its figure is a
+        # mean over 14.2 s (collect/trailing.py), which grows with what it ran: its newest is
+        # worth reading while it may end soon. One listed for longer the sweeps read.
         unsampled = any(
-            not life.samples and now - life.since_us < YOUNG_US
-            for key in book.listed.values()
-            if (life := book.lives.get(key)) is not None
+            now - life.since_us < YOUNG_US for key in book.listed.values() if (life := book.lives.get(key)) is not None
         )
         last = self._watch_sampled.get(uuid, 0)
         if not unsampled or now - last < self._sample_every_us:

@@ -64,9 +64,12 @@ DRIVER_FILE = "nvidiactl"
 # grid, and a process's latest busy period is looked for up to 50 periods back.
 SAMPLE_PERIOD_US = 200_000
 SAMPLES_KEPT = 50
-# A process's figure is the mean of its use over this many periods up to its sample's (about a
-# second: bench/results/h200-nvml-samples-two-bursty.md).
-SMOOTHED_PERIODS = 5
+# A process's figure is the mean of its use over this many periods up to its sample's, in
+# whole percent, rounded down: 71 periods (14.2 s) fit 85 % of a lone process's 301 samples
+# exactly on an H100 with driver 580 (tests/data/nvml-recordings/solo-duty.json.gz,
+# docs/nvml-sampling.md). Periods before the process began count as idle: a new process's
+# figure climbs for 14 s.
+SMOOTHED_PERIODS = 71
 # Sample periods whose running processes are remembered (`_alive`): four seconds, what a sweep's
 # samples reach back at the sweeper's longest wait (1.5 x 2 s) and a second more. Older periods
 # are worked out again if asked for (a GPM window's, say), since on a churning node thousands of
@@ -141,6 +144,9 @@ class SimulatedNode:
         self._energy_mj = [0.0] * len(scenario.gpus)
         self._energy_at: list[float | None] = [None] * len(scenario.gpus)
         self._alive_at: dict[int, list[Process]] = {}
+        # Each GPU's processes' uses by period, for as many periods as `_alive_at` keeps: every
+        # sweep and look asks for the same recent ones again.
+        self._uses_at: dict[tuple[int, int], dict[tuple[int, int], ProcessUse]] = {}
         """By sample period (its end, on the samples' clock): the processes that ran in it, from
         the scenario itself, whether or not any listing saw them."""
         self._alive_lock = threading.Lock()
@@ -374,8 +380,7 @@ class SimulatedNode:
     def utilization_samples(self, index: int, since_us: int) -> list[UtilizationSample]:
         """Each PID's latest sample, as NVML keeps it: stamped at the last period in which the
         process that held the PID then ran, its figure the mean of its use over the
-        `SMOOTHED_PERIODS` up to it that it lived (on an H200, alone, a bursty process's figure
-        is smoothed over about a second: bench/results/h200-nvml-samples-two-bursty.md); on a
+        `SMOOTHED_PERIODS` up to it, in whole percent (docs/nvml-sampling.md); on a
         driver that keeps them (`driver.ended_samples_s`), that of a process that has ended
         since, its PID maybe reused. Under MPS the server's sample is its clients' use and its
         own; the clients have none."""
@@ -424,11 +429,32 @@ class SimulatedNode:
                     continue
                 if key in kept or self._ended_kept(key, stamp, now, kept_since):
                     newest[key[0]] = (stamp, key)
+        starts = {
+            (p.pid, p.start_time): p.starts_at
+            for at in {stamp for stamp, _ in newest.values()}
+            for p in self._alive(at)
+            if p.gpu == index
+        }
         samples = []
         for pid, (stamp, key) in newest.items():
-            around = [period(stamp - back * SAMPLE_PERIOD_US).get(key) for back in range(SMOOTHED_PERIODS)]
-            lived = [each for each in around if each is not None]
-            mean = ProcessUse(**{f: sum(getattr(u, f) for u in lived) / len(lived) for f in USE_FIGURES})
+            # The periods of its window it lived in: a process that began since has none before.
+            start = starts.get(key, -math.inf)
+            began = (
+                self._wall_started_us + round(start * 1e6) - SAMPLE_PERIOD_US
+                if math.isfinite(start)
+                else stamp - SMOOTHED_PERIODS * SAMPLE_PERIOD_US
+            )
+            lived = []
+            for back in range(SMOOTHED_PERIODS):
+                at = stamp - back * SAMPLE_PERIOD_US
+                if at <= began:
+                    break
+                held = period(at).get(key)
+                if held is not None:
+                    lived.append(held)
+            mean = ProcessUse(
+                **{f: _whole_percent(sum(getattr(u, f) for u in lived) / SMOOTHED_PERIODS) for f in USE_FIGURES}
+            )
             samples.append(UtilizationSample(pid, stamp, mean))
         return samples
 
@@ -443,16 +469,25 @@ class SimulatedNode:
     def _period_uses(self, index: int, stamp: int) -> dict[tuple[int, int], ProcessUse]:
         """What each process (PID, start time) of GPU `index` used in the period ending at
         `stamp`; an MPS server its clients' use and its own, a client none of its own."""
+        found = self._uses_at.get((index, stamp))
+        if found is not None:
+            return found
         alive = [p for p in self._alive(stamp) if p.gpu == index]
-        if not alive:
-            return {}
-        used = uses(alive, self._period_time(stamp))
-        clients = summed([u for p, u in zip(alive, used, strict=True) if p.mps == "client"])
-        return {
-            (process.pid, process.start_time): summed([own, clients]) if process.mps == "server" else own
-            for process, own in zip(alive, used, strict=True)
-            if process.mps != "client"
-        }
+        found = {}
+        if alive:
+            used = uses(alive, self._period_time(stamp))
+            clients = summed([u for p, u in zip(alive, used, strict=True) if p.mps == "client"])
+            found = {
+                (process.pid, process.start_time): summed([own, clients]) if process.mps == "server" else own
+                for process, own in zip(alive, used, strict=True)
+                if process.mps != "client"
+            }
+        if stamp <= self._latest_period():
+            with self._alive_lock:
+                self._uses_at[(index, stamp)] = found
+                while len(self._uses_at) > ALIVE_KEPT * len(self.scenario.gpus):
+                    del self._uses_at[min(self._uses_at, key=lambda each: each[1])]
+        return found
 
     def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
         """The GPU's figure for each period on the simulated driver's grid since `since_us`;
@@ -542,6 +577,12 @@ class SimulatedNode:
 
     def _maybe_fail(self, call: str, index: int | None) -> None:
         self._faults.check(call, index, self.now(), self.scenario.faults)
+
+
+def _whole_percent(fraction: float) -> float:
+    """A figure as NVML gives it: whole percent, rounded down (with a hair of room for the
+    binary fractions that a sum of periods makes of an exact percent)."""
+    return math.floor(fraction * 100 + 1e-9) / 100
 
 
 def pci_bus_id(index: int) -> str:

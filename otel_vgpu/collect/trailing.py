@@ -1,0 +1,101 @@
+"""What a process ran between two of its NVML samples, from figures that are trailing means.
+
+NVML's figure for a process is not its use in the sample's period: it is the mean of its use
+over the 71 sample periods (14.2 s) up to that period, in whole percent. Alone on an H100
+with driver 580, a busy process's figure climbs from 0 to 55 % over its first 8 s and a
+process that stops falls back over the next 14 s (tests/data/nvml-recordings/, fitted in
+docs/nvml-sampling.md). Taken as the use of the time since the sample before, such a figure
+bills a process for work it did up to 14 s earlier, and a burst is spread over the periods of
+others: the neighbour of a bursty pod pays for its bursts.
+
+The window undoes it. What a process ran over the window ending at a sample is the window
+times the figure, so what it ran up to the sample is that plus what it had run up to the
+window's start, which the samples before have told:
+
+    ran(..t] = W x figure(t) + ran(..t - W]
+
+`ran(..t - W]` is read from the history kept (between two points, what ran is spread evenly
+over the time it may have run). A figure is in whole percent, rounded down:
+what that takes off on average (half a percent) is added back, and the error left, half a
+percent of 14.2 s (0.07 s), does not add up from sample to sample, since every point is
+anchored by its own figure.
+
+Pure: no clock, no NVML.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse
+
+WINDOW_US = 14_200_000
+"""The span a process's figure is the mean of (71 periods of 200 ms)."""
+
+FLOORED = 0.005
+"""What NVML's whole percents, rounded down, take off a figure on average: added back, else a
+process at 5 % would be billed a tenth less, at every step of the sum above."""
+
+_IDLE = tuple(0.0 for _ in USE_FIGURES)
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """What a process had run by a time: figure-seconds of each of `USE_FIGURES`."""
+
+    at_us: float
+    ran: tuple[float, ...]
+
+
+def ran_by(history: Sequence[Point], at_us: float) -> tuple[float, ...]:
+    """What the process had run by `at_us`: nothing before its first point, all of it after
+    its last, and in between spread evenly."""
+    if not history or at_us <= history[0].at_us:
+        return _IDLE
+    if at_us >= history[-1].at_us:
+        return history[-1].ran
+    i = bisect.bisect_right([p.at_us for p in history], at_us)
+    before, after = history[i - 1], history[i]
+    part = (at_us - before.at_us) / (after.at_us - before.at_us)
+    return tuple(b + (a - b) * part for b, a in zip(before.ran, after.ran, strict=True))
+
+
+def unwound(
+    history: Sequence[Point], stamp_us: int, figure: ProcessUse, from_us: float
+) -> tuple[list[Point], ProcessUse] | None:
+    """A new sample of a process: its figure at `stamp_us` (a trailing mean), which stands for
+    what ran no earlier than `from_us` (the sample before, or the read before it, whichever is
+    later: collect/ledger.py `sampled`). Returns the history with it and the process's mean use
+    over (`from_us`, `stamp_us`]; None for a sample no newer than the history's last."""
+    window_s = WINDOW_US / 1e6
+    # Whole percent rounded down leaves a figure on average half a percent under the use; a
+    # figure of 0 may be none at all (a process decoding with no kernel): nothing is added.
+    figures = tuple(value + FLOORED if (value := getattr(figure, f)) > 0 else 0.0 for f in USE_FIGURES)
+    points = list(history)
+    if points and stamp_us <= points[-1].at_us:
+        return None
+    if not points:
+        # Its first: the whole window's use is in the part of it the process may have run in.
+        start = max(from_us, stamp_us - WINDOW_US)
+        points.append(Point(start, _IDLE))
+    last = points[-1]
+    start = max(from_us, last.at_us)
+    if start >= stamp_us:
+        start = last.at_us
+    if start > last.at_us:
+        # It ran nothing between its last sample and `from_us`: no sample says it did.
+        points.append(Point(start, last.ran))
+    span_s = (stamp_us - start) / 1e6
+    lagged = ran_by(points, stamp_us - WINDOW_US)
+    ran = tuple(
+        min(before + span_s, max(before, window_s * value + lag))
+        for value, lag, before in zip(figures, lagged, last.ran, strict=True)
+    )
+    points.append(Point(stamp_us, ran))
+    # Points older than a window before the newest are never read again, but the one before.
+    keep = bisect.bisect_left([p.at_us for p in points], stamp_us - 2 * WINDOW_US)
+    del points[: max(0, keep - 1)]
+    mean = ProcessUse(**{f: min(1.0, (r - b) / span_s) for f, r, b in zip(USE_FIGURES, ran, last.ran, strict=True)})
+    return points, mean
