@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import select
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,6 +17,10 @@ from otel_vgpu.config import EXIT_USAGE, Config, ConfigError, parse_config
 from otel_vgpu.export.memory import quiet_collector, return_freed_memory
 
 log = logging.getLogger("otel_vgpu")
+
+# How often the main thread looks whether the agent has stopped itself (a driver it cannot use
+# any more); a signal wakes it at once.
+STOP_CHECK_S = 1.0
 
 
 def main(argv: Sequence[str] | None = None, adjust: Callable[[Config], Config] = lambda config: config) -> int:
@@ -53,6 +61,33 @@ def main(argv: Sequence[str] | None = None, adjust: Callable[[Config], Config] =
         signal.signal(other, on_other)
     agent.start()
     quiet_collector()
-    stop.wait()
+    wait_for_stop(stop)
     agent.stop()
     return agent.exit_status
+
+
+def wait_for_stop(stop: threading.Event) -> None:
+    """Return once `stop` is set: by the handler of SIGTERM or SIGINT, or by the agent itself.
+
+    Not `stop.wait()`: Python runs a signal's handler on the main thread only, once that thread
+    runs again, and the kernel may run the C handler that notes the signal on another of the
+    agent's threads, or on this one just before it goes to sleep. Asleep in the Event's lock
+    with no timeout, nothing woke it, and the agent outlived SIGTERM until a second signal came
+    (a few times in some hundreds of stops on a loaded machine). Python writes each signal to the
+    wakeup descriptor from whichever thread notes it, so select() returns and the handler runs;
+    and the handler's `stop.set()` never finds this thread inside the Event's lock, which it
+    would wait for forever.
+    """
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    try:
+        while not stop.is_set():
+            select.select([read_end], [], [], STOP_CHECK_S)
+            with contextlib.suppress(BlockingIOError):
+                os.read(read_end, 64)
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
