@@ -17,6 +17,7 @@ import pytest
 from otel_vgpu.collect import estimator, trailing
 from otel_vgpu.gpu.backend import ProcessUse
 from otel_vgpu.sim import node
+from otel_vgpu.sim.processes import whole_percent
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +57,7 @@ def test_a_lone_processs_figure_is_the_mean_of_the_gpus_last_71_periods_in_whole
             if k < node.SMOOTHED_PERIODS:
                 continue
             window = [value / 100 for _, value in periods[k - kept + 1 : k + 1]]
-            exact += math.isclose(node._whole_percent(sum(window) / kept), figure, abs_tol=1e-9)
+            exact += math.isclose(whole_percent(sum(window) / kept), figure, abs_tol=1e-9)
             compared += 1
         return exact, compared
 

@@ -46,7 +46,7 @@ from otel_vgpu.sim import kubelet
 from otel_vgpu.sim.faults import Faults
 from otel_vgpu.sim.health import SimulatedHealth
 from otel_vgpu.sim.proc_tree import ProcTree, new_root
-from otel_vgpu.sim.processes import Process, Workload, shares, summed, uses
+from otel_vgpu.sim.processes import Process, Workload, shares, summed, uses, whole_percent
 from otel_vgpu.sim.scenario import PIPES, MigSpec, Scenario
 
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
@@ -64,11 +64,8 @@ DRIVER_FILE = "nvidiactl"
 # grid, and a process's latest busy period is looked for up to 50 periods back.
 SAMPLE_PERIOD_US = 200_000
 SAMPLES_KEPT = 50
-# A process's figure is the mean of its use over this many periods up to its sample's, in
-# whole percent, rounded down: 71 periods (14.2 s) fit 85 % of a lone process's 301 samples
-# exactly on an H100 with driver 580 (tests/data/nvml-recordings/solo-duty.json.gz,
-# docs/nvml-sampling.md). Periods before the process began count as idle: a new process's
-# figure climbs for 14 s.
+# A process's figure: the mean of its use over this many periods up to its sample's, in whole
+# percent rounded down (docs/nvml-sampling.md: 85 % of a lone process's figures on an H100).
 SMOOTHED_PERIODS = 71
 # Sample periods whose running processes are remembered (`_alive`): four seconds, what a sweep's
 # samples reach back at the sweeper's longest wait (1.5 x 2 s) and a second more. Older periods
@@ -144,8 +141,7 @@ class SimulatedNode:
         self._energy_mj = [0.0] * len(scenario.gpus)
         self._energy_at: list[float | None] = [None] * len(scenario.gpus)
         self._alive_at: dict[int, list[Process]] = {}
-        # Each GPU's processes' uses by period, for as many periods as `_alive_at` keeps: every
-        # sweep and look asks for the same recent ones again.
+        # Each GPU's processes' uses by period: every sweep and look asks for the same again.
         self._uses_at: dict[tuple[int, int], dict[tuple[int, int], ProcessUse]] = {}
         """By sample period (its end, on the samples' clock): the processes that ran in it, from
         the scenario itself, whether or not any listing saw them."""
@@ -435,15 +431,14 @@ class SimulatedNode:
             for p in self._alive(at)
             if p.gpu == index
         }
+        self._trim_uses(latest)
         samples = []
         for pid, (stamp, key) in newest.items():
             # The periods of its window it lived in: a process that began since has none before.
             start = starts.get(key, -math.inf)
-            began = (
-                self._wall_started_us + round(start * 1e6) - SAMPLE_PERIOD_US
-                if math.isfinite(start)
-                else stamp - SMOOTHED_PERIODS * SAMPLE_PERIOD_US
-            )
+            began = stamp - SMOOTHED_PERIODS * SAMPLE_PERIOD_US
+            if math.isfinite(start):
+                began = self._wall_started_us + round(start * 1e6) - SAMPLE_PERIOD_US
             lived = []
             for back in range(SMOOTHED_PERIODS):
                 at = stamp - back * SAMPLE_PERIOD_US
@@ -453,7 +448,7 @@ class SimulatedNode:
                 if held is not None:
                     lived.append(held)
             mean = ProcessUse(
-                **{f: _whole_percent(sum(getattr(u, f) for u in lived) / SMOOTHED_PERIODS) for f in USE_FIGURES}
+                **{f: whole_percent(sum(getattr(u, f) for u in lived) / SMOOTHED_PERIODS) for f in USE_FIGURES}
             )
             samples.append(UtilizationSample(pid, stamp, mean))
         return samples
@@ -485,9 +480,18 @@ class SimulatedNode:
         if stamp <= self._latest_period():
             with self._alive_lock:
                 self._uses_at[(index, stamp)] = found
-                while len(self._uses_at) > ALIVE_KEPT * len(self.scenario.gpus):
-                    del self._uses_at[min(self._uses_at, key=lambda each: each[1])]
         return found
+
+    def _trim_uses(self, latest: int) -> None:
+        """Uses older than a figure reaches let go; past `ALIVE_KEPT` periods, only those of the
+        processes alive now kept (on a churning node thousands end a second)."""
+        alive = {(p.pid, p.start_time) for p in self._alive(latest)}
+        with self._alive_lock:
+            for (index, stamp), then in list(self._uses_at.items()):
+                if stamp <= latest - (ALIVE_KEPT + SMOOTHED_PERIODS) * SAMPLE_PERIOD_US:
+                    del self._uses_at[(index, stamp)]
+                elif stamp <= latest - ALIVE_KEPT * SAMPLE_PERIOD_US and not then.keys() <= alive:
+                    self._uses_at[(index, stamp)] = {k: u for k, u in then.items() if k in alive}
 
     def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
         """The GPU's figure for each period on the simulated driver's grid since `since_us`;
@@ -561,8 +565,6 @@ class SimulatedNode:
 
     # --- state ------------------------------------------------------------------
 
-    # --- state ------------------------------------------------------------------
-
     def refresh(self) -> None:
         """Bring processes and the proc tree to the scenario's current time."""
         with self._lock:
@@ -577,12 +579,6 @@ class SimulatedNode:
 
     def _maybe_fail(self, call: str, index: int | None) -> None:
         self._faults.check(call, index, self.now(), self.scenario.faults)
-
-
-def _whole_percent(fraction: float) -> float:
-    """A figure as NVML gives it: whole percent, rounded down (with a hair of room for the
-    binary fractions that a sum of periods makes of an exact percent)."""
-    return math.floor(fraction * 100 + 1e-9) / 100
 
 
 def pci_bus_id(index: int) -> str:

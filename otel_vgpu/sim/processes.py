@@ -154,6 +154,7 @@ class Workload:
                 # start time tells the processes apart.
                 pid=_CHURN_FIRST_PID + (index * churn.processes + k) % _CHURN_PIDS,
                 start_time=start_ticks(index * churn.lifetime_s / churn.live) + k,
+                starts_at=index * churn.lifetime_s / churn.live,
                 gpu=(index + k) % gpus,
                 memory=churn.memory,
                 sm=_CHURN_SM,
@@ -164,6 +165,12 @@ class Workload:
         while len(self._churned) > CHURNED_KEPT * churn.live:
             del self._churned[next(iter(self._churned))]
         return made
+
+
+def whole_percent(fraction: float) -> float:
+    """A figure as NVML gives it: whole percent, rounded down (with a hair of room for the
+    binary fractions that a sum of periods makes of an exact percent)."""
+    return math.floor(fraction * 100 + 1e-9) / 100
 
 
 def churn_pods(scenario: Scenario, t: float) -> range:
