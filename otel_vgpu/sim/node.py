@@ -483,14 +483,14 @@ class SimulatedNode:
         return found
 
     def _trim_uses(self, latest: int) -> None:
-        """Uses older than a figure reaches let go; past `ALIVE_KEPT` periods, only those of the
-        processes alive now kept (on a churning node thousands end a second)."""
-        alive = {(p.pid, p.start_time) for p in self._alive(latest)}
+        """Uses a figure no longer reaches let go; older than `ALIVE_KEPT` periods, only those of
+        the processes alive now, where the driver keeps no ended process's sample."""
+        trim, alive = self.scenario.driver.ended_samples_s <= 0, {(p.pid, p.start_time) for p in self._alive(latest)}
         with self._alive_lock:
             for (index, stamp), then in list(self._uses_at.items()):
                 if stamp <= latest - (ALIVE_KEPT + SMOOTHED_PERIODS) * SAMPLE_PERIOD_US:
                     del self._uses_at[(index, stamp)]
-                elif stamp <= latest - ALIVE_KEPT * SAMPLE_PERIOD_US and not then.keys() <= alive:
+                elif trim and stamp <= latest - ALIVE_KEPT * SAMPLE_PERIOD_US and not then.keys() <= alive:
                     self._uses_at[(index, stamp)] = {k: u for k, u in then.items() if k in alive}
 
     def gpu_utilization_samples(self, index: int, since_us: int, figure: str = "sm") -> list[tuple[int, float]]:
