@@ -231,7 +231,8 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
             stamp, _ = life.samples[-1]
             if stamp - life.covers.get(stamp, (-math.inf, -math.inf))[0] < MIN_SPAN_US:
                 # Whole percents of a 14.2 s window tell what ran between two samples to
-                # 0.14 s: over a quarter second, nothing. The newest stands in for the last.
+                # 0.14 s: over less than `MIN_SPAN_US`, most of it. The newest stands in for
+                # the last.
                 life.samples.pop()
                 replaced = life.covers.pop(stamp)
                 life.trail = [point for point in life.trail if point.at_us < stamp]
