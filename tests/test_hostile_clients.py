@@ -279,8 +279,11 @@ def test_a_wrong_password_flood_costs_little_and_never_slows_scrapes(tmp_path: P
         peak = attack_while_scraped(target, scraper, flood, baseline)
         assert_held(target, scraper, baseline, peak)
         assert 200 not in answers and {401, 429} <= set(answers), set(answers)
-        # The peer is throttled: most attempts never reach bcrypt.
-        assert answers.count(429) > answers.count(401), (answers.count(429), answers.count(401))
+        # The peer is throttled: most attempts never reach bcrypt. They are turned away for their
+        # failures (429) or, while the checks allowed at once are taken, before any check (503):
+        # on a loaded 2-core machine the second came first, 503s with two 429s against eight 401s.
+        unchecked = answers.count(429) + answers.count(503)
+        assert unchecked > answers.count(401), (answers.count(429), answers.count(503), answers.count(401))
 
 
 def test_incomplete_tls_handshakes_are_cut(tmp_path: Path) -> None:

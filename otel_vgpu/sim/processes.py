@@ -10,12 +10,13 @@ the pods that stay started before the scenario, each at its own moment.
 from __future__ import annotations
 
 import math
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from otel_vgpu.gpu.backend import ENGINES, ProcessUse
-from otel_vgpu.sim.proc_tree import cgroup_file, container_id, start_ticks
+from otel_vgpu.sim.proc_tree import cgroup_file, cgroup_text, container_id, start_ticks
 from otel_vgpu.sim.scenario import CgroupSpec, PodSpec, Scenario
 
 _FIRST_PID = 4000
@@ -70,6 +71,9 @@ class Workload:
     def __init__(self) -> None:
         self._churned: dict[int, tuple[Process, ...]] = {}
         """The churning pods' processes, by pod index, the newest pods' (`_churn_processes`)."""
+        self._churned_lock = threading.Lock()
+        """The sweep and the health readers ask on their own threads: one trimming `_churned`
+        while another adds to it failed a health read ("dictionary changed size during iteration")."""
 
     def at(self, scenario: Scenario, t: float) -> list[Process]:
         """The processes at scenario time `t`, ended ones aside."""
@@ -140,15 +144,16 @@ class Workload:
     def _churn_processes(self, scenario: Scenario, index: int) -> tuple[Process, ...]:
         """Churning pod `index`'s processes, made once while the pod is among the newest: each
         period, listing and sample asks for the live pods' processes again."""
-        made = self._churned.get(index)
-        if made is not None:
-            return made
+        with self._churned_lock:
+            made = self._churned.get(index)
+            if made is not None:
+                return made
         churn = scenario.churn
         assert churn is not None
         pod = churn_pod(index)
-        cgroup = cgroup_file(pod.cgroup, pod.uid, container_id(pod, "main"))
+        cgroup = cgroup_text(pod.cgroup, pod.uid, container_id(pod, "main"))
         gpus = len(scenario.gpus)
-        made = self._churned[index] = tuple(
+        made = tuple(
             Process(
                 # PIDs wrap as on a real node, so reuse happens; the
                 # start time tells the processes apart.
@@ -162,8 +167,10 @@ class Workload:
             )
             for k in range(churn.processes)
         )
-        while len(self._churned) > CHURNED_KEPT * churn.live:
-            del self._churned[next(iter(self._churned))]
+        with self._churned_lock:
+            made = self._churned.setdefault(index, made)
+            while len(self._churned) > CHURNED_KEPT * churn.live:
+                del self._churned[next(iter(self._churned))]
         return made
 
 
