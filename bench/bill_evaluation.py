@@ -58,11 +58,6 @@ def one(args: tuple[str, float, int]) -> tuple[str, float, int, dict[str, float]
         ratios["tenant"] = (bill.pods.get(ATTACKER, 0.0) + bill.unattributed_sm.get("unexplained", 0.0)) / bill.ran[
             ATTACKER
         ]
-    if name == "shorter-than-a-look":
-        # No look sees its processes: its work can be no pod's; it must be in the unattributed.
-        ratios["tenant"] = (bill.pods.get(ATTACKER, 0.0) + bill.unattributed_sm.get("unexplained", 0.0)) / bill.ran[
-            ATTACKER
-        ]
     if name == "own-mps-two-pods":
         # The tenant's two pods' SM is the GPU's `mps` unattributed: shown, not billed.
         hidden = bill.ran[ATTACKER] + bill.ran[THIRD]
