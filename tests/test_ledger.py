@@ -254,3 +254,26 @@ def test_a_record_of_a_process_the_looks_saw_changes_nothing_of_its_bill() -> No
         return {key: ran.sm for key, ran in ledger.close(book, periods(0, 2_000, 0.9)).ran.items()}
 
     assert bill([record(2, 150, 1_150, 0.02)]) == bill([])
+
+
+def test_a_process_back_from_a_gap_is_given_its_gap_where_it_ran_nearest_its_sample_first() -> None:
+    # A server idle, then running 0.3 in the last 4 of 10 periods before its sample, which reads
+    # 0.12 over all 10 (0.3 x 4 / 10). Beside it a trainer whose figure reads 0.5 throughout, on
+    # a GPU that ran 0.5 in the first 6 and 0.8 in the last 4: the gap's work goes to the periods
+    # the GPU ran more in, latest first, never to the idle ones, and no more than the claim.
+    gap = estimator.Evidence(Kind.FIGURE, 0.12, 0, 0.12, 0.12, sure=False, stamp=10, gap=0.12 * 10)
+    trainer = figure(0.5)
+    gpu = [0.5] * 6 + [0.8] * 4
+    periods = []
+    for busy in gpu:
+        result = estimator.split(busy, [Present("t", 1.0, trainer), Present("s", 1.0, gap)], tails=False)
+        periods.append((["t", "s"], [trainer, gap], [1.0, 1.0], list(result.shares), dict(result.unattributed)))
+    # The gap settles over two sweeps: what the first leaves of the claim, the second may give.
+    claims: dict[tuple[object, int], float] = {}
+    estimator.rebalance(periods[:7], claims)
+    estimator.rebalance(periods[7:], claims)
+    server = [shares[1] for _, _, _, shares, _ in periods]
+    assert server[:6] == pytest.approx([0.0] * 6, abs=1e-9)
+    assert server[6:] == pytest.approx([0.3] * 4)
+    assert sum(left["unexplained"] for *_, left in periods) == pytest.approx(0.0, abs=1e-9)
+    assert claims[("s", 10)] == pytest.approx(0.0, abs=1e-9)

@@ -16,13 +16,14 @@ docs/chargeback.md ("The estimator") states its model and its error; in short:
   claims add up to more than the GPU ran, the figures that swing give way first, each down to
   the lowest its own samples read within `PEAK_US`; then (time-slicing: a waiting process's
   figure counts its waiting) each is scaled down alike. Where they add up to less, each life
-  may take more, in turn and up to its own room: a process back from a gap its figure over the
-  rest of the gap (a sample that stands only maybe for it); a pod alone with figures on the GPU
+  may take more, in turn and up to its own room: a pod alone with figures on the GPU
   up to `SLACK` more than them (the driver's own error: docs/nvml-sampling.md); a life at an
   edge of its life its figure over the rest of the period (the listings' cadence blurs when it
   came and went); a tail up to its newest figure (and SLACK); a figure that swings up to the
-  highest its own samples read within `PEAK_US` (one read at a trough). The rest is
-  unattributed.
+  highest its own samples read within `PEAK_US` (one read at a trough). Over the periods a
+  sweep settles (`rebalance`), a process back from a gap takes what its sample says it ran
+  over the gap from what is unexplained there, the nearest its sample first; then a life given
+  less than its own figures claim takes it back. The rest is unattributed.
 - **What no pod is given,** by reason: `no_pod` (a process of no pod's share), `unseen` (what a
   process known from accounting alone may have run), `mps` (a period with a process whose use
   NVML cannot tell: an MPS client, or its server, whose figure holds its clients' work),
@@ -87,7 +88,13 @@ class Evidence:
     """The lowest of them."""
     sure: bool = True
     """A FIGURE that surely stands for the period; else one that may (a process back from a
-    gap, before its own period): it is given only what the sure ones leave."""
+    gap, before its own period): it is given only what the sure ones leave (`rebalance`)."""
+    stamp: int | None = None
+    """The stamp of the sample it is."""
+    gap: float = 0.0
+    """A FIGURE that may stand: what its sample claims over the whole gap it may stand for, in
+    periods' worth of the GPU (its figure times the gap's periods): its work there, when in the
+    gap no sample tells."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +134,15 @@ def evidence_at(
         return Evidence(Kind.UNKNOWN)
     at = bisect.bisect_left(samples, end_us, key=lambda sample: sample[0])
     if at < len(samples):
-        _, value, since, sure = samples[at]
+        stamp, value, since, sure = samples[at]
         if since >= end_us:
             return Evidence(Kind.IDLE)
         low = bisect.bisect_left(samples, end_us - PEAK_US, key=lambda sample: sample[0])
         high = bisect.bisect_right(samples, end_us + PEAK_US, key=lambda sample: sample[0])
         around = [value, *(sample[1] for sample in samples[low:high])]
-        return Evidence(Kind.FIGURE, value, at, max(around), min(around), end_us > sure)
+        period = end_us - start_us
+        gap = value * max(0.0, sure - since) / period if end_us <= sure and period > 0 else 0.0
+        return Evidence(Kind.FIGURE, value, at, max(around), min(around), end_us > sure, stamp, gap)
     if ended_us is not None and ended_us > start_us and samples:
         # The rate it was last seen running at, up to its end: over its last second at least,
         # since a figure over less is NVML's whole percents more than its use.
@@ -158,7 +167,8 @@ def _newest_rate(samples: Sequence[tuple[int, float, float, float]]) -> float:
 def split(gpu: float, present: Sequence[Present], tails: bool = True) -> Split:
     """The GPU's figure of one period (0-1, of the whole period) among the lives in it (the
     module's rules); without `tails`, the tails are left for `give_tails` (after `rebalance`:
-    what a life's own figures owe it comes before what an ended one may have run)."""
+    what a life's own figures owe it, and what a process back from a gap ran in it, come
+    before what an ended one may have run)."""
     unattributed = dict.fromkeys(REASONS, 0.0)
     claims = [p.part * p.evidence.value if p.evidence.kind is Kind.FIGURE and p.evidence.sure else 0.0 for p in present]
     wanted = sum(claims)
@@ -181,13 +191,8 @@ def split(gpu: float, present: Sequence[Present], tails: bool = True) -> Split:
     else:
         shares = list(claims)
         left = gpu - wanted
-        # A process back from a gap, before its own period: what the sure figures leave, up to
-        # its figure.
-        room = [
-            p.part * p.evidence.value if p.evidence.kind is Kind.FIGURE and not p.evidence.sure else 0.0
-            for p in present
-        ]
-        left = _give(shares, room, left)
+        # A process back from a gap, before its own period, takes nothing here: what it ran over
+        # the gap is placed by `rebalance`, in the periods nearest its sample first.
         # The driver's own error, where one pod's figures alone explain the GPU: they may read
         # up to SLACK low. Beside another pod, or what NVML cannot tell, what the GPU ran
         # beyond the figures may be theirs: none of it is this pod's.
@@ -204,16 +209,7 @@ def split(gpu: float, present: Sequence[Present], tails: bool = True) -> Split:
         # evidence of what this process ran.
         if tails:
             left = _give(shares, _tail_room(present), left)
-        # A figure that swings may have been read at a trough: each life may run up to the
-        # highest its own samples read around the period (a tenant's troughs timed at the
-        # sweeps shed nothing, and a still neighbour takes none of it).
-        room = [
-            p.part * max(0.0, p.evidence.peak - p.evidence.value)
-            if p.evidence.kind is Kind.FIGURE and p.evidence.sure
-            else 0.0
-            for p in present
-        ]
-        left = _give(shares, room, left)
+        left = _give(shares, _peak_room(present, shares), left)
     for share, life in zip(shares, present, strict=True):
         if life.owner is None:
             unattributed["unseen" if life.unseen else "no_pod"] += share
@@ -225,6 +221,16 @@ def split(gpu: float, present: Sequence[Present], tails: bool = True) -> Split:
         else:
             unattributed["unexplained"] += left
     return Split(tuple(shares), unattributed)
+
+
+def _peak_room(present: Sequence[Present], shares: Sequence[float]) -> list[float]:
+    """A figure that swings may have been read at a trough: each life may run up to the highest
+    its own samples read around the period (a tenant's troughs timed at the sweeps shed nothing,
+    and a still neighbour takes none of it)."""
+    return [
+        max(0.0, p.part * p.evidence.peak - share) if p.evidence.kind is Kind.FIGURE and p.evidence.sure else 0.0
+        for p, share in zip(present, shares, strict=True)
+    ]
 
 
 def _tail_room(present: Sequence[Present]) -> list[float]:
@@ -246,28 +252,52 @@ def give_tails(present: Sequence[Present], shares: list[float], unattributed: di
 
 def rebalance(
     periods: Sequence[tuple[Sequence[Hashable], Sequence[Evidence], Sequence[float], list[float], dict[str, float]]],
+    gaps: dict[tuple[Hashable, int], float] | None = None,
 ) -> None:
     """A window's periods as `split` left them (each: who its lives are, their evidence, the
     part of it each lived, their shares and the unattributed), evened out over the window, in
-    place. A figure
-    is a mean over the time its sample stands for, not the use of each period: a life whose
-    use swings inside that time was given less than its figure where the GPU ran less than the
-    figures together (its troughs, or a neighbour's), and the GPU's peaks went unexplained.
-    What a life's own figures claim over the window, less what it was given, it may take back
-    from what is unexplained in the periods where its figure stands, up to the whole period (a
-    process back from a gap too: what it ran over the gap is known, not when). No life is given
-    more than its figures claim over the window."""
+    place. A figure is a mean over the time its sample stands for, not the use of each period:
+    a life whose use swings inside that time was given less than its figure where the GPU ran
+    less than the figures together (its troughs, or a neighbour's), and the GPU's peaks went
+    unexplained. What a life's own figures claim over the window, less what it was given, it may
+    take back from what is unexplained in the periods where its figure stands, up to the whole
+    period. No life is given more than its figures claim over the window.
+
+    A process back from a gap: what it ran over the gap is known (its figure over the gap), not
+    when. It is given from what is unexplained in the gap's periods, the nearest its sample
+    first (a process that comes back runs on until its sample, which it would not have had
+    sooner had it run sooner), up to what its sample claims over the whole gap: `gaps`, by life
+    and sample, holds what is left of each claim from one window to the next (a gap settles over
+    several sweeps), and is updated in place."""
+    claims = {} if gaps is None else gaps
+    for keys, evidence, parts, shares, left in reversed(periods):
+        spare = left.get("unexplained", 0.0)
+        room = []
+        for key, said, part, share in zip(keys, evidence, parts, shares, strict=True):
+            if said.kind is not Kind.FIGURE or said.sure or said.stamp is None:
+                room.append(0.0)
+                continue
+            claim = claims.setdefault((key, said.stamp), said.gap)
+            room.append(min(claim, max(0.0, part - share)))
+        total = sum(room)
+        if spare <= 0 or total <= 0:
+            continue
+        left["unexplained"] = _give(shares, room, spare)
+        scale = min(1.0, spare / total)
+        for key, said, r in zip(keys, evidence, room, strict=True):
+            if r > 0 and said.stamp is not None:
+                claims[(key, said.stamp)] -= r * scale
     owed: dict[Hashable, float] = {}
     for keys, evidence, parts, shares, _ in periods:
         for key, said, part, share in zip(keys, evidence, parts, shares, strict=True):
-            if said.kind is Kind.FIGURE:
+            if said.kind is Kind.FIGURE and said.sure:
                 owed[key] = owed.get(key, 0.0) + part * said.value - share
     for keys, evidence, parts, shares, left in periods:
         spare = left.get("unexplained", 0.0)
         if spare <= 0:
             continue
         room = [
-            min(max(0.0, owed.get(key, 0.0)), part - share) if said.kind is Kind.FIGURE else 0.0
+            min(max(0.0, owed.get(key, 0.0)), part - share) if said.kind is Kind.FIGURE and said.sure else 0.0
             for key, said, part, share in zip(keys, evidence, parts, shares, strict=True)
         ]
         total = sum(room)

@@ -132,6 +132,9 @@ class GpuLedger:
     """The end of the newest period settled."""
     read_at: int | None = None
     """When its processes' samples were last read."""
+    gaps: dict[tuple[LifeKey, int], float] = field(default_factory=dict)
+    """By life and sample stamp: what is left to place of what a process back from a gap ran
+    over it (`estimator.rebalance`), while the gap's periods settle."""
     shown: tuple[dict[int, ProcessUse], float | None] = field(default_factory=lambda: ({}, None))
     """The last window that settled a period: each listed process's mean use over it, by PID,
     and the GPU's own figure; what the gauges show while no new period settles."""
@@ -391,7 +394,8 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
         [
             ([life.key for life, _ in present], evidence, [part for _, part in present], shares, left)
             for present, evidence, _, shares, left in split
-        ]
+        ],
+        ledger.gaps,  # type: ignore[arg-type]
     )
     for present, evidence, lives, shares, left in split:
         estimator.give_tails(lives, shares, left)
@@ -415,6 +419,8 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
     )
     if periods:
         ledger.settled_to = max(end for end, _ in periods)
+        # A gap's periods all end before its sample: settled, what is left of its claim goes.
+        ledger.gaps = {key: left for key, left in ledger.gaps.items() if key[1] > ledger.settled_to}
         _forget(ledger, ledger.settled_to)
     return window
 
