@@ -15,6 +15,7 @@ from typing import Any
 from otel_vgpu.agent import Agent, StartupError
 from otel_vgpu.config import EXIT_USAGE, Config, ConfigError, parse_config
 from otel_vgpu.export.memory import quiet_collector, return_freed_memory
+from otel_vgpu.logs import configure as configure_logging
 
 log = logging.getLogger("otel_vgpu")
 
@@ -30,9 +31,9 @@ def main(argv: Sequence[str] | None = None, adjust: Callable[[Config], Config] =
     except ConfigError as error:
         print(f"otel-vgpu: error: {error} (see --help)", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(config.log_level, config.log_format)
+    for renamed in config.renamed:
+        log.warning("%s", renamed.warning(), extra={"variable": renamed.old, "replacement": renamed.new})
     # The HTTP clients log every request at INFO: a watch every few minutes,
     # a list after each outage. Their failures reach the agent's own log.
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):

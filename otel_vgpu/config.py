@@ -1,12 +1,12 @@
 """The agent's configuration, and the one table of its flags.
 
-Every flag has an environment twin; a flag on the command line wins. The
-table below is the single source of `--help` (each entry's twin and default
-are written into its help by `help_text`), of the flag table of
-docs/flags.md, which tests/test_config.py checks against it, and of the
-defaults of `Config`'s fields: each flag's field takes its default from the
-table by name (`_default`), so that no default is written twice. How each
-flag's text is read is flag_values.py's; the endpoint's bounds, limits.py's.
+Every flag has an environment twin (the OTLP flags, the SDK's variables); a flag on the
+command line wins. The table below is the single source of `--help` (each entry's twin and
+default are written into its help by `help_text`), of the flag table of docs/flags.md
+(flag_table.py), which tests/test_config.py checks against it, and of the defaults of
+`Config`'s fields: each flag's field takes its default from the table by name (`_default`), so
+that no default is written twice. How each flag's text is read is flag_values.py's; the
+endpoint's bounds, limits.py's.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from otel_vgpu import __version__
 from otel_vgpu.flag_values import (
     BUILTIN_SCENARIO,
     FALSE_WORDS,
-    LOG_LEVELS,
     TRUE_WORDS,
+    RenamedVariable,
     gpu_resource,
     interval,
+    log_format,
     log_level_name,
     metric_patterns,
     namespaces,
@@ -92,7 +93,7 @@ class Flag:
     name: str
     help: str
     env: str | None = None
-    """The OTEL_VGPU_* twin; None where the standard OTEL_* variables serve instead."""
+    """The OTEL_VGPU_* twin; None where the SDK's standard OTEL_* variables serve instead (`sdk_env`)."""
     parse: Callable[[str], Any] = str
     """A value's text to its value (each item's, for APPEND); argparse.ArgumentTypeError for a bad one."""
     default: Any = None
@@ -108,6 +109,10 @@ class Flag:
     metavar: str | None = None
     shown_default: str | None = None
     """The default as --help says it, where the value itself would mislead."""
+    sdk_env: tuple[str, ...] = ()
+    """The SDK's variables that stand for it, the winner first: read by the SDK or export/otlp.py, not here."""
+    renamed_from: str | None = None
+    """A former name of `env`, still read, with a warning (`RenamedVariable`)."""
 
     @property
     def dest(self) -> str:
@@ -124,15 +129,20 @@ class Flag:
             return ",".join(str(item) for item in self.default)
         return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
 
+    def variables(self) -> tuple[str, ...]:
+        """The variables that stand for it, as --help and docs/flags.md name them."""
+        return (self.env,) if self.env else self.sdk_env
+
     def help_text(self) -> str:
-        twin = f"{self.env}; " if self.env else ""
+        named = ("the SDK's " if self.sdk_env else "") + " or ".join(self.variables())
+        twin = f"{named}; " if named else ""
         shown = self.default_text()
         written = f"default {shown}" if shown not in ("off", "unset") else shown
         return f"{self.help} ({twin}{written})"
 
-    def from_text(self, raw: str) -> Any:
-        """The value an environment variable spells (ConfigError names the variable)."""
-        variable = self.env or self.fallback_env
+    def from_text(self, raw: str, variable: str | None = None) -> Any:
+        """The value `variable` (its twin by default) spells; ConfigError names the variable."""
+        variable = variable or self.env or self.fallback_env
         if self.action is Action.SWITCH:
             text = raw.strip().lower()
             if text not in TRUE_WORDS | FALSE_WORDS:
@@ -288,12 +298,13 @@ FLAGS: tuple[Flag, ...] = (
         "--gpu-resource",
         "an extended resource whose devices count as vGPU shares, or a prefix ending in *; repeatable (in the "
         "environment, comma-separated); replaces the default list",
-        "OTEL_VGPU_GPU_RESOURCES",
+        "OTEL_VGPU_GPU_RESOURCE",
         gpu_resource,
         DEFAULT_RESOURCES,
         action=Action.APPEND,
         field="gpu_resources",
         metavar="NAME",
+        renamed_from="OTEL_VGPU_GPU_RESOURCES",
     ),
     Flag(
         "--metric-allowlist",
@@ -334,22 +345,26 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--otlp-endpoint",
-        "push metrics over OTLP to this Collector base URL (e.g. http://collector:4317); also on when "
-        "OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set",
+        "push metrics over OTLP to this Collector base URL (e.g. http://collector:4317); the push is also on "
+        "when one of the variables is set. The SDK's other OTEL_EXPORTER_OTLP_* variables (headers, "
+        "certificates, compression) apply to the push",
         metavar="URL",
+        sdk_env=("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
     ),
     Flag(
         "--otlp-protocol",
         "OTLP protocol, grpc or http/protobuf",
         choices=("grpc", "http/protobuf"),
-        shown_default="OTEL_EXPORTER_OTLP_PROTOCOL, else grpc",
+        shown_default="grpc",
+        sdk_env=("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
     ),
     Flag(
         "--otlp-interval",
-        "seconds between pushes",
+        "seconds between pushes; the variable is in milliseconds",
         parse=interval("interval", 86400),
         metavar="SECONDS",
-        shown_default="OTEL_METRIC_EXPORT_INTERVAL in ms, else 60",
+        shown_default="60",
+        sdk_env=("OTEL_METRIC_EXPORT_INTERVAL",),
     ),
     Flag(
         "--otlp-names",
@@ -375,7 +390,16 @@ FLAGS: tuple[Flag, ...] = (
         "OTEL_VGPU_BASIC_AUTH_FILE",
         optional_path,
     ),
-    Flag("--log-level", f"one of {', '.join(LOG_LEVELS)}", "OTEL_VGPU_LOG_LEVEL", log_level_name, "info"),
+    Flag("--log-level", "debug, info, warning or warn, error; any case", "OTEL_VGPU_LOG_LEVEL", log_level_name, "info"),
+    Flag(
+        "--log-format",
+        "text, one line a person reads; json, one object a line; logfmt, key=value pairs. json and logfmt "
+        "give the time (RFC 3339, UTC), level, logger, message and each field of a line apart, for log pipelines",
+        "OTEL_VGPU_LOG_FORMAT",
+        log_format,
+        "text",
+        metavar="{text,json,logfmt}",
+    ),
 )
 _BY_FIELD = {flag.dest: flag for flag in FLAGS}
 
@@ -459,6 +483,7 @@ class Config:
     tls_client_ca_file: Path | None = _default("tls_client_ca_file")
     basic_auth_file: Path | None = _default("basic_auth_file")
     log_level: str = _default("log_level")
+    log_format: str = _default("log_format")
     # Timers that are no flag's business; tests shorten them.
     kube_backoff: Backoff = field(default_factory=Backoff)
     """Between lists of a failing Kubernetes API."""
@@ -482,6 +507,8 @@ class Config:
     """Where each field's value came from, by field: the flag (`--simulate`) or the variable
     (`OTEL_VGPU_SIMULATE`, `NODE_NAME`); a field not here holds its default. Only for messages,
     so that an error names what the operator wrote; two configs of equal values are equal."""
+    renamed: tuple[RenamedVariable, ...] = field(default=(), compare=False)
+    """Variables set under a former name, for a warning once logging is set up (cli.py)."""
 
     def origin(self, dest: str) -> str:
         """The flag or variable field `dest` came from; its flag where it holds the default."""
@@ -535,25 +562,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def flags_markdown() -> str:
-    """The flag table of docs/flags.md, made from FLAGS and the parser, so it says what --help says."""
-    rows = ["| flag | environment | default | |", "|---|---|---|---|"]
-    parser = build_parser()
-    # Each flag spelled as --help spells it (its metavar, or its choices).
-    invocation = {
-        action.option_strings[-1]: parser._get_formatter()._format_action_invocation(action)
-        for action in parser._actions
-    }
-    for flag in FLAGS:
-        env = f"`{flag.env}`" if flag.env else ""
-        # Markdown would take <pid> for a tag and a lone * for emphasis.
-        text = flag.help.replace("<", "\\<").replace("*", "\\*").replace("|", "\\|")
-        rows.append(f"| `{invocation[flag.name]}` | {env} | `{flag.default_text()}` | {text} |")
-    rows.append(f"| `--version` | | | {VERSION_HELP} |")
-    rows.append(f"| `-h`, `--help` | | | {HELP_HELP} |")
-    return "\n".join(rows) + "\n"
-
-
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Flags, else their environment twins (else a fallback variable), else the defaults. A bad
     flag exits 2 (argparse); a bad environment value raises ConfigError."""
@@ -561,18 +569,23 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
+    renamed: list[RenamedVariable] = []
     for flag in FLAGS:
         given = getattr(args, flag.dest)
+        if flag.renamed_from and flag.env and env.get(flag.renamed_from):
+            winner = flag.name if given is not None else (flag.env if env.get(flag.env) else None)
+            renamed.append(RenamedVariable(flag.renamed_from, flag.env, winner))
         if given is None:
-            variable = next((name for name in (flag.env, flag.fallback_env) if name and env.get(name)), None)
+            names = (flag.env, flag.renamed_from, flag.fallback_env)
+            variable = next((name for name in names if name and env.get(name)), None)
             if variable is None:
                 continue
-            given = flag.from_text(env[variable])
+            given = flag.from_text(env[variable], variable)
             origins[flag.dest] = variable
         else:
             origins[flag.dest] = flag.name
         values[flag.dest] = tuple(given) if isinstance(given, list) else given
-    config = replace(Config(), given=origins, **values)
+    config = replace(Config(), given=origins, renamed=tuple(renamed), **values)
     # The one rule between flags: kube-state-metrics' two lists are exclusive too.
     if config.metric_allowlist and config.metric_denylist:
         raise ConfigError(

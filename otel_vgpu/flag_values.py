@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_vgpu.logs import FORMATS as LOG_FORMATS
 from otel_vgpu.patterns import PatternError, compile_pattern
 
 # Resources that are quantities, not devices: HAMi's memory and cores. Summed
 # as shares they would turn `nvidia.com/gpumem: 4000` into 4000 GPUs.
 NOT_DEVICE_COUNTS = ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Other names of a level: WARN, as Go's and Java's loggers and most charts spell it.
+LOG_LEVEL_ALIASES = {"warn": "warning"}
 # How a switch's environment twin says on and off.
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"", "0", "false", "no", "off"}
@@ -83,9 +87,38 @@ def otlp_names(text: str) -> str:
 
 
 def log_level_name(text: str) -> str:
-    if text.lower() not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"invalid log level {text!r}: expected one of {', '.join(LOG_LEVELS)}")
-    return text.lower()
+    """A level in any case (`WARN`, `Info`), WARN being warning's other name."""
+    word = text.strip().lower()
+    word = LOG_LEVEL_ALIASES.get(word, word)
+    if word not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"invalid log level {text!r}: expected one of debug, info, warning (or warn), error, in any case"
+        )
+    return word
+
+
+def log_format(text: str) -> str:
+    """How each log line is written: text (as ever), or a JSON object or logfmt pairs for log pipelines."""
+    word = text.strip().lower()
+    if word not in LOG_FORMATS:
+        raise argparse.ArgumentTypeError(f"invalid log format {text!r}: expected one of {', '.join(LOG_FORMATS)}")
+    return word
+
+
+@dataclass(frozen=True, slots=True)
+class RenamedVariable:
+    """A variable found set under its former name `old`: read as `new` is, unless the flag or
+    `new` is given too (`ignored_for` names which), so that a deployment keeps working while a
+    warning asks for the rename."""
+
+    old: str
+    new: str
+    ignored_for: str | None = None
+
+    def warning(self) -> str:
+        if self.ignored_for:
+            return f"{self.old} is deprecated, and ignored as {self.ignored_for} is given: remove it"
+        return f"{self.old} is deprecated: rename it {self.new} (until then it is read as {self.new})"
 
 
 def metric_patterns(text: str) -> tuple[str, ...]:

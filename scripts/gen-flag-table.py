@@ -9,6 +9,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from doc_blocks import write_block
 
-from otel_vgpu.config import flags_markdown
+from otel_vgpu.flag_table import flags_markdown
 
 write_block("flag table", flags_markdown())

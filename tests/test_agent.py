@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import gzip
+import json
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from otel_vgpu.logs import rfc3339
 from otel_vgpu.sim.proc_tree import PROC_TREE_PREFIX
 from testkit.agent import (
     PORT_BLOCK,
@@ -291,6 +293,9 @@ def proc_trees_of(pid: int, before: set[Path]) -> list[Path]:
         (["--port", "99999"], {}, "invalid port '99999'"),
         (["--min-interval", "-1"], {}, "invalid interval '-1'"),
         (["--log-level", "loud"], {}, "invalid log level 'loud'"),
+        ([], {"OTEL_VGPU_LOG_LEVEL": "loud"}, "OTEL_VGPU_LOG_LEVEL: invalid log level 'loud': expected one of"),
+        (["--log-format", "xml"], {}, "--log-format: invalid log format 'xml': expected one of text, json, logfmt"),
+        ([], {"OTEL_VGPU_LOG_FORMAT": "yaml"}, "OTEL_VGPU_LOG_FORMAT: invalid log format 'yaml': expected one of"),
         ([], {"OTEL_VGPU_PORT": "http"}, "invalid port 'http'"),
         ([], {"OTEL_VGPU_SEED_METRICS": "maybe"}, "OTEL_VGPU_SEED_METRICS='maybe'"),
         (["--no-such-flag"], {}, "unrecognized arguments"),
@@ -405,6 +410,38 @@ def test_help_lists_every_flag_with_its_environment_twin() -> None:
         ("--simulate", "OTEL_VGPU_SIMULATE"),
         ("--min-interval", "OTEL_VGPU_MIN_INTERVAL"),
         ("--seed-metrics", "OTEL_VGPU_SEED_METRICS"),
+        ("--gpu-resource", "OTEL_VGPU_GPU_RESOURCE"),
+        ("--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ("--otlp-protocol", "OTEL_EXPORTER_OTLP_PROTOCOL"),
+        ("--otlp-interval", "OTEL_METRIC_EXPORT_INTERVAL"),
         ("--log-level", "OTEL_VGPU_LOG_LEVEL"),
+        ("--log-format", "OTEL_VGPU_LOG_FORMAT"),
     ]:
         assert flag in result.stdout and variable in result.stdout, flag
+    assert "OTEL_VGPU_GPU_RESOURCES" not in result.stdout  # the former name, read but not taught
+
+
+def test_json_logs_are_one_object_a_line_and_the_plural_variable_warns_once(
+    scenario_file: Path, ratio_file: Path
+) -> None:
+    env = clean_env(OTEL_VGPU_LOG_FORMAT="json", OTEL_VGPU_GPU_RESOURCES="nvidia.com/gpu")
+    started = rfc3339(time.time() - 1)
+    with running_agent(*agent_args(scenario_file, ratio_file), env=env) as agent:
+        agent.scrape()
+        code, err = agent.stop()
+    assert code == 0, err
+    lines = [json.loads(line) for line in err.splitlines()]  # every line is one JSON object
+    for line in lines:
+        assert {"time", "level", "logger", "message"} <= set(line), line
+        # RFC 3339 in UTC, to the millisecond: as strings, in time order.
+        assert line["time"].endswith("Z") and len(line["time"]) == len("2026-01-01T00:00:00.000Z")
+        assert started <= line["time"] <= rfc3339(time.time()), line
+    messages = [line["message"] for line in lines]
+    assert any(message.startswith("serving http://127.0.0.1:") for message in messages), messages
+    assert "received SIGTERM, shutting down" in messages
+    renamed = [line for line in lines if "OTEL_VGPU_GPU_RESOURCES" in line["message"]]
+    assert len(renamed) == 1, renamed
+    assert renamed[0]["level"] == "warning" and renamed[0]["logger"] == "otel_vgpu"
+    assert "rename it OTEL_VGPU_GPU_RESOURCE " in renamed[0]["message"]
+    assert renamed[0]["variable"] == "OTEL_VGPU_GPU_RESOURCES"
+    assert renamed[0]["replacement"] == "OTEL_VGPU_GPU_RESOURCE"

@@ -1,16 +1,25 @@
 """The flag table: flags, environment twins and defaults into a Config, and
-the flag table of docs/flags.md kept in step with it."""
+the flag table of docs/flags.md kept in step with it; the log lines the
+format flag names."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import re
+import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from otel_vgpu.config import FLAG_KEY, FLAGS, Config, ConfigError, build_parser, parse_config
+from otel_vgpu.flag_values import RenamedVariable
+from otel_vgpu.logs import JsonFormatter, LogfmtFormatter
 from testkit.agent import ROOT
+from testkit.logfmt import parse_logfmt
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +35,7 @@ def test_switches_lists_paths_and_the_node_name_fallback() -> None:
         ["--by-container"],
         {
             "OTEL_VGPU_SEED_METRICS": "yes",
-            "OTEL_VGPU_GPU_RESOURCES": "nvidia.com/gpu, nvidia.com/gpu.shared",
+            "OTEL_VGPU_GPU_RESOURCE": "nvidia.com/gpu, nvidia.com/gpu.shared",
             "OTEL_VGPU_KUBECONFIG": "/etc/kube/config",
             "NODE_NAME": "gpu-7",
         },
@@ -89,8 +98,111 @@ def test_help_is_the_table() -> None:
     text = build_parser().format_help()
     for flag in FLAGS:
         assert flag.name in text, flag.name
+        # Every flag has a variable, named in its help: its own, or the SDK's.
+        assert flag.variables(), flag.name
+        for variable in flag.variables():
+            assert variable in text, variable
+    # The OTLP flags' are the SDK's, and --help says so.
+    flat = " ".join(text.split())
+    assert "(the SDK's OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT; unset)" in flat
+    assert "(the SDK's OTEL_EXPORTER_OTLP_METRICS_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL; default grpc)" in flat
+    assert "(the SDK's OTEL_METRIC_EXPORT_INTERVAL; default 60)" in flat
+    # Each OTEL_VGPU_ variable is named after its flag: --gpu-resource's is singular, as the flag is.
+    for flag in FLAGS:
         if flag.env:
-            assert flag.env in text, flag.env
+            assert flag.env == "OTEL_VGPU_" + flag.name[2:].upper().replace("-", "_"), flag.name
+
+
+def test_the_plural_resource_variable_still_works_and_asks_for_the_singular() -> None:
+    old, new = "OTEL_VGPU_GPU_RESOURCES", "OTEL_VGPU_GPU_RESOURCE"
+    config = parse_config([], {old: "nvidia.com/gpu,example.com/vgpu"})
+    assert config.gpu_resources == ("nvidia.com/gpu", "example.com/vgpu")
+    assert config.spelled("gpu_resources") == f"{old}=nvidia.com/gpu,example.com/vgpu"
+    assert config.renamed == (RenamedVariable(old, new),)
+    assert config.renamed[0].warning() == f"{old} is deprecated: rename it {new} (until then it is read as {new})"
+    # The new name, or the flag, wins; the old one is then said to be ignored.
+    both = parse_config([], {old: "a", new: "b"})
+    assert both.gpu_resources == ("b",) and both.renamed == (RenamedVariable(old, new, new),)
+    assert both.renamed[0].warning() == f"{old} is deprecated, and ignored as {new} is given: remove it"
+    flagged = parse_config(["--gpu-resource", "c"], {old: "a"})
+    assert flagged.gpu_resources == ("c",) and flagged.renamed == (RenamedVariable(old, new, "--gpu-resource"),)
+    # A bad value names the variable it was read from.
+    with pytest.raises(ConfigError, match=f"^{old}: nvidia.com/gpumem: a quantity"):
+        parse_config([], {old: "nvidia.com/gpumem"})
+    assert parse_config([], {new: "a"}).renamed == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "level"),
+    [("WARN", "warning"), ("Warning", "warning"), ("warn", "warning"), ("DEBUG", "debug"), (" Info ", "info")],
+)
+def test_the_log_level_is_taken_in_any_case_warn_included(text: str, level: str) -> None:
+    assert parse_config(["--log-level", text], {}).log_level == level
+    assert parse_config([], {"OTEL_VGPU_LOG_LEVEL": text}).log_level == level
+    assert isinstance(logging.getLevelName(level.upper()), int)  # a level logging knows
+
+
+def test_a_bad_log_level_or_format_names_the_flag_or_variable_and_what_is_valid(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape("OTEL_VGPU_LOG_LEVEL: invalid log level 'loud': expected one of")):
+        parse_config([], {"OTEL_VGPU_LOG_LEVEL": "loud"})
+    with pytest.raises(ConfigError) as error:
+        parse_config([], {"OTEL_VGPU_LOG_FORMAT": "yaml"})
+    assert str(error.value) == "OTEL_VGPU_LOG_FORMAT: invalid log format 'yaml': expected one of text, json, logfmt"
+    with pytest.raises(SystemExit) as stopped:
+        parse_config(["--log-format", "xml"], {})
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err
+    assert "argument --log-format: invalid log format 'xml': expected one of text, json, logfmt" in said
+    assert parse_config([], {}).log_format == "text"
+    assert parse_config([], {"OTEL_VGPU_LOG_FORMAT": "JSON"}).log_format == "json"
+    assert parse_config(["--log-format", "logfmt"], {"OTEL_VGPU_LOG_FORMAT": "json"}).log_format == "logfmt"
+
+
+def a_record(message: str, *args: object, **extra: object) -> logging.LogRecord:
+    """A warning of logger `otel_vgpu.test`, with the exception being handled, if any."""
+    logger = logging.getLogger("otel_vgpu.test")
+    return logger.makeRecord(logger.name, logging.WARNING, __file__, 1, message, args, sys.exc_info(), extra=extra)
+
+
+RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def test_a_json_line_is_one_object_with_the_fields_and_the_traceback() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = a_record("export to %s failed", "http://c:4317", reason="HTTP 404 Not Found", attempts=3, time="x")
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    fields = json.loads(line)
+    assert RFC3339_UTC.fullmatch(fields["time"]), fields["time"]
+    assert abs(datetime.fromisoformat(fields["time"]).timestamp() - record.created) < 0.001
+    assert fields["level"] == "warning" and fields["logger"] == "otel_vgpu.test"
+    assert fields["message"] == "export to http://c:4317 failed"
+    assert fields["reason"] == "HTTP 404 Not Found" and fields["attempts"] == 3
+    assert fields["time_"] == "x"  # a field named like one of the line's own keeps its value, renamed
+    assert fields["exception"].startswith("Traceback") and fields["exception"].endswith("ValueError: boom")
+    assert list(fields)[:4] == ["time", "level", "logger", "message"]
+
+
+def test_a_logfmt_line_reads_back_to_its_fields() -> None:
+    message = 'a "quoted" word, key=value, a back\\slash, été\nand a second line'
+    try:
+        raise KeyError("gone")
+    except KeyError:
+        record = a_record("%s", message, endpoint="http://c:4317/v1", empty="", ok=True, none=None, ratio=0.5)
+    line = LogfmtFormatter().format(record)
+    assert "\n" not in line
+    pairs = parse_logfmt(line)
+    assert list(pairs)[:4] == ["time", "level", "logger", "msg"]
+    assert RFC3339_UTC.fullmatch(pairs["time"]) and pairs["level"] == "warning" and pairs["logger"] == "otel_vgpu.test"
+    assert pairs["msg"] == message
+    assert pairs["endpoint"] == "http://c:4317/v1" and "endpoint=http://c:4317/v1 " in line  # bare where it can be
+    assert pairs["empty"] == "" and pairs["ok"] == "true" and pairs["none"] == "" and pairs["ratio"] == "0.5"
+    assert pairs["exception"].startswith("Traceback") and pairs["exception"].endswith("KeyError: 'gone'")
+    assert time.time() - datetime.fromisoformat(pairs["time"]).timestamp() < 60
 
 
 def doc_flag_rows() -> list[str]:

@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from otel_vgpu import __version__
-from otel_vgpu.config import FLAGS, flags_markdown
+from otel_vgpu.config import FLAGS
 from otel_vgpu.export.families import FAMILIES, families_markdown
+from otel_vgpu.flag_table import flags_markdown
 from testkit.agent import ROOT, agent_in_process, clean_env
 from testkit.doc_commands import doc_files
 from testkit.helm import chart_daemonset

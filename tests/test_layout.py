@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "otel_vgpu",
         "otel_vgpu.conventions",
         "otel_vgpu.files",
+        "otel_vgpu.logs",
         "otel_vgpu.patterns",
         "otel_vgpu.threads",
         "otel_vgpu.wording",
@@ -36,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("otel_vgpu.collect",),
     ("otel_vgpu.export",),
     ("otel_vgpu.agent",),
-    ("otel_vgpu.cli",),
+    ("otel_vgpu.cli", "otel_vgpu.flag_table"),
     ("otel_vgpu.__main__",),
 )
 

@@ -1,17 +1,29 @@
-"""OTLP push into a real receiver (rotel), beside the Prometheus endpoint."""
+"""OTLP push into a real receiver (rotel), beside the Prometheus endpoint; a failing push
+logged with its reason."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.metrics.export import MetricsData
 
+from otel_vgpu.export.otlp import OtlpSettings, make_exporter
+from otel_vgpu.export.otlp_failures import ReasonLog, export_or_reason
 from testkit.agent import clean_env, get, running_agent, wait_for
+from testkit.clock import Clock
+from testkit.logfmt import parse_logfmt
 from testkit.otlp_names import prometheus_label, prometheus_name
+from testkit.promtext import Exposition
 from testkit.rotel import running_rotel
 
 from .conftest import GIB
@@ -260,3 +272,116 @@ def test_the_lists_of_families_apply_to_the_push_as_to_the_scrape(
     assert pushed == {"vgpu.pod.memory.used", "vgpu.gpu.memory.total"}
     served = {name for name in scraped.types if name.startswith(("vgpu_pod_", "vgpu_gpu_"))}
     assert served == {"vgpu_pod_memory_used_bytes", "vgpu_gpu_memory_total_bytes"}
+
+
+def failed_exports(exposition: Exposition) -> float:
+    return next(iter(exposition.series("vgpu_agent_export_failures_total").values()))
+
+
+@contextmanager
+def refusing_port() -> Iterator[str]:
+    """The URL of a port bound and never listened on: every connection is refused, and no other
+    process (a test session beside this one) can take the port meanwhile."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_refused_push_says_why_once_not_at_every_push(scenario_file: Path, ratio_file: Path) -> None:
+    with refusing_port() as url:
+        args = base_args(scenario_file, ratio_file, "--otlp-endpoint", url, "--otlp-interval", "0.5")
+        with running_agent(*args, "--log-format", "json", "--log-level", "WARN") as agent:
+            wait_for(agent, lambda exposition: failed_exports(exposition) >= 4)
+            code, err = agent.stop()
+    assert code == 0, err
+    lines = [json.loads(line) for line in err.splitlines()]
+    assert {line["level"] for line in lines} <= {"warning", "error"}, lines  # WARN: nothing below
+    said = [line for line in lines if line["logger"] == "otel_vgpu.export.otlp"]
+    # Four pushes and more failed, each reason is said once: the gRPC status and its details.
+    reasons = [line["reason"] for line in said]
+    assert reasons and len(reasons) == len(set(reasons)), reasons
+    refused = next(line for line in said if "Connection refused" in line["reason"])
+    assert refused["reason"].startswith("gRPC UNAVAILABLE: ") and refused["endpoint"] == url
+    assert refused["message"] == (
+        f"OTLP export to {url} failed: {refused['reason']}; retrying every 0.5 s (each reason logged at most once "
+        "a minute)"
+    )
+
+
+@contextmanager
+def collector_answering(status: int) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server answering every POST with `status`: its URL, and the paths posted to."""
+    posted: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            posted.append(self.path)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", posted
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_push_answered_404_says_the_status_once(scenario_file: Path, ratio_file: Path) -> None:
+    # The format and the level from their variables, in other cases than the flags'.
+    env = clean_env(OTEL_VGPU_LOG_FORMAT="logfmt", OTEL_VGPU_LOG_LEVEL="Warning")
+    with collector_answering(404) as (url, posted):
+        args = base_args(scenario_file, ratio_file, "--otlp-endpoint", url, "--otlp-protocol", "http/protobuf")
+        with running_agent(*args, "--otlp-interval", "0.2", env=env) as agent:
+            wait_for(agent, lambda exposition: failed_exports(exposition) >= 5)
+            code, err = agent.stop()
+    assert code == 0, err
+    assert len(posted) >= 5 and set(posted) == {"/v1/metrics"}
+    lines = [parse_logfmt(line) for line in err.splitlines()]
+    assert {line["level"] for line in lines} <= {"warning", "error"}, lines
+    said = [line for line in lines if line["logger"] == "otel_vgpu.export.otlp"]
+    assert len(said) == 1, said
+    assert said[0]["reason"] == "HTTP 404 Not Found" and said[0]["endpoint"] == url
+    assert said[0]["msg"].startswith(f"OTLP export to {url} failed: HTTP 404 Not Found; retrying every 0.2 s")
+
+
+@contextmanager
+def failing_endpoint(answer: str) -> Iterator[str]:
+    """The URL of a port that refuses connections (`refused`), or of a server answering `answer`."""
+    if answer == "refused":
+        with refusing_port() as url:
+            yield url
+    else:
+        with collector_answering(int(answer)) as (url, _):
+            yield url
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [("refused", "ConnectionError: [Errno 111] Connection refused"), ("503", "HTTP 503 Service Unavailable")],
+)
+def test_the_http_exporter_says_why_its_retries_failed(answer: str, reason: str) -> None:
+    # The HTTP client's last record says only "due to timeout, max retries or shutdown"; the
+    # retries before it say why (export/otlp_failures.py), and that is the reason given.
+    with failing_endpoint(answer) as url:
+        settings = OtlpSettings(url, "http/protobuf", interval_s=2.5, timeout_s=2.5)
+        assert export_or_reason(make_exporter(settings), MetricsData(resource_metrics=[]), 2500) == reason
+
+
+@pytest.mark.unit
+def test_each_reason_is_logged_when_new_then_at_most_once_a_minute() -> None:
+    clock = Clock()
+    reasons = ReasonLog(clock=clock.monotonic)
+    assert reasons.due("gRPC UNAVAILABLE") and reasons.due("HTTP 404 Not Found")
+    clock.t += 59.9
+    assert not reasons.due("gRPC UNAVAILABLE") and not reasons.due("HTTP 404 Not Found")
+    assert reasons.due("gRPC DEADLINE_EXCEEDED")  # another reason is said at once
+    clock.t += 0.1
+    assert reasons.due("gRPC UNAVAILABLE") and not reasons.due("gRPC UNAVAILABLE")

@@ -7,8 +7,9 @@ The push has its own thread and its own reader. Each tick is a collection
 scope like a scrape's, so push and scrapes share sweeps (`--min-interval`):
 turning OTLP on adds no NVML work while scrapes keep the snapshot fresh. An
 unreachable collector costs that thread its export timeout and nothing else:
-scrapes never wait for it. Failed exports are counted and logged once per
-outage.
+scrapes never wait for it. Failed exports are counted, and logged with
+their reason (the gRPC or HTTP status, the transport's error) when it is new,
+then at most once a minute while it lasts (export/otlp_failures.py).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, MetricsData
 
+from otel_vgpu.export.otlp_failures import ReasonLog, export_or_reason, listen_to_exporters
 from otel_vgpu.export.semconv import translate
 from otel_vgpu.files import MAX_PEM_BYTES, FileProblem, read_regular
 from otel_vgpu.flag_values import MIN_INTERVAL_S, OTLP_SEMCONV
@@ -163,14 +165,8 @@ def make_exporter(settings: OtlpSettings) -> MetricExporter:
             # --otlp-endpoint is a base URL, like OTEL_EXPORTER_OTLP_ENDPOINT.
             endpoint = settings.endpoint.rstrip("/") + "/v1/metrics"
         exporter = HttpExporter(endpoint=endpoint, timeout=settings.timeout_s)
-    # The exporters log every failed attempt; the pusher logs once per outage.
-    for name in (
-        "opentelemetry.exporter.otlp.proto.grpc.exporter",
-        "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
-        "opentelemetry.exporter.otlp.proto.http.metric_exporter",
-        "opentelemetry.exporter.otlp.proto.http",
-    ):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    # The exporters log every failed attempt; the pusher logs each reason once a minute at most.
+    listen_to_exporters()
     return exporter
 
 
@@ -178,10 +174,10 @@ class OtlpPusher(MetricReader):
     """A reader that collects and exports on its own thread, every interval.
 
     `scope` wraps each collection (the sweep sharing); `after_collect` runs
-    after it (pruning stale attribute sets); `health` counts failed exports
-    and logs each outage once. With --otlp-names semconv, each collection is
-    exported under the semantic conventions (export/semconv.py); otherwise as
-    collected.
+    after it (pruning stale attribute sets); `health` counts failed exports,
+    each logged with its reason when `ReasonLog` says it is due. With
+    --otlp-names semconv, each collection is exported under the semantic
+    conventions (export/semconv.py); otherwise as collected.
     """
 
     def __init__(
@@ -206,6 +202,7 @@ class OtlpPusher(MetricReader):
         self._stop = threading.Event()
         self._export_timeout_s = settings.timeout_s
         self._thread = NamedThread(target=self._run, name="otlp-push", daemon=True)
+        self._reasons_logged = ReasonLog()
         # The start of the updowncounters the semantic conventions make of the agent's gauges.
         self._started_ns = time.time_ns()
 
@@ -229,21 +226,20 @@ class OtlpPusher(MetricReader):
             return
         if self._settings.names == OTLP_SEMCONV:
             metrics_data = translate(metrics_data, self._started_ns)
-        try:
-            result = self._exporter.export(metrics_data, timeout_millis=self._export_timeout_s * 1000)
-        except Exception as error:
-            log.debug("OTLP export raised %s", error)
-            result = MetricExportResult.FAILURE
-        if result is MetricExportResult.SUCCESS:
+        reason = export_or_reason(self._exporter, metrics_data, self._export_timeout_s * 1000)
+        if reason is None:
             self._health.recovered(Stage.EXPORT, "OTLP export works again")
             return
         endpoint = self._settings.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint"
-        self._health.failed(
-            Stage.EXPORT,
-            "export",
-            f"OTLP export to {endpoint} failed; retrying every {self._settings.interval_s:g} s "
-            "(logged once per outage)",
-        )
+        message = f"OTLP export to {endpoint} failed: {reason}"
+        self._health.failed(Stage.EXPORT, "export", message, log=False)
+        if self._reasons_logged.due(reason):
+            log.warning(
+                "%s; retrying every %g s (each reason logged at most once a minute)",
+                message,
+                self._settings.interval_s,
+                extra={"endpoint": endpoint, "reason": reason},
+            )
 
     def stop(self) -> None:
         """Stop the thread and export once more: the last figures before exit.
