@@ -7,17 +7,40 @@
 # caller's PID namespace, and the simulated node models that; in a PID
 # namespace of its own the agent reports the GPUs busy, no pod, and why.
 #
-# BASE_IMAGE must provide python3 with the venv module (the official slim
-# Python images do; so does Debian with python3-venv).
+# Where Docker Hub or PyPI cannot be reached, or only through a proxy that
+# presents its own certificates, three things point the build elsewhere
+# (BuildKit, the default builder of Docker 23 and later, or podman/buildah):
+#
+#   docker build \
+#     --build-arg BASE_IMAGE=registry.example.com/library/python:3.12-slim-bookworm \
+#     --build-arg PIP_INDEX_URL=https://pypi.example.com/simple \
+#     --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt \
+#     -t otel-vgpu .
+#
+# BASE_IMAGE: the image both stages start from. It must provide python3 with
+# the venv module (the official slim Python images do; so does Debian with
+# python3-venv).
+# PIP_INDEX_URL: the package index (PEP 503 "simple" API) the dependencies
+# come from: a mirror, or a proxy of PyPI.
+# The `ca` secret: a PEM bundle of every certificate authority the build is to
+# trust (the system's bundle, where it holds the proxy's or the mirror's CA),
+# in place of pip's own. It is mounted for the one step that downloads, and is
+# in no layer of the image.
 ARG BASE_IMAGE=python:3.12-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
+# pip reads it from the environment. The default is pip's own (PyPI), given
+# because podman warns of an ARG without one on every build not passed it.
+ARG PIP_INDEX_URL=https://pypi.org/simple
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY otel_vgpu ./otel_vgpu
 # Every dependency ships wheels, so this stage needs no compiler either; the
-# versions are pinned by constraints.txt, as in CI.
-RUN python3 -m venv /opt/otel-vgpu \
+# versions are pinned by constraints.txt, as in CI. A `ca` secret given, pip
+# (PIP_CERT) and OpenSSL (SSL_CERT_FILE: the build backend pip runs) trust it.
+RUN --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi \
+    && python3 -m venv /opt/otel-vgpu \
     && /opt/otel-vgpu/bin/python -m pip install --no-cache-dir --disable-pip-version-check \
         -c constraints.txt /src \
     && /opt/otel-vgpu/bin/python -m pip uninstall --yes pip

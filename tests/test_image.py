@@ -2,12 +2,16 @@
 
 No registry is reachable, so the base image is made here: a Debian root from
 `debootstrap --variant=minbase` (with python3-venv, as the official slim
-Python images have), imported into podman and passed as BASE_IMAGE.
+Python images have), imported into podman and passed as BASE_IMAGE. Its
+packages come from an index served here over HTTPS by a CA of its own, passed
+as PIP_INDEX_URL and the `ca` secret (scripts/build-test-image.sh), as a user
+behind a mirror or a TLS-intercepting proxy builds it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -33,6 +37,9 @@ def test_dockerfile_shape() -> None:
     stages = [line for line in text.splitlines() if line.startswith("FROM ")]
     assert len(stages) == 2 and all("${BASE_IMAGE}" in line for line in stages)
     assert "ARG BASE_IMAGE=python:" in text
+    # Where PyPI is not reachable: a mirror, and the CA its certificate (or a proxy's) is signed by.
+    assert "ARG PIP_INDEX_URL=https://pypi.org/simple" in text
+    assert "RUN --mount=type=secret,id=ca " in text and "PIP_CERT=/run/secrets/ca" in text
     assert 'ENTRYPOINT ["otel-vgpu"]' in text and "EXPOSE 8080" in text
     assert "USER 65532:65532" in text
     for label in (
@@ -56,6 +63,23 @@ def image() -> Iterator[tuple[Podman, str]]:
         yield build.result()
     finally:
         build.clean()
+
+
+def test_the_build_takes_its_packages_from_the_index_and_ca_it_is_given(image: tuple[Podman, str]) -> None:
+    # The test build's index is on this machine, signed by a CA only its `ca` secret holds: the
+    # build passing shows the Dockerfile uses both, and its log that every package came from
+    # there (pip names the whole URL of a download from any index but PyPI's).
+    log = (start_build().work / "build.log").read_text()
+    looked = re.findall(r"^Looking in indexes: (\S+)$", log, re.MULTILINE)
+    assert len(looked) == 1 and re.fullmatch(r"https://127\.0\.0\.1:\d+/simple", looked[0]), looked
+    downloads = re.findall(r"^\s*Downloading (\S+)", log, re.MULTILINE)
+    assert downloads and all(url.startswith(f"{looked[0]}/") for url in downloads), downloads
+    # Neither is left in the image: the index was the build stage's, the CA a secret of one step.
+    podman, tag = image
+    env = json.loads(podman("image", "inspect", tag))[0]["Config"]["Env"]
+    assert not [variable for variable in env if variable.startswith(("PIP_", "SSL_CERT_FILE"))], env
+    secrets = podman("run", "--rm", *ULIMITS, "--entrypoint", "sh", tag, "-c", "ls -A /run/secrets 2>/dev/null || true")
+    assert secrets.strip() == ""
 
 
 def test_image_runs_the_simulated_node_and_serves_metrics(image: tuple[Podman, str]) -> None:
