@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from testkit.agent import ROOT, tool
 from testkit.yamldocs import documents
 
@@ -23,6 +25,8 @@ CUSTOM_KINDS = (
     "monitoring.coreos.com/v1/PrometheusRule",
     "security.openshift.io/v1/SecurityContextConstraints",
 )
+# A cluster without the Prometheus Operator (kustomize/base's): no monitoring.coreos.com kind.
+WITHOUT_OPERATOR = tuple(kind for kind in CUSTOM_KINDS if not kind.startswith("monitoring.coreos.com/"))
 
 
 def helm(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -45,10 +49,11 @@ def values_file(flavour: str) -> Path:
 
 
 @functools.cache
-def template(*args: str, chart: Path = CHART) -> str:
-    """`helm template` of the release as the README installs it, with the cluster's custom kinds listed."""
-    kinds = [f"--api-versions={kind}" for kind in CUSTOM_KINDS]
-    result = helm("template", RELEASE, chart, "--namespace", NAMESPACE, *kinds, *args)
+def template(*args: str, chart: Path = CHART, kinds: tuple[str, ...] = CUSTOM_KINDS) -> str:
+    """`helm template` of the release as the README installs it, with the cluster's custom kinds
+    listed: by default every kind the chart can render, the Prometheus Operator's among them."""
+    listed = [f"--api-versions={kind}" for kind in kinds]
+    result = helm("template", RELEASE, chart, "--namespace", NAMESPACE, *listed, *args)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -68,6 +73,22 @@ def flavour_args(flavour: str) -> tuple[str, ...]:
     return () if flavour == "defaults" else ("--values", str(values_file(flavour)))
 
 
-def chart_daemonset(*args: str) -> dict[str, Any]:
-    (found,) = [d for d in documents(template(*args)) if d["kind"] == "DaemonSet"]
+def chart_daemonset(*args: str, kinds: tuple[str, ...] = CUSTOM_KINDS) -> dict[str, Any]:
+    (found,) = [d for d in documents(template(*args, kinds=kinds)) if d["kind"] == "DaemonSet"]
     return found
+
+
+def install_notes(*args: str) -> str:
+    """What `helm install` prints after NOTES:, on no cluster (--dry-run=client lists no custom
+    kind, as a cluster without the Prometheus Operator)."""
+    result = helm("install", RELEASE, CHART, "--namespace", NAMESPACE, "--dry-run=client", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def notes_scrape_job(notes: str) -> dict[str, Any]:
+    """The scrape_configs job the notes print where no monitor renders."""
+    block = notes.split("add this job to its scrape_configs:\n\n", 1)[1].split("\n\n", 1)[0]
+    (job,) = yaml.safe_load(block)
+    assert isinstance(job, dict)
+    return job

@@ -243,3 +243,216 @@ def endpoint_http_config(
             "credentials": value(authorization["credentials"]).decode(),
         }
     return out
+
+
+def label_name(key: str) -> str:
+    """A Kubernetes label or annotation key as service discovery names it in a meta label
+    (Prometheus' strutil.SanitizeLabelName: every other character than [a-zA-Z0-9_] is _)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in key)
+
+
+def _relabeling(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A monitor's relabeling (camelCase) as the operator writes it in the scrape config
+    (generateRelabelConfig: snake_case, the action lowercased)."""
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    out = {keys.get(key, key): value for key, value in rule.items()}
+    if "action" in out:
+        out["action"] = str(out["action"]).lower()
+    return out
+
+
+# What the Prometheus Operator generates for a ServiceMonitor endpoint (prometheus-operator
+# 6adcebc5076c34f4f55f8f5f7b1e528929373ac7, pkg/prometheus/promcfg.go,
+# generateServiceMonitorConfig; its output for one in pkg/prometheus/testdata/
+# ServiceMonitorObjectWithMatchLabelSelector.golden): honor_labels as the endpoint says
+# (AddHonorLabels, false unless set), the role endpoints, the job kept in a temporary
+# label (initRelabelings), the Service's labels and the endpoint's port kept, node or pod
+# from the endpoint's target, namespace, service, pod and container, pods not Failed or
+# Succeeded (generateRunningFilter), job from the Service's name, endpoint from the port
+# name, then the endpoint's own relabelings, then the shard's (appendShardingRelabelingWithLabel,
+# $(SHARD) being 0 for one shard). `instance` is left to Prometheus: the target's address. The
+# endpoint's interval and timeout are left out: the test's Prometheus scrapes every second.
+def servicemonitor_scrape_config(
+    servicemonitor: dict[str, Any], service: dict[str, Any], targets: dict[str, str]
+) -> dict[str, Any]:
+    """A scrape config as the operator renders the ServiceMonitor's first endpoint for
+    `service`'s endpoints at `targets` (address -> node; each a pod of the agent, its
+    discovery labels set by hand, as kubernetes_sd's endpoints role would)."""
+    meta = servicemonitor["metadata"]
+    endpoint = servicemonitor["spec"]["endpoints"][0]
+    namespace = service["metadata"]["namespace"]
+    relabel: list[dict[str, Any]] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+    for key, value in sorted(servicemonitor["spec"]["selector"]["matchLabels"].items()):
+        name = label_name(key)
+        relabel.append(
+            {
+                "action": "keep",
+                "source_labels": [
+                    f"__meta_kubernetes_service_label_{name}",
+                    f"__meta_kubernetes_service_labelpresent_{name}",
+                ],
+                "regex": f"({value});true",
+            }
+        )
+    target = ["__meta_kubernetes_endpoint_address_target_kind", "__meta_kubernetes_endpoint_address_target_name"]
+    relabel += [
+        {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": endpoint["port"]},
+        {
+            "source_labels": target,
+            "separator": ";",
+            "regex": "Node;(.*)",
+            "replacement": "${1}",
+            "target_label": "node",
+        },
+        {"source_labels": target, "separator": ";", "regex": "Pod;(.*)", "replacement": "${1}", "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"},
+        {"target_label": "endpoint", "replacement": endpoint["port"]},
+        *(_relabeling(rule) for rule in endpoint.get("relabelings", [])),
+        {
+            "source_labels": ["__address__", "__tmp_hash"],
+            "target_label": "__tmp_hash",
+            "regex": "(.+);",
+            "replacement": "$1",
+            "action": "replace",
+        },
+        {"source_labels": ["__tmp_hash"], "target_label": "__tmp_hash", "modulus": 1, "action": "hashmod"},
+        {"source_labels": ["__tmp_hash", "__tmp_disable_sharding"], "regex": "0;|.+;.+", "action": "keep"},
+    ]
+    discovered = {
+        "__meta_kubernetes_namespace": namespace,
+        "__meta_kubernetes_service_name": service["metadata"]["name"],
+        "__meta_kubernetes_endpoint_port_name": endpoint["port"],
+        "__meta_kubernetes_endpoint_ready": "true",
+        "__meta_kubernetes_endpoint_address_target_kind": "Pod",
+        "__meta_kubernetes_pod_container_name": "otel-vgpu",
+        "__meta_kubernetes_pod_phase": "Running",
+    }
+    for key, value in service["metadata"].get("labels", {}).items():
+        discovered[f"__meta_kubernetes_service_label_{label_name(key)}"] = value
+        discovered[f"__meta_kubernetes_service_labelpresent_{label_name(key)}"] = "true"
+    return {
+        "job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/0",
+        "honor_labels": bool(endpoint.get("honorLabels", False)),
+        "metrics_path": endpoint.get("path", "/metrics"),
+        "static_configs": [
+            {
+                "targets": [address],
+                "labels": {
+                    **discovered,
+                    "__meta_kubernetes_endpoint_address_target_name": f"otel-vgpu-{node}",
+                    "__meta_kubernetes_pod_name": f"otel-vgpu-{node}",
+                    "__meta_kubernetes_pod_node_name": node,
+                },
+            }
+            for address, node in targets.items()
+        ],
+        "relabel_configs": relabel,
+    }
+
+
+# The job that scrapes annotated pods, as prometheus-community/helm-charts writes it
+# (cf408a290aec489277a94450bb3511432477a53a, charts/prometheus/values.yaml,
+# scrapeConfigs.kubernetes-pods; chart 29.27.0): pods annotated prometheus.io/scrape "true",
+# scheme, path and port from their annotations, every pod label a target label, then
+# namespace, pod and node from the pod; honor_labels true. The relabelings as written there.
+KUBERNETES_PODS_RELABELINGS: list[dict[str, Any]] = yaml.safe_load(r"""
+- source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_scrape]
+  action: keep
+  regex: true
+- source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_scrape_slow]
+  action: drop
+  regex: true
+- source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_scheme]
+  action: replace
+  regex: (https?)
+  target_label: __scheme__
+- source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_path]
+  action: replace
+  target_label: __metrics_path__
+  regex: (.+)
+- source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_port, __meta_kubernetes_pod_ip]
+  action: replace
+  regex: (\d+);(([A-Fa-f0-9]{1,4}::?){1,7}[A-Fa-f0-9]{1,4})
+  replacement: '[$2]:$1'
+  target_label: __address__
+- source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_port, __meta_kubernetes_pod_ip]
+  action: replace
+  regex: (\d+);((([0-9]+?)(\.|$)){4})
+  replacement: $2:$1
+  target_label: __address__
+- action: labelmap
+  regex: __meta_kubernetes_pod_annotation_prometheus_io_param_(.+)
+  replacement: __param_$1
+- action: labelmap
+  regex: __meta_kubernetes_pod_label_(.+)
+- source_labels: [__meta_kubernetes_namespace]
+  action: replace
+  target_label: namespace
+- source_labels: [__meta_kubernetes_pod_name]
+  action: replace
+  target_label: pod
+- source_labels: [__meta_kubernetes_pod_phase]
+  regex: Pending|Succeeded|Failed|Completed
+  action: drop
+- source_labels: [__meta_kubernetes_pod_node_name]
+  action: replace
+  target_label: node
+""")
+
+
+def pod_role_targets(pod_template: dict[str, Any], namespace: str, targets: dict[str, str]) -> list[dict[str, Any]]:
+    """Static targets as kubernetes_sd's pod role gives the metrics port of each agent's pod made
+    from `pod_template` (a DaemonSet's), at `targets` (address -> node): the pod's labels and
+    annotations, its IP, node and phase, the container and its port. The agents listen on free
+    ports here, not on the template's: the port number, and a prometheus.io/port annotation
+    where the pod has one, are the agent's."""
+    (container,) = pod_template["spec"]["containers"]
+    (port,) = [p for p in container["ports"] if p["name"] == "metrics"]
+    metadata = pod_template["metadata"]
+    discovered = {
+        "__meta_kubernetes_namespace": namespace,
+        "__meta_kubernetes_pod_phase": "Running",
+        "__meta_kubernetes_pod_container_name": container["name"],
+        "__meta_kubernetes_pod_container_port_name": port["name"],
+    }
+    for kind, values in (("label", metadata.get("labels", {})), ("annotation", metadata.get("annotations", {}))):
+        for key, value in values.items():
+            discovered[f"__meta_kubernetes_pod_{kind}_{label_name(key)}"] = value
+            discovered[f"__meta_kubernetes_pod_{kind}present_{label_name(key)}"] = "true"
+
+    def pod(address: str, node: str) -> dict[str, str]:
+        ip, number = address.rsplit(":", 1)
+        annotated = "__meta_kubernetes_pod_annotation_prometheus_io_port" in discovered
+        return {
+            **discovered,
+            **({"__meta_kubernetes_pod_annotation_prometheus_io_port": number} if annotated else {}),
+            "__meta_kubernetes_pod_container_port_number": number,
+            "__meta_kubernetes_pod_ip": ip,
+            "__meta_kubernetes_pod_name": f"otel-vgpu-{node}",
+            "__meta_kubernetes_pod_node_name": node,
+        }
+
+    return [{"targets": [address], "labels": pod(address, node)} for address, node in targets.items()]
+
+
+def annotation_scrape_config(
+    pod_template: dict[str, Any],
+    namespace: str,
+    targets: dict[str, str],
+    job_name: str = "kubernetes-pods",
+    honor_labels: bool = True,
+) -> dict[str, Any]:
+    """The kubernetes-pods job over the agent's pods (`pod_role_targets`)."""
+    annotations = pod_template["metadata"].get("annotations", {})
+    assert annotations.get("prometheus.io/scrape") == "true", "the pods are not annotated for scraping"
+    return {
+        "job_name": job_name,
+        "honor_labels": honor_labels,
+        "static_configs": pod_role_targets(pod_template, namespace, targets),
+        "relabel_configs": KUBERNETES_PODS_RELABELINGS,
+    }

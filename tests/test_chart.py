@@ -24,12 +24,16 @@ from otel_vgpu.export.telemetry import agent_resource
 from testkit.agent import ROOT
 from testkit.helm import (
     CHART,
+    CUSTOM_KINDS,
     FLAVOURS,
     NAMESPACE,
     RELEASE,
+    WITHOUT_OPERATOR,
     chart_daemonset,
     flavour_args,
     helm,
+    install_notes,
+    notes_scrape_job,
     packaged,
     template,
 )
@@ -111,6 +115,13 @@ def kustomize_target(flavour: str) -> str:
     return "base" if flavour == "defaults" else flavour
 
 
+def cluster_of(kustomized: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The API of the cluster a kustomize target is for: the Prometheus Operator's where it ships
+    a monitor; none of its kinds where it ships none (kustomize asks no cluster: its base is the
+    chart's defaults where the operator is not)."""
+    return CUSTOM_KINDS if any(d["kind"] == "PodMonitor" for d in kustomized) else WITHOUT_OPERATOR
+
+
 def test_every_overlay_has_its_values_file() -> None:
     assert FLAVOURS == OVERLAYS
 
@@ -118,7 +129,8 @@ def test_every_overlay_has_its_values_file() -> None:
 @pytest.mark.parametrize("flavour", ["defaults", *FLAVOURS])
 def test_chart_renders_what_kustomize_renders(flavour: str) -> None:
     # The namespace is Helm's to create (--create-namespace); rendered, it must say what kustomize's says.
-    chart = by_object(documents(template(*flavour_args(flavour), "--set", "namespace.create=true")))
+    kinds = cluster_of(render(kustomize_target(flavour)))
+    chart = by_object(documents(template(*flavour_args(flavour), "--set", "namespace.create=true", kinds=kinds)))
     kustomized = by_object(render(kustomize_target(flavour)))
     assert sorted(chart) == sorted(kustomized)
     for key, expected in kustomized.items():
@@ -131,11 +143,16 @@ def test_chart_renders_what_kustomize_renders(flavour: str) -> None:
 
 def test_the_comparison_sees_a_change_to_either_side() -> None:
     base = by_object(render("base"))
-    chart = by_object(documents(template("--set", "namespace.create=true")))
+    plain = WITHOUT_OPERATOR
+    chart = by_object(documents(template("--set", "namespace.create=true", kinds=plain)))
     assert chart == base
-    changed = by_object(documents(template("--set", "namespace.create=true", "--set", "resources.limits.memory=256Mi")))
+    changed = by_object(
+        documents(template("--set", "namespace.create=true", "--set", "resources.limits.memory=256Mi", kinds=plain))
+    )
     assert changed != base
-    assert by_object(documents(template("--set", "namespace.create=true", "--set", "ratio=2"))) != base
+    assert by_object(documents(template("--set", "namespace.create=true", "--set", "ratio=2", kinds=plain))) != base
+    # The same defaults where the operator's API is: its objects, and no annotations.
+    assert by_object(documents(template("--set", "namespace.create=true"))) != base
 
 
 def test_defaults_leave_the_namespace_to_helm() -> None:
@@ -162,7 +179,10 @@ EXTRA_RENDERS = {
         "--set", "prometheus.podMonitor.enabled=true", "--set", "tls.scraperSecretName=prometheus-client",
         "--set", "basicAuth.scraperSecretName=prometheus-scraper",
     ),
-    "basic-auth-alone": ("--set", "basicAuth.enabled=true", "--set", "basicAuth.secretName=otel-vgpu-users"),
+    "basic-auth-alone": (
+        "--set", "basicAuth.enabled=true", "--set", "basicAuth.secretName=otel-vgpu-users",
+        "--set", "basicAuth.scraperSecretName=prometheus-scraper",
+    ),
     "the-keys-from-other-charts": (
         "--set", "nameOverride=gpu-usage", "--set", "commonLabels.team=platform", "--set", "revisionHistoryLimit=3",
         "--set", "dnsPolicy=ClusterFirstWithHostNet", "--set", "daemonsetAnnotations.a=b",
@@ -192,13 +212,23 @@ EXTRA_RENDERS = {
         "--set", "prometheus.release=",
     ),
     "all-nodes": ("--set", "nodes.all=true"),
+    "every-scrape-switch-on": (
+        "--set", "prometheus.monitor.enabled=true", "--set", "prometheus.rules.enabled=true",
+        "--set", "prometheus.scrapeAnnotations=true", "--set", "grafana.dashboard.enabled=true",
+        "--set", "grafana.dashboard.folder=GPU", "--set", "grafana.dashboard.namespace=monitoring",
+        "--set", "grafana.dashboard.label=dashboards", "--set-string", "grafana.dashboard.labelValue=otel",
+        "--set", "tls.enabled=true",
+    ),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("flavour", ["defaults", *FLAVOURS, *EXTRA_RENDERS])
 def test_every_render_validates_strictly(flavour: str, tmp_path: Path) -> None:
-    args = EXTRA_RENDERS.get(flavour) or flavour_args(flavour)
-    validate_strictly(template(*args), tmp_path / f"{flavour}.yaml")
+    if flavour in EXTRA_RENDERS:
+        text = template(*EXTRA_RENDERS[flavour])
+    else:  # on the cluster its overlay is for
+        text = template(*flavour_args(flavour), kinds=cluster_of(render(kustomize_target(flavour))))
+    validate_strictly(text, tmp_path / f"{flavour}.yaml")
 
 
 def test_the_values_each_render_does_what_it_says() -> None:
@@ -226,7 +256,7 @@ def test_the_values_each_render_does_what_it_says() -> None:
     assert "release" not in monitor["metadata"]["labels"] and monitor["metadata"]["labels"]["team"] == "gpu"
     (service,) = [d for d in rendered if d["kind"] == "Service"]
     assert service["spec"]["internalTrafficPolicy"] == "Local" and "clusterIP" not in service["spec"]
-    (configmap,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+    (configmap,) = [d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-allocation")]
     assert [line for line in configmap["data"]["gpu_allocation.txt"].splitlines() if not line.startswith("#")] == ["4"]
     # mutual TLS, and basic auth from a Secret of its own
     apart = chart_daemonset(*EXTRA_RENDERS["mutual-tls-and-auth-apart"])
@@ -284,6 +314,10 @@ BAD_VALUES = [
         "at '/prometheus/rules/dcgmExporterNames'",
         "does not match pattern",
     ),
+    # auto, true or false, booleans or their words; nothing else.
+    (("--set", "prometheus.monitor.enabled=yes"), "at '/prometheus/monitor/enabled'", "'auto', true, false"),
+    (("--set", "grafana.dashboard.enabled=always"), "at '/grafana/dashboard/enabled'", "'auto', true, false"),
+    (("--set", "prometheus.scrapeAnnotations=on"), "at '/prometheus/scrapeAnnotations'", "'auto', true, false"),
 ]
 
 
@@ -364,9 +398,13 @@ MONITORS = [
 HELM_HINT = "Use --debug flag to render out invalid YAML"
 
 
-def test_custom_kinds_render_only_when_asked() -> None:
-    kinds = {d["kind"] for d in documents(template())}
-    assert not kinds & {kind for _, _, kind in MONITORS}
+def test_custom_kinds_render_only_where_asked_or_where_the_api_has_them() -> None:
+    # auto asks the API: none of the operator's kinds where it lacks them, and never the SCC unasked.
+    assert not {d["kind"] for d in documents(template(kinds=WITHOUT_OPERATOR))} & {kind for _, _, kind in MONITORS}
+    assert {d["kind"] for d in documents(template())} & {kind for _, _, kind in MONITORS} == {
+        "ServiceMonitor",
+        "PrometheusRule",
+    }
 
 
 @pytest.mark.parametrize(("value", "api", "kind"), MONITORS, ids=[m[2] for m in MONITORS])
@@ -397,9 +435,206 @@ def test_a_custom_kind_missing_from_the_api_fails_in_one_line(value: str, api: s
             assert f"kind: {kind}\n" in result.stdout
 
 
+# How Prometheus finds the agents: the operator's objects where its API is, annotations where not.
+OPERATOR_OBJECTS = {("ServiceMonitor", RELEASE), ("PrometheusRule", RELEASE), ("ConfigMap", f"{RELEASE}-dashboard")}
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": "8080",
+    "prometheus.io/path": "/metrics",
+    "prometheus.io/scheme": "http",
+}
+SWITCHES: tuple[str, ...] = (
+    "prometheus.monitor.enabled",
+    "prometheus.rules.enabled",
+    "prometheus.scrapeAnnotations",
+    "grafana.dashboard.enabled",
+)
+
+
+def _objects(*args: str, kinds: tuple[str, ...] = CUSTOM_KINDS) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in documents(template(*args, kinds=kinds))}
+
+
+def _scrape_annotations(*args: str, kinds: tuple[str, ...] = CUSTOM_KINDS) -> dict[str, str]:
+    annotations = chart_daemonset(*args, kinds=kinds)["spec"]["template"]["metadata"]["annotations"]
+    return {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")}
+
+
+def test_a_default_install_where_the_operator_is_has_its_monitor_rules_and_dashboard() -> None:
+    objects = _objects()
+    assert objects.keys() >= OPERATOR_OBJECTS
+    assert not [key for key in objects if key[0] == "PodMonitor"], "one monitor: each agent scraped once"
+    monitor = objects[("ServiceMonitor", RELEASE)]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True and endpoint["port"] == "metrics"
+    assert endpoint["relabelings"] == [
+        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"},
+        {"action": "labeldrop", "regex": "namespace|pod|container"},
+    ]
+    service = objects[("Service", RELEASE)]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert "metrics" in [port["name"] for port in service["spec"]["ports"]]
+    rule = objects[("PrometheusRule", RELEASE)]
+    assert rule["spec"] == yaml.safe_load((ROOT / "deploy/prometheus/otel-vgpu-rules.yaml").read_text())
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert objects[(kind, RELEASE)]["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+    dashboard = objects[("ConfigMap", f"{RELEASE}-dashboard")]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "annotations" not in dashboard["metadata"], "no folder unless one is named"
+    assert dashboard["data"] == {
+        "otel-vgpu-dashboard.json": (ROOT / "deploy/grafana/otel-vgpu-dashboard.json").read_text()
+    }
+    assert _scrape_annotations() == {}, "the monitor scrapes them: a job reading annotations would scrape twice"
+
+
+def test_a_default_install_without_the_operator_carries_the_scrape_annotations_and_the_notes_a_job() -> None:
+    objects = _objects(kinds=WITHOUT_OPERATOR)
+    assert not OPERATOR_OBJECTS & objects.keys()
+    assert not [key for key in objects if key[0] in ("PodMonitor", "ServiceMonitor", "PrometheusRule")]
+    assert _scrape_annotations(kinds=WITHOUT_OPERATOR) == SCRAPE_ANNOTATIONS
+    # helm install asks the cluster; --dry-run=client has none, as a cluster without the operator.
+    job = notes_scrape_job(_notes())
+    assert job["honor_labels"] is True and job["job_name"] == "otel-vgpu"
+    assert job["kubernetes_sd_configs"] == [{"role": "pod", "namespaces": {"names": [NAMESPACE]}}]
+    keep, node = job["relabel_configs"]
+    assert keep["action"] == "keep" and keep["regex"] == f"otel-vgpu;{RELEASE};metrics"
+    assert node == {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"}
+    notes = _notes()
+    assert "exported_pod" in notes and "exported_namespace" in notes, "why honor_labels matters"
+    # With TLS: the annotations and the job say https.
+    https = ("--set", "tls.enabled=true")
+    assert _scrape_annotations(*https, kinds=WITHOUT_OPERATOR)["prometheus.io/scheme"] == "https"
+    job = notes_scrape_job(_notes(*https))
+    assert job["scheme"] == "https" and job["tls_config"]["server_name"] == f"{RELEASE}.{NAMESPACE}.svc"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [(), ("--set", "tls.enabled=true", "--set", "tls.clientCA=true", "--set", "basicAuth.enabled=true")],
+    ids=["plain", "tls-and-auth"],
+)
+def test_the_notes_job_is_a_scrape_config_prometheus_takes(values: tuple[str, ...], tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool comes with Debian's prometheus package (scripts/test.sh)"
+    job = notes_scrape_job(_notes(*values))
+    # The files it names are the user's to mount; promtool reads them, so they are made here.
+    for key in ("ca_file", "cert_file", "key_file"):
+        if key in job.get("tls_config", {}):
+            path = tmp_path / Path(job["tls_config"][key]).name
+            path.write_text("")
+            job["tls_config"][key] = str(path)
+    if "basic_auth" in job:
+        (tmp_path / "password").write_text("x")
+        job["basic_auth"]["password_file"] = str(tmp_path / "password")
+    # Debian's Prometheus is built without Kubernetes discovery: the rest is checked, its pods
+    # given by hand (tests/test_prometheus_e2e.py scrapes an agent with the job so).
+    assert job.pop("kubernetes_sd_configs")
+    job["static_configs"] = [{"targets": ["127.0.0.1:8080"]}]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"scrape_configs": [job]}))
+    checked = subprocess.run(
+        [promtool, "check", "config", "--syntax-only", str(config)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_install_doc_shows_the_job_the_notes_print() -> None:
+    install = (ROOT / "docs" / "install.md").read_text()
+    section = install.split("## How Prometheus scrapes it", 1)[1]
+    shown = re.search(r"```yaml\n(scrape_configs:\n.*?)```", section, re.DOTALL)
+    assert shown, "docs/install.md, How Prometheus scrapes it: a scrape_configs block"
+    assert yaml.safe_load(shown.group(1)) == {"scrape_configs": [notes_scrape_job(_notes())]}
+
+
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_auto_is_each_switch_s_default_and_what_it_renders(switch: str) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    default: Any = values
+    for key in switch.split("."):
+        default = default[key]
+    assert default == "auto"
+    for kinds in (CUSTOM_KINDS, WITHOUT_OPERATOR):
+        assert template("--set", f"{switch}=auto", kinds=kinds) == template(kinds=kinds), (switch, kinds)
+
+
+def test_false_turns_each_off_and_true_renders_it_without_the_api() -> None:
+    # false, where the API would have it rendered; as a boolean or as its word (--set-string).
+    for setting in ("--set", "--set-string"):
+        assert ("ServiceMonitor", RELEASE) not in _objects(setting, "prometheus.monitor.enabled=false")
+        assert ("PrometheusRule", RELEASE) not in _objects(setting, "prometheus.rules.enabled=false")
+        assert ("ConfigMap", f"{RELEASE}-dashboard") not in _objects(setting, "grafana.dashboard.enabled=false")
+        assert _scrape_annotations(setting, "prometheus.scrapeAnnotations=false", kinds=WITHOUT_OPERATOR) == {}
+    # A monitor off and none other: the pods announce themselves instead.
+    assert _scrape_annotations("--set", "prometheus.monitor.enabled=false") == SCRAPE_ANNOTATIONS
+    # true where the API lacks the kinds: the user's choice, rendered (the check, on by default,
+    # names a missing kind first: test_a_custom_kind_missing_from_the_api_fails_in_one_line).
+    asked: tuple[str, ...] = ("--set", "checkApiVersions=false")
+    for switch in SWITCHES:
+        asked += ("--set", f"{switch}=true")
+    objects = _objects(*asked, kinds=WITHOUT_OPERATOR)
+    assert objects.keys() >= OPERATOR_OBJECTS
+    assert _scrape_annotations(*asked, kinds=WITHOUT_OPERATOR) == SCRAPE_ANNOTATIONS, "true: beside the monitor"
+    # The dashboard needs no custom kind: true renders it wherever.
+    assert ("ConfigMap", f"{RELEASE}-dashboard") in _objects(
+        "--set", "grafana.dashboard.enabled=true", kinds=WITHOUT_OPERATOR
+    )
+
+
+def test_the_podmonitor_replaces_the_servicemonitor_and_auto_needs_the_service() -> None:
+    objects = _objects("--set", "prometheus.podMonitor.enabled=true")
+    assert ("PodMonitor", RELEASE) in objects and ("ServiceMonitor", RELEASE) not in objects
+    assert ("ConfigMap", f"{RELEASE}-dashboard") in objects, "the dashboard beside either monitor"
+    assert _scrape_annotations("--set", "prometheus.podMonitor.enabled=true") == {}
+    # No Service, nothing for a ServiceMonitor to scrape through: auto renders none; true is refused.
+    without = ("--set", "service.enabled=false")
+    assert not [key for key in _objects(*without) if key[0] == "ServiceMonitor"]
+    assert _scrape_annotations(*without) == SCRAPE_ANNOTATIONS
+    refused = helm("template", RELEASE, CHART, *without, "--set", "prometheus.monitor.enabled=true",
+                   "--set", "checkApiVersions=false")  # fmt: skip
+    assert refused.returncode != 0 and "service.enabled is off" in refused.stderr
+
+
+def test_a_default_monitor_that_cannot_reach_the_agent_says_both_ways_out() -> None:
+    # Basic auth or a client certificate asked of scrapers, and none given the monitor the
+    # operator's API brings: the install names the credentials to give, or the monitor to turn off.
+    kinds = [f"--api-versions={kind}" for kind in CUSTOM_KINDS]
+    for asked in (("--set", "basicAuth.enabled=true"), ("--set", "tls.enabled=true", "--set", "tls.clientCA=true")):
+        result = helm("template", RELEASE, CHART, "--set", "tls.enabled=true", *asked, *kinds)
+        assert result.returncode != 0, asked
+        assert "scraperSecretName" in result.stderr and "prometheus.monitor.enabled=false" in result.stderr
+        off = helm("template", RELEASE, CHART, "--set", "tls.enabled=true", *asked, *kinds,
+                   "--set", "prometheus.monitor.enabled=false")  # fmt: skip
+        assert off.returncode == 0, off.stderr
+
+
+def test_the_dashboard_takes_the_sidecar_s_label_folder_and_namespace() -> None:
+    objects = _objects(*EXTRA_RENDERS["every-scrape-switch-on"])
+    dashboard = objects[("ConfigMap", f"{RELEASE}-dashboard")]
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert (
+        dashboard["metadata"]["labels"]["dashboards"] == "otel"
+        and "grafana_dashboard" not in dashboard["metadata"]["labels"]
+    )
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "GPU"}
+    assert _scrape_annotations(*EXTRA_RENDERS["every-scrape-switch-on"])["prometheus.io/scheme"] == "https"
+    # A key of podAnnotations is the user's: it replaces the chart's, never repeats it.
+    mine = _scrape_annotations("--set-string", "podAnnotations.prometheus\\.io/port=9999", kinds=WITHOUT_OPERATOR)
+    assert mine == {**SCRAPE_ANNOTATIONS, "prometheus.io/port": "9999"}
+
+
+def test_openshift_keeps_its_platform_monitoring_and_gets_no_dashboard() -> None:
+    # The platform Prometheus scrapes the PodMonitor (kustomize/components/openshift-monitoring);
+    # OpenShift's monitoring has no Grafana for the dashboard, and the pods no annotations.
+    for name in ("openshift", "openshift-oci-hook", "openshift-nri"):
+        objects = _objects("--set", f"platform={name}")
+        assert {("PodMonitor", RELEASE), ("PrometheusRule", RELEASE), ("Role", "prometheus-k8s")} <= objects.keys()
+        assert ("ServiceMonitor", RELEASE) not in objects and ("ConfigMap", f"{RELEASE}-dashboard") not in objects
+        assert _scrape_annotations("--set", f"platform={name}") == {}, name
+
+
 # Upgrades.
-def selector(*args: str, chart: Path = CHART) -> dict[str, Any]:
-    (ds,) = [d for d in documents(template(*args, chart=chart)) if d["kind"] == "DaemonSet"]
+def selector(*args: str, chart: Path = CHART, kinds: tuple[str, ...] = CUSTOM_KINDS) -> dict[str, Any]:
+    (ds,) = [d for d in documents(template(*args, chart=chart, kinds=kinds)) if d["kind"] == "DaemonSet"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     return dict(ds["spec"]["selector"])
 
@@ -407,7 +642,8 @@ def selector(*args: str, chart: Path = CHART) -> dict[str, Any]:
 def test_the_selector_never_changes_with_values_or_chart_versions(tmp_path: Path) -> None:
     expected = {"matchLabels": {"app.kubernetes.io/name": "otel-vgpu", "app.kubernetes.io/instance": RELEASE}}
     for flavour in ("defaults", *FLAVOURS):
-        assert selector(*flavour_args(flavour)) == expected, flavour
+        kinds = cluster_of(render(kustomize_target(flavour)))
+        assert selector(*flavour_args(flavour), kinds=kinds) == expected, flavour
     for args in EXTRA_RENDERS.values():
         assert selector(*args) == expected, args
     # A later chart and agent version: the template's labels may move, the selector may not.
@@ -441,7 +677,12 @@ def test_helm_packages_the_chart_and_the_archive_renders_the_same(tmp_path: Path
     assert archive.exists(), result.stdout
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
-    assert {"otel-vgpu/Chart.yaml", "otel-vgpu/values.schema.json", "otel-vgpu/files/otel-vgpu-rules.yaml"} <= names
+    assert {
+        "otel-vgpu/Chart.yaml",
+        "otel-vgpu/values.schema.json",
+        "otel-vgpu/files/otel-vgpu-rules.yaml",
+        "otel-vgpu/files/otel-vgpu-dashboard.json",
+    } <= names
     assert not [n for n in names if "/ci/" in n or n.endswith(".helmignore")], "test values stay out of the package"
     assert template(chart=archive) == template()
 
@@ -455,11 +696,12 @@ DCGM = load_script("dcgm_generations.py")
 def test_the_dcgm_exporter_names_are_the_set_of_the_version_given(version: str) -> None:
     # The template's choice is scripts/dcgm_generations.py's: a major.minor its newest patch, an older
     # version the first set, a newer one the newest.
-    rendered = by_object(documents(template("--set-string", f"prometheus.rules.dcgmExporterNames={version}")))
+    names = ("--set-string", f"prometheus.rules.dcgmExporterNames={version}")
+    rendered = by_object(documents(template(*names, "--set", "prometheus.rules.enabled=false")))
     rule = rendered[("PrometheusRule", f"{RELEASE}-dcgm-exporter-names")]
     generation = DCGM.generation_of(version)
     assert rule["spec"] == yaml.safe_load(generation.path.read_text())
-    assert ("PrometheusRule", RELEASE) not in rendered, "the agent's own rules only with prometheus.rules.enabled"
+    assert ("PrometheusRule", RELEASE) not in rendered, "the names with or without the agent's own rules"
     both = by_object(
         documents(
             template(
@@ -474,7 +716,8 @@ def test_the_dcgm_exporter_names_are_the_set_of_the_version_given(version: str) 
 
 
 def test_no_dcgm_exporter_names_by_default() -> None:
-    assert not [doc for doc in documents(template()) if doc["kind"] == "PrometheusRule"]
+    rules = [doc["metadata"]["name"] for doc in documents(template()) if doc["kind"] == "PrometheusRule"]
+    assert rules == [RELEASE], "the agent's own rules alone"
 
 
 def test_the_chart_ships_every_dcgm_exporter_set_as_generated() -> None:
@@ -490,6 +733,11 @@ def test_the_chart_ships_the_tested_rules_and_collector_config() -> None:
     assert (files / "otel-vgpu-rules.yaml").read_text() == (ROOT / "deploy/prometheus/otel-vgpu-rules.yaml").read_text()
     assert (files / "collector-gateway.yaml").read_text() == (ROOT / "collector-config/gateway/config.yaml").read_text()
     assert (files / "collector-semconv.yaml").read_text() == (ROOT / "collector-config/semconv/config.yaml").read_text()
+    # Helm reads only the chart's own files: the dashboard is a copy, held to deploy/grafana's.
+    dashboard = (ROOT / "deploy/grafana/otel-vgpu-dashboard.json").read_text()
+    assert (files / "otel-vgpu-dashboard.json").read_text() == dashboard, (
+        "cp deploy/grafana/otel-vgpu-dashboard.json charts/otel-vgpu/files/"
+    )
 
 
 def _agent_env(*args: str) -> dict[str, str | None]:
@@ -777,9 +1025,7 @@ def test_the_schema_embeds_the_kubernetes_types_it_is_generated_with() -> None:
 
 
 def _notes(*args: str) -> str:
-    result = helm("install", RELEASE, CHART, "--namespace", NAMESPACE, "--dry-run=client", *args)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.split("NOTES:", 1)[1]
+    return install_notes(*args)
 
 
 def test_the_notes_say_the_default_image_must_be_built_and_pushed_and_how() -> None:

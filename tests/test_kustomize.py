@@ -442,18 +442,50 @@ def test_readme_apply_command_names_a_real_kustomization() -> None:
         assert (target / "kustomization.yaml").exists(), command
 
 
-def test_the_readmes_own_kustomization_renders_a_cluster_with_features(tmp_path: Path) -> None:
+def test_the_readmes_own_kustomizations_render_the_image_built_and_a_cluster_with_features(tmp_path: Path) -> None:
     readme = (KUSTOMIZE / "README.md").read_text()
-    block = re.search(r"```yaml\n(# my-cluster/kustomization.yaml.*?)```", readme, re.DOTALL)
-    assert block, "the README's example of one's own kustomization"
+    blocks = re.findall(r"```yaml\n(# my-cluster/kustomization.yaml.*?)```", readme, re.DOTALL)
+    assert len(blocks) == 2, "the README's kustomizations of one's own: the image it builds, then features"
     (tmp_path / "kustomize").symlink_to(KUSTOMIZE)
-    (tmp_path / "my-cluster").mkdir()
-    (tmp_path / "my-cluster" / "kustomization.yaml").write_text(block.group(1))
-    docs = documents(rendered_text(tmp_path / "my-cluster"))
+
+    def rendered(block: str, name: str) -> list[dict[str, Any]]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "kustomization.yaml").write_text(block)
+        return documents(rendered_text(tmp_path / name))
+
+    # The first runs the image the README's opening commands build and push.
+    built = {w for line in re.findall(r"(?m)^docker build .*$", readme) for w in line.split() if "example.com" in w}
+    (container,) = one(rendered(blocks[0], "image"), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert {container["image"]} == built
+    docs = rendered(blocks[1], "features")
     kinds = {d["kind"] for d in docs}
     assert {"DaemonSet", "PodMonitor", "PrometheusRule", "NetworkPolicy"} <= kinds
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert ("kubernetes.azure.com/accelerator", "In", ("nvidia",)) in terms_of(pod)
+
+
+def test_the_pods_announce_themselves_to_annotation_jobs_only_where_no_monitor_scrapes_them() -> None:
+    # kustomize asks no cluster: the base annotates the pods (as the chart does without the
+    # operator's API), and the component that adds the PodMonitor removes them, so that no
+    # agent is scraped twice.
+    for target in TARGETS:
+        annotations = daemonset(target)["spec"]["template"]["metadata"]["annotations"]
+        scrape = {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")}
+        if any(d["kind"] == "PodMonitor" for d in render(target)):
+            assert scrape == {}, target
+        else:
+            port = agent_container(target)["ports"][0]["containerPort"]
+            scheme = "https" if "--tls-cert-file" in flag_values(agent_container(target)) else "http"
+            assert scrape == {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(port),
+                "prometheus.io/path": "/metrics",
+                "prometheus.io/scheme": scheme,
+            }, target
+    assert {t for t in TARGETS if any(d["kind"] == "PodMonitor" for d in render(t))} == {
+        "prometheus-operator",
+        *OPENSHIFT,
+    }
 
 
 def test_strict_validation_refuses_what_the_api_would(tmp_path: Path) -> None:

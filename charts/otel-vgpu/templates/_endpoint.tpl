@@ -95,7 +95,7 @@ ca:
 serverName: {{ $tls.serverName | default (printf "%s.%s.svc" (include "otel-vgpu.fullname" $) (include "otel-vgpu.namespace" $)) }}
 {{- if $tls.clientCA }}
 {{- if not $tls.scraperSecretName }}
-{{- fail "tls.clientCA makes the agent ask scrapers for a client certificate, and the monitor has none: set tls.scraperSecretName (a kubernetes.io/tls Secret whose certificate the TLS Secret's ca.crt signed) or the monitor's tlsConfig" }}
+{{- fail "tls.clientCA makes the agent ask scrapers for a client certificate, and the monitor has none: set tls.scraperSecretName (a kubernetes.io/tls Secret whose certificate the TLS Secret's ca.crt signed) or the monitor's tlsConfig, or turn the monitor off (prometheus.monitor.enabled=false: its default, auto, renders it where the Prometheus Operator's API is)" }}
 {{- end }}
 cert:
   secret:
@@ -124,7 +124,7 @@ basicAuth: {{- toYaml $monitor.basicAuth | nindent 2 }}
 authorization: {{- toYaml $monitor.authorization | nindent 2 }}
 {{- else if $.Values.basicAuth.enabled -}}
 {{- if not $.Values.basicAuth.scraperSecretName -}}
-{{- fail "basicAuth.enabled makes the agent ask scrapers for a password, and the monitor has none: set basicAuth.scraperSecretName (a Secret with username and password keys, the password in clear: the users file holds only its hash) or the monitor's basicAuth" -}}
+{{- fail "basicAuth.enabled makes the agent ask scrapers for a password, and the monitor has none: set basicAuth.scraperSecretName (a Secret with username and password keys, the password in clear: the users file holds only its hash) or the monitor's basicAuth, or turn the monitor off (prometheus.monitor.enabled=false: its default, auto, renders it where the Prometheus Operator's API is)" -}}
 {{- end -}}
 basicAuth:
   username:

@@ -208,3 +208,111 @@ path component holding a dot or a colon, or localhost; empty where it names none
 {{- $first }}
 {{- end }}
 {{- end }}
+
+{{/*
+What an `auto`/`true`/`false` value comes to: "true" or empty. `auto` is the second argument,
+the chart's own answer from the cluster's API; true and false, as booleans or as strings
+(`--set-string`), are the user's, and win over it.
+*/}}
+{{- define "otel-vgpu.switch" -}}
+{{- $value := toString (index . 0) -}}
+{{- if eq $value "auto" -}}
+{{- if index . 1 }}true{{ end -}}
+{{- else if eq $value "true" -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The PodMonitor: asked for by name only (no `auto`: the ServiceMonitor is the default monitor). */}}
+{{- define "otel-vgpu.podMonitorOn" -}}
+{{- include "otel-vgpu.switch" (list .Values.prometheus.podMonitor.enabled false) -}}
+{{- end -}}
+
+{{/*
+The ServiceMonitor. `auto`: where the API has its kind, as the Prometheus Operator's CRDs
+(kube-prometheus-stack's among them) put it there; where the Service it scrapes through is on;
+and where the PodMonitor is off, since two monitors would scrape every agent twice and double
+every sum over them.
+*/}}
+{{- define "otel-vgpu.serviceMonitorOn" -}}
+{{- $kind := printf "%s/ServiceMonitor" (.Values.prometheus.monitor.apiVersion | default "monitoring.coreos.com/v1") -}}
+{{- $auto := and (.Capabilities.APIVersions.Has $kind) .Values.service.enabled (not (include "otel-vgpu.podMonitorOn" .)) -}}
+{{- include "otel-vgpu.switch" (list .Values.prometheus.monitor.enabled $auto) -}}
+{{- end -}}
+
+{{/* A monitor of either kind renders. */}}
+{{- define "otel-vgpu.monitorOn" -}}
+{{- if or (include "otel-vgpu.serviceMonitorOn" .) (include "otel-vgpu.podMonitorOn" .) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The PrometheusRule of the agent's alerts and recording rules. `auto`: where the API has its kind. */}}
+{{- define "otel-vgpu.rulesOn" -}}
+{{- $auto := .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule" -}}
+{{- include "otel-vgpu.switch" (list .Values.prometheus.rules.enabled $auto) -}}
+{{- end -}}
+
+{{/*
+The pods' prometheus.io annotations. `auto`: where no monitor renders. A Prometheus that reads
+them has no operator to give it a monitor; where one does, a job reading them as well would
+scrape every agent a second time.
+*/}}
+{{- define "otel-vgpu.scrapeAnnotationsOn" -}}
+{{- include "otel-vgpu.switch" (list .Values.prometheus.scrapeAnnotations (not (include "otel-vgpu.monitorOn" .))) -}}
+{{- end -}}
+
+{{/* The dashboard's ConfigMap. `auto`: where a monitor renders, the Prometheus Operator's clusters, whose usual Grafana (kube-prometheus-stack's) loads it. */}}
+{{- define "otel-vgpu.dashboardOn" -}}
+{{- include "otel-vgpu.switch" (list .Values.grafana.dashboard.enabled (include "otel-vgpu.monitorOn" .)) -}}
+{{- end -}}
+
+{{/* The scheme the agent serves /metrics in. */}}
+{{- define "otel-vgpu.scheme" -}}
+{{- ternary "https" "http" .Values.tls.enabled -}}
+{{- end -}}
+
+{{/*
+A Prometheus job of one's own that scrapes the release's agents as the monitors do, for the
+notes to print where no monitor renders (docs/install.md shows the default release's):
+the pods of the release in its namespace, on the metrics port, honor_labels true (the agent's
+pod and namespace labels name the GPUs' tenants), the node from the pod's node. Prometheus
+adds no namespace, pod or container of the target here, so there is none to drop. The job's
+name holds otel-vgpu, which VGPUAgentDown's up{job=~".*otel-vgpu.*"} looks for.
+*/}}
+{{- define "otel-vgpu.scrapeConfig" -}}
+{{- $tls := .Values.tls -}}
+- job_name: otel-vgpu
+  # The agent's pod and namespace labels name the pods using the GPUs: keep them.
+  honor_labels: true
+  scrape_interval: {{ .Values.prometheus.monitor.interval }}
+  scrape_timeout: {{ .Values.prometheus.monitor.scrapeTimeout }}
+  scheme: {{ include "otel-vgpu.scheme" . }}
+  metrics_path: /metrics
+  {{- if $tls.enabled }}
+  tls_config:
+    ca_file: /etc/prometheus/secrets/{{ $tls.secretName }}/ca.crt  # ca.crt of Secret {{ $tls.secretName }}, mounted into Prometheus
+    server_name: {{ $tls.serverName | default (printf "%s.%s.svc" (include "otel-vgpu.fullname" .) (include "otel-vgpu.namespace" .)) }}
+    {{- if $tls.clientCA }}
+    cert_file: /etc/prometheus/secrets/{{ $tls.scraperSecretName | default "prometheus-client" }}/tls.crt  # a client certificate ca.crt signed
+    key_file: /etc/prometheus/secrets/{{ $tls.scraperSecretName | default "prometheus-client" }}/tls.key
+    {{- end }}
+  {{- end }}
+  {{- if .Values.basicAuth.enabled }}
+  basic_auth:
+    username: prometheus  # a user of the agent's users file
+    password_file: /etc/prometheus/secrets/{{ .Values.basicAuth.scraperSecretName | default "otel-vgpu-scraper" }}/password
+  {{- end }}
+  kubernetes_sd_configs:
+    - role: pod
+      namespaces:
+        names: [{{ include "otel-vgpu.namespace" . }}]
+  relabel_configs:
+    # The release's agents, on their metrics port (the monitors' selector).
+    - source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_name, __meta_kubernetes_pod_label_app_kubernetes_io_instance, __meta_kubernetes_pod_container_port_name]
+      action: keep
+      regex: {{ include "otel-vgpu.name" . }};{{ .Release.Name }};metrics
+    # The agent's node, as the monitors label it.
+    - source_labels: [__meta_kubernetes_pod_node_name]
+      target_label: node
+{{- end -}}
