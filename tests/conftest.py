@@ -17,7 +17,7 @@ from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
-from otel_vgpu.sim.scenario import Scenario
+from otel_vgpu.sim.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.agent import ROOT
 from testkit.clock import Clock
@@ -204,3 +204,21 @@ def _units_stay_pure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(socket.socket, "bind", refuse("a socket bound"))
     monkeypatch.setattr(socket.socket, "connect", refuse("a socket connected"))
     monkeypatch.setattr(socket.socket, "connect_ex", refuse("a socket connected"))
+
+
+def wide_scenario(gpus: int, pods: int) -> Scenario:
+    """`pods` pods, each with one small process on every one of `gpus` GPUs and a share of each."""
+    return Scenario(
+        gpus=tuple(GpuSpec(i, f"GPU-{i:08d}", "H100", 80 * GIB) for i in range(gpus)),
+        pods=tuple(
+            PodSpec(
+                namespace=f"ns{p % 7}",
+                name=f"pod-{p}",
+                uid=f"{p:08x}-0000-4000-8000-000000000000",
+                cgroup=CgroupSpec(version=1 + p % 2, driver=("systemd", "cgroupfs")[p % 2]),
+                shares=dict.fromkeys(range(gpus), 1),
+                processes=tuple(ProcessSpec(gpu=g, memory=Wave(GIB), sm=Wave(0.001)) for g in range(gpus)),
+            )
+            for p in range(pods)
+        ),
+    )

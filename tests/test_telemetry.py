@@ -6,18 +6,18 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
 
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.reading import Read
 from otel_vgpu.collect.xids import XidCounts
 from otel_vgpu.export import telemetry as telemetry_module
+from otel_vgpu.export.direct import Observations
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.families import (
     AGENT,
@@ -42,18 +42,17 @@ from otel_vgpu.export.families import (
     of_subject,
 )
 from otel_vgpu.export.otlp import OtlpSettings
-from otel_vgpu.export.sdk_internals import storage_matches
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.backend import XidEvent
 from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S
 from otel_vgpu.health import Health, Reader, Refusal, Stage
 from otel_vgpu.sim.node import SimulatedNode
-from otel_vgpu.sim.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
+from otel_vgpu.sim.scenario import Scenario
 from testkit.clock import Clock
 from testkit.kept_exporter import KeptExporter
 from testkit.promtext import Exposition, parse
 
-from .conftest import GIB, make_sampler
+from .conftest import make_sampler, wide_scenario
 
 pytestmark = pytest.mark.unit
 
@@ -142,25 +141,8 @@ def test_seed_families(telemetry: Telemetry) -> None:
         assert {k for k, _ in labels} == {"pod", "gpu_id"}
 
 
-def big_node(gpus: int, pods: int) -> Scenario:
-    return Scenario(
-        gpus=tuple(GpuSpec(i, f"GPU-{i:08d}", "H100", 80 * GIB) for i in range(gpus)),
-        pods=tuple(
-            PodSpec(
-                namespace=f"ns{p % 7}",
-                name=f"pod-{p}",
-                uid=f"{p:08x}-0000-4000-8000-000000000000",
-                cgroup=CgroupSpec(version=1 + p % 2, driver=("systemd", "cgroupfs")[p % 2]),
-                shares=dict.fromkeys(range(gpus), 1),
-                processes=tuple(ProcessSpec(gpu=g, memory=Wave(GIB), sm=Wave(0.001)) for g in range(gpus)),
-            )
-            for p in range(pods)
-        ),
-    )
-
-
 def test_eight_gpus_and_four_hundred_pods_lose_nothing(tmp_path: Path, ratio_file: Path) -> None:
-    node = SimulatedNode(big_node(8, 400), tmp_path / "proc")
+    node = SimulatedNode(wide_scenario(8, 400), tmp_path / "proc")
     telemetry = Telemetry(make_sampler(node, ratio_file, health=Health()), Health(), 1.0, "n", seed_metrics=False)
     exposition = scrape(telemetry)
     # No process uses an engine beside SM: no pod has those families (tests/test_engines.py).
@@ -183,7 +165,7 @@ def test_ended_pod_disappears_and_churn_never_overflows(
     # With a limit of 40 points per instrument, 150 pods passing through one
     # at a time must each still get their own series.
     monkeypatch.setattr(telemetry_module, "CARDINALITY_LIMIT", 40)
-    base = big_node(1, 3)
+    base = wide_scenario(1, 3)
     node = SimulatedNode(base, tmp_path / "proc")
     telemetry = Telemetry(make_sampler(node, ratio_file), Health(), 0.0, "n", seed_metrics=False)
     for step in range(150):
@@ -193,13 +175,14 @@ def test_ended_pod_disappears_and_churn_never_overflows(
         pods = {labels for labels, _ in exposition.by("vgpu_pod_memory_used_bytes", "pod").items()}
         # the directory knows only the first scenario's pods: a job's UID stands for its name
         assert pods == {(base.pods[1].name,), (pod.uid,)}, step
-    # Nor does the SDK keep the ended pods: each gauge holds the attribute sets of the two live
-    # pods (times the GPU's one), each counter those and the job that ended since the last
-    # scrape, at its final value until that scrape has read it, no more.
+    # Nor does the scrape keep the ended pods (export/direct.py holds the attribute sets as the
+    # SDK's storage would): each gauge holds the attribute sets of the two live pods (times the
+    # GPU's one), each counter those and the job that ended since the last scrape, at its final
+    # value until that scrape has read it, no more.
     held = {
-        instrument.name: sum(len(view._attributes_aggregation) for view in views)
-        for instrument, views in storage_matches(telemetry.provider, telemetry.reader).items()
-        if instrument.name.startswith("vgpu.pod.")
+        family.name: telemetry._direct.held(family.name)
+        for family in FAMILIES
+        if family.name.startswith("vgpu.pod.") and family.needs is None
     }
     counters = {family.name for family in FAMILIES if family.instrument is Instrument.COUNTER}
     assert held and max(count for name, count in held.items() if name not in counters) <= 2, held
@@ -222,10 +205,10 @@ def test_pruning_that_cannot_work_warns_once_for_every_reader(
     assert sum("cannot prune" in r.getMessage() for r in caplog.records) == 1
 
 
-def value(observed: dict[str, list[Observation]], name: str, **labels: str) -> float:
+def value(observed: Mapping[str, Observations], name: str, **labels: str) -> float:
     """The one observation of `name` with these labels (and maybe others)."""
-    (point,) = [o for o in observed[name] if labels.items() <= dict(o.attributes or {}).items()]
-    return float(point.value)
+    (point,) = [v for attributes, v in observed[name] if labels.items() <= attributes.items()]
+    return float(point)
 
 
 def test_a_push_after_a_scrape_of_one_snapshot_shares_the_snapshots_rows_and_reads_the_rest_anew(
@@ -298,7 +281,7 @@ def test_a_push_after_a_scrape_of_one_snapshot_shares_the_snapshots_rows_and_rea
             assert at_push[family.name] == at_scrape[family.name], family.name
     # The rest are built anew at the push, which has what moved since the scrape.
     assert all(built[name] > at_scrape_built[name] for name in read_anew), (built, at_scrape_built)
-    assert {dict(o.attributes or {})["xid"] for o in at_scrape["vgpu.gpu.xid.errors"]} == {"43"}
+    assert {attributes["xid"] for attributes, _ in at_scrape["vgpu.gpu.xid.errors"]} == {"43"}
     assert value(at_push, "vgpu.gpu.xid.errors", gpu_id="0", xid="79") == 1
     assert value(at_scrape, "vgpu.gpu.xid.last", gpu_id="0") == 43
     assert value(at_push, "vgpu.gpu.xid.last", gpu_id="0") == 79
@@ -308,7 +291,7 @@ def test_a_push_after_a_scrape_of_one_snapshot_shares_the_snapshots_rows_and_rea
     reused = value(at_scrape, "vgpu.agent.refusals", reason="pid_reused")
     assert value(at_push, "vgpu.agent.refusals", reason="pid_reused") == reused + 1
     assert at_scrape["vgpu.agent.pod_resources.up"] == [] and value(at_push, "vgpu.agent.pod_resources.up") == 0
-    scraped_readers = {dict(o.attributes or {})["reader"] for o in at_scrape["vgpu.agent.reader.success"]}
+    scraped_readers = {attributes["reader"] for attributes, _ in at_scrape["vgpu.agent.reader.success"]}
     assert "pod_resources" not in scraped_readers
     assert value(at_push, "vgpu.agent.reader.success", reader="pod_resources") == 0
     assert value(at_push, "vgpu.agent.reader.duration", reader="pod_resources") == 0.5

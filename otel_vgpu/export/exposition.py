@@ -31,7 +31,6 @@ from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
     Histogram,
-    HistogramDataPoint,
     Metric,
     MetricsData,
     NumberDataPoint,
@@ -146,24 +145,63 @@ class _Family:
 
 
 def _family(metric: Metric) -> _Family | None:
-    name = sanitize_full_name(metric.name)
-    unit = map_unit(metric.unit or "")
     data = metric.data
     if isinstance(data, Sum):
         # Cumulative sums that may go down are gauges (the Prometheus compatibility specification).
         counter = data.is_monotonic or data.aggregation_temporality != AggregationTemporality.CUMULATIVE
         kind = "counter" if counter else "gauge"
-        if counter and name.endswith("_total"):
-            name = name[: -len("_total")]
     elif isinstance(data, Gauge):
         kind = "gauge"
     elif isinstance(data, Histogram):
         kind = "histogram"
     else:
         return None  # the exporter skips what it cannot translate (exponential histograms)
+    return family_of(metric.name, metric.unit or "", metric.description or "", kind)
+
+
+@functools.lru_cache(maxsize=1024)
+def family_of(name: str, unit: str, description: str, kind: str) -> _Family:
+    """A metric's Prometheus identity from its instrument's name, unit, description and kind
+    (counter, gauge or histogram), by the exporter's naming rules."""
+    name = sanitize_full_name(name)
+    unit = map_unit(unit)
+    if kind == "counter" and name.endswith("_total"):
+        name = name[: -len("_total")]
     if unit and not name.endswith("_" + unit):
         name = f"{name}_{unit}"
-    return _Family(name, kind, unit, metric.description or "")
+    return _Family(name, kind, unit, description)
+
+
+@dataclass(frozen=True, slots=True)
+class Buckets:
+    """One histogram series: what its exposition reads of the SDK's HistogramDataPoint."""
+
+    attributes: Mapping[str, Any]
+    explicit_bounds: Sequence[float]
+    bucket_counts: Sequence[int]
+    sum: float
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One family of a collection, ready to write: its identity and its points in order,
+    each (attribute dict, value), or a histogram's `Buckets`. A series' attribute dict must be
+    the same object from one collection to the next while the series lives (the label texts
+    are looked up by its identity), as the SDK's storage keeps it."""
+
+    family: _Family
+    points: Sequence[tuple[Mapping[str, Any], float]] = ()
+    buckets: Sequence[Buckets] = ()
+
+
+def _series(metric: Metric) -> Series | None:
+    family = _family(metric)
+    if family is None:
+        return None
+    if family.kind == "histogram":
+        return Series(family, buckets=cast("Sequence[Buckets]", metric.data.data_points))
+    points = cast("Sequence[NumberDataPoint]", metric.data.data_points)
+    return Series(family, [(point.attributes or _NO_ATTRIBUTES, point.value) for point in points])
 
 
 class Renderer:
@@ -196,15 +234,33 @@ class Renderer:
 
     def render(self, data: MetricsData | None, fmt: Format) -> str:
         """The exposition of one collection: target_info, then every metric, then `# EOF` in OpenMetrics."""
+        if data is None or not data.resource_metrics:
+            return self.render_series(None, (), fmt)
+        attributes: dict[str, Any] = {}
+        for resource_metrics in data.resource_metrics:
+            attributes.update(resource_metrics.resource.attributes)
+        series = [
+            found
+            for resource_metrics in data.resource_metrics
+            for scope_metrics in resource_metrics.scope_metrics
+            for metric in scope_metrics.metrics
+            if metric.name not in self._leave_out and (found := _series(metric)) is not None
+        ]
+        return self.render_series((data.resource_metrics[0].resource, attributes), series, fmt)
+
+    def render_series(
+        self, resource: tuple[Resource, Mapping[str, Any]] | None, series: Iterable[Series], fmt: Format
+    ) -> str:
+        """The exposition of one collection given as its families in order (`Series`): target_info
+        from `resource` (the resource and its attributes; None: no target_info), then every family,
+        then `# EOF` in OpenMetrics. The SDK's collections (`render`) and the scrape's own
+        (export/direct.py) are written here alike."""
         out: list[str] = []
         used: dict[tuple[str, tuple[str, ...]], dict[int, tuple[Mapping[str, Any], str]]] = {}
-        if data is not None and data.resource_metrics:
-            out.append(self._target_info(data, fmt))
-            for resource_metrics in data.resource_metrics:
-                for scope_metrics in resource_metrics.scope_metrics:
-                    for metric in scope_metrics.metrics:
-                        if metric.name not in self._leave_out:
-                            self._metric(metric, fmt, out, used)
+        if resource is not None:
+            out.append(self._target_info(resource[0], resource[1], fmt))
+            for one in series:
+                self._metric(one, fmt, out, used)
         # Only the label text of series that still exist is kept: ended pods' go. The other
         # escaping's texts stay for its next render (clients that alternate between dots
         # and the rest would otherwise have every series' labels written anew each time).
@@ -219,15 +275,12 @@ class Renderer:
 
     def _metric(
         self,
-        metric: Metric,
+        series: Series,
         fmt: Format,
         out: list[str],
         used: dict[tuple[str, tuple[str, ...]], dict[int, tuple[Mapping[str, Any], str]]],
     ) -> None:
-        family = _family(metric)
-        if family is None:
-            return
-        points = metric.data.data_points
+        family = series.family
         escaping = fmt.escaping
         name = om.escape_metric_name(family.name, escaping)
         sample = om.escape_metric_name(f"{family.name}_total", escaping) if family.kind == "counter" else name
@@ -238,36 +291,30 @@ class Renderer:
         else:
             text_help = family.help.replace("\\", r"\\").replace("\n", r"\n")
             out.append(f"# HELP {sample} {text_help}\n# TYPE {sample} {family.kind}\n")
+        if family.kind == "histogram":
+            names = _label_names(buckets.attributes for buckets in series.buckets)
+            self._escapings.add(_labelled(names, escaping))
+            for buckets in series.buckets:
+                self._histogram(out, family.name, names, escaping, buckets)
+            return
         # Every series of a family carries the family's label names, "" where a
         # series has no such attribute (the exporter's backfill).
-        raw: set[str] = set()
-        for point in points:
-            raw.update(point.attributes or ())
-        names = tuple(sorted({sanitize_attribute(key) for key in raw}))
-        # Label names of Prometheus' legacy set are written alike by every escaping but dots:
-        # such a family's label texts are shared by underscores, values and allow-utf-8.
-        labelled = escaping if escaping == om.DOTS or not all(map(_LEGACY_NAME.fullmatch, names)) else om.UNDERSCORES
+        names = _label_names(attributes for attributes, _ in series.points)
+        labelled = _labelled(names, escaping)
         self._escapings.add(labelled)
         key = (labelled, names)
-        if family.kind == "histogram":
-            for point in points:
-                self._histogram(out, family.name, names, escaping, cast(HistogramDataPoint, point))
-            return
         previous = self._labels.get(key, {})
         kept = used.setdefault(key, {})
-        for point in cast("Sequence[NumberDataPoint]", points):
-            attributes = point.attributes or _NO_ATTRIBUTES
+        for attributes, value in series.points:
             entry = kept.get(id(attributes))
             if entry is None or entry[0] is not attributes:
                 entry = previous.get(id(attributes))
                 if entry is None or entry[0] is not attributes:
                     entry = (attributes, _label_text(attributes, names, labelled))
                 kept[id(attributes)] = entry
-            out.append(f"{sample}{entry[1]} {_value(point.value)}\n")
+            out.append(f"{sample}{entry[1]} {_value(value)}\n")
 
-    def _histogram(
-        self, out: list[str], name: str, names: tuple[str, ...], escaping: str, point: HistogramDataPoint
-    ) -> None:
+    def _histogram(self, out: list[str], name: str, names: tuple[str, ...], escaping: str, point: Buckets) -> None:
         labels = _labels(point.attributes, names)
         total = 0
         buckets = []
@@ -284,17 +331,13 @@ class Renderer:
             out.append(f"{count_name}{text} {_value(buckets[-1][1])}\n")
             out.append(f"{sum_name}{text} {_value(point.sum)}\n")
 
-    def _target_info(self, data: MetricsData, fmt: Format) -> str:
+    def _target_info(self, resource: Resource, attributes: Mapping[str, Any], fmt: Format) -> str:
         """target_info: the resource's attributes as labels, made once per resource and rendering
         (keyed by what changes the text, not the content type, whose version a client may choose)."""
-        resource = data.resource_metrics[0].resource
         key = (id(resource), fmt.openmetrics, fmt.escaping)
         cached = self._target.get(key)
         if cached is not None and cached[0] is resource:
             return cached[1]
-        attributes: dict[str, Any] = {}
-        for resource_metrics in data.resource_metrics:
-            attributes.update(resource_metrics.resource.attributes)
         labels = {sanitize_attribute(k): _label_value(v) for k, v in attributes.items()}
         text = _label_text_of(labels, fmt.escaping)
         info = om.escape_metric_name("target_info", fmt.escaping)
@@ -306,6 +349,20 @@ class Renderer:
         rendered = f"{head}{info}{text} 1.0\n"
         self._target[key] = (resource, rendered)
         return rendered
+
+
+def _label_names(attribute_sets: Iterable[Mapping[str, Any] | None]) -> tuple[str, ...]:
+    raw: set[str] = set()
+    for attributes in attribute_sets:
+        raw.update(attributes or ())
+    return tuple(sorted({sanitize_attribute(key) for key in raw}))
+
+
+def _labelled(names: tuple[str, ...], escaping: str) -> str:
+    """The escaping a family's label texts are kept under: label names of Prometheus' legacy
+    set are written alike by every escaping but dots, so such a family's label texts are
+    shared by underscores, values and allow-utf-8."""
+    return escaping if escaping == om.DOTS or not all(map(_LEGACY_NAME.fullmatch, names)) else om.UNDERSCORES
 
 
 def _labels(attributes: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str, str]:

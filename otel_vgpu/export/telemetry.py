@@ -40,7 +40,8 @@ from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.device_health import DeviceHealth, HealthRow
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.collect.xids import XidCount, XidCounts
-from otel_vgpu.export.exposition import Format, Renderer
+from otel_vgpu.export.direct import DirectScrape, Observations
+from otel_vgpu.export.exposition import Format, Renderer, Series
 from otel_vgpu.export.families import FAMILIES, Family, Feature, Instrument, Observed, Subject
 from otel_vgpu.export.memory import trim
 from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings, make_exporter
@@ -56,6 +57,8 @@ from otel_vgpu.flag_values import OTLP_SEMCONV
 from otel_vgpu.health import Health
 
 log = logging.getLogger(__name__)
+# A callback that raises is logged where and as the SDK logs it, whichever reader collected.
+_sdk_log = logging.getLogger("opentelemetry.sdk.metrics._internal.instrument")
 
 # Points one instrument may hold before the SDK folds the rest into an
 # overflow series. The SDK's default (2000) is below 8 GPUs x 400 pods; this
@@ -126,13 +129,14 @@ class CollectionScope:
         # max_age, through the sampler's own sharing.
         return pinned if pinned is not None else self._sampler.snapshot(self.max_age)
 
-    def record(self, instrument: str, observations: list[Observation]) -> None:
+    def record(self, instrument: str, observations: Observations) -> None:
+        """What `instrument` observed in this collection: (attributes, value) per series."""
         observed = getattr(self._local, "observed", None)
         if observed is not None:
             observed[instrument] = observations
 
-    def observed(self) -> dict[str, list[Observation]]:
-        result: dict[str, list[Observation]] = getattr(self._local, "observed", None) or {}
+    def observed(self) -> dict[str, Observations]:
+        result: dict[str, Observations] = getattr(self._local, "observed", None) or {}
         return result
 
 
@@ -181,9 +185,8 @@ class Telemetry:
         self.reader = ScrapeReader(cardinality_limits=limits)
         # The families of the semantic-conventions push alone are collected by the scrape's reader
         # too (the SDK has no reader of its own instruments), and left out of what it renders.
-        self._renderer = Renderer(
-            leave_out=frozenset(family.name for family in families if family.needs is Feature.SEMCONV)
-        )
+        leave_out = frozenset(family.name for family in families if family.needs is Feature.SEMCONV)
+        self._renderer = Renderer(leave_out=leave_out)
         readers: list[MetricReader] = [self.reader]
         self.pusher: OtlpPusher | None = None
         if otlp is not None:
@@ -196,8 +199,9 @@ class Telemetry:
                 cardinality_limits=limits,
             )
             readers.append(self.pusher)
+        self.resource = agent_resource(node_name)
         self.provider = MeterProvider(
-            resource=agent_resource(node_name),
+            resource=self.resource,
             metric_readers=readers,
             # Gauges of GPU state have no traces to link to; sampling exemplars
             # would cost a reservoir per series per collection for nothing.
@@ -223,9 +227,20 @@ class Telemetry:
         if otlp is not None and otlp.names == OTLP_SEMCONV:
             features.add(Feature.SEMCONV)
         meter = self.provider.get_meter("otel_vgpu", __version__)
+        self._observables: list[Family[Any]] = []
+        """The observable families, in the order the SDK runs their callbacks."""
         self._histograms = self._instruments(meter, families, features)
+        # A scrape writes what the callbacks observe without the SDK (export/direct.py): the
+        # reader above stays registered, never collected by a scrape, as the reference the
+        # tests compare the scrape's bytes against.
+        self._leave_out = leave_out
+        self._direct = DirectScrape(
+            [family for family in self._observables if family.name not in leave_out]
+            + [family for family, _ in self._histograms if family.name not in leave_out],
+            CARDINALITY_LIMIT,
+        )
         self._render_lock = threading.Lock()
-        self._encoded: tuple[Snapshot, Any, dict[tuple[bool, str], bytes]] | None = None
+        self._encoded: tuple[Snapshot, list[Series], dict[tuple[bool, str], bytes]] | None = None
         """The last snapshot, its collection and its bodies by format (under the render lock)."""
         self._rows_lock = threading.Lock()
         self._rows: tuple[Snapshot, dict[str, tuple[Sequence[Any], list[Mapping[str, str]]]]] | None = None
@@ -251,6 +266,7 @@ class Telemetry:
                 else meter.create_observable_gauge
             )
             create(family.name, [self._callback(family)], unit=family.unit, description=family.description)
+            self._observables.append(family)
         return histograms
 
     def start(self) -> None:
@@ -267,6 +283,7 @@ class Telemetry:
                 value = family.value(row)
                 if value is not None:
                     histogram.record(value, dict(labels))
+                    self._direct.record(family.name, value, labels)
 
     # --- rendering -----------------------------------------------------------------
 
@@ -297,14 +314,14 @@ class Telemetry:
             # snapshot): each collection then says so, and for how long.
             done = self._encoded
             if done is None or done[0] is not snapshot or self.stuck:
-                data = self.reader.collect_data()
-                self._prune(self.reader)
+                series = self._direct.collect(self._scrape_observations())
                 if self._renderer.new_collection():
                     trim()  # the label texts of escapings no longer asked for: their memory back
-                done = self._encoded = (snapshot, data, {})
+                done = self._encoded = (snapshot, series, {})
             body = done[2].get(fmt.body)
             if body is None:
-                rendered = self._renderer.render(done[1], fmt).encode()
+                resource = (self.resource, self.resource.attributes)
+                rendered = self._renderer.render_series(resource, done[1], fmt).encode()
                 body = done[2][fmt.body] = self._process_metrics(fmt) + rendered
         return snapshot, body
 
@@ -323,17 +340,33 @@ class Telemetry:
 
     def _callback(self, family: Family[Any]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            rows, attributes = self._rows_of(family.subject)
-            value = family.value
-            observations = [
-                Observation(v, attrs)
-                for row, attrs in zip(rows, attributes, strict=True)
-                if (v := value(row)) is not None
-            ]
+            observations = self._observations(family)
             self.scope.record(family.name, observations)
-            return observations
+            return [Observation(v, attrs) for attrs, v in observations]
 
         return callback
+
+    def _observations(self, family: Family[Any]) -> Observations:
+        """What `family` observes in this collection: (attributes, value) per row that has a value."""
+        rows, attributes = self._rows_of(family.subject)
+        value = family.value
+        return [(attrs, v) for row, attrs in zip(rows, attributes, strict=True) if (v := value(row)) is not None]
+
+    def _scrape_observations(self) -> dict[str, Observations]:
+        """Every observable family's observations for a scrape, in the SDK's callback order: the
+        families a scrape leaves out are read too, as the SDK ran their callbacks (a subject's rows
+        may be taken as they are read), and a family that fails is logged as the SDK logs it."""
+        observed: dict[str, Observations] = {}
+        for family in self._observables:
+            try:
+                observations = self._observations(family)
+            except Exception:  # the SDK's rule: one failing callback costs its family only
+                _sdk_log.exception("Callback failed for instrument %s.", family.name)
+                continue
+            self.scope.record(family.name, observations)
+            if family.name not in self._leave_out:
+                observed[family.name] = observations
+        return observed
 
     def _rows_of(self, subject: Subject[Any]) -> tuple[Sequence[Any], list[Mapping[str, str]]]:
         """The rows of `subject` in this collection, with their attributes: built once per
@@ -376,7 +409,7 @@ class Telemetry:
                 for view in views:
                     if len(view._attributes_aggregation) <= len(current):
                         continue
-                    keep = {frozenset((o.attributes or {}).items()) for o in current}
+                    keep = {frozenset(attributes.items()) for attributes, _ in current}
                     with view._lock:
                         view._attributes_aggregation = {
                             key: aggregation
