@@ -42,7 +42,7 @@ from __future__ import annotations
 import bisect
 import enum
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # How far past a period the driver may stamp the next sample of a process that ran in it
 # (a bursty process beside a busy one: a sample every 2 s or so on an H200,
@@ -118,50 +118,123 @@ class Split:
     """What no pod was given, by reason; with the pods' shares, the GPU's figure."""
 
 
+@dataclass(slots=True)
+class Track:
+    """A life's samples as the estimator reads them, oldest first, in parallel lists: each
+    one's stamp, SM figure (0-1), from when it may stand and from when surely. The ledger
+    keeps it as samples come and go (collect/ledger.py `sampled`), so that a period's evidence
+    is a few bisects of plain integers, not a list of every sample built at every sweep."""
+
+    stamps: list[int] = field(default_factory=list)
+    figures: list[float] = field(default_factory=list)
+    since: list[float] = field(default_factory=list)
+    sure: list[float] = field(default_factory=list)
+
+    def append(self, stamp: int, figure: float, since: float, sure: float) -> None:
+        """A sample newer than every one it has."""
+        self.stamps.append(stamp)
+        self.figures.append(figure)
+        self.since.append(since)
+        self.sure.append(sure)
+
+    def pop(self) -> None:
+        """The newest sample gone (a newer one stands in for it)."""
+        for column in (self.stamps, self.figures, self.since, self.sure):
+            column.pop()
+
+    def keep_newest(self, count: int) -> None:
+        for column in (self.stamps, self.figures, self.since, self.sure):
+            del column[:-count]
+
+    def __len__(self) -> int:
+        return len(self.stamps)
+
+
+# Evidence that carries no figure is the same in every period: made once, not per life and period.
+_IDLE = Evidence(Kind.IDLE)
+_UNKNOWN = Evidence(Kind.UNKNOWN)
+
+
 def evidence_at(
-    samples: Sequence[tuple[int, float, float, float]],
+    samples: Track,
     start_us: int,
     end_us: int,
     ended_us: float | None,
     unknown: bool = False,
 ) -> Evidence:
-    """What a life's samples (by stamp, oldest first: each stamp, SM figure 0-1, from when it
-    may stand and from when surely) say of the period (start, end]: the first sample at or
-    after its end stands for it, if it stands from before that end; with none after it, a life that ended after the
-    period began is in its tail, at its newest figure (none: no evidence, nothing given), and
-    any other ran nothing."""
-    if unknown:
-        return Evidence(Kind.UNKNOWN)
-    at = bisect.bisect_left(samples, end_us, key=lambda sample: sample[0])
-    if at < len(samples):
-        stamp, value, since, sure = samples[at]
-        if since >= end_us:
-            return Evidence(Kind.IDLE)
-        low = bisect.bisect_left(samples, end_us - PEAK_US, key=lambda sample: sample[0])
-        high = bisect.bisect_right(samples, end_us + PEAK_US, key=lambda sample: sample[0])
-        around = [value, *(sample[1] for sample in samples[low:high])]
-        period = end_us - start_us
+    """What a life's samples (`Track`) say of the period (start, end]: the first sample at or
+    after its end stands for it, if it stands from before that end; with none after it, a life
+    that ended after the period began is in its tail, at its newest figure (none: no evidence,
+    nothing given), and any other ran nothing."""
+    return LifeEvidence(samples, ended_us, unknown).at(start_us, end_us)
+
+
+class LifeEvidence:
+    """`evidence_at` of one life, period after period: the periods a sample stands for share one
+    `Evidence` where nothing it holds differs (its sample, the samples around, whether it stands
+    surely, the period's length), so that a sweep makes one per sample, not one per period."""
+
+    __slots__ = ("_ended_us", "_key", "_last", "_samples", "_tail", "_unknown")
+
+    def __init__(self, samples: Track, ended_us: float | None, unknown: bool = False) -> None:
+        self._samples = samples
+        self._ended_us = ended_us
+        self._unknown = unknown
+        self._key: tuple[int, int, int, bool, int] | None = None
+        self._last = _IDLE
+        self._tail: Evidence | None = None
+
+    def at(self, start_us: int, end_us: int) -> Evidence:
+        """The evidence of the period (start, end] (`evidence_at`)."""
+        if self._unknown:
+            return _UNKNOWN
+        samples = self._samples
+        stamps = samples.stamps
+        at = bisect.bisect_left(stamps, end_us)
+        if at < len(stamps):
+            since = samples.since[at]
+            if since >= end_us:
+                return _IDLE
+            sure = samples.sure[at]
+            period = end_us - start_us
+            key = (
+                at,
+                bisect.bisect_left(stamps, end_us - PEAK_US),
+                bisect.bisect_right(stamps, end_us + PEAK_US),
+                end_us > sure,
+                period,
+            )
+            if key != self._key:
+                self._key, self._last = key, self._figure(key, since, sure, end_us)
+            return self._last
+        if self._ended_us is not None and self._ended_us > start_us and stamps:
+            # The rate it was last seen running at, up to its end: over its last second at least,
+            # since a figure over less is NVML's whole percents more than its use.
+            if self._tail is None:
+                self._tail = Evidence(Kind.TAIL, _newest_rate(samples), len(stamps) - 1)
+            return self._tail
+        return _IDLE
+
+    def _figure(self, key: tuple[int, int, int, bool, int], since: float, sure: float, end_us: int) -> Evidence:
+        at, low, high, unsure, period = key
+        value = self._samples.figures[at]
+        around = [value, *self._samples.figures[low:high]]
         gap = value * max(0.0, sure - since) / period if end_us <= sure and period > 0 else 0.0
-        return Evidence(Kind.FIGURE, value, at, max(around), min(around), end_us > sure, stamp, gap)
-    if ended_us is not None and ended_us > start_us and samples:
-        # The rate it was last seen running at, up to its end: over its last second at least,
-        # since a figure over less is NVML's whole percents more than its use.
-        return Evidence(Kind.TAIL, _newest_rate(samples), len(samples) - 1)
-    return Evidence(Kind.IDLE)
+        return Evidence(Kind.FIGURE, value, at, max(around), min(around), unsure, self._samples.stamps[at], gap)
 
 
-def _newest_rate(samples: Sequence[tuple[int, float, float, float]]) -> float:
+def _newest_rate(samples: Track) -> float:
     """A life's mean figure over its newest samples, back to `TAIL_US` before the newest."""
     ran = spanned = 0.0
-    for stamp, value, since, _ in reversed(samples):
-        span = stamp - since
+    for at in range(len(samples.stamps) - 1, -1, -1):
+        span = samples.stamps[at] - samples.since[at]
         if span == float("inf") or span <= 0:
             break
-        ran += value * span
+        ran += samples.figures[at] * span
         spanned += span
         if spanned >= TAIL_US:
             break
-    return samples[-1][1] if spanned <= 0 else ran / spanned
+    return samples.figures[-1] if spanned <= 0 else ran / spanned
 
 
 def split(gpu: float, present: Sequence[Present], tails: bool = True) -> Split:

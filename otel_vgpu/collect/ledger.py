@@ -102,6 +102,8 @@ class Life:
     covers: dict[int, tuple[float, float]] = field(default_factory=dict)
     """By sample stamp: from when that sample may stand for the process, and from when surely
     (`sampled`)."""
+    track: estimator.Track = field(default_factory=estimator.Track)
+    """Its samples as the estimator reads them, kept beside `samples` as they come and go."""
     unknown: bool = False
     """NVML cannot tell its use (MPS): it gets no figure."""
     unseen: bool = False
@@ -223,12 +225,10 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         born = None if current is None else current.born_us
         if current is not life and born is not None and sample.timestamp_us < born + BORN_SLACK_US:
             older.add(sample.pid)  # the earlier holder's, and given to it
-        if any(stamp == sample.timestamp_us for stamp, _ in life.samples):
-            continue
+        if life.samples and sample.timestamp_us <= life.samples[-1][0]:
+            continue  # one it has, or older: NVML keeps a process's newest
         # Drivers have been seen to report more than 100 %.
         use = ProcessUse(**{f: min(1.0, max(0.0, getattr(sample.use, f))) for f in USE_FIGURES})
-        if life.samples and sample.timestamp_us <= life.samples[-1][0]:
-            continue  # older than one it has: NVML keeps a process's newest
         replaced = None
         if life.samples:
             stamp, _ = life.samples[-1]
@@ -237,6 +237,7 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
                 # 0.14 s: over less than `MIN_SPAN_US`, most of it. The newest stands in for
                 # the last.
                 life.samples.pop()
+                life.track.pop()
                 replaced = life.covers.pop(stamp)
                 life.trail = [point for point in life.trail if point.at_us < stamp]
         earlier = life.samples[-1][0] if life.samples else -math.inf
@@ -254,13 +255,16 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         continues = earlier == -math.inf or earlier >= reach
         sure = covers if continues else sample.timestamp_us - PERIOD_US
         life.covers[sample.timestamp_us] = (covers, sure)
+        # Newer than every sample it has (above): appended, the samples stay in order.
         life.samples.append((sample.timestamp_us, use))
+        life.track.append(sample.timestamp_us, use.sm, covers, sure)
         if life.until_us is not None and life.until_us < sample.timestamp_us:
             life.until_us = sample.timestamp_us  # it ran at least until its sample's period ended
-        life.samples.sort(key=lambda s: s[0])
-        for stamp, _ in life.samples[:-SAMPLES_KEPT]:
-            life.covers.pop(stamp, None)
-        del life.samples[:-SAMPLES_KEPT]
+        if len(life.samples) > SAMPLES_KEPT:
+            for stamp, _ in life.samples[:-SAMPLES_KEPT]:
+                life.covers.pop(stamp, None)
+            del life.samples[:-SAMPLES_KEPT]
+            life.track.keep_newest(SAMPLES_KEPT)
     return frozenset(older)
 
 
@@ -352,61 +356,40 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
     reaching = [life for life in ledger.lives.values() if life.overlap_us(first, last) > 0]
     # A pod with a process whose use NVML cannot tell has no SM figure on the GPU at all.
     blind = {_uid(life) for life in reaching if life.unknown}
-    stamps = {
-        life.key: [(stamp, use.sm, *life.covers.get(stamp, (-math.inf, -math.inf))) for stamp, use in life.samples]
-        for life in reaching
-    }
     # Each life in the periods it reaches only: on a churning node most live a few periods.
-    ends = [end for end, _ in periods]
-    within: list[list[tuple[Life, float]]] = [[] for _ in periods]
-    for life in reaching:
-        until = math.inf if life.until_us is None else life.until_us
-        low = bisect.bisect_right(ends, life.since_us)
-        high = len(ends) if until == math.inf else bisect.bisect_left(ends, until + period_us)
-        for k in range(low, min(high + 1, len(ends))):
-            part = life.overlap_us(ends[k] - period_us, ends[k]) / period_us
-            if part > 0:
-                within[k].append((life, part))
-    split: list[
-        tuple[
-            list[tuple[Life, float]], list[estimator.Evidence], list[estimator.Present], list[float], dict[str, float]
-        ]
-    ] = []
-    for (end_us, gpu_sm), present in zip(periods, within, strict=True):
-        start_us = end_us - period_us
-        users |= {_uid(life) for life, _ in present}
+    within = _within(periods, period_us, reaching, blind)
+    split: list[tuple[list[_Present], list[float], dict[str, float]]] = []
+    for (_, gpu_sm), present in zip(periods, within, strict=True):
+        users |= {_uid(life) for life, _, _ in present}
         if gpu_sm is None:
             continue
         busy += gpu_sm * seconds
-        evidence = [
-            estimator.evidence_at(
-                stamps[life.key], start_us, end_us, life.until_us, life.unknown or _uid(life) in blind
-            )
-            for life, _ in present
-        ]
-        lives = [
-            estimator.Present(None if life.owner is None else life.owner.pod_uid, part, said, life.unseen)
-            for (life, part), said in zip(present, evidence, strict=True)
-        ]
+        lives = [said for _, _, said in present]
         result = estimator.split(gpu_sm, lives, tails=False)
-        split.append((present, evidence, lives, list(result.shares), dict(result.unattributed)))
+        split.append((present, list(result.shares), dict(result.unattributed)))
     estimator.rebalance(
         [
-            ([life.key for life, _ in present], evidence, [part for _, part in present], shares, left)
-            for present, evidence, _, shares, left in split
+            (
+                [key for _, key, _ in present],
+                [said.evidence for _, _, said in present],
+                [said.part for _, _, said in present],
+                shares,
+                left,
+            )
+            for present, shares, left in split
         ],
         ledger.gaps,  # type: ignore[arg-type]
     )
-    for present, evidence, lives, shares, left in split:
-        estimator.give_tails(lives, shares, left)
+    for present, shares, left in split:
+        estimator.give_tails([said for _, _, said in present], shares, left)
         for reason, value in left.items():
             unattributed[reason] += value * seconds
-        for (life, part), said, share in zip(present, evidence, shares, strict=True):
-            acc = ran.get(life.key)
+        for (life, key, said), share in zip(present, shares, strict=True):
+            acc = ran.get(key)
             if acc is None:
-                acc = ran[life.key] = _Ran()
-            use = life.samples[said.sample][1] if said.sample is not None else None
-            acc.add(share * seconds, use, part * seconds)
+                acc = ran[key] = _Ran()
+            at = said.evidence.sample
+            acc.add(share * seconds, life.samples[at][1] if at is not None else None, said.part * seconds)
     given = sum(acc.sm for acc in ran.values())
     window = Window(
         seconds=seconds * len(periods),
@@ -423,6 +406,42 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
         ledger.gaps = {key: left for key, left in ledger.gaps.items() if key[1] > ledger.settled_to}
         _forget(ledger, ledger.settled_to)
     return window
+
+
+_Present = tuple[Life, LifeKey, estimator.Present]
+"""A life in one period: who it is, and what the estimator is given of it."""
+# A life's evidence in a period without the GPU's figure, where nothing is split: not read.
+_UNSPLIT = estimator.Evidence(estimator.Kind.IDLE)
+
+
+def _within(
+    periods: Sequence[tuple[int, float | None]], period_us: int, reaching: Sequence[Life], blind: set[str]
+) -> list[list[_Present]]:
+    """Each period's lives, in the order of `reaching`: each life only in the periods it reaches
+    (on a churning node most live a few periods), its evidence read period after period along
+    its samples, and one `estimator.Present` kept while its part and evidence hold."""
+    ends = [end for end, _ in periods]
+    within: list[list[_Present]] = [[] for _ in periods]
+    for life in reaching:
+        key = life.key
+        until = math.inf if life.until_us is None else life.until_us
+        low = bisect.bisect_right(ends, life.since_us)
+        high = len(ends) if until == math.inf else bisect.bisect_left(ends, until + period_us)
+        evidence = estimator.LifeEvidence(life.track, life.until_us, life.unknown or _uid(life) in blind)
+        owner = None if life.owner is None else life.owner.pod_uid
+        last: estimator.Present | None = None
+        for k in range(low, min(high + 1, len(ends))):
+            end_us = ends[k]
+            start_us = end_us - period_us
+            # `Life.overlap_us`, inline: this runs for every life in every period.
+            part = max(0.0, min(until, end_us) - max(life.since_us, start_us)) / period_us
+            if part <= 0:
+                continue
+            said = _UNSPLIT if periods[k][1] is None else evidence.at(start_us, end_us)
+            if last is None or last.part != part or last.evidence is not said:
+                last = estimator.Present(owner, part, said, life.unseen)
+            within[k].append((life, key, last))
+    return within
 
 
 class _Ran:

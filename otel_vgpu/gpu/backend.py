@@ -123,12 +123,28 @@ class ProcessUse:
     optical_flow: float = 0.0
     """Share of the optical-flow accelerator's time (OFA, ofaUtil; R550 and newer)."""
 
+    # Field by field, not by `USE_FIGURES`: these run per process per sweep, and a dict of
+    # getattr calls costs three times as much. tests/test_sampling.py checks each names every figure.
     def plus(self, other: ProcessUse) -> ProcessUse:
-        return ProcessUse(**{f: getattr(self, f) + getattr(other, f) for f in USE_FIGURES})
+        return ProcessUse(
+            self.sm + other.sm,
+            self.memory_copy + other.memory_copy,
+            self.encoder + other.encoder,
+            self.decoder + other.decoder,
+            self.jpeg + other.jpeg,
+            self.optical_flow + other.optical_flow,
+        )
 
     def capped(self) -> ProcessUse:
         """Each figure at most 1: processes that together ask for more than a whole GPU get all of it."""
-        return ProcessUse(**{f: min(1.0, getattr(self, f)) for f in USE_FIGURES})
+        return ProcessUse(
+            min(1.0, self.sm),
+            min(1.0, self.memory_copy),
+            min(1.0, self.encoder),
+            min(1.0, self.decoder),
+            min(1.0, self.jpeg),
+            min(1.0, self.optical_flow),
+        )
 
 
 USE_FIGURES = tuple(f.name for f in fields(ProcessUse))
