@@ -2,9 +2,10 @@
 8 GPUs x 40 processes, scraped every 15 s), with py-spy, written as SVG; and the functions that
 spent the most samples themselves, from a second, raw recording of the same row.
 
-py-spy is not a dependency of the agent: install it beside the test tools first,
+py-spy is not a dependency of the agent: install it beside the test tools first (the `profile`
+extra of pyproject.toml),
 
-    .venv/bin/python -m pip install py-spy==0.4.3
+    .venv/bin/uv pip install --python .venv/bin/python -e '.[profile]'
     .venv/bin/python bench/flamegraph.py --out bench/results/agent-cost-8gpu.svg [--top 25]
 
 The recording of the simulated node is made first, unprofiled; only the row's process (the
@@ -41,7 +42,7 @@ def row_command(recorded: Path, scrape_every: float, seconds: float) -> list[str
 def py_spy() -> str:
     found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(found).exists():
-        raise SystemExit("py-spy not found: .venv/bin/python -m pip install py-spy==0.4.3")
+        raise SystemExit("py-spy not found: install the profile extra, .venv/bin/uv pip install -e '.[profile]'")
     return found
 
 
