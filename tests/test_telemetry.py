@@ -192,6 +192,47 @@ def test_ended_pod_disappears_and_churn_never_overflows(
     node.close()
 
 
+def test_the_push_forgets_ended_pods_as_the_scrape_does(
+    tmp_path: Path, ratio_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The scrape holds its own attribute sets (export/direct.py); the push still relies on the
+    # SDK's storage being pruned of the pods that ended, else a churning node's push would grow
+    # with every pod it ever saw, and past the cardinality limit merge new pods into overflow.
+    monkeypatch.setattr(telemetry_module, "CARDINALITY_LIMIT", 40)
+    kept = KeptExporter()
+    monkeypatch.setattr(telemetry_module, "make_exporter", lambda settings: kept)
+    base = wide_scenario(1, 3)
+    node = SimulatedNode(base, tmp_path / "proc")
+    telemetry = Telemetry(
+        make_sampler(node, ratio_file),
+        Health(),
+        0.0,
+        "n",
+        seed_metrics=False,
+        otlp=OtlpSettings("http://collector:4317", "grpc", 3600.0, 1.0),
+    )
+    assert telemetry.pusher is not None
+    telemetry.start()  # the push's thread, which waits out its hour: the test pushes
+    try:
+        for step in range(60):
+            pod = dataclasses.replace(base.pods[0], name=f"job-{step}", uid=f"{step:08x}-1111-4000-8000-000000000000")
+            node.scenario = dataclasses.replace(base, pods=(base.pods[1], pod))
+            telemetry.pusher.push()
+            pushed = {
+                dict(point.attributes).get("pod_uid", dict(point.attributes).get("k8s.pod.uid"))
+                for resource in kept.batches[-1].resource_metrics
+                for scope in resource.scope_metrics
+                for metric in scope.metrics
+                if metric.name == "vgpu.pod.memory.used"
+                for point in metric.data.data_points
+            }
+            # The live pods only: the one that stays and this step's job, never an earlier job.
+            assert pushed == {base.pods[1].uid, pod.uid}, (step, pushed)
+    finally:
+        telemetry.shutdown()
+        node.close()
+
+
 def test_pruning_that_cannot_work_warns_once_for_every_reader(
     telemetry: Telemetry, caplog: pytest.LogCaptureFixture
 ) -> None:
