@@ -12,10 +12,10 @@ the ratios are what to compare.
    sweep is collected and encoded once, whatever its scrapes ask; a render
    alone is measured in process by scrape_profile.py). Median and p99
    latency, CPU.
-2. One scraper, a sweep per scrape (`--min-interval 0`): the whole metrics
-   path, sweep, collection and exposition.
+2. One scraper, a sweep per scrape (`--min-interval 0 --sweep-interval 0`): the whole
+   metrics path, sweep, collection and exposition.
 3. 32 scrapers at once for 10 s: at the default `--min-interval 1`, and at
-   `--min-interval 0` (every scrape wants a sweep of its own, so only those
+   `--min-interval 0 --sweep-interval 0` (every scrape wants a sweep of its own, so only those
    arriving together share one): responses, incomplete ones, p50 and p99
    against the median of one scraper whose every scrape sweeps (2).
 4. A scrape while 200 idle connections are open, against one without.
@@ -300,7 +300,10 @@ def main() -> None:
                 kept = sequential(agent, args.scrapes, args.warmup)
                 if realistic:
                     agent_idle = idle_delay(agent, args.idle, 30)
-            with serving(agent_command(scenario_path, ratio, port, "0"), port) as agent:
+            # A sweep per scrape: with sweeps of its own (--sweep-interval, every 2 s by default)
+            # the agent serves the body of its last sweep, whatever --min-interval says.
+            per_scrape = ("--sweep-interval", "0")
+            with serving(agent_command(scenario_path, ratio, port, "0", *per_scrape), port) as agent:
                 sweep = sequential(agent, args.scrapes, args.warmup)
                 if realistic:
                     every_sweep = concurrent(agent, args.clients, args.seconds)
@@ -314,13 +317,16 @@ def main() -> None:
             print(row("latency median", kept.median_ms, floor_seq.median_ms, "ms"))
             print(row("latency p99", kept.p99_ms, floor_seq.p99_ms, "ms"))
             print(row("CPU per scrape", kept.cpu_ms, floor_seq.cpu_ms, "ms"))
-            header("2. one scraper, a sweep per scrape (--min-interval 0)")
+            header("2. one scraper, a sweep per scrape (--min-interval 0 --sweep-interval 0)")
             print(row("latency median", sweep.median_ms, floor_seq.median_ms, "ms", GOALS["sweep"]))
             print(row("latency p99", sweep.p99_ms, floor_seq.p99_ms, "ms"))
             print(row("CPU per scrape", sweep.cpu_ms, floor_seq.cpu_ms, "ms"))
             if not realistic:
                 continue
-            for title, figures in (("--min-interval 1, the default", default), ("--min-interval 0", every_sweep)):
+            for title, figures in (
+                ("--min-interval 1, the default", default),
+                ("--min-interval 0 --sweep-interval 0", every_sweep),
+            ):
                 header(f"3. {args.clients} scrapers at once for {args.seconds:g} s, {title}")
                 a, f = figures, floor_concurrent
                 print(f"  {'responses':34} {a.responses:13d} {f.responses:13d}")
