@@ -219,7 +219,7 @@ def test_the_push_forgets_ended_pods_as_the_scrape_does(
             node.scenario = dataclasses.replace(base, pods=(base.pods[1], pod))
             telemetry.pusher.push()
             pushed = {
-                dict(point.attributes).get("pod_uid", dict(point.attributes).get("k8s.pod.uid"))
+                (point.attributes or {}).get("pod_uid")
                 for resource in kept.batches[-1].resource_metrics
                 for scope in resource.scope_metrics
                 for metric in scope.metrics
