@@ -169,7 +169,9 @@ def test_a_sample_stands_back_to_the_read_before_it_and_for_nothing_after_its_st
     again = UtilizationSample(1, 8_000 * MS, ProcessUse(nvml(0.5, (0, 2_000), (6_000, 8_000), at_ms=8_000)))
     ledger.sampled(book, [again, *samples(2, 8_000, 8_000, 0.4)], 8_100 * MS)
     # It may stand from then, and surely only for its own period: it comes back from a gap.
-    assert book.lives[(1, 1)].covers[8_000 * MS] == (6_100 * MS - estimator.BACK_US, 8_000 * MS - ledger.PERIOD_US)
+    track = book.lives[(1, 1)].samples
+    at = track.stamps.index(8_000 * MS)
+    assert (track.since[at], track.sure[at]) == (6_100 * MS - estimator.BACK_US, 8_000 * MS - ledger.PERIOD_US)
     ledger.listed(book, 8_000 * MS, [seen(1, A), seen(2, B)])
     window = ledger.close(book, periods(6_000, 8_000, 0.9), 11_100 * MS)
     # What it ran since is known, not when: spread over the time it may have run, and taken
@@ -223,7 +225,7 @@ def test_a_pid_taken_by_a_new_process_keeps_the_old_ones_sample_and_counts_the_r
     refused = ledger.sampled(book, [UtilizationSample(7, 850 * MS, ProcessUse(nvml(0.5, (0, 850), at_ms=850)))])
     assert refused == {7}
     first, second = book.lives[(7, 1)], book.lives[(7, 2)]
-    assert [use.sm for _, use in first.samples] == [pytest.approx(0.5)] and not second.samples
+    assert [use.sm for use in first.samples.uses] == [pytest.approx(0.5)] and not second.samples
     _, ended = ledger.means(ledger.close(book, periods(0, 1_000, 0.5)))
     assert set(ended) == {A}
 

@@ -43,6 +43,9 @@ import bisect
 import enum
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from otel_vgpu.gpu.backend import ProcessUse
 
 # How far past a period the driver may stamp the next sample of a process that ran in it
 # (a bursty process beside a busy one: a sample every 2 s or so on an H200,
@@ -120,38 +123,44 @@ class Split:
 
 @dataclass(slots=True)
 class Track:
-    """A life's samples as the estimator reads them, oldest first, in parallel lists: each
-    one's stamp, SM figure (0-1), from when it may stand and from when surely. The ledger
+    """A life's samples, oldest first, in parallel lists: each one's stamp, its use (unwound:
+    its mean use since it may stand, collect/trailing.py), its SM figure (0-1, the use's, kept
+    apart for the estimator's reads), from when it may stand and from when surely. The ledger
     keeps it as samples come and go (collect/ledger.py `sampled`), so that a period's evidence
     is a few bisects of plain integers, not a list of every sample built at every sweep."""
 
     stamps: list[int] = field(default_factory=list)
+    uses: list[ProcessUse] = field(default_factory=list)
     figures: list[float] = field(default_factory=list)
     since: list[float] = field(default_factory=list)
     sure: list[float] = field(default_factory=list)
 
-    def append(self, stamp: int, figure: float, since: float, sure: float) -> None:
+    def append(self, stamp: int, use: ProcessUse, since: float, sure: float) -> None:
         """A sample newer than every one it has."""
         self.stamps.append(stamp)
-        self.figures.append(figure)
+        self.uses.append(use)
+        self.figures.append(use.sm)
         self.since.append(since)
         self.sure.append(sure)
 
     def pop(self) -> None:
         """The newest sample gone (a newer one stands in for it)."""
-        for column in (self.stamps, self.figures, self.since, self.sure):
+        for column in self._columns():
             column.pop()
 
     def keep_newest(self, count: int) -> None:
-        for column in (self.stamps, self.figures, self.since, self.sure):
+        for column in self._columns():
             del column[:-count]
+
+    def _columns(self) -> tuple[list[Any], ...]:
+        return (self.stamps, self.uses, self.figures, self.since, self.sure)
 
     def __len__(self) -> int:
         return len(self.stamps)
 
 
 # Evidence that carries no figure is the same in every period: made once, not per life and period.
-_IDLE = Evidence(Kind.IDLE)
+IDLE = Evidence(Kind.IDLE)
 _UNKNOWN = Evidence(Kind.UNKNOWN)
 
 
@@ -181,7 +190,7 @@ class LifeEvidence:
         self._ended_us = ended_us
         self._unknown = unknown
         self._key: tuple[int, int, int, bool, int] | None = None
-        self._last = _IDLE
+        self._last = IDLE
         self._tail: Evidence | None = None
 
     def at(self, start_us: int, end_us: int) -> Evidence:
@@ -194,7 +203,7 @@ class LifeEvidence:
         if at < len(stamps):
             since = samples.since[at]
             if since >= end_us:
-                return _IDLE
+                return IDLE
             sure = samples.sure[at]
             period = end_us - start_us
             key = (
@@ -213,7 +222,7 @@ class LifeEvidence:
             if self._tail is None:
                 self._tail = Evidence(Kind.TAIL, _newest_rate(samples), len(stamps) - 1)
             return self._tail
-        return _IDLE
+        return IDLE
 
     def _figure(self, key: tuple[int, int, int, bool, int], since: float, sure: float, end_us: int) -> Evidence:
         at, low, high, unsure, period = key

@@ -94,16 +94,12 @@ class Life:
     """When it went; None while it is listed."""
     absent_us: int | None = None
     """The first listing without it: it had ended by then."""
-    samples: list[tuple[int, ProcessUse]] = field(default_factory=list)
-    """Its samples, by stamp, oldest first: each its mean use since the time it covers
-    (`covers`), unwound from NVML's trailing mean (collect/trailing.py)."""
+    samples: estimator.Track = field(default_factory=estimator.Track)
+    """Its samples, by stamp, oldest first: each its mean use since the time it may stand for
+    the process, unwound from NVML's trailing mean (collect/trailing.py), and from when it may
+    stand and from when surely (`sampled`)."""
     trail: list[trailing.Point] = field(default_factory=list)
     """What it had run by each sample, as its figures tell: what the next is unwound with."""
-    covers: dict[int, tuple[float, float]] = field(default_factory=dict)
-    """By sample stamp: from when that sample may stand for the process, and from when surely
-    (`sampled`)."""
-    track: estimator.Track = field(default_factory=estimator.Track)
-    """Its samples as the estimator reads them, kept beside `samples` as they come and go."""
     unknown: bool = False
     """NVML cannot tell its use (MPS): it gets no figure."""
     unseen: bool = False
@@ -184,7 +180,7 @@ def listed(ledger: GpuLedger, at_us: int, seen: Sequence[Seen]) -> list[Life]:
         if now.get(pid) != key and (gone := ledger.lives.get(key)) is not None and gone.until_us is None:
             # A sample stamped later says it ran till then (a driver that keeps an ended
             # process's sample; or the listings far apart).
-            last_sample = gone.samples[-1][0] if gone.samples else -math.inf
+            last_sample = gone.samples.stamps[-1] if gone.samples else -math.inf
             gone.until_us = min(at_us, max((gone.last_listed_us + at_us) / 2, last_sample))
             gone.absent_us = at_us
     ledger.listed = now
@@ -225,23 +221,20 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         born = None if current is None else current.born_us
         if current is not life and born is not None and sample.timestamp_us < born + BORN_SLACK_US:
             older.add(sample.pid)  # the earlier holder's, and given to it
-        if life.samples and sample.timestamp_us <= life.samples[-1][0]:
+        track = life.samples
+        if track and sample.timestamp_us <= track.stamps[-1]:
             continue  # one it has, or older: NVML keeps a process's newest
         # Drivers have been seen to report more than 100 %.
         use = ProcessUse(**{f: min(1.0, max(0.0, getattr(sample.use, f))) for f in USE_FIGURES})
         replaced = None
-        if life.samples:
-            stamp, _ = life.samples[-1]
-            if stamp - life.covers.get(stamp, (-math.inf, -math.inf))[0] < MIN_SPAN_US:
-                # Whole percents of a 14.2 s window tell what ran between two samples to
-                # 0.14 s: over less than `MIN_SPAN_US`, most of it. The newest stands in for
-                # the last.
-                life.samples.pop()
-                life.track.pop()
-                replaced = life.covers.pop(stamp)
-                life.trail = [point for point in life.trail if point.at_us < stamp]
-        earlier = life.samples[-1][0] if life.samples else -math.inf
-        covers = max(earlier, reach) if replaced is None else replaced[0]
+        if track and track.stamps[-1] - track.since[-1] < MIN_SPAN_US:
+            # Whole percents of a 14.2 s window tell what ran between two samples to 0.14 s:
+            # over less than `MIN_SPAN_US`, most of it. The newest stands in for the last.
+            stamp, replaced = track.stamps[-1], track.since[-1]
+            track.pop()
+            life.trail = [point for point in life.trail if point.at_us < stamp]
+        earlier = track.stamps[-1] if track else -math.inf
+        covers = max(earlier, reach) if replaced is None else replaced
         if earlier == -math.inf and life.born_us is not None:
             covers = max(covers, life.born_us)  # its figure's window reaches before it began
         unwound = trailing.unwound(life.trail, sample.timestamp_us, use, covers)
@@ -254,17 +247,12 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         # again no sample says; only its own period is sure.
         continues = earlier == -math.inf or earlier >= reach
         sure = covers if continues else sample.timestamp_us - PERIOD_US
-        life.covers[sample.timestamp_us] = (covers, sure)
         # Newer than every sample it has (above): appended, the samples stay in order.
-        life.samples.append((sample.timestamp_us, use))
-        life.track.append(sample.timestamp_us, use.sm, covers, sure)
+        track.append(sample.timestamp_us, use, covers, sure)
         if life.until_us is not None and life.until_us < sample.timestamp_us:
             life.until_us = sample.timestamp_us  # it ran at least until its sample's period ended
-        if len(life.samples) > SAMPLES_KEPT:
-            for stamp, _ in life.samples[:-SAMPLES_KEPT]:
-                life.covers.pop(stamp, None)
-            del life.samples[:-SAMPLES_KEPT]
-            life.track.keep_newest(SAMPLES_KEPT)
+        if len(track) > SAMPLES_KEPT:
+            track.keep_newest(SAMPLES_KEPT)
     return frozenset(older)
 
 
@@ -389,7 +377,7 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
             if acc is None:
                 acc = ran[key] = _Ran()
             at = said.evidence.sample
-            acc.add(share * seconds, life.samples[at][1] if at is not None else None, said.part * seconds)
+            acc.add(share * seconds, life.samples.uses[at] if at is not None else None, said.part * seconds)
     given = sum(acc.sm for acc in ran.values())
     window = Window(
         seconds=seconds * len(periods),
@@ -410,8 +398,6 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
 
 _Present = tuple[Life, LifeKey, estimator.Present]
 """A life in one period: who it is, and what the estimator is given of it."""
-# A life's evidence in a period without the GPU's figure, where nothing is split: not read.
-_UNSPLIT = estimator.Evidence(estimator.Kind.IDLE)
 
 
 def _within(
@@ -427,7 +413,7 @@ def _within(
         until = math.inf if life.until_us is None else life.until_us
         low = bisect.bisect_right(ends, life.since_us)
         high = len(ends) if until == math.inf else bisect.bisect_left(ends, until + period_us)
-        evidence = estimator.LifeEvidence(life.track, life.until_us, life.unknown or _uid(life) in blind)
+        evidence = estimator.LifeEvidence(life.samples, life.until_us, life.unknown or _uid(life) in blind)
         owner = None if life.owner is None else life.owner.pod_uid
         last: estimator.Present | None = None
         for k in range(low, min(high + 1, len(ends))):
@@ -437,7 +423,8 @@ def _within(
             part = max(0.0, min(until, end_us) - max(life.since_us, start_us)) / period_us
             if part <= 0:
                 continue
-            said = _UNSPLIT if periods[k][1] is None else evidence.at(start_us, end_us)
+            # A period without the GPU's figure is not split: its lives' evidence is not read.
+            said = estimator.IDLE if periods[k][1] is None else evidence.at(start_us, end_us)
             if last is None or last.part != part or last.evidence is not said:
                 last = estimator.Present(owner, part, said, life.unseen)
             within[k].append((life, key, last))
