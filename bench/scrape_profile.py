@@ -1,9 +1,9 @@
 """Where one scrape's time goes, in process, on the simulated node scrape_bench.py uses.
 
-Times each part of a rendered scrape (median over the runs): the sweep, the
-OpenTelemetry SDK's collection (callbacks, one measurement per series, its
-storage), the pruning of ended series, the exposition written from the
-collection, the process metrics; and, for comparison, prometheus_client
+Times each part of a rendered scrape (median over the runs), as a scrape runs them: the sweep,
+the scrape's collection (the callbacks' observations, the series kept and pruned as the SDK's
+storage would: export/direct.py), the exposition written from the collection, the process
+metrics; and, for comparison, prometheus_client
 rendering the same series from precomputed families (the floor's work).
 `--cprofile` prints the functions that take the time instead.
 
@@ -79,16 +79,19 @@ def main() -> None:
         return result
 
     renderer = telemetry._renderer
+    resource = (telemetry.resource, telemetry.resource.attributes)
 
-    def render(data: object) -> Callable[[], object]:
-        return lambda: renderer.render(data, TEXT)  # type: ignore[arg-type]
+    def collect() -> object:
+        return telemetry._direct.collect(telemetry._scrape_observations())
+
+    def render(series: object) -> Callable[[], object]:
+        return lambda: renderer.render_series(resource, series, TEXT)  # type: ignore[arg-type]
 
     for _ in range(args.runs):
         timed("sweep: simulated NVML, /proc, attribution, aggregation", lambda: sampler.snapshot(0.0))
         with telemetry.scope.collection("scrape"), telemetry._render_lock:
-            data = timed("SDK collection: callbacks, measurements, storage", telemetry.reader.collect_data)
-            timed("pruning ended series", lambda: telemetry._prune(telemetry.reader))
-            timed("exposition from the collection", render(data))
+            series = timed("collection: the callbacks' observations, the series kept", collect)
+            timed("exposition from the collection", render(series))
         timed("process metrics (prometheus_client)", lambda: telemetry._process_metrics(TEXT))
 
     registry = floor_registry(sampler.snapshot(0.0))
