@@ -14,7 +14,11 @@ import logging
 import math
 import re
 import sys
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -120,3 +124,34 @@ def configure(level: str, log_format: str, stream: TextIO | None = None) -> None
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(FORMATTERS[log_format]())
     logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
+# How long a key's line goes unsaid after it was logged, while it lasts: a collector down for an
+# hour writes 60 lines of one reason, not 1,800 (one a push).
+LOG_EVERY_S = 60.0
+# Keys remembered: keys that change at every line (a port in an error) are bounded.
+MOST_KEYS = 64
+
+
+@dataclass
+class LogLimit:
+    """When each key (a failure's reason, an error's kind) was last logged; `due` says whether to
+    log it now: when new, then at most once every `every_s`. Thread-safe: threads may fail at once."""
+
+    every_s: float = LOG_EVERY_S
+    clock: Callable[[], float] = time.monotonic
+    _logged: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def due(self, key: str) -> bool:
+        """Whether `key` is new, or was last logged `every_s` ago or more; if so, it is logged now."""
+        now = self.clock()
+        with self._lock:
+            last = self._logged.get(key)
+            if last is not None and now - last < self.every_s:
+                return False
+            self._logged[key] = now
+            self._logged.move_to_end(key)
+            while len(self._logged) > MOST_KEYS:
+                self._logged.popitem(last=False)
+        return True

@@ -18,7 +18,8 @@ import pytest
 from opentelemetry.sdk.metrics.export import MetricsData
 
 from otel_vgpu.export.otlp import OtlpSettings, make_exporter
-from otel_vgpu.export.otlp_failures import ReasonLog, export_or_reason
+from otel_vgpu.export.otlp_failures import export_or_reason
+from otel_vgpu.logs import LogLimit
 from testkit.agent import clean_env, get, running_agent, wait_for
 from testkit.clock import Clock
 from testkit.logfmt import parse_logfmt
@@ -378,7 +379,7 @@ def test_the_http_exporter_says_why_its_retries_failed(answer: str, reason: str)
 @pytest.mark.unit
 def test_each_reason_is_logged_when_new_then_at_most_once_a_minute() -> None:
     clock = Clock()
-    reasons = ReasonLog(clock=clock.monotonic)
+    reasons = LogLimit(clock=clock.monotonic)
     assert reasons.due("gRPC UNAVAILABLE") and reasons.due("HTTP 404 Not Found")
     clock.t += 59.9
     assert not reasons.due("gRPC UNAVAILABLE") and not reasons.due("HTTP 404 Not Found")

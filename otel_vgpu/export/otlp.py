@@ -28,11 +28,12 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, MetricsData
 
-from otel_vgpu.export.otlp_failures import ReasonLog, export_or_reason, listen_to_exporters
+from otel_vgpu.export.otlp_failures import export_or_reason, listen_to_exporters
 from otel_vgpu.export.semconv import translate
 from otel_vgpu.files import MAX_PEM_BYTES, FileProblem, read_regular
 from otel_vgpu.flag_values import MIN_INTERVAL_S, OTLP_SEMCONV
 from otel_vgpu.health import Health, Stage
+from otel_vgpu.logs import LogLimit
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class OtlpPusher(MetricReader):
 
     `scope` wraps each collection (the sweep sharing); `after_collect` runs
     after it (pruning stale attribute sets); `health` counts failed exports,
-    each logged with its reason when `ReasonLog` says it is due. With
+    each logged with its reason when `LogLimit` says it is due. With
     --otlp-names semconv, each collection is exported under the semantic
     conventions (export/semconv.py); otherwise as collected.
     """
@@ -202,7 +203,7 @@ class OtlpPusher(MetricReader):
         self._stop = threading.Event()
         self._export_timeout_s = settings.timeout_s
         self._thread = NamedThread(target=self._run, name="otlp-push", daemon=True)
-        self._reasons_logged = ReasonLog()
+        self._reasons_logged = LogLimit()
         # The start of the updowncounters the semantic conventions make of the agent's gauges.
         self._started_ns = time.time_ns()
 

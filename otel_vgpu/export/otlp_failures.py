@@ -5,7 +5,7 @@ status, the transport's error: connection refused, an unknown host) is in the re
 on their own loggers, one or more per attempt. `ExportReasons`, a filter on those loggers, keeps
 the reason of the export in flight on each thread and drops every record (the pusher logs the
 failure in its own words), so that no private part of the SDK is called or replaced.
-`ReasonLog` says when a reason is due to be logged: when new, then at most once a minute.
+When a reason is due to be logged (when new, then at most once a minute) `otel_vgpu.logs.LogLimit` says.
 
 What this relies on, in opentelemetry-exporter-otlp-proto-grpc and -proto-http 1.45:
 - gRPC, `opentelemetry/exporter/otlp/proto/grpc/exporter.py` (`OTLPExporterMixin._export`): each
@@ -31,10 +31,7 @@ import enum
 import logging
 import re
 import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, TypeGuard
 
@@ -176,34 +173,3 @@ def export_or_reason(exporter: MetricExporter, data: MetricsData, timeout_millis
         return error_text(error)
     reason = EXPORT_REASONS.take()
     return None if result is MetricExportResult.SUCCESS else reason or NO_REASON
-
-
-# How long a reason of failed exports goes unsaid after it was logged, while it lasts: a
-# collector down for an hour writes 60 lines of one reason, not 1,800 (one a push).
-REASON_EVERY_S = 60.0
-# Reasons remembered: an endpoint whose error changes at every push (a port in it) is bounded.
-MOST_REASONS = 64
-
-
-@dataclass
-class ReasonLog:
-    """When each reason was last logged; `due` says whether to log it now. Thread-safe: the push
-    and the last push at shutdown may fail at once."""
-
-    every_s: float = REASON_EVERY_S
-    clock: Callable[[], float] = time.monotonic
-    _logged: OrderedDict[str, float] = field(default_factory=OrderedDict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def due(self, reason: str) -> bool:
-        """Whether `reason` is new, or was last logged `every_s` ago or more; if so, it is logged now."""
-        now = self.clock()
-        with self._lock:
-            last = self._logged.get(reason)
-            if last is not None and now - last < self.every_s:
-                return False
-            self._logged[reason] = now
-            self._logged.move_to_end(reason)
-            while len(self._logged) > MOST_REASONS:
-                self._logged.popitem(last=False)
-        return True

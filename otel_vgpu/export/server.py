@@ -50,6 +50,7 @@ from otel_vgpu.export.http import Application, Request, Response, request_of, te
 from otel_vgpu.export.memory import trim
 from otel_vgpu.export.places import Places
 from otel_vgpu.limits import DEFAULT_LIMITS, Limits
+from otel_vgpu.logs import LogLimit
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class Server:
         self.tls = ssl_context is not None
         self.limits = limits
         self.counters = Counters()
-        self._logged_errors: dict[str, float] = {}
+        self._logged_errors = LogLimit(every_s=UNEXPECTED_LOG_EVERY_S)
         self.handshakes = Handshakes(limits, self.counters)
         """The TLS handshakes running, and the connections waiting for a slot (export/handshakes.py)."""
         self._places = Places(limits, self.counters, credentials or client_certificates, self.handshakes)
@@ -342,9 +343,7 @@ class Server:
         """One short line per kind of error a minute at most, never a traceback per request."""
         self.counters.errors += 1
         kind = type(error).__name__
-        now = time.monotonic()
-        if now - self._logged_errors.get(kind, -UNEXPECTED_LOG_EVERY_S) >= UNEXPECTED_LOG_EVERY_S:
-            self._logged_errors[kind] = now
+        if self._logged_errors.due(kind):
             log.error(
                 "unexpected error %s: %s: %s (%d so far; this kind is logged once a minute at most)",
                 what,
