@@ -20,9 +20,14 @@ import yaml
 from testkit.agent import ROOT, running_agent, wait_until
 from testkit.certs import make_certs
 from testkit.dashboard import as_promql, dashboard_queries, panel_query
-from testkit.helm import NAMESPACE, RELEASE, WITHOUT_OPERATOR, install_notes, notes_scrape_job, template
+from testkit.helm import NAMESPACE, WITHOUT_OPERATOR, install_notes, notes_scrape_job, template
 from testkit.manifests import one, render
-from testkit.prometheus import podmonitor_scrape_config, running_prometheus
+from testkit.prometheus import (
+    KUBERNETES_PODS_RELABELINGS,
+    pod_role_targets,
+    podmonitor_scrape_config,
+    running_prometheus,
+)
 from testkit.yamldocs import documents
 
 from .conftest import GIB
@@ -361,61 +366,6 @@ def test_the_charts_monitor_scrapes_the_agent_in_each_endpoint_mode(
             assert [r["value"][1] for r in down] == ["0"], "the control reached the agent"
 
 
-# The prometheus-community prometheus chart's annotation-based job (prometheus-community/helm-charts
-# charts/prometheus/values.yaml, scrapeConfigs.kubernetes-pods, chart 29.27.0): what it reads of a
-# pod's prometheus.io annotations, and the labels it gives every series, as written there (the
-# IPv6 address rule and the prometheus.io/param labelmap left out: neither applies here).
-KUBERNETES_PODS = {
-    "job_name": "kubernetes-pods",
-    "honor_labels": True,
-    "relabel_configs": [
-        {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"], "action": "keep", "regex": "true"},
-        {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape_slow"], "action": "drop",
-         "regex": "true"},
-        {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scheme"], "action": "replace",
-         "regex": "(https?)", "target_label": "__scheme__"},
-        {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"], "action": "replace",
-         "target_label": "__metrics_path__", "regex": "(.+)"},
-        {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_port", "__meta_kubernetes_pod_ip"],
-         "action": "replace", "regex": "(\\d+);((([0-9]+?)(\\.|$)){4})", "replacement": "$2:$1",
-         "target_label": "__address__"},
-        {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"},
-        {"source_labels": ["__meta_kubernetes_namespace"], "action": "replace", "target_label": "namespace"},
-        {"source_labels": ["__meta_kubernetes_pod_name"], "action": "replace", "target_label": "pod"},
-        {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "Pending|Succeeded|Failed|Completed",
-         "action": "drop"},
-        {"source_labels": ["__meta_kubernetes_pod_node_name"], "action": "replace", "target_label": "node"},
-    ],
-}  # fmt: skip
-
-
-def _meta(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name)
-
-
-def pod_targets(pod: dict[str, Any], address: str, node: str, name: str) -> dict[str, Any]:
-    """A static target as Kubernetes' pod discovery gives one container port of `pod` (a rendered
-    pod template) running at `address`: its labels, annotations, port, node and phase."""
-    (container,) = pod["spec"]["containers"]
-    (port,) = container["ports"]
-    ip, _, number = address.rpartition(":")
-    labels = {
-        "__meta_kubernetes_namespace": NAMESPACE,
-        "__meta_kubernetes_pod_name": name,
-        "__meta_kubernetes_pod_ip": ip,
-        "__meta_kubernetes_pod_node_name": node,
-        "__meta_kubernetes_pod_phase": "Running",
-        "__meta_kubernetes_pod_container_name": container["name"],
-        "__meta_kubernetes_pod_container_port_name": port["name"],
-        "__meta_kubernetes_pod_container_port_number": number,
-    }
-    for key, value in pod["metadata"]["labels"].items():
-        labels[f"__meta_kubernetes_pod_label_{_meta(key)}"] = value
-    for key, value in pod["metadata"].get("annotations", {}).items():
-        labels[f"__meta_kubernetes_pod_annotation_{_meta(key)}"] = value
-    return {"targets": [address], "labels": labels}
-
-
 def test_without_the_operator_the_annotations_and_the_notes_job_scrape_the_agent_keeping_tenants_labels(
     tmp_path: Path, scenario_file: Path, ratio_file: Path
 ) -> None:
@@ -431,18 +381,23 @@ def test_without_the_operator_the_annotations_and_the_notes_job_scrape_the_agent
         rendered = documents(template("--set", f"service.port={port}", kinds=WITHOUT_OPERATOR))
         pod = one(rendered, "DaemonSet")["spec"]["template"]
         assert pod["metadata"]["annotations"]["prometheus.io/port"] == port
-        agent_pod = pod_targets(pod, address, "node-a", f"{RELEASE}-abcde")
+        (agent_pod,) = pod_role_targets(pod, NAMESPACE, {address: "node-a"})
         # Another release's pod in the namespace, not annotated and not listening: scraped by neither.
         other = copy.deepcopy(pod)
         other["metadata"]["labels"]["app.kubernetes.io/instance"] = "another"
         other["metadata"]["annotations"] = {}
-        decoy = pod_targets(other, "127.0.0.1:1", "node-b", "another-otel-vgpu-fghij")
+        (decoy,) = pod_role_targets(other, NAMESPACE, {"127.0.0.1:1": "node-b"})
         notes_job = notes_scrape_job(install_notes("--set", f"service.port={port}"))
         assert notes_job.pop("kubernetes_sd_configs") == [{"role": "pod", "namespaces": {"names": [NAMESPACE]}}]
         notes_job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[agent_pod, decoy])
-        annotations_job = {**copy.deepcopy(KUBERNETES_PODS), "static_configs": [agent_pod, decoy]}
+        annotations_job = {
+            "job_name": "kubernetes-pods",
+            "honor_labels": True,
+            "relabel_configs": KUBERNETES_PODS_RELABELINGS,
+            "static_configs": [agent_pod, decoy],
+        }
         control = {
-            **copy.deepcopy(KUBERNETES_PODS),
+            **annotations_job,
             "job_name": "without-honor-labels",
             "honor_labels": False,
             "static_configs": [agent_pod],
