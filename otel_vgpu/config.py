@@ -23,6 +23,7 @@ from otel_vgpu import __version__
 from otel_vgpu.flag_values import (
     BUILTIN_SCENARIO,
     FALSE_WORDS,
+    LOG_LEVEL_WORDS,
     TRUE_WORDS,
     RenamedVariable,
     gpu_resource,
@@ -390,7 +391,7 @@ FLAGS: tuple[Flag, ...] = (
         "OTEL_VGPU_BASIC_AUTH_FILE",
         optional_path,
     ),
-    Flag("--log-level", "debug, info, warning or warn, error; any case", "OTEL_VGPU_LOG_LEVEL", log_level_name, "info"),
+    Flag("--log-level", f"{LOG_LEVEL_WORDS}; any case", "OTEL_VGPU_LOG_LEVEL", log_level_name, "info"),
     Flag(
         "--log-format",
         "text, one line a person reads; json, one object a line; logfmt, key=value pairs. json and logfmt "

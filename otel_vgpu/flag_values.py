@@ -22,6 +22,11 @@ NOT_DEVICE_COUNTS = ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidi
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Other names of a level: WARN, as Go's and Java's loggers and most charts spell it.
 LOG_LEVEL_ALIASES = {"warn": "warning"}
+# The levels as --help and an error say them, the other names beside theirs.
+LOG_LEVEL_WORDS = ", ".join(
+    " or ".join([level, *(alias for alias, named in LOG_LEVEL_ALIASES.items() if named == level)])
+    for level in LOG_LEVELS
+)
 # How a switch's environment twin says on and off.
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"", "0", "false", "no", "off"}
@@ -91,9 +96,7 @@ def log_level_name(text: str) -> str:
     word = text.strip().lower()
     word = LOG_LEVEL_ALIASES.get(word, word)
     if word not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(
-            f"invalid log level {text!r}: expected one of debug, info, warning (or warn), error, in any case"
-        )
+        raise argparse.ArgumentTypeError(f"invalid log level {text!r}: expected one of {LOG_LEVEL_WORDS}, in any case")
     return word
 
 
