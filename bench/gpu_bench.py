@@ -37,6 +37,7 @@ from testkit.cuda_workloads import require_gpu
 from testkit.gpu_node import bare_agent_command, wait_for_metrics
 from testkit.host_pods import HostPod, start_pods, stop_pods
 from testkit.procstat import cpu_seconds, rss_mib
+from testkit.raw_sweep import raw_collection
 from testkit.report import publish
 
 
@@ -47,33 +48,6 @@ def timed(function: Any, runs: int) -> list[float]:
         function()
         samples.append(time.perf_counter() - started)
     return samples
-
-
-def raw_collection(nvml: Any, handles: list[Any], since: list[int]) -> None:
-    """The NVML and /proc calls of one collection, and nothing else."""
-    nvml.nvmlDeviceGetCount()
-    for index, handle in enumerate(handles):
-        nvml.nvmlDeviceGetMemoryInfo(handle)
-        nvml.nvmlDeviceGetUtilizationRates(handle)
-        nvml.nvmlDeviceGetUUID(handle)
-        nvml.nvmlDeviceGetName(handle)
-        try:  # noqa: SIM105 - the floor carries no overhead of its own
-            nvml.nvmlDeviceGetMigMode(handle)
-        except nvml.NVMLError:
-            pass
-        pids = [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
-        pids += [p.pid for p in nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)]
-        try:  # noqa: SIM105
-            nvml.nvmlDeviceGetProcessUtilization(handle, since[index])
-        except nvml.NVMLError:
-            pass
-        since[index] = time.time_ns() // 1000 - 1_000_000
-        for pid in set(pids):
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as handle_file:
-                    handle_file.read()
-            except OSError:
-                pass
 
 
 def ms(samples: list[float], q: float = 0.5) -> float:

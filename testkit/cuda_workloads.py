@@ -34,9 +34,8 @@ for _ in range(8):
         step()
     torch.cuda.synchronize()
     solo = min(solo, (time.perf_counter() - t) / 10)
-steps, noted = 0, 0.0
-if mode == "once":  # the timed batches were work too
-    steps = 80
+# The timed batches were work too: the GPU ran them, and an agent bills them.
+steps, noted = 80, 0.0
 
 def note():
     # GPU seconds of work done so far (steps x their solo time): what the process
@@ -48,6 +47,17 @@ def note():
             f.write(f"{time.time()} {steps * solo}\n")
         os.replace(work_file + ".tmp", work_file)
 
+def stop(*_):
+    # A pod deleted (SIGTERM): its last work is written before it goes, so that what it
+    # counted is all it ran, not up to half a second less.
+    global noted
+    noted = 0.0
+    note()
+    os._exit(0)
+
+import signal
+signal.signal(signal.SIGTERM, stop)
+born = time.monotonic()
 print("ready", flush=True)
 while True:
     if mode == "busy":
@@ -55,7 +65,11 @@ while True:
             step()
         torch.cuda.synchronize()
         steps += 20
-    elif mode in ("bursty", "steady"):  # kernels for burst_s of each second, or that share of every 100 ms
+    elif mode == "batches" and (time.monotonic() - born) % float(os.environ.get("BATCH_EVERY_S", "8")) >= float(
+        os.environ.get("BATCH_ON_S", "2")
+    ):  # between batches: the context kept, no kernel launched
+        time.sleep(0.01)
+    elif mode in ("bursty", "steady", "batches"):  # kernels for burst_s of each second, or that share of every 100 ms
         period = 1.0 if mode == "bursty" else 0.1
         on = burst_s * period
         start = time.monotonic()
@@ -119,9 +133,11 @@ def start_workload(
     `busy` (bf16 matrix products), `copy` (device-to-device copies of 2 GiB: memory-bound),
     `bursty` (kernels for `burst_ms` of each second), `steady` (that share of every 100 ms),
     `jpeg` (JPEG decoding with nvJPEG), `once` (bf16 matrix products for ONCE_S seconds of
-    `env`, then it exits) or idle, holding `gib` GiB. With WORK_FILE in `env`, it
-    writes there, twice a second, "<unix time> <GPU seconds of work done>" (steps times one
-    step's solo time)."""
+    `env`, then it exits), `batches` (as `steady` for BATCH_ON_S seconds of every
+    BATCH_EVERY_S from its start, its context idle in between) or idle, holding `gib` GiB.
+    With WORK_FILE in `env`, it writes there, twice a second and when it gets SIGTERM,
+    "<unix time> <GPU seconds of work done>" (steps times one step's solo time, the timed
+    batches that measure it included)."""
     return start_workloads([mode], gib, env, burst_ms)[0]
 
 

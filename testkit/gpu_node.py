@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,28 @@ class Doubles:
     def stop(self) -> None:
         self.kubelet.stop()
         self.api.stop()
+
+
+@dataclass
+class GpuNode:
+    """GPU 0 as NVML names it, and the doubles a GPU script's agent runs against."""
+
+    model: str
+    gpu_uuid: str
+    driver: str
+    directory: Path
+    cluster: Doubles
+
+
+def gpu_node(prefix: str) -> GpuNode:
+    """GPU 0's names, a fresh directory under /var/tmp (outside the pod's /tmp) and the doubles
+    in it, with the kubelet's socket where the manifest mounts it from."""
+    from testkit.cuda_workloads import nvml_truth, require_gpu  # noqa: PLC0415
+
+    require_gpu()
+    _, _, model, gpu_uuid, driver = nvml_truth()
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    return GpuNode(model, gpu_uuid, driver, directory, Doubles(directory, NODE, pki=True, socket_dir=POD_RESOURCES_DIR))
 
 
 def pod_harness(
