@@ -200,8 +200,8 @@ def run_row(directory: Path, scrape_every: float, seconds: float) -> Row:
     from otel_vgpu.collect.sweeper import next_wait  # noqa: PLC0415
     from otel_vgpu.collect.xids import POLL_S, XidWatch  # noqa: PLC0415
     from otel_vgpu.export.exposition import TEXT  # noqa: PLC0415
-    from otel_vgpu.export.memory import quiet_collector  # noqa: PLC0415
     from otel_vgpu.kubernetes.podresources import PodResourcesClient  # noqa: PLC0415
+    from otel_vgpu.memory import quiet_collector  # noqa: PLC0415
     from otel_vgpu.sim import node as sim_node  # noqa: PLC0415
 
     recording = nvml_replay.load(directory)

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otel_vgpu.agent import Agent  # noqa: E402
 from otel_vgpu.config import parse_config  # noqa: E402
 from otel_vgpu.export.exposition import TEXT  # noqa: E402
-from otel_vgpu.export.memory import quiet_collector  # noqa: E402
 from otel_vgpu.gpu.backend import GpuBackend  # noqa: E402
+from otel_vgpu.memory import quiet_collector  # noqa: E402
 from testkit.agent import free_port  # noqa: E402
 from testkit.scripts import load as load_script  # noqa: E402
 

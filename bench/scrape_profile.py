@@ -32,9 +32,9 @@ from prometheus_client import generate_latest
 
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.export.exposition import TEXT
-from otel_vgpu.export.memory import quiet_collector
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.health import Health
+from otel_vgpu.memory import quiet_collector
 from otel_vgpu.sim.node import SimulatedNode
 from testkit.floor_exporter import floor_registry
 from testkit.scrape_load import scenario

@@ -59,7 +59,7 @@ def certificate(directory: Path, kind: str) -> tuple[Path, Path]:
 
 def server_cpu_per_handshake(cert: Path, key: Path, count: int) -> float:
     """Median server-side CPU seconds of `count` full handshakes (TLS 1.3, no resumption)."""
-    from otel_vgpu.export.tls import tls_context  # noqa: PLC0415
+    from otel_vgpu.endpoint.tls import tls_context  # noqa: PLC0415
 
     server_context = tls_context(cert, key, None)
     client_context = ssl.create_default_context(cafile=str(cert))

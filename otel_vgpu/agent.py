@@ -52,12 +52,12 @@ from otel_vgpu.config import (
     Config,
     flag_or_variable,
 )
-from otel_vgpu.export.auth import AuthFileError, BasicAuth, load_users
+from otel_vgpu.endpoint.auth import AuthFileError, BasicAuth, load_users
+from otel_vgpu.endpoint.reload import CredentialWatch, Watched
+from otel_vgpu.endpoint.server import Server
+from otel_vgpu.endpoint.tls import server_context
 from otel_vgpu.export.families import Family, reads_of, selected
-from otel_vgpu.export.reload import CredentialWatch, Watched
 from otel_vgpu.export.sdk_internals import SdkMismatch
-from otel_vgpu.export.server import Server
-from otel_vgpu.export.tls import server_context
 from otel_vgpu.gpu.backend import GpuBackend
 from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
@@ -149,7 +149,7 @@ class Agent:
 
     def _export(self, ssl_context: ssl.SSLContext | None, auth: BasicAuth | None) -> None:
         """The telemetry (meter provider, readers, instruments) and the endpoint, bound but not serving."""
-        from otel_vgpu.export.endpoint import Endpoint  # noqa: PLC0415
+        from otel_vgpu.endpoint.paths import Endpoint  # noqa: PLC0415
         from otel_vgpu.export.telemetry import Telemetry  # noqa: PLC0415
 
         config = self.config
@@ -438,7 +438,7 @@ class Agent:
         sources.allocation = allocation
 
     def _watch_credentials(self) -> None:
-        """Reread the TLS files and the users file when they change (export/reload.py)."""
+        """Reread the TLS files and the users file when they change (endpoint/reload.py)."""
         config = self.config
         groups = []
         cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file

@@ -14,8 +14,8 @@ from typing import Any
 
 from otel_vgpu.agent import Agent, StartupError
 from otel_vgpu.config import EXIT_USAGE, Config, ConfigError, parse_config
-from otel_vgpu.export.memory import quiet_collector, return_freed_memory
 from otel_vgpu.logs import configure as configure_logging
+from otel_vgpu.memory import quiet_collector, return_freed_memory
 
 log = logging.getLogger("otel_vgpu")
 

@@ -503,7 +503,7 @@ class Config:
     ask_again_s: float = ASK_AGAIN_S
     """How long a GPU whose NVML cannot report per-process utilization is left alone before it is asked again."""
     limits: Limits = field(default_factory=Limits)
-    """The endpoint's bounds on every client (limits.py; export/server.py and the modules beside it apply them)."""
+    """The endpoint's bounds on every client (limits.py; endpoint/server.py and the modules beside it apply them)."""
     given: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Where each field's value came from, by field: the flag (`--simulate`) or the variable
     (`OTEL_VGPU_SIMULATE`, `NODE_NAME`); a field not here holds its default. Only for messages,

@@ -223,7 +223,7 @@ class Health:
 
     def stuck(self) -> bool:
         """Whether a reader's pass in flight is past its deadline: a collection's body made
-        before says otherwise, and is not served again (export/telemetry.py, export/endpoint.py)."""
+        before says otherwise, and is not served again (export/telemetry.py, endpoint/paths.py)."""
         with self._lock:
             now = self._clock()
             return any(now - flight.began > flight.deadline_s for flight in self._flights.values())

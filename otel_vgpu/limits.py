@@ -1,4 +1,4 @@
-"""The endpoint's bounds on every client (`Limits`), which export/server.py and the modules
+"""The endpoint's bounds on every client (`Limits`), which endpoint/server.py and the modules
 beside it apply: docs/endpoint.md and docs/reliability.md state them."""
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ class Limits:
     shed_after_s: float = 1.0
     """A connection whose head the loop has read part of and that has waited this long for
     the rest may be shed (a trickler), and so may an address's only new connection silent
-    this long (export/admission.py)."""
+    this long (endpoint/admission.py)."""
     quiet_after_s: float = 0.25
     """A connection that has sent nothing unread for this long may be shed: a client sends
     its request (or ClientHello) right after connecting."""
     backlog: int = 64
     """Sockets accepted and not yet admitted or refused, at most, and how many one turn of the
     loop accepts: with `connections` and `admit_queue`, the bound on the sockets the agent
-    holds (256); a burst past it waits in the kernel's queue (export/server.py LISTEN_QUEUE)."""
+    holds (256); a burst past it waits in the kernel's queue (endpoint/server.py LISTEN_QUEUE)."""
     stuck_after_s: float = 120.0
     """/healthz fails once a sweep has run this long: liveness restarts an agent stuck in a read."""
     admit_wait_s: float = 2.0
@@ -42,7 +42,7 @@ class Limits:
     handshakes: int = 16
     """TLS handshakes running at once; the rest wait (their ClientHello unread in the kernel),
     the next started of whoever has the fewest running. Each holds OpenSSL's state and a
-    read buffer (export/connections.py TLS_READ_BYTES): this bounds what a flood of handshakes takes."""
+    read buffer (endpoint/connections.py TLS_READ_BYTES): this bounds what a flood of handshakes takes."""
     stall_s: float = 2.0
     """A connection whose peer has taken nothing of its response for this long may be shed for a new one."""
     password_checks: int = 4

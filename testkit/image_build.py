@@ -110,6 +110,11 @@ class ImageBuild:
         self._error = AssertionError("the image build did not finish")
 
 
+def unbuildable() -> str | None:
+    """Why the image cannot be built on this machine, for its tests to skip with; None where it can."""
+    return None if shutil.which("podman") else "podman is not installed (scripts/test.sh installs it)"
+
+
 _build: ImageBuild | None = None
 
 

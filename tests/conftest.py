@@ -125,6 +125,11 @@ def make_sampler(
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A skip fails the run where every tool is installed (testkit/skips.py).
+    config.pluginmanager.import_plugin("testkit.skips")
+
+
 # Timed under attack: run first, before the image build loads the machine.
 QUIET_FIRST = "test_hostile_clients.py"
 _build = {"wanted": False, "started": False}
@@ -151,11 +156,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     does (nothing of the session is collected there yet: it builds when the image tests are
     among the paths asked for), and names the build's folder to the workers, which it starts
     after this hook."""
-    from testkit.image_build import SHARED_BUILD, start_build  # noqa: PLC0415
+    from testkit.image_build import SHARED_BUILD, start_build, unbuildable  # noqa: PLC0415
 
     config = session.config
     if not _xdist_controller(config) or os.environ.get(SHARED_BUILD) or config.option.markexpr == "unit":
         return
+    if unbuildable():
+        return  # the image tests skip, saying why
     image_tests = ROOT / "tests" / "test_image.py"
     here = config.invocation_params.dir
     asked = [(here / str(arg).split("::", 1)[0]).resolve() for arg in config.args] or [ROOT / "tests"]
@@ -178,9 +185,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     if _build["wanted"] and not _build["started"] and item.path.name != QUIET_FIRST:
         _build["started"] = True
-        from testkit.image_build import start_build  # noqa: PLC0415
+        from testkit.image_build import start_build, unbuildable  # noqa: PLC0415
 
-        start_build()
+        if not unbuildable():
+            start_build()
 
 
 class NotAUnitTest(AssertionError):

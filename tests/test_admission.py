@@ -15,10 +15,10 @@ from typing import cast
 
 import pytest
 
-from otel_vgpu.export.endpoint import Endpoint
-from otel_vgpu.export.http import Request, Response, text
-from otel_vgpu.export.server import LISTEN_QUEUE, Server
-from otel_vgpu.export.tls import tls_context
+from otel_vgpu.endpoint.http import Request, Response, text
+from otel_vgpu.endpoint.paths import Endpoint
+from otel_vgpu.endpoint.server import LISTEN_QUEUE, Server
+from otel_vgpu.endpoint.tls import tls_context
 from otel_vgpu.limits import Limits
 from testkit.agent import wait_until
 from testkit.certs import make_certs

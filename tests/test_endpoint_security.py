@@ -13,7 +13,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from otel_vgpu.export.auth import Attempt, AuthFileError, BasicAuth, Verdict, network_of, parse_users
+from otel_vgpu.endpoint.auth import Attempt, AuthFileError, BasicAuth, Verdict, network_of, parse_users
 from testkit.agent import free_port, run_to_exit, running_agent, wait_until
 from testkit.certs import Certs, make_certs
 

@@ -1,5 +1,5 @@
-"""The admission rule (export/admission.py), the shares and queues it and the server use
-(export/shares.py, export/queues.py) and the password checks' queue (export/checks.py), as
+"""The admission rule (endpoint/admission.py), the shares and queues it and the server use
+(endpoint/fair_shares.py, endpoint/queues.py) and the password checks' queue (endpoint/checks.py), as
 rules over plain data: who goes when the cap is full, who waits, whose check runs next."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from otel_vgpu.export.admission import victim
-from otel_vgpu.export.auth import network_of
-from otel_vgpu.export.checks import NETWORK_HALF_LIFE_S, CheckQueue, decayed
-from otel_vgpu.export.queues import FairQueue
-from otel_vgpu.export.shares import Holder, over_share
+from otel_vgpu.endpoint.admission import victim
+from otel_vgpu.endpoint.auth import network_of
+from otel_vgpu.endpoint.checks import NETWORK_HALF_LIFE_S, CheckQueue, decayed
+from otel_vgpu.endpoint.fair_shares import Holder, over_share
+from otel_vgpu.endpoint.queues import FairQueue
 from otel_vgpu.limits import Limits
 
 pytestmark = pytest.mark.unit

@@ -440,7 +440,7 @@ def test_an_impossible_bcrypt_cost_stops_the_agent_naming_the_user(tmp_path: Pat
 
 
 def test_unknown_and_known_users_cost_the_same(tmp_path: Path) -> None:
-    from otel_vgpu.export.auth import Attempt, BasicAuth  # noqa: PLC0415
+    from otel_vgpu.endpoint.auth import Attempt, BasicAuth  # noqa: PLC0415
 
     hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=8)).decode()
     auth = BasicAuth({"alice": hashed})

@@ -21,7 +21,7 @@ import pytest
 from otel_vgpu.sim.scenario import BUILTIN
 from otel_vgpu.sim.scenario_file import load_scenario
 from testkit.agent import ROOT, free_port, get, tool
-from testkit.image_build import ULIMITS, Podman, start_build
+from testkit.image_build import ULIMITS, Podman, start_build, unbuildable
 from testkit.promtext import parse
 
 
@@ -58,6 +58,8 @@ def test_dockerfile_shape() -> None:
 
 @pytest.fixture(scope="module")
 def image() -> Iterator[tuple[Podman, str]]:
+    if reason := unbuildable():
+        pytest.skip(reason)
     build = start_build()
     try:
         yield build.result()

@@ -29,7 +29,7 @@ from otel_vgpu.gpu.device_figures import (
     HealthFigure,
 )
 from otel_vgpu.gpu.nvml import NvmlBackend
-from otel_vgpu.gpu.nvml_health import HEALTH_READS, READS, grouped, read_health
+from otel_vgpu.gpu.nvml_health import HEALTH_BY_READ, READS, grouped, read_health
 from otel_vgpu.gpu.nvml_session import NvmlSession
 from testkit.agent import wait_until
 
@@ -277,7 +277,7 @@ def test_each_figures_read_is_a_call_nvidia_ml_py_has_and_a_read_the_backend_kno
         pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
     )
     # A compound read makes one call for its figures, which NVML lacks alike.
-    for read, figures in HEALTH_READS:
+    for read, figures in HEALTH_BY_READ:
         assert read or len(figures) == 1
         assert len({(figure.call, figure.absent) for figure in figures}) == 1, read
 

@@ -1,1 +1,2 @@
-"""The metric contract and its publication: OpenTelemetry instruments, /metrics, OTLP push."""
+"""The metric contract and its publication: the families, OpenTelemetry instruments, the
+exposition that /metrics serves (endpoint/ serves it), the OTLP push."""

@@ -43,7 +43,6 @@ from otel_vgpu.collect.xids import XidCount, XidCounts
 from otel_vgpu.export.direct import DirectScrape, Observations
 from otel_vgpu.export.exposition import Format, Renderer, Series
 from otel_vgpu.export.families import FAMILIES, Family, Feature, Instrument, Observed, Subject
-from otel_vgpu.export.memory import trim
 from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings, make_exporter
 from otel_vgpu.export.reader import ScrapeReader, no_exemplars
 from otel_vgpu.export.sdk_internals import (
@@ -55,6 +54,7 @@ from otel_vgpu.export.sdk_internals import (
 )
 from otel_vgpu.flag_values import OTLP_SEMCONV
 from otel_vgpu.health import Health
+from otel_vgpu.memory import trim
 
 log = logging.getLogger(__name__)
 # A callback that raises is logged where and as the SDK logs it, whichever reader collected.

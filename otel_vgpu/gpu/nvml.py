@@ -32,7 +32,7 @@ from otel_vgpu.gpu.backend import (
     UtilizationSample,
     XidEvent,
 )
-from otel_vgpu.gpu.nvml_health import Gpm, XidWatch, read_health
+from otel_vgpu.gpu.nvml_health import GpmSamples, XidEventSets, read_health
 from otel_vgpu.gpu.nvml_session import ANY_ERROR, DRIVER, EMPTY, NO_LIBRARY, NO_SAMPLES, NvmlSession, Scope
 
 log = logging.getLogger(__name__)
@@ -113,8 +113,8 @@ class NvmlBackend:
         self._mig_static: dict[str, tuple[str, int | None, int | None, int | None]] = {}
         self._session = NvmlSession(self._nvml, clock, backoff, let_go=self._let_go, forget=self._forget_handles)
         self._query, self._call = self._session.query, self._session.call
-        self._gpm = Gpm(self._nvml, self._session, clock)
-        self._xids = XidWatch(self._session, self._identified)
+        self._gpm = GpmSamples(self._nvml, self._session, clock)
+        self._xids = XidEventSets(self._session, self._identified)
         try:
             self._session.initialise()
         except GpuError as error:

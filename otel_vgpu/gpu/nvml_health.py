@@ -81,7 +81,9 @@ class Asking:
         self.failed.append(FailedRead(tuple(figure.name for figure in figures), error))
 
 
-Read = Callable[[Asking, tuple[HealthFigure, ...]], dict[str, float]]
+HealthRead = Callable[[Asking, tuple[HealthFigure, ...]], dict[str, float]]
+"""A read of health figures: the figures of one `HealthFigure.read` from its one call, or a plain
+figure from its own (`READS`)."""
 
 
 def _plain(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
@@ -145,7 +147,7 @@ def _remapped_rows(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, 
     return {figure.name: figure.published(float(answer[figure.args[0]])) for figure in figures}
 
 
-READS: dict[str, Read] = {"": _plain, FIELD_VALUES: _field_values, ECC: _ecc, REMAPPED_ROWS: _remapped_rows}
+READS: dict[str, HealthRead] = {"": _plain, FIELD_VALUES: _field_values, ECC: _ecc, REMAPPED_ROWS: _remapped_rows}
 """Each read of `HealthFigure.read`, by name; "": a figure's `call` alone."""
 
 
@@ -158,7 +160,8 @@ def grouped(table: tuple[HealthFigure, ...]) -> tuple[tuple[str, tuple[HealthFig
     return tuple((read, tuple(figures)) for (read, _), figures in groups.items())
 
 
-HEALTH_READS = grouped(HEALTH_TABLE)
+HEALTH_BY_READ = grouped(HEALTH_TABLE)
+"""`HEALTH_TABLE`'s figures by their read, as `read_health` reads them."""
 
 
 def read_health(
@@ -166,7 +169,7 @@ def read_health(
     index: int,
     seam: NvmlSession,
     kept: dict[tuple[int, str], Any],
-    reads: tuple[tuple[str, tuple[HealthFigure, ...]], ...] = HEALTH_READS,
+    reads: tuple[tuple[str, tuple[HealthFigure, ...]], ...] = HEALTH_BY_READ,
 ) -> HealthReading:
     """GPU `index`'s health figures now, each read as its table entry says (`reads`: the table's,
     `grouped`); each one the GPU or driver lacks is left out, and so is each whose read failed,
@@ -182,7 +185,7 @@ def read_health(
     return HealthReading(out, tuple(ask.failed))
 
 
-class Gpm:
+class GpmSamples:
     """GPM samples, two buffers per GPU (and MIG GPU instance), as nvml.h asks ("at least two
     of these buffers"): each read takes a sample into the buffer the last read let go, returns
     the figures between it and the one before (nvmlGpmMetricsGet), and keeps the older buffer
@@ -270,7 +273,7 @@ class Gpm:
         self._seam.free("nvmlGpmSampleFree", sample)
 
 
-class XidWatch:
+class XidEventSets:
     """XID events through one NVML event set per GPU, each made at the first take of that GPU in
     an NVML session and holding that GPU alone, so that each GPU's events wait in a queue of
     their own. What nvml.h (NVIDIA/go-nvml pkg/nvml/nvml.h, NVML 13.3.29) says, and this relies on:

@@ -1,5 +1,5 @@
 """Waiters for something bounded (a place under the connection cap, a TLS handshake slot),
-served max-min fairly by network and then address (export/shares.py); on the event loop.
+served max-min fairly by network and then address (endpoint/fair_shares.py); on the event loop.
 
 First come first served let one client that opens connections as fast as they are answered
 fill the queue: the scraper's connection waited behind 128 of its, or found the queue full
@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from otel_vgpu.export.shares import Tally, over_share
+from otel_vgpu.endpoint.fair_shares import Tally, over_share
 
 # How often connections waiting for a place look for one that became sheddable (and those
 # waiting for a handshake slot, for a handshake gone quiet).

@@ -1,5 +1,5 @@
 """Which connection goes when the cap is full and a new one asks for a place: the rule, over
-what the server knows of each connection (export/server.py keeps the connections).
+what the server knows of each connection (endpoint/server.py keeps the connections).
 
 In order, the first that finds one:
 
@@ -18,7 +18,7 @@ In order, the first that finds one:
    a client that has shown it may scrape never waits behind those that have not;
 4. one of the network (/24, /64) holding the most places, where it holds more than the
    newcomer's network would (its places plus the newcomer's), else of the address holding
-   the most, where it holds more than the newcomer's address would (export/shares.py): the
+   the most, where it holds more than the newcomer's address would (endpoint/fair_shares.py): the
    cap is shared max-min fairly, so a newcomer is served while anyone holds more than it.
    Every connection of that holder may go, however young, and one in its TLS handshake
    too: a client that opens a fresh connection per request holds only young ones, and
@@ -38,7 +38,7 @@ import collections
 from collections.abc import Callable, Collection, Iterable
 from typing import Protocol
 
-from otel_vgpu.export.shares import over_share
+from otel_vgpu.endpoint.fair_shares import over_share
 from otel_vgpu.limits import Limits
 
 
@@ -124,12 +124,12 @@ def _anonymous(connections: Collection[Held], settled: list[Held], newcomer: str
 def _anonymous_now(c: Held) -> bool:
     """Never presented a valid credential, and not presenting one now: a request whose
     password waits for its check (a scraper's, after a restart) is not shed as anonymous
-    for a flood's newcomers; such requests are few (export/checks.py holds 4)."""
+    for a flood's newcomers; such requests are few (endpoint/checks.py holds 4)."""
     return not c.credentialed and not c.presenting
 
 
 def _fairest(connections: Collection[Held], newcomer: str, network_of: Callable[[str], str]) -> Held | None:
-    """One of the holder over its share for the newcomer (export/shares.py), of any age."""
+    """One of the holder over its share for the newcomer (endpoint/fair_shares.py), of any age."""
     holder = over_share((c.source for c in connections), newcomer, network_of)
     if holder is None:
         return None

@@ -1,7 +1,7 @@
 """The HTTP server: the listening socket, its event loop, and each connection's life from its
-place under the cap to its close, for an application (endpoint.py). The places are
-export/places.py's, the TLS handshakes export/handshakes.py's, each request and response
-export/exchange.py's, and what the server holds of a connection export/connections.py's.
+place under the cap to its close, for an application (paths.py). The places are
+endpoint/places.py's, the TLS handshakes endpoint/handshakes.py's, each request and response
+endpoint/exchange.py's, and what the server holds of a connection endpoint/connections.py's.
 
 Every client is held to bounds, whoever it is and whatever it sends
 (`Limits`; docs/endpoint.md and docs/reliability.md state them):
@@ -14,13 +14,13 @@ Every client is held to bounds, whoever it is and whatever it sends
   of its first byte (a client trickling a header line every few seconds is
   cut), and a connection that sends nothing is closed after `idle_s`;
 - at most `connections` connections are open; past that, one is shed for the new
-  one by the rule of export/admission.py (idle or trickling, a stalled reader, one
+  one by the rule of endpoint/admission.py (idle or trickling, a stalled reader, one
   that never presented a credential, one of whoever holds more than the newcomer
   would: the cap is shared max-min fairly by address and network); if none can
-  go, the new one waits for a place in a queue shared the same way (export/queues.py),
+  go, the new one waits for a place in a queue shared the same way (endpoint/queues.py),
   then gets 503 (on a TLS port, a close before the handshake);
 - at most `handshakes` TLS handshakes run at once (each holds OpenSSL's state and a
-  read buffer, export/connections.py TLS_READ_BYTES); the others wait, their
+  read buffer, endpoint/connections.py TLS_READ_BYTES); the others wait, their
   ClientHello unread in the kernel, and the next to start is of the network, then
   address, with the fewest running;
 - only GET and HEAD (405 otherwise); HEAD gets the headers and no body;
@@ -43,14 +43,14 @@ from typing import Any
 
 import h11
 
-from otel_vgpu.export.connections import Connection, Counters, CountingReader, HeldProtocol, close
-from otel_vgpu.export.exchange import HttpError, answer, next_request, send, send_and_close
-from otel_vgpu.export.handshakes import Handshakes
-from otel_vgpu.export.http import Application, Request, Response, request_of, text
-from otel_vgpu.export.memory import trim
-from otel_vgpu.export.places import Places
+from otel_vgpu.endpoint.connections import Connection, Counters, CountingReader, HeldProtocol, close
+from otel_vgpu.endpoint.exchange import HttpError, answer, next_request, send, send_and_close
+from otel_vgpu.endpoint.handshakes import Handshakes
+from otel_vgpu.endpoint.http import Application, Request, Response, request_of, text
+from otel_vgpu.endpoint.places import Places
 from otel_vgpu.limits import DEFAULT_LIMITS, Limits
 from otel_vgpu.logs import LogLimit
+from otel_vgpu.memory import trim
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -105,9 +105,9 @@ class Server:
         self.counters = Counters()
         self._logged_errors = LogLimit(every_s=UNEXPECTED_LOG_EVERY_S)
         self.handshakes = Handshakes(limits, self.counters)
-        """The TLS handshakes running, and the connections waiting for a slot (export/handshakes.py)."""
+        """The TLS handshakes running, and the connections waiting for a slot (endpoint/handshakes.py)."""
         self._places = Places(limits, self.counters, credentials or client_certificates, self.handshakes)
-        """The places under the cap, and the connections waiting for one (export/places.py)."""
+        """The places under the cap, and the connections waiting for one (endpoint/places.py)."""
         self._closed_at_trim = 0
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(_quiet_exceptions)

@@ -1,7 +1,7 @@
 """The process's memory: glibc's heap after a burst, and Python's garbage collector.
 
 A flood of connections (TLS handshakes above all: asyncio gives each a read
-buffer, 32 KiB here (export/connections.py TLS_READ_BYTES), OpenSSL its own structures)
+buffer, 32 KiB here (endpoint/connections.py TLS_READ_BYTES), OpenSSL its own structures)
 leaves freed memory that glibc keeps for
 reuse. The agent's limit is a container's, so it hands it back: large buffers
 get memory of their own, returned when freed, and the endpoint trims the heap

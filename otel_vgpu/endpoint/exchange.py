@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import h11
 
-from otel_vgpu.export.connections import Connection, Counters, close
-from otel_vgpu.export.http import Application, Request, Response
+from otel_vgpu.endpoint.connections import Connection, Counters, close
+from otel_vgpu.endpoint.http import Application, Request, Response
 from otel_vgpu.limits import Limits
 
 # A response is written this much at a time, each piece once the peer has taken the last.

@@ -1,10 +1,10 @@
 """TLS handshakes, bounded: at most `Limits.handshakes` run at once, each within
 `handshake_s` of its connection's place.
 
-Each handshake holds OpenSSL's state and a read buffer (export/connections.py
+Each handshake holds OpenSSL's state and a read buffer (endpoint/connections.py
 TLS_READ_BYTES): the bound is on what a flood of handshakes takes. The others wait, their
 ClientHello unread in the kernel, and a freed slot goes to the waiter whose network, then
-address, has the fewest running (export/queues.py); while some wait, a handshake whose
+address, has the fewest running (endpoint/queues.py); while some wait, a handshake whose
 client has gone quiet gives its slot up.
 """
 
@@ -16,9 +16,9 @@ import contextlib
 import ssl
 import time
 
-from otel_vgpu.export.auth import network_of
-from otel_vgpu.export.connections import Connection, Counters
-from otel_vgpu.export.queues import ADMIT_TICK_S, FairQueue, take_one
+from otel_vgpu.endpoint.auth import network_of
+from otel_vgpu.endpoint.connections import Connection, Counters
+from otel_vgpu.endpoint.queues import ADMIT_TICK_S, FairQueue, take_one
 from otel_vgpu.limits import Limits
 
 

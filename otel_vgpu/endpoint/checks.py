@@ -1,6 +1,6 @@
 """Password checks, one at a time on a thread of their own, shared fairly between clients.
 
-A bcrypt check costs what it costs on purpose (export/auth.py), so the thread that makes
+A bcrypt check costs what it costs on purpose (endpoint/auth.py), so the thread that makes
 them is what a flood of wrong passwords fights over. At most `limit` checks run or wait at
 once, and the next to run is the waiting one (`rank`):
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.export.auth import Attempt, BasicAuth, Verdict, network_of
-from otel_vgpu.export.checks import CheckQueue
+from otel_vgpu.endpoint.auth import Attempt, BasicAuth, Verdict, network_of
+from otel_vgpu.endpoint.checks import CheckQueue
+from otel_vgpu.endpoint.http import Request, Response, accepts_gzip, no_cache, text
 from otel_vgpu.export.exposition import Format, negotiate
-from otel_vgpu.export.http import Request, Response, accepts_gzip, no_cache, text
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.pidns import blind_message
 from otel_vgpu.limits import DEFAULT_LIMITS, Limits
@@ -67,7 +67,7 @@ class Endpoint:
         self._checks = CheckQueue(
             self._auth_worker, limits.password_checks, network_of, passed=lambda verdict: verdict is Verdict.ALLOW
         )
-        """Password checks, running or waiting for the bcrypt thread, shared fairly (export/checks.py)."""
+        """Password checks, running or waiting for the bcrypt thread, shared fairly (endpoint/checks.py)."""
         # Keyed by what the body depends on (OpenMetrics or not, escaping, gzip), never by
         # what a client writes in Accept: a made-up version per request shares one render.
         self._flights: dict[tuple[tuple[bool, str], bool, bool], _Flight] = {}
@@ -102,7 +102,7 @@ class Endpoint:
                 return refused
             response = await self._scrape(request)
             # With a credential required, this client has shown it may scrape: its connection
-            # is never shed for one that has not (export/admission.py).
+            # is never shed for one that has not (endpoint/admission.py).
             credentials = self._client_certificates or self._auth is not None
             return dataclasses.replace(response, authorized=True) if credentials else response
         if path == "/":

@@ -1,6 +1,6 @@
 """Places under the connection cap (`Limits.connections`): a new connection takes a free
-one, or one a connection shed for it leaves (export/admission.py's rule), or waits up to
-`admit_wait_s` in a queue shared max-min fairly by network and address (export/queues.py),
+one, or one a connection shed for it leaves (endpoint/admission.py's rule), or waits up to
+`admit_wait_s` in a queue shared max-min fairly by network and address (endpoint/queues.py),
 else is refused. Addresses that have shown a valid credential lately are admitted first.
 """
 
@@ -11,11 +11,11 @@ import collections
 import contextlib
 import time
 
-from otel_vgpu.export.admission import victim
-from otel_vgpu.export.auth import network_of
-from otel_vgpu.export.connections import Connection, Counters
-from otel_vgpu.export.handshakes import Handshakes
-from otel_vgpu.export.queues import ADMIT_TICK_S, FairQueue, take_one
+from otel_vgpu.endpoint.admission import victim
+from otel_vgpu.endpoint.auth import network_of
+from otel_vgpu.endpoint.connections import Connection, Counters
+from otel_vgpu.endpoint.handshakes import Handshakes
+from otel_vgpu.endpoint.queues import ADMIT_TICK_S, FairQueue, take_one
 from otel_vgpu.limits import Limits
 
 # An address that has shown a valid credential is favoured for this long after (a scrape
@@ -38,13 +38,13 @@ class Places:
         self._credentials_shown: collections.OrderedDict[str, float] = collections.OrderedDict()
         """Addresses that have shown a valid credential, when they last did, the least recent first."""
         self._queue = FairQueue(limits.admit_queue, network_of, self._shown)
-        """New connections waiting for a place under the cap, served fairly (export/queues.py)."""
+        """New connections waiting for a place under the cap, served fairly (endpoint/queues.py)."""
         self._reserved: collections.Counter[str] = collections.Counter()
         """Places given to waiting connections that have not taken them yet, by address."""
         self._ticking = False
 
     def _victim(self, now: float, newcomer: str) -> Connection | None:
-        """A connection to shed for a new one from `newcomer` (export/admission.py)."""
+        """A connection to shed for a new one from `newcomer` (endpoint/admission.py)."""
         found = victim(
             self._counters.connections,
             newcomer,
@@ -77,7 +77,7 @@ class Places:
         """A place under the cap for a new connection from `source`: a free one, one a shed
         connection leaves, or one that frees within `admit_wait_s` (clients that come and go,
         as a flood's do, free places every few milliseconds). Waiters are served fairly
-        (export/queues.py), each that a place can be made for. False: refuse it."""
+        (endpoint/queues.py), each that a place can be made for. False: refuse it."""
         if self._place_now(source):
             return True
         waiter = self._queue.join(source)

@@ -4,8 +4,8 @@ queue, TLS handshakes in flight) among clients, by network (/24, /64) and then a
 Pure functions over who holds what: each holding is the address of its holder, once per
 unit held. A network's addresses share its part, so one client cannot take more by
 spreading over the addresses of its /24, and an address cannot take more by opening more
-connections. The I/O around them (which connection, which waiter) is export/places.py's and
-export/handshakes.py's.
+connections. The I/O around them (which connection, which waiter) is endpoint/places.py's and
+endpoint/handshakes.py's.
 """
 
 from __future__ import annotations

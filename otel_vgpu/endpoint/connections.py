@@ -3,7 +3,7 @@
 The stream reader counts the bytes it holds unread, and the protocol leaves a TLS connection
 unread until its handshake starts: what a client has sent, in the reader or in the kernel, is
 what tells one that has sent its request (or ClientHello) from a silent one, which the cap
-sheds first (export/admission.py).
+sheds first (endpoint/admission.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex
 
-from otel_vgpu.export.queues import Waiter
+from otel_vgpu.endpoint.queues import Waiter
 
 # What asyncio's TLS layer reads at a time, and allocates (zeroed) for each TLS connection:
 # 256 KiB by default (SSLProtocol.max_size, a class attribute: start_tls builds the protocol
 # itself). A request head is 16 KiB at most and a TLS record as much; 32 KiB holds two. A
 # flood of handshakes churning those buffers took the agent from 38 to 105 MiB; with 32 KiB,
 # to 60 (tests/test_wrk_floods.py): a closed connection's buffer waits in asyncio's cycles
-# for a collection (export/memory.py), and a flood's closed connections are many.
+# for a collection (memory.py), and a flood's closed connections are many.
 TLS_READ_BYTES = 32 * 1024
 asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BYTES
 
@@ -66,7 +66,7 @@ class HeldProtocol(asyncio.StreamReaderProtocol):
 @dataclass(slots=True, eq=False)
 class Connection:
     """One connection the server holds: its stream, and what the shedding rule reads of it
-    (export/admission.py's `Held`)."""
+    (endpoint/admission.py's `Held`)."""
 
     writer: asyncio.StreamWriter
     reader: asyncio.StreamReader
@@ -77,7 +77,7 @@ class Connection:
     """When it was given its place."""
     credentialed: bool = False
     """It has presented a valid credential (a client certificate, a password): what never
-    did is shed before it when credentials are required (export/admission.py)."""
+    did is shed before it when credentials are required (endpoint/admission.py)."""
     answered: int = 0
     """Responses sent on it: a kept-alive connection has answered one at least."""
     waiting: bool = True
