@@ -432,10 +432,26 @@ class Agent:
             config.gpu_resources,
             self.health,
             poll_seconds=max(0.1, config.pod_resources_interval),
+            kai=self._kai_bind_requests(),
         )
         allocation.start()
         self._closers.append(allocation.stop)
         sources.allocation = allocation
+
+    def _kai_bind_requests(self) -> Any:
+        """KAI Scheduler's BindRequests for this node (kubernetes/bind_requests.py), unless --kai off."""
+        config = self.config
+        if config.kai == "off" or self._watching is None:
+            return None
+        from otel_vgpu.allocation.kai import KaiSettings  # noqa: PLC0415
+        from otel_vgpu.kubernetes.bind_requests import KaiBindRequests  # noqa: PLC0415
+
+        bind_requests = KaiBindRequests(self._watching, config.kai, KaiSettings(*config.kai_reservation))
+        bind_requests.start()
+        self._closers.append(bind_requests.stop)
+        if config.kai == "on" and not bind_requests.wait_synced(config.first_sync_wait_s):
+            log.warning("no BindRequests from the Kubernetes API yet; KAI's fractions count once it answers")
+        return bind_requests
 
     def _watch_credentials(self) -> None:
         """Reread the TLS files and the users file when they change (endpoint/reload.py)."""

@@ -5,29 +5,29 @@ command line wins. The table below is the single source of `--help` (each entry'
 default are written into its help by `help_text`), of the flag table of docs/flags.md
 (flag_table.py), which tests/test_config.py checks against it, and of the defaults of
 `Config`'s fields: each flag's field takes its default from the table by name (`_default`), so
-that no default is written twice. How each flag's text is read is flag_values.py's; the
-endpoint's bounds, limits.py's.
+that no default is written twice. What a flag declares is flag_spec.py's; how each flag's text
+is read, flag_values.py's; the endpoint's bounds, limits.py's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn
 
-from otel_vgpu import __version__
+from otel_vgpu import __version__, flag_spec
+from otel_vgpu.flag_spec import Action, Flag
 from otel_vgpu.flag_values import (
     BUILTIN_SCENARIO,
-    FALSE_WORDS,
     LOG_LEVEL_WORDS,
-    TRUE_WORDS,
     RenamedVariable,
     gpu_resource,
     interval,
+    kai_mode,
+    kai_reservation,
     log_format,
     log_level_name,
     metric_patterns,
@@ -38,6 +38,9 @@ from otel_vgpu.flag_values import (
     scenario,
 )
 from otel_vgpu.limits import Limits
+
+# A flag or environment value that cannot be used (one line), as a flag's own reading raises it too.
+ConfigError = flag_spec.ConfigError
 
 # Exit statuses: a bad flag, file or configuration; no GPU to read; the
 # driver changed under a running agent (its container must restart to get
@@ -57,6 +60,9 @@ DRA_DRIVERS = ("gpu.nvidia.com",)
 # Where the GPU stack runs its MPS control daemon: the GPU Operator's namespace, the NVIDIA
 # device plugin chart's usual one, and kube-system (GKE's). Tenants create no pods there.
 DEFAULT_MPS_SERVER_NAMESPACES = ("gpu-operator", "nvidia-device-plugin", "kube-system")
+# KAI Scheduler's reservation namespace, service account and app label by default
+# (pkg/common/constants/constants.go, DefaultResourceReservationName; cmd/binder/app/options.go).
+KAI_RESERVATION = "kai-resource-reservation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,93 +74,6 @@ class Backoff:
 
 
 DEFAULT_BACKOFF = Backoff()
-
-
-# --- the flag table ------------------------------------------------------------------
-
-
-class Action(str, Enum):
-    """How a flag takes its value on the command line."""
-
-    STORE = "store"
-    """`--flag VALUE`."""
-    SWITCH = "switch"
-    """`--flag`, on; in the environment true or false."""
-    APPEND = "append"
-    """`--flag VALUE`, repeatable; in the environment comma-separated."""
-    OPTIONAL = "optional"
-    """`--flag [VALUE]`: bare, `const`."""
-
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    """One flag: its name, environment twin, parser, default, the Config field it fills, and help.
-    This table is the only place each of them is said (`Config`'s defaults come from it)."""
-
-    name: str
-    help: str
-    env: str | None = None
-    """The OTEL_VGPU_* twin; None where the SDK's standard OTEL_* variables serve instead (`sdk_env`)."""
-    parse: Callable[[str], Any] = str
-    """A value's text to its value (each item's, for APPEND); argparse.ArgumentTypeError for a bad one."""
-    default: Any = None
-    """The value when neither the flag nor its twin is given; None: unset."""
-    action: Action = Action.STORE
-    field: str | None = None
-    """The Config field it fills; None: its name's (`--log-level`: `log_level`)."""
-    choices: tuple[str, ...] | None = None
-    const: str | None = None
-    """OPTIONAL: the value of the bare flag."""
-    fallback_env: str | None = None
-    """A variable read when neither the flag nor its twin is given (the Downward API's NODE_NAME)."""
-    metavar: str | None = None
-    shown_default: str | None = None
-    """The default as --help says it, where the value itself would mislead."""
-    sdk_env: tuple[str, ...] = ()
-    """The SDK's variables that stand for it, the winner first: read by the SDK or export/otlp.py, not here."""
-    renamed_from: str | None = None
-    """A former name of `env`, still read, with a warning (`RenamedVariable`)."""
-
-    @property
-    def dest(self) -> str:
-        return self.field or self.name.removeprefix("--").replace("-", "_")
-
-    def default_text(self) -> str:
-        if self.shown_default is not None:
-            return self.shown_default
-        if self.action is Action.SWITCH:
-            return "off"
-        if self.default is None:
-            return "unset"
-        if isinstance(self.default, tuple):
-            return ",".join(str(item) for item in self.default)
-        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
-
-    def variables(self) -> tuple[str, ...]:
-        """The variables that stand for it, as --help and docs/flags.md name them."""
-        return (self.env,) if self.env else self.sdk_env
-
-    def help_text(self) -> str:
-        named = ("the SDK's " if self.sdk_env else "") + " or ".join(self.variables())
-        twin = f"{named}; " if named else ""
-        shown = self.default_text()
-        written = f"default {shown}" if shown not in ("off", "unset") else shown
-        return f"{self.help} ({twin}{written})"
-
-    def from_text(self, raw: str, variable: str | None = None) -> Any:
-        """The value `variable` (its twin by default) spells; ConfigError names the variable."""
-        variable = variable or self.env or self.fallback_env
-        if self.action is Action.SWITCH:
-            text = raw.strip().lower()
-            if text not in TRUE_WORDS | FALSE_WORDS:
-                raise ConfigError(f"{variable}={raw!r}: expected true or false")
-            return text in TRUE_WORDS
-        try:
-            if self.action is Action.APPEND:
-                return tuple(self.parse(item) for item in raw.split(",") if item.strip())
-            return self.parse(raw)
-        except argparse.ArgumentTypeError as error:
-            raise ConfigError(f"{variable}: {error}") from None
 
 
 # The ratio file's default place: the working directory, as the image and the repository have it.
@@ -338,6 +257,27 @@ FLAGS: tuple[Flag, ...] = (
         metavar="NAMESPACES",
     ),
     Flag(
+        "--kai",
+        "KAI Scheduler's GPU fractions, from the BindRequests its scheduler writes (docs/kubernetes.md): auto, "
+        "read once a pod of its reservation namespace runs on this node; on, from the start; off, never (its "
+        "reservation pods are then pods as any other)",
+        "OTEL_VGPU_KAI",
+        kai_mode,
+        "auto",
+        metavar="{auto,on,off}",
+    ),
+    Flag(
+        "--kai-reservation",
+        "where KAI Scheduler's binder runs its reservation pods: their namespace, service account and app label, "
+        "as its global.resourceReservation values name them, one left out being the namespace's name; Run:ai's "
+        "is runai-reservation",
+        "OTEL_VGPU_KAI_RESERVATION",
+        kai_reservation,
+        (KAI_RESERVATION,) * 3,
+        metavar="NAMESPACE[/SERVICE_ACCOUNT[/APP_LABEL]]",
+        shown_default=KAI_RESERVATION,
+    ),
+    Flag(
         "--by-container",
         "add a container label to the per-pod families",
         "OTEL_VGPU_BY_CONTAINER",
@@ -473,6 +413,10 @@ class Config:
     """Patterns of the families not to publish."""
     mps_server_namespaces: tuple[str, ...] = _default("mps_server_namespaces")
     """Namespaces whose pods may run an MPS server (collect/trust.py): only cluster operators create pods there."""
+    kai: str = _default("kai")
+    """auto, on or off: KAI Scheduler's BindRequests read (kubernetes/bind_requests.py)."""
+    kai_reservation: tuple[str, str, str] = _default("kai_reservation")
+    """The namespace, service account and app label of KAI's reservation pods (allocation/kai.py)."""
     by_container: bool = _default("by_container")
     otlp_endpoint: str | None = _default("otlp_endpoint")
     otlp_protocol: str | None = _default("otlp_protocol")
@@ -522,10 +466,6 @@ class Config:
         text = ",".join(str(item) for item in value) if isinstance(value, tuple) else str(value)
         origin = self.origin(dest)
         return f"{origin} {text}" if origin.startswith("-") else f"{origin}={text}"
-
-
-class ConfigError(ValueError):
-    """A flag or environment value that cannot be used; the message is one line."""
 
 
 HELP_HELP = "print this list and exit"

@@ -173,3 +173,37 @@ def gpu_resource(text: str) -> str:
             "from its pod annotations, so name only device resources (for example nvidia.com/gpu)"
         )
     return name
+
+
+KAI_MODES = ("auto", "on", "off")
+"""--kai: KAI Scheduler's BindRequests read once a reservation pod runs on the node, always, or never."""
+
+
+def kai_mode(text: str) -> str:
+    word = text.strip().lower()
+    if word not in KAI_MODES:
+        raise argparse.ArgumentTypeError(
+            f"invalid KAI mode {text!r}: expected auto (once a reservation pod of KAI's runs on this node), on or off"
+        )
+    return word
+
+
+_NAMESPACE = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_SERVICE_ACCOUNT = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
+_LABEL_VALUE = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+
+
+def kai_reservation(text: str) -> tuple[str, str, str]:
+    """`NAMESPACE[/SERVICE_ACCOUNT[/APP_LABEL]]`: where KAI Scheduler's binder runs its reservation
+    pods, their service account and their `app` label, as its chart's values
+    global.resourceReservation.{namespace,serviceAccount,appLabel} say; each one left out is the
+    namespace's name, as KAI's defaults and Run:ai's (runai-reservation) name all three."""
+    parts = [part.strip() for part in text.strip().split("/")]
+    patterns = (_NAMESPACE, _SERVICE_ACCOUNT, _LABEL_VALUE)[: len(parts)]
+    if len(parts) > 3 or not all(re.fullmatch(p, part) for p, part in zip(patterns, parts, strict=True)):
+        raise argparse.ArgumentTypeError(
+            f"invalid KAI reservation {text!r}: expected NAMESPACE[/SERVICE_ACCOUNT[/APP_LABEL]] as KAI's "
+            "global.resourceReservation values name them, e.g. kai-resource-reservation or runai-reservation"
+        )
+    namespace = parts[0]
+    return (namespace, parts[1] if len(parts) > 1 else namespace, parts[2] if len(parts) > 2 else namespace)

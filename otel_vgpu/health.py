@@ -39,6 +39,8 @@ class Stage(str, Enum):
     """The endpoint's TLS files or users file changed to a version that cannot be used."""
     POD_ANNOTATIONS = "pod_annotations"
     """A pod's allocator annotation (HAMi) that cannot be read."""
+    BIND_REQUESTS = "bind_requests"
+    """KAI Scheduler's BindRequests for this node, listed and watched (kubernetes/bind_requests.py)."""
     DEVICE_HEALTH = "device_health"
     """A GPU's health figures, read every 10 s off the scrape's path (collect/device_health.py)."""
     GPM = "gpm"
@@ -83,6 +85,15 @@ class Refusal(str, Enum):
     """HAMi's allocation annotation on a pod HAMi did not allocate, or for a GPU not on this node: ignored."""
     CONFIG_HASH = "config_hash"
     """`kubernetes.io/config.hash` on a pod that is not a mirror pod, or on two pods: ignored."""
+    KAI_FRACTION = "kai_fraction"
+    """KAI Scheduler's fraction marks (gpu-fraction, gpu-memory, runai-gpu-group) on a pod that no Succeeded
+    BindRequest of KAI's binds to a reserved GPU of this node, or a group its BindRequest does not select: no
+    share from them."""
+    KAI_RESERVATION = "kai_reservation"
+    """A pod that would be one of KAI's reservation pods and is not (outside its namespace, without its labels
+    or service account, naming a GPU the kubelet did not give it, or two for one group): it holds no fraction."""
+    KAI_OVERCOMMIT = "kai_overcommit"
+    """KAI fractions on one GPU that add up to more than the GPU: each scaled down, so that they add up to 1."""
 
 
 class Reader(str, Enum):
@@ -108,6 +119,8 @@ class Reader(str, Enum):
     """A list of this node's pods from the Kubernetes API, which a watch then keeps current (kubernetes/api.py)."""
     API_NODE = "api_node"
     """A list of this node from the Kubernetes API, for its labels, then watched (kubernetes/node.py)."""
+    API_BIND_REQUESTS = "api_bind_requests"
+    """A list of the BindRequests KAI Scheduler wrote for this node, then watched (kubernetes/bind_requests.py)."""
 
 
 @dataclass(frozen=True, slots=True)

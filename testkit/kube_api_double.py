@@ -1,11 +1,11 @@
 """A Kubernetes API server double: pods of one node over HTTPS, in the API's JSON.
 
-It speaks what a real API server speaks for `GET /api/v1/pods`: bearer-token
-authentication, `fieldSelector`, lists with a resourceVersion, and watch
-streams (chunked, one JSON event per line) that resume from a
-resourceVersion and answer `410 Gone` (an ERROR event) once it is compacted.
-Faults are switched on from the test: refused tokens, failing or slow lists,
-a watch that breaks mid-stream.
+It speaks what a real API server speaks for `GET /api/v1/pods` (and nodes, and KAI Scheduler's
+BindRequests, a custom resource checked against its CRD): bearer-token authentication,
+`fieldSelector` and `labelSelector`, lists with a resourceVersion, and watch streams (chunked,
+one JSON event per line) that resume from a resourceVersion and answer `410 Gone` (an ERROR
+event) once it is compacted. Faults are switched on from the test: refused tokens, failing or
+slow lists, a watch that breaks mid-stream, a resource refused or not served.
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ import json
 import ssl
 import threading
 import time
+import uuid as uuidlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
+
+from testkit.crds import problems
 
 if TYPE_CHECKING:
     from testkit.certs import Certs
@@ -34,17 +37,21 @@ def pod_object(
     phase: str = "Running",
     init_containers: tuple[str, ...] = (),
     resource: str = "nvidia.com/gpu",
+    labels: dict[str, str] | None = None,
+    service_account: str = "default",
 ) -> dict[str, Any]:
     """A Pod as the API returns it. `containers` maps name to container ID;
     `gpu_limits` gives containers a limit of `resource`."""
     containers = containers or {"main": ""}
     gpu_limits = gpu_limits or {}
+    metadata = {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations or {}}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations or {}},
+        "metadata": {**metadata, "labels": labels or {}},
         "spec": {
             "nodeName": node,
+            "serviceAccountName": service_account,
             **(
                 {"initContainers": [{"name": n, "image": "registry.example/init:1"} for n in init_containers]}
                 if init_containers
@@ -76,6 +83,42 @@ def pod_object(
     }
 
 
+def bind_request_object(
+    namespace: str,
+    pod: str,
+    pod_uid: str,
+    node: str,
+    *,
+    resource_type: str = "Fraction",
+    portion: str = "1.00",
+    groups: tuple[str, ...] = (),
+    count: int = 1,
+    phase: str | None = "Succeeded",
+) -> dict[str, Any]:
+    """A BindRequest as KAI Scheduler's scheduler creates it for a pod (pkg/scheduler/cache/cache.go,
+    createBindRequest: named as the pod, in its namespace, owned by it, labelled with the node)
+    and its binder leaves it (status.phase; None: not yet reconciled)."""
+    return {
+        "apiVersion": "scheduling.run.ai/v1alpha2",
+        "kind": "BindRequest",
+        "metadata": {
+            "name": pod,
+            "namespace": namespace,
+            "uid": str(uuidlib.uuid5(uuidlib.NAMESPACE_OID, f"bindrequest/{namespace}/{pod}/{pod_uid}")),
+            "labels": {"selected-node": node},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod_uid}],
+        },
+        "spec": {
+            "podName": pod,
+            "selectedNode": node,
+            "receivedResourceType": resource_type,
+            "receivedGPU": {"count": count, "portion": portion},
+            **({"selectedGPUGroups": list(groups)} if groups else {}),
+        },
+        **({"status": {"phase": phase}} if phase else {}),
+    }
+
+
 def node_object(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A Node as the API returns it (the parts the agent reads: its labels)."""
     return {
@@ -85,13 +128,18 @@ def node_object(name: str, labels: dict[str, str] | None = None) -> dict[str, An
     }
 
 
-# What each resource's list and watch select by, as the agent asks: pods of one node, one node by name.
+# What each resource's list and watch select by, as the agent asks: pods of one node, one node by
+# name (fieldSelector); BindRequests by the node KAI's scheduler labels them with (labelSelector).
 _SELECTORS = {"pods": "spec.nodeName", "nodes": "metadata.name"}
+BIND_REQUESTS = "/apis/scheduling.run.ai/v1alpha2/bindrequests"
+_LABEL_SELECTORS = {"bindrequests": "selected-node"}
 
 
 def _selected(resource: str, obj: dict[str, Any], node: str) -> bool:
     if resource == "pods":
         return bool(obj["spec"]["nodeName"] == node)
+    if resource == "bindrequests":
+        return bool(obj["metadata"].get("labels", {}).get("selected-node") == node)
     return bool(obj["metadata"]["name"] == node)
 
 
@@ -101,6 +149,11 @@ class ApiState:
     token: str
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bindrequests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    serve_bind_requests: bool = True
+    """False: the API serves no BindRequests (404), as a cluster without KAI's CRDs."""
+    forbid_bind_requests: bool = False
+    """BindRequests answer 403, as under a ClusterRole without them."""
     events: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)
     """(resourceVersion, resource, type, object)."""
     version: int = 100
@@ -159,7 +212,7 @@ class KubeApiDouble:
 
     def _event(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
         state = self.state
-        store = state.pods if resource == "pods" else state.nodes
+        store: dict[str, dict[str, Any]] = getattr(state, resource)
         with state.condition:
             state.version += 1
             obj = json.loads(json.dumps(obj))
@@ -177,6 +230,16 @@ class KubeApiDouble:
 
     def delete(self, uid: str) -> None:
         self._event("pods", "DELETED", self.state.pods[uid])
+
+    def put_bind_request(self, request: dict[str, Any]) -> None:
+        """Create or replace a BindRequest, refused as the API server would where its CRD says no."""
+        wrong = problems(request)
+        assert not wrong, f"a BindRequest its CRD refuses: {wrong}"
+        kind = "MODIFIED" if request["metadata"]["uid"] in self.state.bindrequests else "ADDED"
+        self._event("bindrequests", kind, request)
+
+    def delete_bind_request(self, uid: str) -> None:
+        self._event("bindrequests", "DELETED", self.state.bindrequests[uid])
 
     def put_node(self, node: dict[str, Any]) -> None:
         kind = "MODIFIED" if node["metadata"]["uid"] in self.state.nodes else "ADDED"
@@ -248,13 +311,25 @@ class _Handler(BaseHTTPRequestHandler):
             message = 'pods is forbidden: User "system:serviceaccount:otel-vgpu:otel-vgpu" cannot list resource "pods"'
             self._json(403, self._status(403, "Forbidden", message))
             return
-        resource = url.path.removeprefix("/api/v1/")
-        if resource not in _SELECTORS:
+        resource = "bindrequests" if url.path == BIND_REQUESTS else url.path.removeprefix("/api/v1/")
+        if resource not in (*_SELECTORS, *_LABEL_SELECTORS) or (
+            resource == "bindrequests" and not state.serve_bind_requests
+        ):
             self._json(404, self._status(404, "NotFound", f"the server could not find {url.path}"))
             return
-        if query.get("fieldSelector") != f"{_SELECTORS[resource]}={state.node}":
-            # Only this node's pods, and this node, may be asked for: anything else is a test failure.
-            self._json(400, self._status(400, "BadRequest", f"unexpected fieldSelector {query.get('fieldSelector')}"))
+        selector, expected = (
+            ("labelSelector", f"{_LABEL_SELECTORS[resource]}={state.node}")
+            if resource in _LABEL_SELECTORS
+            else ("fieldSelector", f"{_SELECTORS[resource]}={state.node}")
+        )
+        if query.get(selector) != expected or (resource in _LABEL_SELECTORS and query.get("fieldSelector")):
+            # Only this node's pods, BindRequests and node may be asked for: anything else is a test failure.
+            self._json(400, self._status(400, "BadRequest", f"unexpected {selector} {query.get(selector)}"))
+            return
+        if resource == "bindrequests" and state.forbid_bind_requests:
+            user = "system:serviceaccount:otel-vgpu:otel-vgpu"
+            message = f'bindrequests.scheduling.run.ai is forbidden: User "{user}" cannot list resource "bindrequests"'
+            self._json(403, self._status(403, "Forbidden", message))
             return
         if resource == "nodes" and state.forbid_nodes:
             user = "system:serviceaccount:otel-vgpu:otel-vgpu"
@@ -276,11 +351,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(503, self._status(503, "InternalError", "injected 503"))
             return
         with state.condition:
-            store = state.pods if resource == "pods" else state.nodes
+            store: dict[str, dict[str, Any]] = getattr(state, resource)
             items = [obj for obj in store.values() if _selected(resource, obj, state.node)]
             body = {
-                "apiVersion": "v1",
-                "kind": "PodList" if resource == "pods" else "NodeList",
+                "apiVersion": "scheduling.run.ai/v1alpha2" if resource == "bindrequests" else "v1",
+                "kind": {"pods": "PodList", "nodes": "NodeList"}.get(resource, "BindRequestList"),
                 "metadata": {"resourceVersion": str(state.version)},
                 "items": items,
             }

@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.proc_tree import container_id
-from otel_vgpu.sim.scenario import Scenario, pod_containers
+from otel_vgpu.sim.scenario import PodSpec, Scenario, pod_containers
 from testkit.certs import Certs, make_certs
-from testkit.kube_api_double import KubeApiDouble, pod_object
+from testkit.kube_api_double import KubeApiDouble, bind_request_object, pod_object
 from testkit.kubelet_double import KubeletDouble
 
 
@@ -32,12 +33,26 @@ class SimCluster:
 
 
 def populate(scenario: Scenario, node_name: str, api: KubeApiDouble, kubelet: KubeletDouble, directory: Path) -> None:
-    """Every pod of the scenario in the API, with its containers' IDs; every device share in the kubelet."""
+    """Every pod of the scenario in the API, with its containers' IDs, labels, annotations and
+    service account, and the BindRequest KAI Scheduler wrote for it; every device share in the kubelet."""
     for pod in scenario.pods:
         if not pod.in_directory:
             continue
-        containers = {name: container_id(pod, name) for name in pod_containers(pod.processes)}
-        api.put(pod_object(pod.namespace, pod.name, pod.uid, node_name, containers=containers))
+        api.put(api_pod(pod, node_name))
+        if pod.bind_request is not None:
+            spec = pod.bind_request
+            request = bind_request_object(
+                pod.namespace,
+                pod.name,
+                pod.uid,
+                spec.node or node_name,
+                resource_type=spec.type,
+                portion=spec.portion,
+                groups=spec.groups,
+                count=max(1, len(spec.groups)),
+                phase=spec.phase,
+            )
+            api.put_bind_request(request)
     view = SimulatedNode(scenario, directory).kubelet_view(0.0)
     grouped: dict[tuple[str, str, str], dict[str, list[str]]] = defaultdict(dict)
     for device in view.devices:
@@ -47,6 +62,21 @@ def populate(scenario: Scenario, node_name: str, api: KubeApiDouble, kubelet: Ku
         kubelet.assign(namespace, name, assigned, resource=resource)
     for namespace, name in view.pods or ():
         kubelet.list_pod(namespace, name)
+
+
+def api_pod(pod: PodSpec, node_name: str) -> dict[str, Any]:
+    """A simulated pod as the API serves it."""
+    containers = {name: container_id(pod, name) for name in pod_containers(pod.processes)}
+    return pod_object(
+        pod.namespace,
+        pod.name,
+        pod.uid,
+        node_name,
+        containers=containers,
+        annotations=dict(pod.annotations),
+        labels=dict(pod.labels),
+        service_account=pod.service_account,
+    )
 
 
 def service_account(directory: Path, certs: Certs, token: str = "test-token") -> Path:

@@ -19,6 +19,7 @@ from otel_vgpu.allocation.shares import (
 )
 from otel_vgpu.config import ConfigError, parse_config
 from otel_vgpu.gpu.backend import Device, MigDevice
+from otel_vgpu.health import Refusal
 from otel_vgpu.pods.directory import PodMeta, StatedGrant
 
 pytestmark = pytest.mark.unit
@@ -197,7 +198,8 @@ def test_a_hami_annotation_the_device_plugin_did_not_serve_is_refused_for_the_ku
         pods=(("ai", "forged"),),
     )
     allocation = from_kubelet(view, directory, GPUS)
-    [(uid, message)] = allocation.refused
+    [(reason, uid, message)] = allocation.refused
+    assert reason is Refusal.HAMI_ANNOTATION
     assert uid == "hami" and why in message and message.startswith("pod ai/forged: annotation hami.io/"), message
     # What the kubelet gave, as for any pod: its one device of GPU 0, or nothing.
     assert dict(allocation.placed) == ({("hami", "main", U0): Grant(1.0)} if served else {})

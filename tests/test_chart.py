@@ -837,6 +837,27 @@ def test_a_platform_renders_its_settings_given_as_values(tmp_path: Path) -> None
     assert template("--set", "platform=eks") != template()
 
 
+def test_kai_enabled_grants_its_bind_requests_and_off_neither_grants_nor_reads_them() -> None:
+    kai_rule = {"apiGroups": ["scheduling.run.ai"], "resources": ["bindrequests"], "verbs": ["get", "list", "watch"]}
+
+    def rules(*args: str) -> list[dict[str, Any]]:
+        roles = [d for d in documents(template(*args)) if d["kind"] == "ClusterRole"]
+        (role,) = [d for d in roles if d["metadata"]["name"] == RELEASE]
+        return list(role["rules"])
+
+    def agent_config(*args: str) -> Any:
+        (container,) = chart_daemonset(*args)["spec"]["template"]["spec"]["containers"]
+        return parse_config([arg for arg in container["args"] if not arg.startswith("--allocation-file")])
+
+    # By default: the rule, and the agent reads them once a reservation pod of KAI's is on its node.
+    assert kai_rule in rules() and agent_config().kai == "auto"
+    assert agent_config().kai_reservation == ("kai-resource-reservation",) * 3
+    off = ("--set", "kai.enabled=false")
+    assert kai_rule not in rules(*off) and agent_config(*off).kai == "off"
+    legacy = agent_config("--set", "kai.reservation=runai-reservation/runai-sa")
+    assert legacy.kai_reservation == ("runai-reservation", "runai-sa", "runai-reservation")
+
+
 def test_a_value_the_user_sets_wins_over_the_platform_s() -> None:
     with_eks = chart_daemonset("--set", "platform=eks", "--set", "runtime.mode=nri")
     by_hand = chart_daemonset("--set", "nodes.presets={eks}", "--set", "runtime.mode=nri")
@@ -936,6 +957,8 @@ MISTAKES = [
         ["image.repository", "image.registry=registry.example.com", "image.repository=otel-vgpu"],
     ),
     (("--set", "metricDenylist={vgpu_(pod}"), ["metricDenylist[0]", '"vgpu_(pod"', "unclosed group"]),
+    (("--set", "kai.reservation=Runai-Reservation"), ["/kai/reservation", "'Runai-Reservation' does not match"]),
+    (("--set", "kai.enable=false"), ["/kai", "'enable' not allowed"]),
 ]
 
 

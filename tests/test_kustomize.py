@@ -225,11 +225,17 @@ def test_a_new_cluster_gets_the_ratio_auto() -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_rbac_is_get_list_watch_on_pods_and_nodes(target: str) -> None:
+def test_rbac_is_get_list_watch_on_pods_nodes_and_kais_bind_requests(target: str) -> None:
     docs = render(target)
     role = one(docs, "ClusterRole", "otel-vgpu")
-    # pods: names and containers; nodes: the driver-upgrade labels (otel_vgpu/kubernetes/node.py)
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}]
+    # pods: names and containers; nodes: the driver-upgrade labels (otel_vgpu/kubernetes/node.py);
+    # KAI Scheduler's BindRequests: the fractions it gives pods (otel_vgpu/kubernetes/bind_requests.py).
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["scheduling.run.ai"], "resources": ["bindrequests"], "verbs": ["get", "list", "watch"]},
+    ]
+    # and the agent reads them where it finds KAI's reservation pods, as it does by default
+    assert not [arg for arg in daemonset(target)["spec"]["template"]["spec"]["containers"][0]["args"] if "--kai" in arg]
     binding = one(docs, "ClusterRoleBinding", "otel-vgpu")
     account = one(docs, "ServiceAccount", "otel-vgpu")
     assert binding["subjects"] == [

@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "otel_vgpu.wording",
     ),
     ("otel_vgpu.flag_values", "otel_vgpu.limits"),
+    ("otel_vgpu.flag_spec",),
     ("otel_vgpu.config", "otel_vgpu.health"),
     ("otel_vgpu.gpu", "otel_vgpu.pods"),
     ("otel_vgpu.allocation",),

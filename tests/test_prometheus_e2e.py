@@ -165,6 +165,31 @@ def test_prometheus_scrapes_the_agent_over_http_and_over_tls_with_auth(
         tls.stop()
 
 
+def test_the_namespace_chargeback_gives_each_kai_fraction_s_namespace_its_fraction(tmp_path: Path) -> None:
+    # KAI Scheduler's node (tests/data/sharing/kai.yaml): its BindRequests give team-a half of GPU 0,
+    # team-b a quarter and 0.20 of it; team-c holds GPU 1 whole, and nothing for the pod that wrote
+    # gpu-fraction "1" itself; KAI's reservation pod, holding GPU 0, is in no namespace's bill.
+    ratio = tmp_path / "gpu_allocation.txt"
+    ratio.write_text("auto\n")
+    kai = ROOT / "tests" / "data" / "sharing" / "kai.yaml"
+    expected = {"team-a": 0.5, "team-b": 0.45, "team-c": 1.0}
+    with running_agent("--simulate", str(kai), "--allocation-file", str(ratio), "--no-kubernetes") as agent:
+        target = agent.url.removeprefix("http://")
+        scrape = [{"job_name": "otel-vgpu", "honor_labels": True, "static_configs": [{"targets": [target]}]}]
+        with running_prometheus(tmp_path, scrape, [RULES]) as prometheus:
+
+            def held() -> dict[str, float]:
+                found = prometheus.query("namespace:vgpu_allocated:gpus")
+                by_namespace = {r["metric"]["namespace"]: float(r["value"][1]) for r in found}
+                return by_namespace if expected.keys() <= by_namespace.keys() else {}
+
+            allocated = wait_until(held, what="every namespace's GPUs allocated", timeout=30)
+            busy = {r["metric"]["namespace"] for r in prometheus.query("namespace:vgpu_sm_busy:gpus")}
+        agent.stop()
+    assert allocated == pytest.approx(expected)
+    assert "kai-resource-reservation" not in busy
+
+
 def test_dashboard_names_only_families_the_agent_serves() -> None:
     served = {
         "vgpu_pod_memory_used_bytes",

@@ -161,6 +161,22 @@ def test_wave_moves_around_its_mean() -> None:
             "bad.yaml:4: pods[0].annotations.hami.io/vgpu-devices-allocated: memory 'x' or cores '0'",
         ),
         ("gpus: [{}]\npods:\n  - name: a\n    claims: [{claim: c}]\n", "pods[0].claims[0].device: None: a DRA device"),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    bind_request: {portion: '0.5'}\n",
+            "bad.yaml:4: pods[0].bind_request.groups: []: names of GPU groups, at least one for a Fraction",
+        ),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    bind_request:\n      groups: [g]\n      portion: '1.5'\n",
+            "bad.yaml:6: pods[0].bind_request.portion: '1.5' is no portion of a GPU (0-1]",
+        ),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    bind_request: {type: Shared}\n",
+            "bad.yaml:4: pods[0].bind_request.type: 'Shared'; valid: Fraction, Regular",
+        ),
+        (
+            "gpus: [{}]\npods:\n  - name: a\n    labels: {app: 1}\n",
+            "pods[0].labels: {'app': 1} is not a mapping of label",
+        ),
         # Inputs that once crashed or hung the loader.
         (
             "gpus:\n  - memory: " + "9" * 300 + "GiB\n",

@@ -107,6 +107,26 @@ def test_hami_allocation_is_its_annotation(tmp_path: Path) -> None:
     assert vgpu[("infer-unlimited",)] == pytest.approx(0.2, abs=0.01)
 
 
+def test_kai_fractions_are_what_its_bind_requests_grant_on_the_reserved_gpu(tmp_path: Path) -> None:
+    with scraped("kai.yaml", "auto", tmp_path) as (exposition, log):
+        pass
+    allocated = exposition.by("vgpu_pod_memory_allocated_bytes", "namespace", "pod", "gpu_id")
+    # Half, a quarter and 0.20 (16000 MiB of 81900) of GPU 0's 80 GiB, in two namespaces; GPU 1 whole;
+    # the reservation pod holds none of its own; the pod that wrote gpu-fraction "1" itself, nothing.
+    assert allocated == {
+        ("team-a", "notebook-a", "0"): 40 * GIB,
+        ("team-b", "infer-b", "0"): 20 * GIB,
+        ("team-b", "embed-c", "0"): int(0.2 * 80 * GIB),
+        ("team-c", "trainer-d", "1"): 80 * GIB,
+        ("team-c", "forged-e", "0"): 0,
+    }
+    # No compute share from KAI: no vGPU utilization for a fraction, the GPU's SMs for the whole one.
+    assert exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod") == {("trainer-d",): pytest.approx(0.6, abs=0.01)}
+    refusals = exposition.by("vgpu_agent_refusals_total", "reason")
+    assert (refusals[("kai_fraction",)], refusals[("kai_reservation",)]) == (1, 1)
+    assert "pod team-c/forged-e carries KAI's gpu-fraction" in log
+
+
 def test_dra_claims_map_minor_numbers_and_share_a_claim(tmp_path: Path) -> None:
     with scraped("dra.yaml", "auto", tmp_path) as (exposition, _):
         pass

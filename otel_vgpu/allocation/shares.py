@@ -10,6 +10,8 @@ the table of setups and the upstream source of each rule):
 - allocator annotations on the pod (HAMi): memory and compute per GPU, only where
   they agree with what the kubelet's device plugin gave each container (a pod's author
   can write the annotation too: docs/trust.md);
+- KAI Scheduler's BindRequests (allocation/kai.py): a fraction of the GPU its group's
+  reservation pod holds, which then holds no share of its own;
 - without the kubelet, the GPU counts in the pods' resource limits: the
   count is known, not the GPU ("unplaced").
 
@@ -26,8 +28,10 @@ from typing import Protocol
 from otel_vgpu.allocation.devices import DeviceMap
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import hami_device_id
+from otel_vgpu.allocation.kai import KaiView, Refused, from_kai
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device
+from otel_vgpu.health import Refusal
 from otel_vgpu.pods.directory import PodMeta
 
 
@@ -36,11 +40,11 @@ class Grant:
     """What one container was given on one device."""
 
     shares: float = 0.0
-    """Replicas (device IDs) of the device; a fraction for a shared DRA claim."""
+    """Replicas (device IDs) of the device; a fraction for a shared DRA claim or a KAI fraction."""
     memory: int | None = None
-    """Bytes, where the allocator says (HAMi, DRA); None: shares x memory / ratio."""
+    """Bytes, where the allocator says (HAMi, DRA, KAI); None: shares x memory / ratio."""
     compute: float | None = None
-    """Fraction of the device's SMs, where the allocator says; None: shares / ratio."""
+    """Fraction of the device's SMs, where the allocator says (0: none, as KAI gives); None: shares / ratio."""
 
     def plus(self, other: Grant) -> Grant:
         def add(a: float | None, b: float | None) -> float | None:
@@ -70,8 +74,8 @@ class Allocation:
     """UIDs of the pods whose every grant is known: what is not in `placed`
     for them, they were not given. A pod the kubelet lists without a GPU
     device holds no share; a pod missing here counts one where it runs."""
-    refused: tuple[tuple[str, str], ...] = ()
-    """(pod UID, why) of the allocator annotations refused (`from_annotations`)."""
+    refused: tuple[Refused, ...] = ()
+    """(reason, key, why) of what allocators' marks on pods claim and is refused (`from_annotations`, KAI)."""
 
 
 class AllocationSource(Protocol):
@@ -143,20 +147,21 @@ def from_annotations(
     gpus: Sequence[Device],
     placed: dict[Key, Grant],
     served: Mapping[tuple[str, str], float],
-) -> tuple[set[str], list[tuple[str, str]]]:
+) -> tuple[set[str], list[Refused]]:
     """Add the grants allocator annotations state (HAMi) where they hold; the UIDs of the pods
     counted from them, and (UID, why) of those refused. `served`: the devices the kubelet's
     device plugin gave each (pod UID, container), or what its limits ask where the kubelet
     is not asked."""
     known = {gpu.uuid: gpu for gpu in gpus}
     stated = set()
-    refused = []
+    refused: list[Refused] = []
     for uid, meta in pods.items():
         if meta.terminal or not meta.stated:
             continue
         problem = _stated_problem(uid, meta, known, served)
         if problem is not None:
-            refused.append((uid, f"pod {meta.namespace}/{meta.name}: annotation {HAMI_ANNOTATION} {problem}"))
+            why = f"pod {meta.namespace}/{meta.name}: annotation {HAMI_ANNOTATION} {problem}"
+            refused.append((Refusal.HAMI_ANNOTATION, uid, f"{why}; ignored, the pod's shares are the kubelet's"))
             continue
         stated.add(uid)
         for container, grants in meta.stated.items():
@@ -198,6 +203,7 @@ def from_kubelet(
     gpus: Sequence[Device],
     resources: Iterable[str] = DEFAULT_RESOURCES,
     dra_drivers: Iterable[str] = DRA_DRIVERS,
+    kai: KaiView | None = None,
 ) -> Allocation:
     """Grants per (pod, container, device) from one kubelet answer.
 
@@ -205,7 +211,8 @@ def from_kubelet(
     keyed by cgroup UID) maps one to the other. A pod the directory does not
     know yet is left out until it does; a pod in a terminal phase is left
     out for good. A pod with allocator annotations is counted from them
-    alone: HAMi decides its GPU there, not in the kubelet's IDs.
+    alone: HAMi decides its GPU there, not in the kubelet's IDs. With `kai`,
+    KAI's fractions are added, and its reservation pods hold no share.
     """
     patterns = tuple(resources)
     drivers = frozenset(dra_drivers)
@@ -220,6 +227,7 @@ def from_kubelet(
             served[key] = served.get(key, 0) + sum(1 for d in assignment.device_ids if hami_device_id(d))
     placed: dict[Key, Grant] = {}
     stated, refused = from_annotations(pods, gpus, placed, served)
+    assigned: dict[str, set[str]] = {}
     for assignment in view.devices:
         uid = live.get((assignment.namespace, assignment.pod))
         if uid is None or uid in stated or not counted(assignment.resource, patterns):
@@ -228,6 +236,7 @@ def from_kubelet(
             target = devices.device(device_id)
             if target is not None:
                 _add(placed, (uid, assignment.container, target.uuid), Grant(shares=1.0))
+                assigned.setdefault(uid, set()).add(target.uuid)
 
     # A DRA device goes to one claim; the containers that use the claim share it evenly.
     users: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
@@ -255,20 +264,49 @@ def from_kubelet(
     # here was given none. A pod the directory cannot name stays unknown.
     # An unreadable annotation leaves the pod's allocation unknown, listed or not.
     listed = {uid for key in view.pods or () if (uid := live.get(key)) is not None and not pods[uid].unreadable}
-    return Allocation(placed=placed, replicas=replicas, answered=frozenset(listed | stated), refused=tuple(refused))
+    given = {uid: frozenset(uuids) for uid, uuids in assigned.items()}
+    kai_decided = _with_kai(kai, pods, gpus, given, placed, refused)
+    answered = frozenset(listed | stated | kai_decided)
+    return Allocation(placed=placed, replicas=replicas, answered=answered, refused=tuple(refused))
 
 
-def from_limits(pods: Mapping[str, PodMeta], gpus: Sequence[Device] = ()) -> Allocation:
-    """Without the kubelet: annotation grants where a pod has them, else the
-    GPU counts in the pods' resource limits, GPUs unknown."""
+def _with_kai(
+    kai: KaiView | None,
+    pods: Mapping[str, PodMeta],
+    gpus: Sequence[Device],
+    assigned: Mapping[str, frozenset[str]] | None,
+    placed: dict[Key, Grant],
+    refused: list[Refused],
+) -> frozenset[str]:
+    """KAI's fractions added to `placed`, and its reservation pods' own grants taken out of it:
+    each is the holder of its fraction pods' GPU, not an allocation of its own. The UIDs of the
+    pods whose allocation KAI decided."""
+    if kai is None:
+        return frozenset()
+    found = from_kai(kai, pods, gpus, assigned)
+    for key in [key for key in placed if key[0] in found.holders]:
+        del placed[key]
+    for grant in found.grants:
+        # A fraction of the memory; no compute share: KAI sets no compute limit.
+        _add(placed, (grant.uid, grant.container, grant.device), Grant(grant.portion, grant.memory, 0.0))
+    refused.extend(found.refused)
+    return found.bound | found.holders
+
+
+def from_limits(pods: Mapping[str, PodMeta], gpus: Sequence[Device] = (), kai: KaiView | None = None) -> Allocation:
+    """Without the kubelet: annotation grants where a pod has them, KAI's fractions (a reservation
+    pod's own word for its GPU, which the kubelet cannot confirm), else the GPU counts in the pods'
+    resource limits, GPUs unknown."""
     placed: dict[Key, Grant] = {}
     limits = {(uid, container): count for uid, meta in pods.items() for container, count in meta.gpu_limits.items()}
     stated, refused = from_annotations(pods, gpus, placed, limits)
+    kai_decided = _with_kai(kai, pods, gpus, None, placed, refused)
     unplaced = {
         (uid, container): count
         for uid, meta in pods.items()
-        if not meta.terminal and uid not in stated
+        if not meta.terminal and uid not in stated and uid not in kai_decided
         for container, count in meta.gpu_limits.items()
         if count > 0
     }
-    return Allocation(placed=placed, unplaced=unplaced, answered=frozenset(stated), refused=tuple(refused))
+    answered = frozenset(stated | kai_decided)
+    return Allocation(placed=placed, unplaced=unplaced, answered=answered, refused=tuple(refused))

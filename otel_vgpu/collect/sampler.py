@@ -349,14 +349,8 @@ class Sampler:
 
         devices = [reading.device for reading in readings]
         allocation = self._allocation.allocation(devices)
-        for uid, why in allocation.refused:
-            self._health.refused(
-                Refusal.HAMI_ANNOTATION,
-                uid,
-                f"refused ({Refusal.HAMI_ANNOTATION.value}): {why}; ignored, the pod's shares are the kubelet's "
-                "(docs/trust.md)",
-                log_each=True,
-            )
+        for reason, key, why in allocation.refused:
+            self._health.refused(reason, key, f"refused ({reason.value}): {why} (docs/trust.md)", log_each=True)
         if unknown:
             # Pods the API does not know hold no share: what they were given is nothing the agent knows of.
             allocation = dataclasses.replace(allocation, answered=allocation.answered | unknown)

@@ -43,7 +43,8 @@ AGENT_FAMILIES = (
         f"at most the {HEALTH_DEADLINE_S:g} s deadline), xid (one round over every GPU's XID events, each GPU's "
         f"take within a {XID_DEADLINE_S:g} s deadline), "
         "pod_resources (one call of the kubelet's pod-resources API), api_pods and api_node (the last list of "
-        "this node's pods, and of this node, from the Kubernetes API: the watch that follows a list is no pass). Each "
+        "this node's pods, and of this node, from the Kubernetes API: the watch that follows a list is no pass), "
+        "api_bind_requests (the last list of the BindRequests KAI Scheduler wrote for this node, with --kai). Each "
         "reader reads on a cadence of its own, off the scrape's path, and a collection serves its last pass, or "
         "how long its pass in flight has run once that is past its deadline. A reader that is off has no series "
         "(vgpu_agent_reader_success says when).",
@@ -56,14 +57,16 @@ AGENT_FAMILIES = (
         "1 when the reader's last pass succeeded and 0 when it failed, by reader, as node_exporter's "
         "node_scrape_collector_success: sweep, 0 where it counted a failure in vgpu_agent_collection_errors_total "
         "(a GPM read's is gpm's); health, gpm and xid, 0 where any GPU's read failed or missed its deadline; "
-        "pod_resources, 0 where the kubelet did not answer (vgpu_agent_pod_resources_up); api_pods and api_node, "
-        "0 from a list that failed or a watch that broke until a list answers again; process_watch, 0 where a look "
+        "pod_resources, 0 where the kubelet did not answer (vgpu_agent_pod_resources_up); api_pods, api_node and "
+        "api_bind_requests, 0 from a list that failed or a watch that broke until a list answers again; "
+        "process_watch, 0 where a look "
         "failed unexpectedly. A pass still in flight past its deadline (sweep and process_watch "
         f"{SWEEP_DEADLINE_S:g} s, xid {XID_DEADLINE_S:g} s a GPU; health's and gpm's end at theirs) reads 0 from "
         "that moment until it ends: it is stuck in a driver call. A reader that is off has no series: health, gpm "
         "and xid with their families turned off (gpm also on a node without GPM, whose GPUs it never reads), "
         "process_watch with --watch-interval 0, pod_resources without the Kubernetes API or with "
-        "--no-pod-resources, api_pods and api_node without the Kubernetes API.",
+        "--no-pod-resources, api_pods and api_node without the Kubernetes API, api_bind_requests with --kai off "
+        "or, with auto, until a reservation pod of KAI's runs on the node.",
         value=lambda row: float(row[1].ok),
     ),
     Family(
@@ -109,7 +112,10 @@ AGENT_FAMILIES = (
         "the container's pod), unknown_pod (a pod the Kubernetes API does not know, past the bound: its usage "
         "unattributed), pid_reused (NVML samples older than the process holding their PID: given to no pod), "
         "mps_server_name (a process calling itself the MPS server where it cannot be one: billed to its pod), "
-        "hami_annotation and config_hash (annotations on pods their writer did not make: ignored). "
+        "hami_annotation and config_hash (annotations on pods their writer did not make: ignored), kai_fraction "
+        "(KAI Scheduler's fraction marks on a pod no Succeeded BindRequest binds to a reserved GPU of this node: no "
+        "share from them), kai_reservation (a pod that would be one of KAI's reservation pods and is not: it holds "
+        "no fraction) and kai_overcommit (KAI fractions on one GPU adding up to more than 1: scaled down). "
         "docs/trust.md says why.",
         value=lambda row: row[1],
         instrument=Instrument.COUNTER,

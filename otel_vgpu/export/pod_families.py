@@ -30,7 +30,7 @@ POD_FAMILIES = (
         "vgpu.pod.memory.allocated",
         "By",
         POD,
-        "GPU memory the pod was given on this GPU or MIG device: what its allocator states (HAMi, DRA), "
+        "GPU memory the pod was given on this GPU or MIG device: what its allocator states (HAMi, DRA, KAI), "
         "else vGPU shares x the device's memory / ratio.",
         value=lambda r: r.memory_allocated,
         semconv=Form("vgpu.pod.gpu.memory.limit", "By", Kind.UPDOWNCOUNTER, _LIMIT, integer=True),

@@ -27,6 +27,7 @@ from typing import Any
 
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
+from otel_vgpu.allocation.kai import kai_marks
 from otel_vgpu.allocation.shares import counted
 from otel_vgpu.config import DEFAULT_RESOURCES
 from otel_vgpu.files import FileProblem, read_regular
@@ -104,9 +105,9 @@ def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES, node_name:
             limits[container.name] = count
     stated: dict[str, tuple[StatedGrant, ...]] = {}
     problem = None
+    init = [c.name for c in (spec.initContainers if spec else None) or []]
     hami = annotations.get(HAMI_ANNOTATION)
     if hami:
-        init = [c.name for c in (spec.initContainers if spec else None) or []]
         where = f"pod {metadata.namespace}/{metadata.name}: annotation {HAMI_ANNOTATION}"
         try:
             stated = parse_hami(hami, init, [c.name for c in regular], where)
@@ -126,6 +127,13 @@ def pod_entry(pod: Any, resources: Iterable[str] = DEFAULT_RESOURCES, node_name:
             stated=stated,
             uid=metadata.uid,
             unreadable=problem is not None,
+            kai=kai_marks(
+                metadata.labels or {},
+                annotations,
+                (spec.serviceAccountName if spec else None) or "",
+                init,
+                [c.name for c in regular],
+            ),
         ),
         problem=problem,
     )

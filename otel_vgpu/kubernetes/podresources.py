@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from otel_vgpu.allocation.kai import KaiView
 from otel_vgpu.allocation.shares import (
     Allocation,
     ClaimAssignment,
@@ -217,6 +218,12 @@ class NodePods(Protocol):
     def pods(self) -> Mapping[str, PodMeta]: ...
 
 
+class KaiSource(Protocol):
+    """What the allocation needs of KAI Scheduler's BindRequests (kubernetes/bind_requests.py)."""
+
+    def view(self, pods: Mapping[str, PodMeta]) -> KaiView | None: ...
+
+
 class KubeletAllocation:
     """Shares from pod-resources when the kubelet answers, else from pod limits."""
 
@@ -227,8 +234,10 @@ class KubeletAllocation:
         resources: Iterable[str] = DEFAULT_RESOURCES,
         health: Health | None = None,
         poll_seconds: float = POLL_SECONDS,
+        kai: KaiSource | None = None,
     ) -> None:
         self._directory = directory
+        self._kai = kai
         self._client = client
         self._resources = tuple(resources)
         self._health = health or Health()
@@ -252,9 +261,11 @@ class KubeletAllocation:
 
     def allocation(self, gpus: Sequence[Device]) -> Allocation:
         latest = self._latest
+        pods = self._directory.pods()
+        kai = self._kai.view(pods) if self._kai is not None else None
         if latest is None:
-            return from_limits(self._directory.pods(), gpus)
-        return from_kubelet(latest, self._directory.pods(), gpus, self._resources, DRA_DRIVERS)
+            return from_limits(pods, gpus, kai)
+        return from_kubelet(latest, pods, gpus, self._resources, DRA_DRIVERS, kai)
 
     def _run(self) -> None:
         while not self._stop.wait(self._poll_seconds):

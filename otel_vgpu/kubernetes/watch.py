@@ -10,7 +10,8 @@ Each loop has a generation: what a superseded loop lists or hears is dropped.
 The owner sees the objects through two callbacks, called with the loop's
 lock held so that a superseded loop's results never land: `on_list` with
 every object of a list, `on_event` with each watch event. The pod directory
-(pods of this node) and the node watch (this node's labels) are its two users.
+(pods of this node), the node watch (this node's labels) and KAI's BindRequests
+(kubernetes/bind_requests.py) are its users.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class ListWatch:
         on_failure: Callable[[Exception], None],
         stage: Stage,
         reader: Reader,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """`resource`: the lightkube class (Pod, Node); `what` names the
         selection in logs and thread names; `stage` is where a hung watch is
@@ -74,6 +76,7 @@ class ListWatch:
         self._resource = resource
         self._what = what
         self._fields = dict(fields)
+        self._labels = dict(labels) if labels else None
         self._namespace = namespace
         self._on_list = on_list
         self._on_event = on_event
@@ -166,7 +169,7 @@ class ListWatch:
     def _list(self, client: Any, generation: int) -> str:
         started = time.monotonic()
         try:
-            listing = client.list(self._resource, namespace=self._namespace, fields=self._fields)
+            listing = client.list(self._resource, namespace=self._namespace, fields=self._fields, labels=self._labels)
             items = list(listing)
         finally:
             self._listed_s = time.monotonic() - started
@@ -185,6 +188,7 @@ class ListWatch:
             self._resource,
             namespace=self._namespace,
             fields=self._fields,
+            labels=self._labels,
             resource_version=version,
             server_timeout=self._settings.watch_seconds,
         )

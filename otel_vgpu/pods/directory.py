@@ -22,6 +22,25 @@ class StatedGrant:
 
 
 @dataclass(frozen=True, slots=True)
+class KaiMarks:
+    """What KAI Scheduler's binder and its reservation pods write on a pod (allocation/kai.py reads
+    them), as the pod carries them: labels and annotations its author can write as well, so that
+    none of them gives a GPU alone."""
+
+    groups: frozenset[str] = frozenset()
+    """The GPU groups its labels name: runai-gpu-group's value, and each runai-gpu-group/<group>'s."""
+    requested: bool = False
+    """It carries a gpu-fraction or gpu-memory annotation: what its author asked KAI for."""
+    reserved_gpu: str | None = None
+    """run.ai/reserve_for_gpu_index: the UUID a reservation pod's own process writes there."""
+    app: str = ""
+    """Its `app` label."""
+    service_account: str = ""
+    container: str = ""
+    """The container KAI gives a fraction to: gpu-fraction-container-name's, else the first."""
+
+
+@dataclass(frozen=True, slots=True)
 class PodMeta:
     namespace: str
     name: str
@@ -37,6 +56,8 @@ class PodMeta:
     """The pod's UID in the API (for a static pod, its mirror pod's); empty when not known."""
     unreadable: bool = False
     """An allocator annotation of the pod could not be read: what it was given is not known."""
+    kai: KaiMarks | None = None
+    """KAI Scheduler's labels and annotations on it; None where it carries none."""
 
     @property
     def terminal(self) -> bool:

@@ -3,7 +3,8 @@ pod-resources view (devices and DRA claims assigned, devices advertised), the al
 agent's own rules count from it, and the pod directory.
 
 The device IDs are each plugin's: NVIDIA's device plugin (replicas, renamed or not, and MIG
-devices under either strategy), GKE's and HAMi's; the claims are the NVIDIA DRA driver's.
+devices under either strategy), GKE's and HAMi's; the claims are the NVIDIA DRA driver's; the
+BindRequests, KAI Scheduler's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import parse_hami
+from otel_vgpu.allocation.kai import SHARED, BindRequest, KaiView, kai_marks, parse_portion
 from otel_vgpu.allocation.shares import Allocation, ClaimAssignment, DeviceAssignment, KubeletView, from_kubelet
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device
@@ -24,8 +26,33 @@ from otel_vgpu.sim.scenario import GpuSpec, MigSpec, PodSpec, Scenario, pod_cont
 
 def allocation(scenario: Scenario, t: float, gpus: Sequence[Device]) -> Allocation:
     """What a kubelet with the NVIDIA device plugin (and DRA driver) would answer for the
-    scenario at time `t`, counted by the agent's own rules."""
-    return from_kubelet(kubelet_view(scenario, t), pods_at(scenario, t), gpus, DEFAULT_RESOURCES, DRA_DRIVERS)
+    scenario at time `t`, with KAI Scheduler's BindRequests, counted by the agent's own rules."""
+    view = kubelet_view(scenario, t)
+    return from_kubelet(view, pods_at(scenario, t), gpus, DEFAULT_RESOURCES, DRA_DRIVERS, kai_view(scenario))
+
+
+def node_name(scenario: Scenario) -> str:
+    return scenario.node_name or "sim-node"
+
+
+def kai_view(scenario: Scenario) -> KaiView:
+    """The BindRequests KAI's scheduler wrote for the scenario's pods (those that have one)."""
+    return KaiView(node_name(scenario), tuple(bind_request(scenario, pod) for pod in scenario.pods if pod.bind_request))
+
+
+def bind_request(scenario: Scenario, pod: PodSpec) -> BindRequest:
+    spec = pod.bind_request
+    assert spec is not None
+    return BindRequest(
+        namespace=pod.namespace,
+        name=pod.name,
+        owners=(pod.uid,),
+        node=spec.node or node_name(scenario),
+        resource_type=spec.type,
+        portion=parse_portion(spec.portion),
+        groups=spec.groups if spec.type == SHARED else (),
+        phase=spec.phase,
+    )
 
 
 def directory(scenario: Scenario) -> StaticDirectory:
@@ -43,7 +70,7 @@ def kubelet_view(scenario: Scenario, t: float) -> KubeletView:
     devices: list[DeviceAssignment] = []
     claims: list[ClaimAssignment] = []
     listed: list[tuple[str, str]] = []
-    node = scenario.node_name or "sim-node"
+    node = node_name(scenario)
     for pod in scenario.pods:
         if not pod.active(t):
             continue
@@ -142,6 +169,7 @@ def pod_meta(pod: PodSpec) -> PodMeta:
         uid=mirror_uid(pod.uid) if pod.static else pod.uid,
         # Checked when the scenario was loaded.
         stated=parse_hami(hami, (), containers) if hami else {},
+        kai=kai_marks(pod.labels, pod.annotations, pod.service_account, (), containers),
     )
 
 

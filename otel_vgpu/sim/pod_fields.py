@@ -10,10 +10,13 @@ from typing import Any
 
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
+from otel_vgpu.allocation.kai import parse_portion
 from otel_vgpu.gpu.backend import ENGINES
 from otel_vgpu.sim.health_fields import HealthFields
 from otel_vgpu.sim.located import LineDict, line_of
 from otel_vgpu.sim.scenario import (
+    BIND_REQUEST_PHASES,
+    BIND_REQUEST_TYPES,
     DRIVERS,
     EXPLICIT_PIDS,
     MPS_ROLES,
@@ -22,6 +25,7 @@ from otel_vgpu.sim.scenario import (
     PIPES,
     QOS_CLASSES,
     RUNTIMES,
+    BindRequestSpec,
     CgroupSpec,
     ClaimSpec,
     GpuSpec,
@@ -53,6 +57,9 @@ class PodFields(HealthFields):
             "restarts",
             "phase",
             "annotations",
+            "labels",
+            "service_account",
+            "bind_request",
             "claims",
         }
         pod = self.mapping(raw, where, 0, allowed)
@@ -85,6 +92,8 @@ class PodFields(HealthFields):
                 parse_hami(hami, (), pod_containers(processes), f"{where}.annotations.{HAMI_ANNOTATION}")
             except HamiAnnotationError as error:
                 raise ScenarioError(f"{self.source}:{line_of(pod, 'annotations')}: {error}") from None
+        labels = self.annotations(pod.get("labels"), f"{where}.labels", line_of(pod, "labels"), "label")
+        bind_request = self.bind_request(pod.get("bind_request"), f"{where}.bind_request", line_of(pod, "bind_request"))
         claims = tuple(
             self.claim(c, f"{where}.claims[{i}]")
             for i, c in enumerate(self.sequence(pod.get("claims"), f"{where}.claims", line_of(pod, "claims")))
@@ -114,6 +123,9 @@ class PodFields(HealthFields):
             mig_shares=mig_shares,
             phase=phase,
             annotations=annotations,
+            labels=labels,
+            service_account=str(pod.get("service_account", "default")),
+            bind_request=bind_request,
             claims=claims,
             in_directory=self.boolean(
                 pod.get("in_directory", True), f"{where}.in_directory", line_of(pod, "in_directory")
@@ -157,12 +169,34 @@ class PodFields(HealthFields):
                 shares[index] = count
         return shares, mig_shares
 
-    def annotations(self, raw: Any, where: str, line: int) -> dict[str, str]:
+    def annotations(self, raw: Any, where: str, line: int, what: str = "annotation") -> dict[str, str]:
         if raw is None:
             return {}
         if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
-            raise self.fail(where, line, f"{raw!r} is not a mapping of annotation names to strings")
+            raise self.fail(where, line, f"{raw!r} is not a mapping of {what} names to strings")
         return dict(raw)
+
+    def bind_request(self, raw: Any, where: str, line: int) -> BindRequestSpec | None:
+        """KAI's BindRequest of a pod: its type, portion, GPU groups, phase and node."""
+        if raw is None:
+            return None
+        spec = self.mapping(raw, where, line, {"type", "portion", "groups", "phase", "node"})
+        kind = spec.get("type", "Fraction")
+        if kind not in BIND_REQUEST_TYPES:
+            raise self.fail(f"{where}.type", line_of(spec, "type"), f"{kind!r}; valid: {', '.join(BIND_REQUEST_TYPES)}")
+        phase = spec.get("phase", "Succeeded")
+        if phase not in BIND_REQUEST_PHASES:
+            valid = ", ".join(BIND_REQUEST_PHASES)
+            raise self.fail(f"{where}.phase", line_of(spec, "phase"), f"{phase!r}; valid: {valid}")
+        portion = str(spec.get("portion", "1.00"))
+        if parse_portion(portion) is None:
+            raise self.fail(f"{where}.portion", line_of(spec, "portion"), f"{portion!r} is no portion of a GPU (0-1]")
+        groups = self.sequence(spec.get("groups"), f"{where}.groups", line_of(spec, "groups"))
+        if not all(isinstance(group, str) and group for group in groups) or (kind == "Fraction" and not groups):
+            what = "names of GPU groups" + (", at least one for a Fraction" if kind == "Fraction" else "")
+            raise self.fail(f"{where}.groups", line_of(spec, "groups") or spec.line, f"{groups!r}: {what}")
+        node = spec.get("node")
+        return BindRequestSpec(kind, portion, tuple(groups), phase, None if node is None else str(node))
 
     def claim(self, raw: Any, where: str) -> ClaimSpec:
         spec = self.mapping(raw, where, 0, {"device", "claim", "container"})

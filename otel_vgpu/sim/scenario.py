@@ -153,6 +153,21 @@ class ClaimSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class BindRequestSpec:
+    """The BindRequest KAI Scheduler's scheduler wrote for a pod, as its binder left it
+    (allocation/kai.py): the API double serves it, the simulated node reads it."""
+
+    type: str = "Fraction"
+    """Fraction: a portion of each GPU of its groups; Regular: whole GPUs, which the kubelet gives."""
+    portion: str = "1.00"
+    """spec.receivedGPU.portion, as KAI writes it (two decimals)."""
+    groups: tuple[str, ...] = ()
+    phase: str = "Succeeded"
+    node: str | None = None
+    """spec.selectedNode; None: the scenario's node."""
+
+
+@dataclass(frozen=True, slots=True)
 class PodSpec:
     namespace: str
     name: str
@@ -165,6 +180,10 @@ class PodSpec:
     """(GPU index, MIG device position) -> shares of that MIG device."""
     phase: str = "Running"
     annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    service_account: str = "default"
+    bind_request: BindRequestSpec | None = None
+    """What KAI Scheduler's scheduler wrote for it; None: no BindRequest."""
     claims: tuple[ClaimSpec, ...] = ()
     static: bool = False
     in_directory: bool = True
@@ -316,6 +335,8 @@ class DriverSpec:
 MIG_STRATEGIES = ("single", "mixed")
 DEVICE_PLUGINS = ("nvidia", "gke", "hami")
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+BIND_REQUEST_TYPES = ("Fraction", "Regular")
+BIND_REQUEST_PHASES = ("Pending", "Succeeded", "Failed")
 
 
 @dataclass(frozen=True, slots=True)
