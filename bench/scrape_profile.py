@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import generate_latest
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.health import Health
 from otel_vgpu.memory import quiet_collector
 from otel_vgpu.sim.node import SimulatedNode
 from testkit.floor_exporter import floor_registry
@@ -57,7 +57,7 @@ def main() -> None:
     (tmp / "node.yaml").write_text(yaml.safe_dump(scenario(args.gpus, args.pods, 4 * args.pods)))
     (tmp / "ratio").write_text("4\n")
     node = SimulatedNode(load_scenario(str(tmp / "node.yaml")), tmp / "node")
-    health = Health()
+    health = AgentHealth()
     sampler = sim_sampler(node, RatioSource(tmp / "ratio"), health=health)
     telemetry = Telemetry(sampler, health, min_interval=0.0, node_name="bench", seed_metrics=False)
     for _ in range(10):

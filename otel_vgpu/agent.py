@@ -3,7 +3,7 @@
 Order of construction, each part handed what it needs and nothing wired
 afterwards:
 
-1. `Health`: every part that can fail reports to it;
+1. `AgentHealth`: every part that can fail reports to it;
 2. the ratio file, the endpoint's TLS and auth, the OTLP settings: a bad one
    stops the agent before anything runs;
 3. the GPU backend (NVML, or the simulated node, only ever when asked) and
@@ -36,13 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.allocation.ratio import RatioFileError, RatioSource
 from otel_vgpu.allocation.shares import AllocationSource, UnknownAllocation
 from otel_vgpu.collect.device_health import DeviceHealth
+from otel_vgpu.collect.process_watch import ProcessWatch
 from otel_vgpu.collect.reading import GpuReader, Read
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.collect.sweeper import Sweeper
-from otel_vgpu.collect.watch import ProcessWatch
 from otel_vgpu.collect.xids import XidCounts, XidWatch
 from otel_vgpu.config import (
     DEFAULT_ALLOCATION_FILE,
@@ -59,14 +60,13 @@ from otel_vgpu.endpoint.tls import server_context
 from otel_vgpu.export.families import Family, reads_of, selected
 from otel_vgpu.export.sdk_internals import SdkMismatch
 from otel_vgpu.gpu.backend import GpuBackend
-from otel_vgpu.health import Health
 from otel_vgpu.pods.attribution import Attributor, ProcReader
 from otel_vgpu.pods.directory import PodDirectory, UnresolvedDirectory
 from otel_vgpu.sim.scenario import Scenario, ScenarioError, sm_asked
 from otel_vgpu.wording import counted, host_in_url
 
 if TYPE_CHECKING:
-    from otel_vgpu.kubernetes.watch import WatchSettings
+    from otel_vgpu.kubernetes.list_watch import WatchSettings
 
 log = logging.getLogger("otel_vgpu")
 
@@ -91,7 +91,7 @@ class _Sources:
 class Agent:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.health = Health()
+        self.health = AgentHealth()
         self._closers: list[Callable[[], None]] = []
         self.stopping = threading.Event()
         """Set when the agent should stop: a signal, or a driver it cannot use any more."""
@@ -380,8 +380,8 @@ class Agent:
             return
 
         from otel_vgpu.kubernetes.api import KubeconfigError, KubePodDirectory, make_client  # noqa: PLC0415
+        from otel_vgpu.kubernetes.list_watch import WatchSettings  # noqa: PLC0415
         from otel_vgpu.kubernetes.podresources import KubeletAllocation, PodResourcesClient  # noqa: PLC0415
-        from otel_vgpu.kubernetes.watch import WatchSettings  # noqa: PLC0415
 
         def new_client() -> Any:
             return make_client(config.kubeconfig, config.service_account_dir)
@@ -480,10 +480,10 @@ class Agent:
 
     def _watch_node(self) -> None:
         """With the Kubernetes API: this node's labels, so that NVML is let go
-        of while the GPU Operator upgrades the driver (kubernetes/node.py)."""
+        of while the GPU Operator upgrades the driver (kubernetes/driver_upgrade.py)."""
         if self._watching is None:
             return
-        from otel_vgpu.kubernetes.node import NodeWatch  # noqa: PLC0415
+        from otel_vgpu.kubernetes.driver_upgrade import NodeWatch  # noqa: PLC0415
 
         watch = NodeWatch(self._watching, on_pause=self.sampler.pause, on_resume=self.sampler.resume)
         watch.start()

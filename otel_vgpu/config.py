@@ -142,7 +142,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--watch-interval",
         "seconds between looks at each GPU's process list between sweeps, so that a process living "
-        "between two sweeps is attributed and billed (collect/watch.py); 0: no watch, only the sweeps "
+        "between two sweeps is attributed and billed (collect/process_watch.py); 0: no watch, only the sweeps "
         "see processes",
         "OTEL_VGPU_WATCH_INTERVAL",
         interval("interval", 60, off="no watch"),

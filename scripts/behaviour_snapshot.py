@@ -26,13 +26,13 @@ from pathlib import Path
 # testkit, and the tests' inline scenarios imported from tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.collect.xids import XidCounts
 from otel_vgpu.export.exposition import TEXT, negotiate
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import BUILTIN, Scenario
 from otel_vgpu.sim.scenario_file import load_scenario, parse_scenario
@@ -70,7 +70,7 @@ def _scraped(scenario: Scenario) -> tuple[str, str]:
     clock = Clock()
     with tempfile.TemporaryDirectory() as folder:
         node = SimulatedNode(scenario, Path(folder) / "proc", clock=clock.monotonic, wall_clock_us=clock.wall_us)
-        health = Health()
+        health = AgentHealth()
         sampler = sim_sampler(
             node,
             RatioSource(Path(folder) / "absent", fallback=scenario.ratio),

@@ -1,5 +1,5 @@
 """The lists docs/metrics.md gives of the families, made from their declarations
-(otel_vgpu/export/families.py, otel_vgpu/health.py) so that a new figure, read or stage is in
+(otel_vgpu/export/families.py, otel_vgpu/agent_health.py) so that a new figure, read or stage is in
 them without an edit:
 
 - the denylist that turns the health and GPM families off (those that need a health, GPM or XID
@@ -20,11 +20,11 @@ import ast
 import inspect
 import itertools
 
+from otel_vgpu.agent_health import COLLECTION_STAGES
 from otel_vgpu.collect.reading import Read
 from otel_vgpu.conventions import Kind
 from otel_vgpu.export.families import FAMILIES, POD
 from otel_vgpu.export.semconv import forms
-from otel_vgpu.health import COLLECTION_STAGES
 from testkit.otlp_names import prometheus_name
 
 # The reads the health and GPM families are made for: the health figures (read every 10 s
@@ -81,7 +81,7 @@ def reads_markdown() -> str:
 
 
 def stages_markdown() -> str:
-    """The stages vgpu_agent_collection_errors_total counts failures by (otel_vgpu/health.py)."""
+    """The stages vgpu_agent_collection_errors_total counts failures by (otel_vgpu/agent_health.py)."""
     names = [f"`{stage.value}`" for stage in COLLECTION_STAGES]
     return f"The stages of `vgpu_agent_collection_errors_total{{stage}}` are {', '.join(names[:-1])} and {names[-1]}.\n"
 

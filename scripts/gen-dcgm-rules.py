@@ -41,7 +41,8 @@ from dcgm_generations import (  # noqa: E402
 from doc_blocks import write_block  # noqa: E402
 from rule_document import rule_document  # noqa: E402
 
-from otel_vgpu.export.families import FAMILIES  # noqa: E402
+from otel_vgpu.export.families import POD  # noqa: E402
+from otel_vgpu.export.figure_families import GPM_FAMILIES_OF  # noqa: E402
 from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_TABLE  # noqa: E402
 
 CHART_FILES = ROOT / "charts" / "otel-vgpu" / "files" / "dcgm-exporter"
@@ -98,7 +99,6 @@ OTHERS: tuple[tuple[str, str, str | None, Fraction, bool], ...] = (
 # MiB/s (bytes/s / 1,048,576), where DCGM's "MB/s" is bytes/s / 1,024,000, 2.4 % more; the later
 # sets write DCGM's.
 KEPT: dict[str, Fraction] = {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": Fraction(1, MIB)}
-PROMETHEUS_NAME = {family.name: family.prometheus_name for family in FAMILIES}
 
 
 # A NamedTuple, not a dataclass: the tests load this script as a module of no package.
@@ -126,12 +126,12 @@ def mappings() -> list[Mapping]:
     out = []
     for figure in HEALTH_TABLE:
         if figure.dcgm:
-            gpu = PROMETHEUS_NAME[f"vgpu.gpu.{figure.name}"]
-            out.append(Mapping(figure.dcgm, gpu, None, Fraction(str(figure.dcgm_scale)), False))
+            out.append(Mapping(figure.dcgm, figure.prometheus_name, None, Fraction(str(figure.dcgm_scale)), False))
     for gpm in GPM_TABLE:
         if gpm.dcgm:
-            pod = PROMETHEUS_NAME[f"vgpu.pod.{gpm.name}"] if gpm.per_pod else None
-            gpu = PROMETHEUS_NAME[f"vgpu.gpu.{gpm.name}"]
+            families = GPM_FAMILIES_OF[gpm.name]
+            pod = next((f.prometheus_name for f in families if f.subject is POD), None)
+            gpu = families[0].prometheus_name  # the GPU's figure itself, first of its families
             out.append(Mapping(gpm.dcgm, gpu, pod, Fraction(str(gpm.dcgm_scale)), False))
     return [*out, *(Mapping(*row) for row in OTHERS)]
 

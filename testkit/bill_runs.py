@@ -11,13 +11,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.collect.sweeper import next_wait
 from otel_vgpu.export.exposition import OPENMETRICS_1, negotiate
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
-from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.clock import Clock
@@ -250,7 +250,7 @@ def run(
     ratio.write_text("2\n")
     clock = Clock(0.0)
     sim = SimulatedNode(parse_scenario(text, "attack.yaml"), directory / "proc", clock.monotonic, clock.wall_us)
-    health = Health()
+    health = AgentHealth()
     sampler = sim_sampler(
         sim,
         RatioSource(ratio),

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.collect.sampler import Sampler
-from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import CgroupSpec, GpuSpec, PodSpec, ProcessSpec, Scenario, Wave
 from otel_vgpu.sim.scenario_file import parse_scenario
@@ -108,7 +108,7 @@ def make_sampler(
     node: SimulatedNode,
     ratio_file: Path,
     host_pid_namespace: bool | None = None,
-    health: Health | None = None,
+    health: AgentHealth | None = None,
     by_container: bool = False,
     **extra: Any,
 ) -> Sampler:

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from otel_vgpu.agent_health import Refusal
 from otel_vgpu.allocation.devices import DeviceMap, dra_profile
 from otel_vgpu.allocation.hami import MIB, HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.ratio import resolve_ratios
@@ -19,7 +20,6 @@ from otel_vgpu.allocation.shares import (
 )
 from otel_vgpu.config import ConfigError, parse_config
 from otel_vgpu.gpu.backend import Device, MigDevice
-from otel_vgpu.health import Refusal
 from otel_vgpu.pods.directory import PodMeta, StatedGrant
 
 pytestmark = pytest.mark.unit

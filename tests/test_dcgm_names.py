@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import yaml
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.collect.xids import XidCounts
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.agent import ROOT
@@ -327,7 +327,7 @@ def served(tmp_path: Path, scenario: str = NODE) -> str:
     node = SimulatedNode(parse_scenario(scenario, "node.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
     ratio = tmp_path / "gpu_allocation.txt"
     ratio.write_text("2\n")
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(node, ratio, health=health, clock=clock.monotonic, reader=GpuReader(node, clock.monotonic))
     telemetry = Telemetry(
         sampler,

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from otel_vgpu.agent_health import AgentHealth, Stage
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot, pod_key
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.gpm import Gpm, step
@@ -23,11 +24,11 @@ from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.collect.xids import MAX_XID_EVENTS_PER_S, OTHER, XidCounts, XidWatch, take_round
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.families import FAMILIES, selected
+from otel_vgpu.export.figure_families import HEALTH_FAMILIES
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.backend import Device, ErrorCode, FailedRead, GpuError, HealthReading, XidEvent
-from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_FIGURES, MAX_XID_CODES
-from otel_vgpu.health import Health, Stage
-from otel_vgpu.sim.health import SIMULATED
+from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_FIGURES, HEALTH_TABLE, MAX_XID_CODES
+from otel_vgpu.sim.device_figure_values import SIMULATED
 from otel_vgpu.sim.node import SimulatedNode
 from testkit.agent import wait_until
 from testkit.clock import Clock
@@ -70,7 +71,7 @@ def simulated(tmp_path: Path, text: str, families: tuple[str, ...] = ()) -> Iter
     clock, node, ratio = hand_clocked(tmp_path, text)
     kept, _ = selected(deny=list(families))
     reads = frozenset(read for family in kept for read in family.reads)
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(
         node, ratio, health=health, clock=clock.monotonic, reader=GpuReader(node, clock.monotonic, reads=reads)
     )
@@ -110,7 +111,7 @@ def test_an_idle_and_a_busy_gpus_health_as_nvml_would_give_it(tmp_path: Path) ->
     text = gpus(f"model: {H100}", f"model: {H100}") + pods(("busy", "{gpu: 1, memory: 1GiB, sm: 1.0}"))
     with simulated(tmp_path, text) as node:
         seen = node.after(2.0)
-    # Idle: 345 MHz, 30 °C, 75 W, the idle bit; busy at full SM: 1,980 MHz, 75 °C, 700 W (sim/health.py).
+    # Idle: 345 MHz, 30 °C, 75 W, the idle bit; busy at full SM: 1,980 MHz, 75 °C, 700 W (sim/device_figure_values.py).
     assert one(seen, "vgpu_gpu_sm_clock_hertz") == 345e6 and one(seen, "vgpu_gpu_sm_clock_hertz", "1") == 1980e6
     assert one(seen, "vgpu_gpu_memory_clock_hertz") == 3201e6
     assert one(seen, "vgpu_gpu_temperature_celsius") == 30 and one(seen, "vgpu_gpu_temperature_celsius", "1") == 75
@@ -167,17 +168,29 @@ def test_throttling_ecc_errors_replays_and_remaps_as_the_scenario_injects_them(t
 
 
 def test_the_simulated_driver_gives_each_figure_of_the_table_and_no_other(tmp_path: Path) -> None:
-    assert sorted(SIMULATED) == sorted(HEALTH_FIGURES)
-    with simulated(tmp_path, gpus(f"model: {H100}")) as node:
+    # A figure the scenario does not move reads 0 there, as on a quiet GPU: an entry of the table
+    # alone puts it on the simulated node.
+    assert set(SIMULATED) <= set(HEALTH_FIGURES)
+    videoless = "lacks: [encoder, decoder, jpeg, optical_flow]"
+    text = gpus("model: NVIDIA L4", f"model: {H100}, {videoless}", f"model: {H100}")
+    with simulated(tmp_path, text) as node:
         node.after(2.0)
-        reading = node.node.health(0)
+        reading, lacking, hopper = (node.node.health(index) for index in range(3))
     assert sorted(reading.figures) == sorted(HEALTH_FIGURES) and reading.failed == ()
+    # A GPU without an engine has no figure of it, as the NVML backend leaves them out: where
+    # the scenario says it lacks the engine, and where its model has none (an H100, no encoder).
+    assert sorted(lacking.figures) == sorted(figure.name for figure in HEALTH_TABLE if not figure.engine)
+    assert sorted(hopper.figures) == sorted(figure.name for figure in HEALTH_TABLE if figure.engine != "encoder")
 
 
 def test_a_read_that_fails_costs_its_figures_alone_counted_once_a_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    health_families = [f.prometheus_name for f in FAMILIES if Read.HEALTH in f.reads]
+    # An H100's: no family of a figure of a video engine (its model has no encoder).
+    of_engines = {HEALTH_FAMILIES[figure.name].prometheus_name for figure in HEALTH_TABLE if figure.engine}
+    health_families = [
+        f.prometheus_name for f in FAMILIES if Read.HEALTH in f.reads and f.prometheus_name not in of_engines
+    ]
     with simulated(tmp_path, gpus(f"model: {H100}", f"model: {H100}")) as node:
         read = node.node.health
         failing: list[int] = []  # GPU 0's readings whose power read failed
@@ -228,7 +241,7 @@ def test_a_cadence_started_before_the_first_sweep_reads_the_gpus_once_it_has_swe
     # thread; a round that finds no sweep yet must not leave the health families out for a
     # whole cadence (an hour here, so that only a round asked again soon can pass).
     clock, node, ratio = hand_clocked(tmp_path, gpus(f"model: {H100}"))
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(node, ratio, health=health, clock=clock.monotonic)
     devices = DeviceHealth(sampler, health, clock.monotonic, every_s=3600.0)
     calls: list[int] = []
@@ -322,7 +335,7 @@ def test_an_xid_error_reaches_the_scrape_through_the_watch(tmp_path: Path) -> No
     text = gpus(f"model: {H100}", f"model: {H100}") + "health_events:\n  - {gpu: 1, at_s: 1, xid: 79}\n"
     with simulated(tmp_path, text) as node:
         node.after(2.0)  # the driver is opened by a sweep
-        watch = XidWatch(node.node, node.xids, Health(), node.sampler.gpu_indices)
+        watch = XidWatch(node.node, node.xids, AgentHealth(), node.sampler.gpu_indices)
         watch.start()
         try:
             deadline = time.monotonic() + 30
@@ -345,7 +358,7 @@ def test_an_xid_storm_is_counted_at_a_bounded_rate_and_all_of_it_in_the_end(tmp_
         node.after(0.0)
         most = 1000
         counts = XidCounts()
-        watch = XidWatch(node.node, counts, Health(), node.sampler.gpu_indices, most_per_s=most)
+        watch = XidWatch(node.node, counts, AgentHealth(), node.sampler.gpu_indices, most_per_s=most)
         started = time.monotonic()
         watch.start()
         try:
@@ -373,7 +386,7 @@ def test_a_storm_on_one_gpu_holds_back_no_other_gpus_xid(tmp_path: Path) -> None
     with simulated(tmp_path, text) as node:
         node.after(2.0)
         first, second = (gpu.uuid for gpu in node.node.scenario.gpus)
-        watch = XidWatch(node.node, node.xids, Health(), node.sampler.gpu_indices)
+        watch = XidWatch(node.node, node.xids, AgentHealth(), node.sampler.gpu_indices)
         watch.start()
         try:
             # Until the 79 is counted, or the storm has had ten rounds' worth (a safety deadline
@@ -396,7 +409,7 @@ def test_a_round_takes_each_gpus_few_events_at_its_first_turn_and_the_storm_at_t
     with simulated(tmp_path, text) as node:
         node.after(2.0)
         first, second = (gpu.uuid for gpu in node.node.scenario.gpus)
-        watch = XidWatch(node.node, node.xids, Health(), node.sampler.gpu_indices, most_per_s=1000)
+        watch = XidWatch(node.node, node.xids, AgentHealth(), node.sampler.gpu_indices, most_per_s=1000)
         one_round = watch.take()
         after_one = counts_of(node.xids)
         watch.take()
@@ -422,7 +435,7 @@ def test_a_lost_gpus_event_set_failing_leaves_the_other_gpus_events_counted(
     text = two_h100s(["{gpu: 0, at_s: 3, xid: 31}"], ["{call: all, gpu: 1, code: GPU_IS_LOST, from_s: 3}"])
     with simulated(tmp_path, text) as node:
         node.after(4.0)  # GPU 1 is lost from the sweep at 4 s; its event set still looked at
-        health = Health()
+        health = AgentHealth()
         watch = XidWatch(node.node, node.xids, health, node.sampler.gpu_indices)
         with caplog.at_level(logging.WARNING):
             first_round, _ = watch.take(), watch.take()
@@ -693,7 +706,7 @@ def test_gpm_turned_off_costs_no_gpm_call(tmp_path: Path) -> None:
 def count_xids(node: Node, done: Callable[[dict[tuple[str, str], int]], bool]) -> None:
     """The XID watch run on the node until its counts, by (GPU UUID, code), are `done`: polled,
     at most 30 s; the simulated clock stands still meanwhile."""
-    watch = XidWatch(node.node, node.xids, Health(), node.sampler.gpu_indices)
+    watch = XidWatch(node.node, node.xids, AgentHealth(), node.sampler.gpu_indices)
     watch.start()
     try:
         deadline = time.monotonic() + 30

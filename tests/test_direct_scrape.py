@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.export import telemetry as telemetry_module
 from otel_vgpu.export.exposition import TEXT, Format, Renderer, negotiate
 from otel_vgpu.export.families import FAMILIES
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario
 
@@ -68,7 +68,9 @@ def churn(tmp_path: Path, ratio_file: Path, monkeypatch: pytest.MonkeyPatch) -> 
     failing = Failing(FAMILIES[0].value)
     chosen = [dataclasses.replace(FAMILIES[0], value=failing), *FAMILIES[1:]]
     # One snapshot a step, shared by the scrape and the SDK's collection after it.
-    telemetry = Telemetry(make_sampler(node, ratio_file), Health(), 3600.0, "n", seed_metrics=True, families=chosen)
+    telemetry = Telemetry(
+        make_sampler(node, ratio_file), AgentHealth(), 3600.0, "n", seed_metrics=True, families=chosen
+    )
     telemetry.base = base  # type: ignore[attr-defined]
     telemetry.node = node  # type: ignore[attr-defined]
     yield telemetry, failing

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_vgpu.kubernetes.node import driver_pause
+from otel_vgpu.kubernetes.driver_upgrade import driver_pause
 from testkit.agent import Agent, clean_env, get, running_agent, wait_until
 from testkit.certs import make_certs
 from testkit.driver_manager import OPERATOR_LABELS, PAUSED, DriverManager, maybe_set_paused, maybe_set_true

@@ -24,10 +24,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client import exposition as text_exposition
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.export.exposition import TEXT, Format, Renderer, negotiate
 from otel_vgpu.export.reader import ScrapeReader
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.promtext import parse
@@ -104,7 +104,7 @@ def collect(telemetry: Telemetry) -> MetricsData:
 @pytest.fixture
 def telemetry(tmp_path: Path, ratio_file: Path) -> Iterator[Telemetry]:
     node = SimulatedNode(parse_scenario(MIXED, "mixed.yaml"), tmp_path / "node")
-    health = Health()
+    health = AgentHealth()
     # A container label on the pod families: more labels to order.
     sampler = make_sampler(node, ratio_file, health=health, by_container=True)
     telemetry = Telemetry(

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from otel_vgpu.agent_health import AgentHealth, Reader, Refusal, Stage
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.lost_gpus import GpuIdentity
 from otel_vgpu.collect.xids import XidCount
+from otel_vgpu.export.exposition import family_of
 from otel_vgpu.export.families import (
     AGENT,
     FAMILIES,
@@ -26,15 +28,16 @@ from otel_vgpu.export.families import (
     SUBJECTS,
     SWEEPS,
     XID,
-    Family,
     Instrument,
     Observed,
     Subject,
     of_subject,
 )
+from otel_vgpu.export.figure_families import ENGINE_FAMILIES, GPM_FAMILIES, HEALTH_FAMILIES
+from otel_vgpu.export.sdk_internals import use_ratio_suffix
 from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES, USE_FIGURES, Device, ProcessUse
+from otel_vgpu.gpu.device_figures import HEALTH_TABLE
 from otel_vgpu.gpu.pidns import BlindGpu
-from otel_vgpu.health import Health, Reader, Refusal, Stage
 from testkit.rows import pod_row
 
 pytestmark = pytest.mark.unit
@@ -81,7 +84,7 @@ ENDED = labels(namespace="ml", pod="done", pod_uid="uid-done", gpu_id="0", gpu_u
 
 
 def seen(**snapshot: Any) -> Observed:
-    return Observed(Snapshot(taken_at=1.0, ok=True, **snapshot), Health())
+    return Observed(Snapshot(taken_at=1.0, ok=True, **snapshot), AgentHealth())
 
 
 def test_a_pods_gauges_and_counters() -> None:
@@ -147,7 +150,7 @@ def test_a_lost_gpu_keeps_its_xid_series_under_its_last_labels_and_says_it_is_lo
     read = GpuRow(device=H100, vgpus=2.0, unattributed_memory=0)
     gone = GpuIdentity(1, "GPU-1b", "H200")
     xids = (XidCount(0, UUID, "13", 2), XidCount(1, "GPU-1b", "79", 1), XidCount(2, "GPU-never-read", "79", 1))
-    observed = Observed(Snapshot(taken_at=1.0, ok=True, gpus=(read,), lost=(gone,)), Health(), xids=xids)
+    observed = Observed(Snapshot(taken_at=1.0, ok=True, gpus=(read,), lost=(gone,)), AgentHealth(), xids=xids)
     first = labels(gpu_id="0", gpu_uuid=UUID, gpu_model="H100")
     lost = labels(gpu_id="1", gpu_uuid="GPU-1b", gpu_model="H200")
     assert observations(KNOWN, "vgpu.gpu.lost", observed) == {first: 0, lost: 1}
@@ -158,7 +161,7 @@ def test_a_lost_gpu_keeps_its_xid_series_under_its_last_labels_and_says_it_is_lo
     }
     assert observations(GPU, "vgpu.gpu.memory.total", observed) == {first: 80 * GIB}  # no stale figure of GPU 1
     # While the driver is paused the agent reads no GPU on purpose: none is lost, no XID series.
-    paused = Observed(Snapshot(taken_at=1.0, ok=False, paused="label"), Health(), xids=xids)
+    paused = Observed(Snapshot(taken_at=1.0, ok=False, paused="label"), AgentHealth(), xids=xids)
     assert observations(KNOWN, "vgpu.gpu.lost", paused) == {}
     assert observations(XID, "vgpu.gpu.xid.errors", paused) == {}
 
@@ -175,7 +178,7 @@ def test_the_original_exporters_families_add_up_per_pod_name_and_gpu() -> None:
 
 
 def test_the_agents_own() -> None:
-    health = Health()
+    health = AgentHealth()
     health.failed(Stage.DEVICE, "0:GPU_IS_LOST", "GPU 0 lost")
     health.refused(Refusal.PID_REUSED, "10:1", "refused")
     health.swept(0.004)
@@ -193,16 +196,16 @@ def test_the_agents_own() -> None:
 
 
 def test_each_reader_that_has_made_a_pass_has_its_last_one() -> None:
-    health = Health()
-    health.passed(Reader.HEALTH, 0.3, True)
+    health = AgentHealth()
+    health.passed(Reader.DEVICE_HEALTH, 0.3, True)
     health.passed(Reader.SWEEP, 0.01, True)
-    health.passed(Reader.HEALTH, 2.0, False)  # a later pass replaces the one before
+    health.passed(Reader.DEVICE_HEALTH, 2.0, False)  # a later pass replaces the one before
     observed = Observed(Snapshot(taken_at=1.0, ok=True), health)
     sweep, of_health = labels(reader="sweep"), labels(reader="health")
     assert observations(READERS, "vgpu.agent.reader.duration", observed) == {sweep: 0.01, of_health: 2.0}
     assert observations(READERS, "vgpu.agent.reader.success", observed) == {sweep: 1, of_health: 0}
     # A reader that has made no pass (one that is off) has no series.
-    assert observations(READERS, "vgpu.agent.reader.success", Observed(Snapshot(1.0, True), Health())) == {}
+    assert observations(READERS, "vgpu.agent.reader.success", Observed(Snapshot(1.0, True), AgentHealth())) == {}
 
 
 def test_every_family_belongs_to_a_subject_and_every_histogram_has_buckets() -> None:
@@ -218,6 +221,47 @@ def test_every_figure_of_a_process_is_declared_once() -> None:
     assert set(USE_FIGURES) == {"sm", *ENGINES}
     assert len(ENGINES) == len(set(ENGINES))
     for engine in ENGINE_TABLE:
-        families: list[Family[Any]] = [f for f in FAMILIES if f".{engine.name}." in f.name]
+        families = ENGINE_FAMILIES[engine.name]
+        assert all(any(f is published for published in FAMILIES) for f in families), engine.name
         assert {f.subject for f in families} == ({POD, POD_COUNTED, GPU} if engine.per_pod else {GPU}), engine.name
         assert all(engine.meaning in f.description for f in families), engine.name
+
+
+def test_each_family_declares_the_name_the_exposition_gives_it() -> None:
+    # Each family spells out its name in a scrape, so that a search for it finds the family:
+    # here that name is made from the OpenTelemetry name, unit and instrument by the rules the
+    # exposition applies (the exporter's own functions, with unit 1 as ratio), so the two cannot drift.
+    use_ratio_suffix()
+    for family in FAMILIES:
+        counter = family.instrument is Instrument.COUNTER
+        made = family_of(family.name, family.unit, "", "counter" if counter else family.instrument.value).name
+        expected = f"{made}_total" if counter else made
+        assert family.prometheus_name == expected, f"{family.name}: prometheus_name={expected!r}"
+    # A health figure's own name is its family's.
+    for figure in HEALTH_TABLE:
+        assert figure.prometheus_name == HEALTH_FAMILIES[figure.name].prometheus_name, figure.name
+    assert len({family.prometheus_name for family in FAMILIES}) == len(FAMILIES)
+
+
+# The per-pod families that keep their own names on the push with --otlp-names semconv, and why
+# (docs/otlp-semconv.md, "The per-pod families"): a ratio to the pod's share exceeds 1, where
+# the conventions' utilizations stay within [0, 1]; a GPM figure is its GPU's, given to the pod
+# that had the GPU alone, not the pod's part of it.
+OWN_NAMES_ON_THE_SEMCONV_PUSH = {
+    "vgpu.pod.vgpu.utilization",
+    *(family.name for family in GPM_FAMILIES if family.subject is POD),
+}
+
+
+def test_each_per_pod_family_has_its_semconv_form_or_a_reason_to_keep_its_name() -> None:
+    # The semantic conventions name no per-pod GPU metric, so a pod's figure takes one of the
+    # agent's vgpu.pod.gpu.* forms (conventions.py), unless it is listed above with its reason:
+    # a new per-pod family fails here until one or the other is decided.
+    for family in of_subject(POD, POD_COUNTED):
+        form = family.semconv
+        if family.name in OWN_NAMES_ON_THE_SEMCONV_PUSH:
+            assert form is None, family.name
+        else:
+            assert form is not None and form.name.startswith("vgpu.pod.gpu."), (
+                f"{family.name}: give it a vgpu.pod.gpu.* form (`semconv=`) or list it in OWN_NAMES_ON_THE_SEMCONV_PUSH"
+            )

@@ -12,6 +12,7 @@ import pytest
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
 from otel_vgpu.config import ConfigError, parse_config
 from otel_vgpu.export.families import FAMILIES, reads_of, selected
+from otel_vgpu.export.figure_families import GPM_FAMILIES, HEALTH_FAMILIES
 from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_TABLE
 from otel_vgpu.patterns import compile_pattern
 from testkit.fake_gpu import FakeBackend, asked
@@ -100,16 +101,17 @@ def test_the_health_and_gpm_denylist_turns_off_exactly_the_families_of_those_rea
     # Their reads spared, every other read still made, no other family turned off.
     assert reads_of(kept) == frozenset(Read) - off
     assert names(FAMILIES) - names(kept) == {f.prometheus_name for f in FAMILIES if f.reads & off}
-    # Every figure the tables declare is among them, per GPU and (GPM) per pod.
-    figures = {f"vgpu.gpu.{figure.name}" for figure in (*HEALTH_TABLE, *GPM_TABLE)}
-    figures |= {f"vgpu.pod.{figure.name}" for figure in GPM_TABLE} & {f.name for f in FAMILIES}
-    assert figures and not figures & {f.name for f in kept}
+    # Every family of the figures the tables declare is among them, per GPU and (GPM) per pod.
+    figures = {f.name for f in (*HEALTH_FAMILIES.values(), *GPM_FAMILIES)}
+    assert len(figures) > len(HEALTH_TABLE) + len(GPM_TABLE) and not figures & {f.name for f in kept}
 
 
 def test_the_denylist_names_a_figure_added_to_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     # The trial of a new health figure: its family is in the list without an edit of it.
     temperature = next(f for f in FAMILIES if f.name == "vgpu.gpu.temperature")
-    added = dataclasses.replace(temperature, name="vgpu.gpu.fan.speed", unit="1")
+    added = dataclasses.replace(
+        temperature, name="vgpu.gpu.fan.speed", unit="1", prometheus_name="vgpu_gpu_fan_speed_ratio"
+    )
     monkeypatch.setattr(FAMILY_LISTS, "FAMILIES", (*FAMILIES, added))
     patterns = FAMILY_LISTS.health_and_gpm_off()
     assert any(compile_pattern(p).names("vgpu_gpu_fan_speed_ratio") for p in patterns)

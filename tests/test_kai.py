@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.agent_health import Refusal
 from otel_vgpu.allocation.kai import BindRequest, KaiSettings, KaiView, kai_marks
 from otel_vgpu.allocation.shares import Allocation, DeviceAssignment, Grant, KubeletView, from_kubelet, from_limits
 from otel_vgpu.config import ConfigError, parse_config
 from otel_vgpu.gpu.backend import Device
-from otel_vgpu.health import Refusal
 from otel_vgpu.kubernetes.bind_requests import bind_request
 from otel_vgpu.pods.directory import PodMeta
 from otel_vgpu.sim.scenario_file import parse_scenario

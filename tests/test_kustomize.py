@@ -228,7 +228,7 @@ def test_a_new_cluster_gets_the_ratio_auto() -> None:
 def test_rbac_is_get_list_watch_on_pods_nodes_and_kais_bind_requests(target: str) -> None:
     docs = render(target)
     role = one(docs, "ClusterRole", "otel-vgpu")
-    # pods: names and containers; nodes: the driver-upgrade labels (otel_vgpu/kubernetes/node.py);
+    # pods: names and containers; nodes: the driver-upgrade labels (otel_vgpu/kubernetes/driver_upgrade.py);
     # KAI Scheduler's BindRequests: the fractions it gives pods (otel_vgpu/kubernetes/bind_requests.py).
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("otel_vgpu.flag_values", "otel_vgpu.limits"),
     ("otel_vgpu.flag_spec",),
-    ("otel_vgpu.config", "otel_vgpu.health"),
+    ("otel_vgpu.config", "otel_vgpu.agent_health"),
     ("otel_vgpu.gpu", "otel_vgpu.pods"),
     ("otel_vgpu.allocation",),
     ("otel_vgpu.kubernetes", "otel_vgpu.sim"),
@@ -137,13 +137,9 @@ def test_the_endpoint_imports_no_family() -> None:
 
 
 # Two modules of one basename read as one in a traceback, a log line, or a doc that names the
-# file alone. Each pair here is one left for now, with its reason; a pair no longer shared
-# leaves the list.
-SHARED_BASENAMES = {
-    ("otel_vgpu/collect/watch.py", "otel_vgpu/kubernetes/watch.py"): "renamed in a later step",
-    ("otel_vgpu/health.py", "otel_vgpu/sim/health.py"): "renamed in a later step",
-    ("otel_vgpu/kubernetes/node.py", "otel_vgpu/sim/node.py"): "renamed in a later step",
-}
+# file alone. A pair that must stay shared is listed here with its reason; a pair no longer
+# shared leaves the list.
+SHARED_BASENAMES: dict[tuple[str, ...], str] = {}
 
 
 def shared_basenames(paths: list[Path]) -> set[tuple[str, ...]]:

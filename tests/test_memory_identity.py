@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import BUILTIN, CONTEXT_BYTES, RESERVED_BYTES, Scenario
 from otel_vgpu.sim.scenario_file import load_scenario, parse_scenario
@@ -59,7 +59,7 @@ def scrapes(scenario: Scenario, tmp_path: Path, count: int) -> list[Exposition]:
     node = SimulatedNode(scenario, tmp_path / "proc", clock.monotonic, clock.wall_us)
     ratio = tmp_path / "gpu_allocation.txt"
     ratio.write_text(f"{scenario.ratio}\n")
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(node, ratio, health=health, clock=clock.monotonic, reader=GpuReader(node, clock.monotonic))
     telemetry = Telemetry(sampler, health, 1.0, "gpu-node-1", False)
     out = []

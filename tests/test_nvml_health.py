@@ -4,6 +4,7 @@ and GPM's ctypes structs) and raises its own errors, as NVML does."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ import pynvml
 import pytest
 
 from otel_vgpu.config import DEFAULT_BACKOFF
+from otel_vgpu.gpu import nvml as nvml_module
 from otel_vgpu.gpu.backend import ABSENT, ErrorCode, FailedRead, GpuError, XidEvent
 from otel_vgpu.gpu.device_figures import (
     CLOCK_MEM,
@@ -26,6 +28,7 @@ from otel_vgpu.gpu.device_figures import (
     HEALTH_FIGURES,
     HEALTH_TABLE,
     TEMPERATURE_GPU,
+    TUPLES,
     HealthFigure,
 )
 from otel_vgpu.gpu.nvml import NvmlBackend
@@ -37,8 +40,8 @@ pytestmark = pytest.mark.unit
 
 
 class HealthNvml:
-    """H200-like GPUs (the health calls and GPM of GPU 0), and event sets: each set queues the
-    events of the GPUs registered in it, as nvml.h has it."""
+    """H200-like GPUs (the health calls and GPM of GPU 0) with an encoder, and event sets: each
+    set queues the events of the GPUs registered in it, as nvml.h has it."""
 
     NVMLError = pynvml.NVMLError
     c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
@@ -151,6 +154,13 @@ class HealthNvml:
         self._ask("remapped")
         return (2, 0, 1, 0)
 
+    def nvmlDeviceGetEncoderUtilization(self, handle: str) -> list[int]:
+        return [0, 100000]  # NVML's word that the GPU has an encoder, where it has no instance profile
+
+    def nvmlDeviceGetEncoderStats(self, handle: str) -> tuple[int, int, int]:
+        self._ask("encoder_stats")
+        return (3, 30, 1200)
+
     # GPM
     def nvmlGpmQueryDeviceSupport(self, handle: str) -> Any:
         self._ask("gpm_support")
@@ -251,6 +261,7 @@ def test_every_health_figure_in_its_unit(nvml: HealthNvml) -> None:
         "remapped.rows.uncorrectable": 0.0,
         "remapped.rows.pending": 1.0,
         "remapped.rows.failure": 0.0,
+        "encoder.sessions": 3.0,
     }
 
 
@@ -276,10 +287,13 @@ def test_each_figures_read_is_a_call_nvidia_ml_py_has_and_a_read_the_backend_kno
         pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP,
         pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
     )
-    # A compound read makes one call for its figures, which NVML lacks alike.
+    # A read makes one call for its figures, which NVML lacks alike: the figures of one call and
+    # arguments each take their element of its answer, by a name the answer has.
     for read, figures in HEALTH_BY_READ:
-        assert read or len(figures) == 1
-        assert len({(figure.call, figure.absent) for figure in figures}) == 1, read
+        assert len({(figure.call, figure.absent, figure.older) for figure in figures}) == 1, read
+        assert read or len(figures) == 1 or all(figure.take for figure in figures), figures
+        for figure in figures:
+            assert not figure.take or figure.call not in TUPLES or figure.take in TUPLES[figure.call], figure.name
 
 
 def test_a_scale_under_one_divides_so_that_the_figure_rounds_once() -> None:
@@ -305,7 +319,16 @@ class FanNvml(HealthNvml):
 
 
 def fan(absent: frozenset[ErrorCode]) -> HealthFigure:
-    return HealthFigure("fan.speed", "1", "", call="nvmlDeviceGetFanSpeed_v2", args=(0,), scale=0.01, absent=absent)
+    return HealthFigure(
+        "fan.speed",
+        "1",
+        "",
+        prometheus_name="vgpu_gpu_fan_speed_ratio",
+        call="nvmlDeviceGetFanSpeed_v2",
+        args=(0,),
+        scale=0.01,
+        absent=absent,
+    )
 
 
 def session_of(nvml: HealthNvml) -> NvmlSession:
@@ -324,7 +347,7 @@ def test_a_figure_says_which_answers_mean_the_gpu_lacks_it(caplog: pytest.LogCap
     assert [(r.figures, r.failed) for r in readings] == [({}, ())] * 3
     assert nvml.calls.count("fan") == 1
     assert [r.message for r in caplog.records] == [
-        "GPU 0 does not report its fan speed: vgpu.gpu.fan.speed is left out"
+        "GPU 0 does not report its fan speed: vgpu_gpu_fan_speed_ratio is left out"
     ]
     # Where it does not: a failure of that read, asked again at the next.
     failing = grouped((fan(ABSENT),))
@@ -336,6 +359,83 @@ def test_a_figure_says_which_answers_mean_the_gpu_lacks_it(caplog: pytest.LogCap
     # A GPU with a fan: percent to 0-1.
     nvml.percent = 30
     assert read_health("handle1", 1, seam, kept, failing).figures == {"fan.speed": 0.3}
+
+
+class ProcessNvml(FanNvml):
+    """A GPU asked for figures that are part of an answer: fields of nvmlDeviceGetMemoryInfo's
+    struct, elements of nvmlDeviceGetEncoderStats' tuple (sessionCount, averageFps, averageLatency)."""
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
+        self._ask("memory")
+        return SimpleNamespace(total=80, free=30, used=50)
+
+    def nvmlDeviceGetEncoderStats(self, handle: str) -> tuple[int, int, int]:
+        self._ask("encoder_stats")
+        return (2, 30, 1200)
+
+
+def element(name: str, call: str, take: str, engine: str = "") -> HealthFigure:
+    return HealthFigure(name, "By", "", prometheus_name=f"vgpu_gpu_{name}", call=call, take=take, engine=engine)
+
+
+def test_figures_of_one_call_take_their_elements_of_its_answer_from_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = ProcessNvml()
+    seam, kept = session_of(nvml), dict[tuple[int, str], Any]()
+    monkeypatch.setitem(TUPLES, "nvmlDeviceGetEncoderStats", ("sessionCount", "averageFps", "averageLatency"))
+    figures = (
+        element("free", "nvmlDeviceGetMemoryInfo", "free"),
+        element("used", "nvmlDeviceGetMemoryInfo", "used"),
+        element("sessions", "nvmlDeviceGetEncoderStats", "sessionCount"),
+        element("latency", "nvmlDeviceGetEncoderStats", "averageLatency"),
+    )
+    reading = read_health("handle0", 0, seam, kept, grouped(figures))
+    assert reading.figures == {"free": 30.0, "used": 50.0, "sessions": 2.0, "latency": 1200.0}
+    assert nvml.calls.count("memory") == 1 and nvml.calls.count("encoder_stats") == 1
+
+
+def test_a_figure_of_an_engine_the_gpu_lacks_is_left_out_said_once_and_not_asked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # NVML answers an encoder's calls on a GPU without one as if it were idle: the agent asks
+    # nothing of it, as the engine's own families are left out there.
+    nvml = ProcessNvml()
+    seam, kept = session_of(nvml), dict[tuple[int, str], Any]()
+    monkeypatch.setitem(TUPLES, "nvmlDeviceGetEncoderStats", ("sessionCount", "averageFps", "averageLatency"))
+    sessions = grouped((element("sessions", "nvmlDeviceGetEncoderStats", "sessionCount", engine="encoder"),))
+    with caplog.at_level(logging.INFO):
+        lacking = [
+            read_health("handle0", 0, seam, kept, sessions, engines=lambda: frozenset({"decoder"})) for _ in range(2)
+        ]
+    assert [(r.figures, r.failed) for r in lacking] == [({}, ())] * 2 and "encoder_stats" not in nvml.calls
+    assert [r.message for r in caplog.records] == ["GPU 0 has no encoder: vgpu_gpu_sessions is left out"]
+    having = read_health("handle1", 1, seam, kept, sessions, engines=lambda: frozenset({"encoder"}))
+    assert having.figures == {"sessions": 2.0}
+
+
+class EncodingNvml(ProcessNvml):
+    """A GPU with no GPU-instance profiles (an L4's kind), which has an encoder where NVML
+    answers its utilization (`encoder`)."""
+
+    def __init__(self, encoder: bool) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: str) -> list[int]:
+        if not self.encoder:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [0, 100000]
+
+
+@pytest.mark.parametrize("encoder", [False, True])
+def test_the_backend_reads_an_engines_figure_where_the_gpu_has_the_engine(
+    monkeypatch: pytest.MonkeyPatch, encoder: bool
+) -> None:
+    monkeypatch.setitem(TUPLES, "nvmlDeviceGetEncoderStats", ("sessionCount", "averageFps", "averageLatency"))
+    sessions = grouped((element("sessions", "nvmlDeviceGetEncoderStats", "sessionCount", engine="encoder"),))
+    monkeypatch.setattr(nvml_module, "read_health", functools.partial(read_health, reads=sessions))
+    nvml = EncodingNvml(encoder)
+    assert backend(nvml).health(0).figures == ({"sessions": 2.0} if encoder else {})
+    assert nvml.calls.count("encoder_stats") == int(encoder)
 
 
 def test_a_read_that_fails_costs_its_figures_that_reading_alone(nvml: HealthNvml) -> None:
@@ -384,8 +484,12 @@ def test_what_the_gpu_lacks_is_left_out_said_once_and_not_asked_again(
     assert "pcie.replays" not in first and "memory.temperature" not in first and "remapped.rows.failure" not in first
     assert nvml.calls.count("replays") == 1 and nvml.calls.count("remapped") == 1
     said = [r.message for r in caplog.records if "does not report" in r.message]
-    assert len(said) == 2 and "GPU 0 does not report its pcie replays: vgpu.gpu.pcie.replays is left out" in said
-    assert "GPU 0 does not report its remapped rows: the vgpu.gpu.remapped.rows.* families are left out" in said
+    assert len(said) == 2 and "GPU 0 does not report its pcie replays: vgpu_gpu_pcie_replays_total is left out" in said
+    assert (
+        "GPU 0 does not report nvmlDeviceGetRemappedRows: vgpu_gpu_remapped_rows_correctable_total, "
+        "vgpu_gpu_remapped_rows_uncorrectable_total, vgpu_gpu_remapped_rows_pending and "
+        "vgpu_gpu_remapped_rows_failure are left out"
+    ) in said
 
 
 def test_the_ecc_mode_is_asked_once_a_session(nvml: HealthNvml) -> None:

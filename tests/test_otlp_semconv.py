@@ -29,13 +29,16 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.config import ConfigError, parse_config
 from otel_vgpu.conventions import Kind
+from otel_vgpu.export.agent_families import AGENT_FAMILIES
 from otel_vgpu.export.families import FAMILIES, Feature
+from otel_vgpu.export.figure_families import GPM_FAMILIES_OF
 from otel_vgpu.export.otlp import OtlpPusher, OtlpSettings
 from otel_vgpu.export.semconv import forms, translate
-from otel_vgpu.health import Health
-from otel_vgpu.sim.health import IDLE_PCIE_RX, IDLE_PCIE_TX
+from otel_vgpu.gpu.device_figures import GPM_TABLE
+from otel_vgpu.sim.device_figure_values import IDLE_PCIE_RX, IDLE_PCIE_TX
 from testkit.agent import InProcessAgent, agent_in_process, clean_env, wait_until
 from testkit.kept_exporter import KeptExporter
 from testkit.otlp_names import prometheus_name
@@ -377,7 +380,8 @@ def test_the_semconv_push_follows_the_conventions_and_carries_the_scrapes_values
     }
     assert set(io) == {(HOPPER, "transmit"), (HOPPER, "receive")}
     assert io[(HOPPER, "transmit")] / io[(HOPPER, "receive")] == pytest.approx(IDLE_PCIE_TX / IDLE_PCIE_RX, rel=1e-3)
-    assert {p.attributes["hw.id"] for p in received if p.metric.name.startswith("vgpu.gpu.nvlink.")} == {HOPPER}
+    nvlink = {f.name for figure in GPM_TABLE if figure.nvlink for f in GPM_FAMILIES_OF[figure.name]}
+    assert {p.attributes["hw.id"] for p in received if p.metric.name in nvlink} == {HOPPER}
     # The scrape has neither the byte counters nor anything else of this push alone, and keeps the rates.
     only_pushed = {f.prometheus_name for f in FAMILIES if f.needs is Feature.SEMCONV}
     assert only_pushed and not only_pushed & set(exposition.values) and not only_pushed & set(exposition.types)
@@ -386,7 +390,7 @@ def test_the_semconv_push_follows_the_conventions_and_carries_the_scrapes_values
     # The agent's own families under the node's Resource, their labels vgpu.* attributes.
     readers = [p for p in received if p.metric.name == "vgpu.agent.reader.success"]
     assert readers and all(set(p.attributes) == {"vgpu.reader"} and "k8s.pod.uid" not in p.resource for p in readers)
-    assert not any(p.metric.name.startswith("pod_gpu_") for p in received)
+    assert not {p.metric.name for p in received} & {f.name for f in FAMILIES if f.needs is Feature.SEED_METRICS}
 
     # The bytes are counted on: a later collection, another window closed, has more of them.
     swept = node.agent.agent.sampler.sweeps
@@ -406,6 +410,7 @@ def test_the_default_push_is_the_agents_own_names_as_scraped(node: Node) -> None
     exposition, resources = node.one_collection(per_pod=False)
     # One Resource, the node's as ever: the agent's pod in it, as OTEL_RESOURCE_ATTRIBUTES says.
     assert len(resources) == 1 and {**AGENT_POD, **ADDED}.items() <= resources[0].attributes.items()
+    agents = {family.name for family in AGENT_FAMILIES}  # their values are read anew at each collection
     for metric in resources[0].metrics:
         if metric.kind == "Histogram":
             continue
@@ -415,7 +420,7 @@ def test_the_default_push_is_the_agents_own_names_as_scraped(node: Node) -> None
         # Each point is a series of the scrape, label for label and value for value.
         pushed = {frozenset(p.attributes.items()): p.value for p in metric.points}
         assert set(pushed) == set(scraped), metric.name
-        if metric.name not in PER_COLLECTION and not metric.name.startswith("vgpu.agent."):
+        if metric.name not in PER_COLLECTION and metric.name not in agents:
             assert pushed == pytest.approx(scraped), metric.name
     names = {metric.name for metric in resources[0].metrics}
     assert all(name.startswith("vgpu.") for name in names)
@@ -432,7 +437,9 @@ def one_gauge(resource: Resource, name: str, *labelled: dict[str, str]) -> Metri
 def test_the_pusher_translates_only_with_semconv(names: str) -> None:
     exporter = KeptExporter()
     settings = OtlpSettings(None, "grpc", 60.0, 10.0, names)
-    pusher = OtlpPusher(exporter, settings, scope=contextlib.nullcontext, after_collect=lambda _: None, health=Health())
+    pusher = OtlpPusher(
+        exporter, settings, scope=contextlib.nullcontext, after_collect=lambda _: None, health=AgentHealth()
+    )
     pod = {"namespace": "ml", "pod": "trainer", "pod_uid": "u-1", "gpu_id": "0", "gpu_uuid": "GPU-1"}
     data = one_gauge(Resource({"service.name": "otel-vgpu", **AGENT_POD}), "vgpu.pod.memory.used", pod)
     pusher._receive_metrics(data)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.agent_health import AgentHealth, Stage
 from otel_vgpu.allocation.shares import Grant
 from otel_vgpu.gpu.backend import Device
-from otel_vgpu.health import Health, Stage
 from otel_vgpu.kubernetes.podresources import KEEP_LAST_GOOD_CALLS, KubeletAllocation, PodResourcesClient
 from otel_vgpu.pods.directory import PodMeta
 from testkit.kubelet_double import KubeletDouble
@@ -35,7 +35,7 @@ def kubelet(tmp_path: Path) -> Iterator[KubeletDouble]:
 
 
 def test_a_failing_kubelet_keeps_its_last_answer_for_a_few_calls(kubelet: KubeletDouble) -> None:
-    health = Health()
+    health = AgentHealth()
     allocation = KubeletAllocation(OnePod(), PodResourcesClient(kubelet.socket_path), health=health, poll_seconds=3600)
     placed_on_gpu = {(UID, "main", "GPU-0000"): Grant(1.0)}
     try:
@@ -87,7 +87,7 @@ def test_dra_claims_and_replica_counts_come_through_the_real_protocol(kubelet: K
 
 def test_a_kubelet_without_get_allocatable_still_lists(kubelet: KubeletDouble) -> None:
     kubelet.allocatable = None  # before 1.23: UNIMPLEMENTED
-    health = Health()
+    health = AgentHealth()
     client = PodResourcesClient(kubelet.socket_path)
     allocation = KubeletAllocation(OnePod(), client, health=health, poll_seconds=3600)
     try:
@@ -144,7 +144,7 @@ def test_a_kubelet_that_sends_unknown_frames_fails_the_call_in_one_line_counted(
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    health = Health()
+    health = AgentHealth()
     allocation = KubeletAllocation(OnePod(), PodResourcesClient(path), health=health, poll_seconds=3600)
     try:
         with caplog.at_level("DEBUG"):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.agent_health import AgentHealth, Reader, Stage
 from otel_vgpu.collect import sampler as sampler_module
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.gpm_reads import GPM_DEADLINE_S
@@ -26,7 +27,6 @@ from otel_vgpu.collect.xids import XID_DEADLINE_S, XidCounts, XidWatch
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.families import FAMILIES, reads_of, selected
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.sim.node import SimulatedNode
 from testkit.agent import wait_until
 from testkit.clock import Clock
@@ -52,7 +52,7 @@ class Node:
     sim: SimulatedNode
     clock: Clock
     sampler: Sampler
-    health: Health
+    health: AgentHealth
     devices: DeviceHealth | None
     xids: XidWatch | None
     telemetry: Telemetry
@@ -84,7 +84,7 @@ def simulated(
     clock, sim, ratio = hand_clocked(tmp_path, text)
     kept, _ = selected(deny=list(deny))
     reads = reads_of(kept)
-    health = Health()
+    health = AgentHealth()
     # Every sweep closes a GPM window: each reads GPM.
     reader = GpuReader(sim, clock.monotonic, reads=reads, engine_every_s=0.0, gpm_deadline_s=gpm_deadline_s)
     sampler = make_sampler(
@@ -167,7 +167,7 @@ def test_a_scrape_serves_the_last_passes_and_makes_none(tmp_path: Path) -> None:
         node.sampler.sweep()
         assert node.devices is not None
         node.devices.start()  # its first round now, on its own thread; the next in 10 s
-        passes = wait_until(lambda: dict(node.health.passes()).get(Reader.HEALTH) and node.health.passes())
+        passes = wait_until(lambda: dict(node.health.passes()).get(Reader.DEVICE_HEALTH) and node.health.passes())
         first = parse(node.telemetry.render(TEXT).decode())
         node.clock.t += 1.0
         second = parse(node.telemetry.render(TEXT).decode())

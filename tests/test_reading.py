@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
+from otel_vgpu.agent_health import Stage
 from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.collect.estimator import SETTLE_US
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
 from otel_vgpu.gpu.backend import AccountingRecord, MigDevice, ProcessUse, UtilizationSample
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
-from otel_vgpu.health import Stage
 from testkit.fake_gpu import FakeBackend, asked
 
 pytestmark = pytest.mark.unit

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.gpu.backend import Device, ErrorCode, GpuError
-from otel_vgpu.health import Health
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario
 
@@ -22,7 +22,7 @@ from .conftest import make_sampler
 pytestmark = pytest.mark.unit
 
 
-def counted(health: Health) -> dict[str, int]:
+def counted(health: AgentHealth) -> dict[str, int]:
     """The failures counted so far, by stage."""
     return {stage.value: n for stage, n in health.counts().items() if n}
 
@@ -74,7 +74,7 @@ def test_fresh_snapshot_is_reused_and_stale_one_replaced(node: SimulatedNode, ra
 def test_one_failing_gpu_leaves_the_other_reported(
     node: SimulatedNode, ratio_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(node, ratio_file, health=health)
     node.fail("device", 1, "GPU_IS_LOST")
     with caplog.at_level(logging.WARNING, logger="otel_vgpu"):
@@ -137,7 +137,7 @@ class Exploding(SimulatedNode):
 
 
 def test_unexpected_exception_is_a_failed_sweep_not_a_crash(steady: Scenario, tmp_path: Path, ratio_file: Path) -> None:
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(Exploding(steady, tmp_path / "p"), ratio_file, health=health)
     snapshot = sampler.snapshot(0.0)
     assert not snapshot.ok
@@ -147,7 +147,7 @@ def test_unexpected_exception_is_a_failed_sweep_not_a_crash(steady: Scenario, tm
 def test_bad_ratio_reload_keeps_last_good_and_counts(
     node: SimulatedNode, ratio_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(node, ratio_file, health=health)
     assert sampler.snapshot(0.0).gpus[0].vgpus == 2.0
     ratio_file.write_text("4\n")
@@ -180,7 +180,7 @@ def test_sampling_window_is_at_least_one_second(node: SimulatedNode, ratio_file:
 
 
 def test_process_utilization_not_supported_is_reported_once(node: SimulatedNode, ratio_file: Path) -> None:
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(node, ratio_file, health=health)
     node.fail("utilization_samples", 1, "NOT_SUPPORTED")
     snapshots = [sampler.snapshot(0.0) for _ in range(3)]

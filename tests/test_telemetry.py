@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
 
+from otel_vgpu.agent_health import AgentHealth, Reader, Refusal, Stage
 from otel_vgpu.collect.device_health import DeviceHealth
 from otel_vgpu.collect.reading import Read
 from otel_vgpu.collect.xids import XidCounts
@@ -26,7 +27,6 @@ from otel_vgpu.export.families import (
     GPU_HEALTH,
     POD,
     POD_COUNTED,
-    POD_ENGINES,
     READERS,
     REFUSALS,
     SEED,
@@ -41,11 +41,11 @@ from otel_vgpu.export.families import (
     Subject,
     of_subject,
 )
+from otel_vgpu.export.figure_families import ENGINE_FAMILIES, GPM_FAMILIES_OF, HEALTH_FAMILIES
 from otel_vgpu.export.otlp import OtlpSettings
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.backend import XidEvent
-from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S
-from otel_vgpu.health import Health, Reader, Refusal, Stage
+from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S, GPM_TABLE, HEALTH_TABLE
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario
 from testkit.clock import Clock
@@ -68,7 +68,7 @@ def scrape(telemetry: Telemetry) -> Exposition:
 
 @pytest.fixture
 def telemetry(node: SimulatedNode, ratio_file: Path) -> Iterator[Telemetry]:
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(node, ratio_file, health=health)
     telemetry = Telemetry(
         sampler,
@@ -93,7 +93,10 @@ def test_contract_families_labels_and_descriptions(telemetry: Telemetry) -> None
     # an XID error, NVLink; and the pods' GPM figures, since every GPU here is shared
     # (tests/test_device_health.py has them all).
     sourced = {"vgpu.agent.export.failures", "vgpu.agent.pod_resources.up", "vgpu.gpu.xid.errors"}
-    sourced |= {f.name for f in FAMILIES if "nvlink" in f.name or (f.subject is POD and Read.GPM in f.reads)}
+    sourced |= {f.name for figure in GPM_TABLE if figure.nvlink for f in GPM_FAMILIES_OF[figure.name]}
+    sourced |= {f.name for f in FAMILIES if f.subject is POD and Read.GPM in f.reads}
+    # The health figures of a video engine, which no H100 has (tests/test_device_health.py reads them of an L4).
+    sourced |= {HEALTH_FAMILIES[figure.name].name for figure in HEALTH_TABLE if figure.engine}
     # And the OTLP push's under the semantic conventions alone, which no scrape carries (tests/test_otlp_semconv.py).
     sourced |= {f.name for f in FAMILIES if f.needs is Feature.SEMCONV}
     contract = {family.prometheus_name for family in FAMILIES if family.name not in sourced}
@@ -143,14 +146,16 @@ def test_seed_families(telemetry: Telemetry) -> None:
 
 def test_eight_gpus_and_four_hundred_pods_lose_nothing(tmp_path: Path, ratio_file: Path) -> None:
     node = SimulatedNode(wide_scenario(8, 400), tmp_path / "proc")
-    telemetry = Telemetry(make_sampler(node, ratio_file, health=Health()), Health(), 1.0, "n", seed_metrics=False)
+    telemetry = Telemetry(
+        make_sampler(node, ratio_file, health=AgentHealth()), AgentHealth(), 1.0, "n", seed_metrics=False
+    )
     exposition = scrape(telemetry)
     # No process uses an engine beside SM: no pod has those families (tests/test_engines.py).
-    engines = {f"vgpu_pod_{engine}_{kind}" for engine in POD_ENGINES for kind in ("utilization_ratio", "busy_seconds")}
+    engines = {f.prometheus_name for families in ENGINE_FAMILIES.values() for f in families if f.subject is not GPU}
     # Nor GPM's, which a pod has only where it has its GPU alone (tests/test_device_health.py).
     gpm = {f.prometheus_name for f in of_subject(POD) if Read.GPM in f.reads}
     for name in POD_FAMILIES:
-        if name.removesuffix("_total") in engines or name in gpm:
+        if name in engines or name in gpm:
             continue
         series = exposition.series(name)
         assert len(series) == 3200, name
@@ -167,7 +172,7 @@ def test_ended_pod_disappears_and_churn_never_overflows(
     monkeypatch.setattr(telemetry_module, "CARDINALITY_LIMIT", 40)
     base = wide_scenario(1, 3)
     node = SimulatedNode(base, tmp_path / "proc")
-    telemetry = Telemetry(make_sampler(node, ratio_file), Health(), 0.0, "n", seed_metrics=False)
+    telemetry = Telemetry(make_sampler(node, ratio_file), AgentHealth(), 0.0, "n", seed_metrics=False)
     for step in range(150):
         pod = dataclasses.replace(base.pods[0], name=f"job-{step}", uid=f"{step:08x}-1111-4000-8000-000000000000")
         node.scenario = dataclasses.replace(base, pods=(base.pods[1], pod))
@@ -181,8 +186,8 @@ def test_ended_pod_disappears_and_churn_never_overflows(
     # value until that scrape has read it, no more.
     held = {
         family.name: telemetry._direct.held(family.name)
-        for family in FAMILIES
-        if family.name.startswith("vgpu.pod.") and family.needs is None
+        for family in of_subject(POD, POD_COUNTED)
+        if family.needs is None
     }
     counters = {family.name for family in FAMILIES if family.instrument is Instrument.COUNTER}
     assert held and max(count for name, count in held.items() if name not in counters) <= 2, held
@@ -205,7 +210,7 @@ def test_the_push_forgets_ended_pods_as_the_scrape_does(
     node = SimulatedNode(base, tmp_path / "proc")
     telemetry = Telemetry(
         make_sampler(node, ratio_file),
-        Health(),
+        AgentHealth(),
         0.0,
         "n",
         seed_metrics=False,
@@ -271,7 +276,7 @@ def test_a_push_after_a_scrape_of_one_snapshot_shares_the_snapshots_rows_and_rea
     monkeypatch.setattr(telemetry_module, "make_exporter", lambda settings: kept)
     clock = Clock()
     node = SimulatedNode(steady, tmp_path / "proc", clock.monotonic, clock.wall_us)
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(node, ratio_file, health=health, clock=clock.monotonic)
     xids = XidCounts()
     gpu0 = steady.gpus[0].uuid

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.agent_health import AgentHealth, Refusal
 from otel_vgpu.collect.reading import GpuReader
 from otel_vgpu.export.exposition import TEXT
 from otel_vgpu.export.telemetry import Telemetry
-from otel_vgpu.health import Health, Refusal
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.proc_tree import container_id
 from otel_vgpu.sim.scenario_file import parse_scenario
@@ -172,7 +172,7 @@ def test_a_reused_pid_inherits_nothing_of_the_process_that_held_it(tmp_path: Pat
     clock = Clock()
     text = f"driver: {{ended_samples_s: {kept_s}}}\n" + REUSED_PID
     node = SimulatedNode(parse_scenario(text, "reused.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(node, write_ratio(tmp_path), health=health, clock=clock.monotonic)
     busy: dict[str, float | None] = {}
     sm_seen: dict[str, float] = {}
@@ -301,7 +301,7 @@ def test_an_ended_pods_last_increments_reach_the_bill(tmp_path: Path, sweep_ever
     clock = Clock(0.0)
     text = f"driver: {{ended_samples_s: {kept_s}}}\n" + ENDING
     node = SimulatedNode(parse_scenario(text, "ending.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
-    health = Health()
+    health = AgentHealth()
     sampler = make_sampler(
         node, write_ratio(tmp_path), health=health, clock=clock.monotonic, reader=GpuReader(node, clock.monotonic)
     )

@@ -163,6 +163,45 @@ def test_idle_energy_goes_by_shares_and_active_energy_by_sm() -> None:
     assert mps.pods == {} and mps.unattributed == 550.0
 
 
+class Hashed(str):
+    """A string whose hash is given: a set of them iterates in an order the test picks, as a set
+    of plain strings iterates in one that PYTHONHASHSEED picks, differing from run to run."""
+
+    hashed: int
+
+    def __new__(cls, text: str, hashed: int) -> Hashed:
+        made = super().__new__(cls, text)
+        made.hashed = hashed
+        return made
+
+    def __hash__(self) -> int:
+        return self.hashed
+
+
+def test_the_split_is_the_same_whatever_order_a_set_of_its_pods_iterates_in() -> None:
+    # 100 J by SM of 0.1, 0.2 and 0.4: the parts summed in one order come to 100 J, in another to
+    # 1.4e-14 J less, which the unattributed counter took; in set order it changed between runs.
+    sm = {"a": 0.1, "b": 0.2, "c": 0.4}
+    orders, splits = set(), []
+    for hashes in itertools.permutations(range(len(sm))):
+        keys = {
+            uid: (Hashed(uid, h), Hashed("", 0), Hashed("GPU-a", 0), Hashed("", 0))
+            for uid, h in zip(sm, hashes, strict=True)
+        }
+        orders.add(tuple(str(key[0]) for key in set(keys.values())))
+        pending = Pending(
+            seconds=1.0,
+            busy=sum(sm.values()),  # as note_interval sums it, where the GPU's own figure is no higher
+            peak_utilization=sum(sm.values()),
+            held={keys[uid]: 0.0 for uid in sm},
+            ran={keys[uid]: sm[uid] for uid in sm},
+        )
+        split = split_pending(100.0, 0.0, pending)
+        splits.append((split.unattributed, {str(key[0]): part for key, part in split.pods.items()}))
+    assert len(orders) > 1  # the keys did iterate in more than one order
+    assert all(split == splits[0] for split in splits), splits
+
+
 def test_a_driver_reload_counts_from_zero_and_idle_power_is_learned() -> None:
     gpu = gpu_with(GPU, utilization=0.0, energy_mj=1_000_000)
     usage, gpus, _ = accumulate(Usage(), [gpu], [], 0.0)

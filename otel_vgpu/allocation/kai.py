@@ -36,10 +36,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from otel_vgpu.agent_health import Refusal
 from otel_vgpu.allocation.devices import DeviceMap, Target
 from otel_vgpu.config import KAI_RESERVATION
 from otel_vgpu.gpu.backend import Device
-from otel_vgpu.health import Refusal
 from otel_vgpu.pods.directory import KaiMarks, PodMeta
 
 # pkg/common/constants/constants.go

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Protocol
 
+from otel_vgpu.agent_health import Refusal
 from otel_vgpu.allocation.devices import DeviceMap
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import hami_device_id
 from otel_vgpu.allocation.kai import KaiView, Refused, from_kai
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device
-from otel_vgpu.health import Refusal
 from otel_vgpu.pods.directory import PodMeta
 
 

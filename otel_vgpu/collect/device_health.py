@@ -35,11 +35,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from otel_vgpu.agent_health import AgentHealth, Reader, Stage
 from otel_vgpu.collect.aggregate import GpuRow
 from otel_vgpu.collect.deadline import CallThread
 from otel_vgpu.collect.sampler import Sampler
 from otel_vgpu.gpu.backend import GpuBackend, GpuError, HealthReading
-from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class DeviceHealth:
     def __init__(
         self,
         sampler: Sampler,
-        health: Health,
+        health: AgentHealth,
         clock: Callable[[], float] = time.monotonic,
         every_s: float = HEALTH_EVERY_S,
         deadline_s: float = HEALTH_DEADLINE_S,
@@ -157,7 +157,7 @@ class DeviceHealth:
                     late.add(index)
                 elif not worker.result():
                     failed.add(index)
-            self._health.passed(Reader.HEALTH, time.monotonic() - started, not late and not failed)
+            self._health.passed(Reader.DEVICE_HEALTH, time.monotonic() - started, not late and not failed)
             for index in late:
                 kind = f"{index}:DEADLINE"
                 with self._failing_lock:

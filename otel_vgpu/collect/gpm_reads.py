@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from otel_vgpu.agent_health import Stage
 from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.collect.deadline import CallThread
 from otel_vgpu.gpu.backend import Device, GpuBackend, GpuError
-from otel_vgpu.health import Stage
 
 if TYPE_CHECKING:  # reading.py makes a GpmReads: imported for its type alone
     from otel_vgpu.collect.reading import SweepErrors

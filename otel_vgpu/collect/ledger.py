@@ -4,7 +4,7 @@ NVML keeps one utilization sample per process, its latest, and forgets it when t
 ends (bench/results/h200-nvml-ended-samples.md). A sweep every few seconds would know only
 the processes alive at its instant, and a process's latest sample times the whole interval:
 a tenant that times its work around the sweeps would shed its bill. So the watch
-(collect/watch.py) lists each GPU's processes between sweeps, and this ledger keeps each
+(collect/process_watch.py) lists each GPU's processes between sweeps, and this ledger keeps each
 process's life on the GPU: when it was first and last listed, its pod as read at first
 sight, and every sample read of it while it lived. At each sweep the GPU's own samples (one
 per sample period, 200 ms on an H200) that have settled (`estimator.SETTLE_US` old: the

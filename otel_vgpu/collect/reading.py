@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from otel_vgpu.agent_health import Stage
 from otel_vgpu.collect import ledger
 from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.collect.estimator import SETTLE_US
@@ -45,7 +46,6 @@ from otel_vgpu.gpu.backend import (
     UtilizationSample,
 )
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US, SamplingWindows, mean_since, window_start
-from otel_vgpu.health import Stage
 from otel_vgpu.pods.cgroups import PodRef
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class _EngineWindow:
 
 
 class Read(str, Enum):
-    """What a sweep may read of a GPU beside its device figures and processes: each only
+    """What a sweep may read of a GPU beside its `Device` and its processes: each only
     where a family the agent publishes needs it (each family's `reads`, export/family.py;
     docs/metrics.md's reads table says which)."""
 
@@ -354,7 +354,7 @@ class GpuReader:
         )
 
     def watch(self, index: int, identify: Identify) -> None:
-        """One look at GPU `index` between sweeps (collect/watch.py): its processes listed, each
+        """One look at GPU `index` between sweeps (collect/process_watch.py): its processes listed, each
         new one attributed at first sight, while its /proc entry exists, and the GPU's samples
         read while a process listed is young, at most every `sample_every_s`."""
         uuid = self._uuids.get(index)

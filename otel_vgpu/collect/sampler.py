@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 
+from otel_vgpu.agent_health import SWEEP_STAGES, AgentHealth, Reader, Refusal, Stage
 from otel_vgpu.allocation.ratio import RatioSource
 from otel_vgpu.allocation.shares import AllocationSource
 from otel_vgpu.collect.aggregate import GpuReading, GpuRow, Snapshot, aggregate
@@ -27,7 +28,6 @@ from otel_vgpu.collect.usage import Usage, accumulate
 from otel_vgpu.config import DEFAULT_MPS_SERVER_NAMESPACES
 from otel_vgpu.gpu.backend import ErrorCode, GpuBackend, GpuError
 from otel_vgpu.gpu.pidns import blind_gpus, blind_message, in_host_pid_namespace
-from otel_vgpu.health import SWEEP_STAGES, Health, Reader, Refusal, Stage
 from otel_vgpu.pods.attribution import Attribution, Attributor
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodDirectory
@@ -59,7 +59,7 @@ class Sampler:
         directory: PodDirectory,
         allocation: AllocationSource,
         ratio: RatioSource,
-        health: Health | None = None,
+        health: AgentHealth | None = None,
         by_container: bool = False,
         clock: Callable[[], float] = time.monotonic,
         host_pid_namespace: bool | None = None,
@@ -83,7 +83,7 @@ class Sampler:
         self._directory = directory
         self._allocation = allocation
         self._ratio = ratio
-        self._health = health or Health()
+        self._health = health or AgentHealth()
         self._by_container = by_container
         self._clock = clock
         self._reader = reader or GpuReader(backend, clock)
@@ -439,7 +439,7 @@ class Sampler:
         return settled if len(kept) == len(settled.earlier_use) else dataclasses.replace(settled, earlier_use=kept)
 
     def watch(self) -> float:
-        """One look at every GPU between sweeps (collect/watch.py): never beside a sweep, while
+        """One look at every GPU between sweeps (collect/process_watch.py): never beside a sweep, while
         the driver is paused, or before the first sweep. The seconds it took, once it had the
         sweeps' lock."""
         with self._lock:

@@ -172,7 +172,9 @@ def split_pending(joules: float, idle_watts: float, pending: Pending) -> EnergyS
     idle = min(mine, max(0.0, idle_watts) * known)
     active = mine - idle
     parts = {}
-    for key in pending.held.keys() | pending.ran.keys():
+    # In a fixed order: the parts are summed below, and a float sum in set order (which
+    # follows the string hash, seeded per process) moved the last digit from run to run.
+    for key in sorted(pending.held.keys() | pending.ran.keys()):
         idle_part = idle * pending.held.get(key, 0.0) / known
         active_part = active * pending.ran.get(key, 0.0) / pending.busy if pending.busy > 0 else 0.0
         parts[key] = idle_part + active_part

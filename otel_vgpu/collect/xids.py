@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from otel_vgpu.agent_health import AgentHealth, Reader, Stage
 from otel_vgpu.collect.deadline import CallThread
 from otel_vgpu.gpu.backend import GpuBackend, GpuError, XidEvent
 from otel_vgpu.gpu.device_figures import MAX_XID_CODES
-from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class XidWatch:
         self,
         backend: GpuBackend,
         counts: XidCounts,
-        health: Health,
+        health: AgentHealth,
         gpus: Callable[[], Sequence[int]],
         most_per_s: int = MAX_XID_EVENTS_PER_S,
         deadline_s: float = XID_DEADLINE_S,

@@ -126,7 +126,7 @@ class Endpoint:
         if no_cache(request.headers):
             return _as(fmt, await self._shared(fmt, compress, fresh=True))
         # Scrapes within --min-interval of each other share the sweep, and the body too; while a
-        # reader is stuck past its deadline, each is rendered anew to say so (health.py `began`).
+        # reader is stuck past its deadline, each is rendered anew to say so (agent_health.py `AgentHealth.began`).
         cached = self._bodies.get((fmt.body, compress))
         if (
             cached is not None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_vgpu.health import Health, Stage
+from otel_vgpu.agent_health import AgentHealth, Stage
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class Watched:
 class CredentialWatch:
     """Looks at each watched group every `every_s` seconds, on a thread of its own."""
 
-    def __init__(self, groups: Sequence[Watched], health: Health, every_s: float = CHECK_EVERY_S) -> None:
+    def __init__(self, groups: Sequence[Watched], health: AgentHealth, every_s: float = CHECK_EVERY_S) -> None:
         self._groups = list(groups)
         for group in self._groups:
             group.seen = signature(group.paths)

@@ -4,13 +4,13 @@ its exports."""
 
 from __future__ import annotations
 
+from otel_vgpu.agent_health import Pass, Reader, Stage
 from otel_vgpu.collect.device_health import HEALTH_DEADLINE_S
 from otel_vgpu.collect.gpm_reads import GPM_DEADLINE_S
 from otel_vgpu.collect.sampler import SWEEP_DEADLINE_S
 from otel_vgpu.collect.xids import XID_DEADLINE_S
 from otel_vgpu.export.family import Family, Feature, Instrument
 from otel_vgpu.export.subjects import AGENT, READERS, REFUSALS, STAGES, SWEEPS
-from otel_vgpu.health import Pass, Reader, Stage
 
 
 def _answered(last: Pass | None) -> float | None:
@@ -24,6 +24,7 @@ AGENT_FAMILIES = (
         "s",
         SWEEPS,
         "Time one sweep of NVML, /proc and the sources took.",
+        prometheus_name="vgpu_agent_collection_duration_seconds",
         value=lambda seconds: seconds,
         instrument=Instrument.HISTOGRAM,
         buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
@@ -48,6 +49,7 @@ AGENT_FAMILIES = (
         "reader reads on a cadence of its own, off the scrape's path, and a collection serves its last pass, or "
         "how long its pass in flight has run once that is past its deadline. A reader that is off has no series "
         "(vgpu_agent_reader_success says when).",
+        prometheus_name="vgpu_agent_reader_duration_seconds",
         value=lambda row: row[1].seconds,
     ),
     Family(
@@ -67,6 +69,7 @@ AGENT_FAMILIES = (
         "process_watch with --watch-interval 0, pod_resources without the Kubernetes API or with "
         "--no-pod-resources, api_pods and api_node without the Kubernetes API, api_bind_requests with --kai off "
         "or, with auto, until a reservation pod of KAI's runs on the node.",
+        prometheus_name="vgpu_agent_reader_success",
         value=lambda row: float(row[1].ok),
     ),
     Family(
@@ -75,6 +78,7 @@ AGENT_FAMILIES = (
         AGENT,
         "GPUs in use whose processes NVML does not list to the agent, which is outside the host's PID namespace "
         "(hostPID missing); 0 when the agent sees every process.",
+        prometheus_name="vgpu_agent_blind_gpus",
         value=lambda seen: len(seen.snapshot.blind),
     ),
     Family(
@@ -84,6 +88,7 @@ AGENT_FAMILIES = (
         "1 while NVML is released because the GPU Operator is upgrading this node's driver "
         "(a nvidia.com/gpu.deploy.* node label says paused-for-driver-upgrade); GPU and pod families are "
         "left out meanwhile. 0 otherwise.",
+        prometheus_name="vgpu_agent_driver_paused",
         value=lambda seen: 1 if seen.snapshot.paused else 0,
     ),
     Family(
@@ -93,6 +98,7 @@ AGENT_FAMILIES = (
         "1 when the last call to the kubelet's pod-resources API answered, 0 when it failed (shares then come "
         "from pod limits: no idle allocations, ratio auto reads 1); absent without the Kubernetes API or with "
         "--no-pod-resources.",
+        prometheus_name="vgpu_agent_pod_resources_up",
         value=lambda seen: _answered(seen.health.last_pass(Reader.POD_RESOURCES)),
     ),
     Family(
@@ -100,6 +106,7 @@ AGENT_FAMILIES = (
         "{error}",
         STAGES,
         "Failures during sweeps, by stage.",
+        prometheus_name="vgpu_agent_collection_errors_total",
         value=lambda stage_count: stage_count[1],
         instrument=Instrument.COUNTER,
     ),
@@ -117,6 +124,7 @@ AGENT_FAMILIES = (
         "share from them), kai_reservation (a pod that would be one of KAI's reservation pods and is not: it holds "
         "no fraction) and kai_overcommit (KAI fractions on one GPU adding up to more than 1: scaled down). "
         "docs/trust.md says why.",
+        prometheus_name="vgpu_agent_refusals_total",
         value=lambda row: row[1],
         instrument=Instrument.COUNTER,
     ),
@@ -125,6 +133,7 @@ AGENT_FAMILIES = (
         "{export}",
         AGENT,
         "OTLP exports that failed (with the push on).",
+        prometheus_name="vgpu_agent_export_failures_total",
         value=lambda seen: seen.health.counts()[Stage.EXPORT],
         instrument=Instrument.COUNTER,
         needs=Feature.OTLP,

@@ -3,8 +3,9 @@
 Each entry (a `Family`, export/family.py) has its OpenTelemetry instrument name and UCUM
 unit, the kind of instrument, its `Subject` (export/subjects.py: which rows of a collection
 it has a series for, and the labels of each), how its value is read from one of those rows,
-and the Prometheus name a scrape shows (`prometheus_name`, the OpenTelemetry-to-Prometheus
-rules of opentelemetry-exporter-prometheus). The entries are written by subject, in
+and the Prometheus name a scrape shows (`prometheus_name`, written out and held by
+tests/test_families.py to the OpenTelemetry-to-Prometheus rules of
+opentelemetry-exporter-prometheus). The entries are written by subject, in
 export/pod_families.py, gpu_families.py and agent_families.py, those made from gpu/'s figure
 tables in export/figure_families.py; `FAMILIES` is their one table. The telemetry builds
 every instrument from it in one loop, as kube-state-metrics builds its families from
@@ -12,22 +13,7 @@ every instrument from it in one loop, as kube-state-metrics builds its families 
 (`scripts/gen-metric-tables.py`, checked current by tests/test_docs.py), and
 tests/test_families.py tests each subject's families as rows in, observations out.
 
-Adding a family, by where its value comes from (docs/layout.md, "Adding a figure", says
-each step):
-- a value a row already has: one entry in its subject's table (export/pod_families.py,
-  gpu_families.py or agent_families.py) and its case in tests/test_families.py;
-- a new engine per process: one `Engine` in gpu/backend.py's ENGINE_TABLE and its
-  `ProcessUse` field; NVML's reads, the per-pod and per-GPU families
-  (export/figure_families.py) and the simulated node's scenario field all follow;
-- a health figure: one `HealthFigure` in gpu/device_figures.py's HEALTH_TABLE, which holds
-  its read, its simulated value in sim/health.py's SIMULATED, and its case in
-  tests/test_nvml_health.py; its family follows (export/figure_families.py);
-- any other NVML figure: its field on `Device` (gpu/backend.py), its read in gpu/nvml.py
-  through the seam (gpu/nvml_session.py) and its value on the simulated node (sim/node.py),
-  then one entry in export/gpu_families.py; a counter carried across sweeps adds its rule in
-  collect/usage.py.
-Then `scripts/gen-metric-tables.py` rewrites docs/metrics.md's tables and lists, and
-`scripts/gen-dcgm-rules.py` the dcgm-exporter rules of a figure with a dcgm field.
+How to add a family, by where its value comes from: docs/layout.md, "Adding a figure".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A family of the metric contract, typed: its name, unit, instrument, subject, how its value
-is read from a row, what it needs turned on, what a sweep must read for it and its form under
-the semantic conventions; and the Prometheus name a scrape shows (`prometheus_name`, the
-OpenTelemetry-to-Prometheus rules of opentelemetry-exporter-prometheus)."""
+is read from a row, the Prometheus name a scrape shows (`prometheus_name`, the
+OpenTelemetry-to-Prometheus rules of opentelemetry-exporter-prometheus), what it needs turned
+on, what a sweep must read for it and its form under the semantic conventions."""
 
 from __future__ import annotations
 
@@ -33,22 +33,6 @@ class Feature(str, Enum):
     the family: a scrape leaves it out (export/telemetry.py), as does the push of the agent's names."""
 
 
-# UCUM units and the suffix they give a Prometheus name, on a scrape and
-# through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
-# specification's rule, which sdk_internals.py applies to the exporter); a
-# unit in braces is an annotation and adds nothing.
-_UNIT_SUFFIXES = {
-    "By": "bytes",
-    "s": "seconds",
-    "J": "joules",
-    "1": "ratio",
-    "Hz": "hertz",
-    "Cel": "celsius",
-    "W": "watts",
-    "By/s": "bytes_per_second",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class Family(Generic[Row]):
     name: str
@@ -58,6 +42,10 @@ class Family(Generic[Row]):
     description: str
     value: Callable[[Row], float | None]
     """Its value in one row of its subject; None: no series for that row."""
+    prometheus_name: str
+    """Its name in a scrape of /metrics, as the exposition makes it from its name, unit and
+    instrument (the OpenTelemetry-to-Prometheus rules; tests/test_families.py holds each to
+    them), written out so that a search for what a dashboard shows finds its declaration."""
     instrument: Instrument = Instrument.GAUGE
     needs: Feature | None = None
     reads: frozenset[Read] = frozenset()
@@ -74,19 +62,37 @@ class Family(Generic[Row]):
         return self.subject.labels
 
     @property
-    def prometheus_name(self) -> str:
-        """The family's name in a scrape of /metrics."""
-        name = self.name.replace(".", "_")
-        suffix = "" if self.unit.startswith("{") else _UNIT_SUFFIXES.get(self.unit, self.unit)
-        if suffix and not name.endswith(f"_{suffix}"):
-            name = f"{name}_{suffix}"
-        return f"{name}_total" if self.instrument is Instrument.COUNTER else name
-
-    @property
     def names(self) -> tuple[str, ...]:
         """Every name it goes by: on the scrape, on the push, and on the push under the
         semantic conventions (a name several families share, such as `hw.gpu.utilization`)."""
         return (self.prometheus_name, self.name, *((self.semconv.name,) if self.semconv is not None else ()))
+
+
+# UCUM units and the suffix they give a Prometheus name, on a scrape and
+# through Prometheus' OTLP ingestion alike (unit "1": "ratio", the
+# specification's rule, which sdk_internals.py applies to the exporter); a
+# unit in braces is an annotation and adds nothing.
+_UNIT_SUFFIXES = {
+    "By": "bytes",
+    "s": "seconds",
+    "J": "joules",
+    "1": "ratio",
+    "Hz": "hertz",
+    "Cel": "celsius",
+    "W": "watts",
+    "By/s": "bytes_per_second",
+}
+
+
+def scraped_name(name: str, unit: str, instrument: Instrument = Instrument.GAUGE) -> str:
+    """The name in a scrape of a family of OpenTelemetry name `name`, `unit` and `instrument`: for
+    the families made several from one figure entry (export/figure_families.py), where the
+    entry cannot spell each out."""
+    scraped = name.replace(".", "_")
+    suffix = "" if unit.startswith("{") else _UNIT_SUFFIXES.get(unit, unit)
+    if suffix and not scraped.endswith(f"_{suffix}"):
+        scraped = f"{scraped}_{suffix}"
+    return f"{scraped}_total" if instrument is Instrument.COUNTER else scraped
 
 
 # Per-process figures are fitted under the GPU's own samples; the energy split needs both.

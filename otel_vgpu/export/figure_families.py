@@ -1,7 +1,9 @@
 """The families made from the figure tables of gpu/: the engines beside SM (gpu/backend.py
 `ENGINE_TABLE`), GPM's figures and the health figures (gpu/device_figures.py `GPM_TABLE`,
 `HEALTH_TABLE`). An entry there makes its families here, per pod and per GPU, with their
-help texts; export/pod_families.py and export/gpu_families.py place them in their tables."""
+help texts, each entry's kept by its name (`ENGINE_FAMILIES`, `GPM_FAMILIES_OF`,
+`HEALTH_FAMILIES`), so that code and tests find a figure's families by its declaration;
+export/pod_families.py and export/gpu_families.py place them in their tables."""
 
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ from otel_vgpu.collect.aggregate import GpuRow, PodRow
 from otel_vgpu.collect.device_health import HealthRow
 from otel_vgpu.collect.reading import Read
 from otel_vgpu.conventions import gpu_io, gpu_utilization, pod_gpu_time, pod_gpu_utilization
-from otel_vgpu.export.family import Family, Feature, Instrument
+from otel_vgpu.export.family import Family, Feature, Instrument, scraped_name
 from otel_vgpu.export.subjects import ENDED, GPU, GPU_HEALTH, POD, POD_COUNTED
 from otel_vgpu.gpu.backend import ENGINE_TABLE
-from otel_vgpu.gpu.device_figures import GPM_TABLE, GpmFigure, HealthFigure
+from otel_vgpu.gpu.device_figures import GPM_TABLE, HEALTH_TABLE, GpmFigure, HealthFigure
 
 # The engines beside SM (gpu/backend.py ENGINE_TABLE): what each one's figure is, for the help
 # texts, and its hw.gpu.task on the semantic-conventions push.
@@ -68,6 +70,7 @@ def engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Family
             POD,
             f"The pod's share of {meaning}, {_ENGINE_WINDOW}; the pods' sum is at most the GPU's. {_ENGINE_ABSENT}",
             value=_pod_engine(engine),
+            prometheus_name=f"vgpu_pod_{engine}_utilization_ratio",
             reads=_ENGINE_READS,
             semconv=pod_gpu_utilization(task) if task else None,
         ),
@@ -78,6 +81,7 @@ def engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Family
             f"Busy seconds of the pod on {meaning}: its figure integrated over each engine window, so rate() over "
             f"any range is its mean use there. {_ENGINE_ABSENT} {ENDED}",
             value=_pod_engine_busy(engine),
+            prometheus_name=f"vgpu_pod_{engine}_busy_seconds_total",
             reads=_ENGINE_READS,
             instrument=Instrument.COUNTER,
             semconv=pod_gpu_time(task) if task else None,
@@ -89,6 +93,7 @@ def engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Family
             f"The GPU's own figure of {meaning}, the mean of NVML's samples {_ENGINE_WINDOW}. Absent on a GPU "
             "without that engine, in MIG mode, and until the first window closes.",
             value=_gpu_engine(engine),
+            prometheus_name=f"vgpu_gpu_{engine}_utilization_ratio",
             reads=_ENGINE_READS,
             semconv=gpu_utilization(task) if task else None,
         ),
@@ -98,6 +103,7 @@ def engine_families(engine: str) -> tuple[Family[PodRow], Family[PodRow], Family
             GPU,
             f"Busy seconds of the GPU on {meaning}: its figure integrated over each engine window.",
             value=_gpu_engine_busy(engine),
+            prometheus_name=f"vgpu_gpu_{engine}_busy_seconds_total",
             reads=_ENGINE_READS,
             instrument=Instrument.COUNTER,
         ),
@@ -120,6 +126,7 @@ def health_family(figure: HealthFigure) -> Family[HealthRow]:
         f"{figure.meaning} Absent where the GPU or driver does not report it (said once in the log), "
         "never 0 in its place.",
         value=lambda row: row.figures.get(name),
+        prometheus_name=figure.prometheus_name,
         reads=HEALTH_READS,
         instrument=Instrument.COUNTER if figure.counter else Instrument.GAUGE,
         semconv=figure.semconv,
@@ -127,8 +134,9 @@ def health_family(figure: HealthFigure) -> Family[HealthRow]:
 
 
 def gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
-    """A GPM figure's families: per GPU, a busy-seconds counter where it has one, a byte counter
-    where it has one (on the semantic-conventions push only), and per pod where it has one."""
+    """A GPM figure's families: per GPU (first: what scripts/gen-dcgm-rules.py reads), a
+    busy-seconds counter where it has one, a byte counter where it has one (on the
+    semantic-conventions push only), and per pod where it has one."""
     name = figure.name
     links = " Only on a GPU with NVLink." if figure.nvlink else ""
     gpu: list[Family[Any]] = [
@@ -138,6 +146,7 @@ def gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
             GPU,
             f"Of the GPU, {_GPM_WINDOW}: {figure.meaning}. {_GPM_ABSENT}{links}",
             value=lambda g: g.gpm.get(name),
+            prometheus_name=scraped_name(f"vgpu.gpu.{name}", figure.unit),
             reads=GPM_READS,
         )
     ]
@@ -150,6 +159,7 @@ def gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
                 f"Busy seconds of the GPU by its {name} figure ({figure.meaning}), integrated over each GPM "
                 f"window, so rate() over any range is its mean there. {_GPM_ABSENT}",
                 value=lambda g: g.gpm_busy_seconds.get(name),
+                prometheus_name=scraped_name(f"vgpu.gpu.{name.removesuffix('.active')}.busy", "s", Instrument.COUNTER),
                 reads=GPM_READS,
                 instrument=Instrument.COUNTER,
             )
@@ -163,6 +173,7 @@ def gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
                 f"Bytes of the GPU's {name} figure ({figure.meaning}): its rate times each GPM window, summed. "
                 f"Pushed only with --otlp-names semconv, as hw.gpu.io; never scraped. {_GPM_ABSENT}",
                 value=lambda g: g.gpm_bytes.get(name),
+                prometheus_name=scraped_name(f"vgpu.gpu.{name}.bytes", "By", Instrument.COUNTER),
                 reads=GPM_READS,
                 instrument=Instrument.COUNTER,
                 needs=Feature.SEMCONV,
@@ -181,10 +192,20 @@ def gpm_families(figure: GpmFigure) -> tuple[Family[Any], ...]:
                 "(vgpu_gpu_gpm_shared_windows_total counts them; deploy/ has a recording rule that estimates a "
                 "split, named as an estimate), and without GPM.",
                 value=lambda r: r.gpm.get(name),
+                prometheus_name=scraped_name(f"vgpu.pod.{name}", figure.unit),
                 reads=GPM_READS,
             )
         )
     return tuple(gpu)
 
 
-GPM_FAMILIES = tuple(family for figure in GPM_TABLE for family in gpm_families(figure))
+ENGINE_FAMILIES = {
+    engine.name: tuple(f for f in engine_families(engine.name) if engine.per_pod or f.subject is GPU)
+    for engine in ENGINE_TABLE
+}
+"""Each engine's families, by its name: per pod (where `per_pod`) and per GPU."""
+GPM_FAMILIES_OF = {figure.name: gpm_families(figure) for figure in GPM_TABLE}
+"""Each GPM figure's families, by its name."""
+GPM_FAMILIES = tuple(family for families in GPM_FAMILIES_OF.values() for family in families)
+HEALTH_FAMILIES = {figure.name: health_family(figure) for figure in HEALTH_TABLE}
+"""Each health figure's family, by its name."""

@@ -28,11 +28,11 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, MetricsData
 
+from otel_vgpu.agent_health import AgentHealth, Stage
 from otel_vgpu.export.otlp_failures import export_or_reason, listen_to_exporters
 from otel_vgpu.export.semconv import translate
 from otel_vgpu.files import MAX_PEM_BYTES, FileProblem, read_regular
 from otel_vgpu.flag_values import MIN_INTERVAL_S, OTLP_SEMCONV
-from otel_vgpu.health import Health, Stage
 from otel_vgpu.logs import LogLimit
 from otel_vgpu.threads import NamedThread
 
@@ -187,7 +187,7 @@ class OtlpPusher(MetricReader):
         settings: OtlpSettings,
         scope: Callable[[], Any],
         after_collect: Callable[[MetricReader], None],
-        health: Health,
+        health: AgentHealth,
         cardinality_limits: Any = None,
     ) -> None:
         super().__init__(

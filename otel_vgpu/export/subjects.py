@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from otel_vgpu.agent_health import COLLECTION_STAGES, AgentHealth, Pass, Reader, Refusal, Stage
 from otel_vgpu.collect.aggregate import GpuRow, PodRow, Snapshot
 from otel_vgpu.collect.device_health import HealthRow
 from otel_vgpu.collect.lost_gpus import GpuIdentity, identity_of
 from otel_vgpu.collect.xids import XidCount
-from otel_vgpu.health import COLLECTION_STAGES, Health, Pass, Reader, Refusal, Stage
 
 MIB = 1024 * 1024
 
@@ -29,7 +29,7 @@ class Observed:
     health figures and XID counts as read for this collection."""
 
     snapshot: Snapshot
-    health: Health
+    health: AgentHealth
     devices: tuple[HealthRow, ...] = ()
     xids: tuple[XidCount, ...] = ()
 
@@ -255,7 +255,7 @@ so a histogram of this subject records each sweep once, at the start of a collec
 READERS: Subject[tuple[Reader, Pass]] = Subject(
     "readers", ("reader",), lambda seen: seen.health.passes(), lambda row: {"reader": row[0].value}, per_snapshot=False
 )
-"""Each of the agent's readers that has made a pass, its last one (otel_vgpu/health.py `Reader`)."""
+"""Each of the agent's readers that has made a pass, its last one (otel_vgpu/agent_health.py `Reader`)."""
 
 SUBJECTS: tuple[Subject[Any], ...] = (
     POD,

@@ -36,6 +36,7 @@ from prometheus_client import exposition as prometheus_text
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from otel_vgpu import __version__
+from otel_vgpu.agent_health import AgentHealth
 from otel_vgpu.collect.aggregate import Snapshot
 from otel_vgpu.collect.device_health import DeviceHealth, HealthRow
 from otel_vgpu.collect.sampler import Sampler
@@ -53,7 +54,6 @@ from otel_vgpu.export.sdk_internals import (
     use_ratio_suffix,
 )
 from otel_vgpu.flag_values import OTLP_SEMCONV
-from otel_vgpu.health import Health
 from otel_vgpu.memory import trim
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class CollectionScope:
         finally:
             self._local.snapshot = None
 
-    def seen(self, health: Health) -> Observed:
+    def seen(self, health: AgentHealth) -> Observed:
         """What this collection reads: its snapshot, and the GPUs' health and XID counts read for it."""
         return Observed(self.snapshot(), health, getattr(self._local, "devices", ()), getattr(self._local, "xids", ()))
 
@@ -146,7 +146,7 @@ class Telemetry:
     def __init__(
         self,
         sampler: Sampler,
-        health: Health,
+        health: AgentHealth,
         min_interval: float,
         node_name: str,
         seed_metrics: bool,

@@ -1,21 +1,23 @@
 """Each GPU's health and efficiency figures, declared once: how NVML gives each (a health
-figure's read: its call by name, arguments, scale and what means absent; a GPM metric's ID),
-the unit each is published in, what it means, and the dcgm-exporter field it answers.
+figure's read: its call by name, arguments, the element of the answer it takes, scale and what
+means absent; a GPM metric's ID), the unit each is published in and its family's name as a
+scrape shows it, what it means, and the dcgm-exporter field it answers.
 
 Health figures are read every 10 s off the scrape's path (collect/device_health.py), not every sweep: each is
 one NVML call of under a millisecond (nvmlDeviceGetClockInfo, GetTemperatureV, GetPowerUsage,
 GetFieldValues...), and nobody reads a temperature every 2 s. Efficiency figures come from
 GPM (GPU Performance Monitoring, Hopper and newer: nvmlGpmSampleGet, nvmlGpmMetricsGet), read
-once per engine window (collect/reading.py), over the window. A family per figure follows
-from these tables (export/figure_families.py), as do the NVML reads (gpu/nvml_health.py) and the
-dcgm-exporter names (scripts/gen-dcgm-rules.py); the simulated node has a value for each
-health figure (sim/health.py's `SIMULATED`), which tests/test_device_health.py holds to the
-table, as tests/test_nvml_health.py holds the NVML double's answers.
+once per engine window (collect/reading.py), over the window. Everything else follows from
+these tables: the families (export/figure_families.py), the NVML reads (gpu/nvml_health.py),
+the simulated values (sim/ answers each figure of the table), the dcgm-exporter names
+(scripts/gen-dcgm-rules.py) and the docs' tables. How to add a figure: docs/layout.md,
+"Adding a figure".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from otel_vgpu.conventions import Form, Kind, errors, temperature
 from otel_vgpu.gpu.backend import ABSENT, ErrorCode
@@ -31,14 +33,19 @@ ECC_CORRECTED, ECC_UNCORRECTED, ECC_VOLATILE = 0, 1, 0
 FIELD_MEMORY_TEMP = 82
 FIELD_POWER_CAP_NS = 74
 FIELD_THERMAL_NS = 269
-# The compound reads (gpu/nvml_health.py `READS`): one call for several figures, or a call
-# asked only where another allows it.
+# The compound reads (gpu/nvml_health.py `READS`): one call for several figures of different
+# arguments, or a call asked only where another allows it.
 FIELD_VALUES = "field_values"
 """nvmlDeviceGetFieldValues, once for every figure of this read, each its field ID in `args`."""
 ECC = "ecc"
 """nvmlDeviceGetTotalEccErrors, only where nvmlDeviceGetEccMode (asked once a session) says ECC is on."""
-REMAPPED_ROWS = "remapped_rows"
-"""nvmlDeviceGetRemappedRows, once: each figure its place in the answer, in `args`."""
+# What nvidia-ml-py answers as a tuple, by call: each element named as nvml.h names the output
+# parameter it holds, so that a figure `take`s its element by name. A struct's fields have
+# their names already (nvidia-ml-py's ctypes structures, as nvml.h's).
+TUPLES = {
+    "nvmlDeviceGetRemappedRows": ("corrRows", "uncRows", "isPending", "failureOccurred"),
+    "nvmlDeviceGetEncoderStats": ("sessionCount", "averageFps", "averageLatency"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,9 @@ class HealthFigure:
     unit: str
     """UCUM, as the family's (Hz, Cel, W, s, or an annotation such as {error})."""
     meaning: str
+    prometheus_name: str = ""
+    """Its family's name as a scrape shows it, written out so that a search for what a dashboard
+    shows finds the figure (tests/test_families.py holds it to the exposition's naming rules)."""
     counter: bool = False
     """It only grows while the driver stays loaded (a reload counts from 0 again)."""
     dcgm: str = ""
@@ -62,7 +72,11 @@ class HealthFigure:
     GPU's handle and `args`."""
     args: tuple[int, ...] = ()
     """`call`'s arguments after the handle; for a compound `read`, what that read takes for this
-    figure (a field ID, a place in the answer)."""
+    figure (a field ID)."""
+    take: str = ""
+    """The element of `call`'s answer that is the figure, where the answer holds several: a
+    field of its struct, or an element of its tuple by the name `TUPLES` gives it. The figures
+    of one call and arguments share that one call. Empty: the answer is the figure."""
     scale: float = 1.0
     """NVML's number times `scale` is the figure (MHz to Hz: 1e6); a scale under 1 (mW to W: 1e-3,
     ns to s: 1e-9) divides by its whole inverse, which rounds once (`published`)."""
@@ -74,7 +88,12 @@ class HealthFigure:
     not asked again this NVML session. Any other error costs the figure that reading alone."""
     read: str = ""
     """The compound read that serves it with the others of the same `read` (`FIELD_VALUES`,
-    `ECC`, `REMAPPED_ROWS`); empty: `call` alone."""
+    `ECC`); empty: `call`, shared by the figures of the same call and arguments."""
+    engine: str = ""
+    """The engine (gpu/backend.py `ENGINES`) a GPU must have for the figure to be its: NVML
+    answers a video engine's calls alike on a GPU without one (an H200 reads encoder
+    utilization 0: bench/results/h200-engine-figures.md), so the figure is left out on a GPU
+    that lacks the engine, as the engine's own families are. Empty: every GPU."""
     semconv: Form | None = None
     """Its family's form on the push with --otlp-names semconv (otel_vgpu/conventions.py); None:
     it keeps its name there."""
@@ -83,12 +102,21 @@ class HealthFigure:
         """NVML's number `value` in the unit the figure is published in."""
         return value * self.scale if self.scale >= 1 else value / round(1 / self.scale)
 
+    def taken(self, answer: Any) -> Any:
+        """The figure's element of its call's `answer` (`take`), NVML's number."""
+        if not self.take:
+            return answer
+        if isinstance(answer, tuple | list):
+            return answer[TUPLES[self.call].index(self.take)]
+        return getattr(answer, self.take)
+
 
 HEALTH_TABLE = (
     HealthFigure(
         "sm.clock",
         "Hz",
         "The SM clock (nvmlDeviceGetClockInfo, NVML_CLOCK_SM).",
+        prometheus_name="vgpu_gpu_sm_clock_hertz",
         dcgm="DCGM_FI_DEV_SM_CLOCK",
         dcgm_scale=1e-6,
         call="nvmlDeviceGetClockInfo",
@@ -99,6 +127,7 @@ HEALTH_TABLE = (
         "memory.clock",
         "Hz",
         "The memory clock (nvmlDeviceGetClockInfo, NVML_CLOCK_MEM).",
+        prometheus_name="vgpu_gpu_memory_clock_hertz",
         dcgm="DCGM_FI_DEV_MEM_CLOCK",
         dcgm_scale=1e-6,
         call="nvmlDeviceGetClockInfo",
@@ -109,6 +138,7 @@ HEALTH_TABLE = (
         "temperature",
         "Cel",
         "The GPU die's temperature.",
+        prometheus_name="vgpu_gpu_temperature_celsius",
         dcgm="DCGM_FI_DEV_GPU_TEMP",
         call="nvmlDeviceGetTemperatureV",
         args=(TEMPERATURE_GPU,),
@@ -119,6 +149,7 @@ HEALTH_TABLE = (
         "memory.temperature",
         "Cel",
         "The memory's temperature (NVML field NVML_FI_DEV_MEMORY_TEMP; HBM GPUs).",
+        prometheus_name="vgpu_gpu_memory_temperature_celsius",
         dcgm="DCGM_FI_DEV_MEMORY_TEMP",
         call="nvmlDeviceGetFieldValues",
         args=(FIELD_MEMORY_TEMP,),
@@ -129,6 +160,7 @@ HEALTH_TABLE = (
         "power",
         "W",
         "Power drawn by the board (nvmlDeviceGetPowerUsage: a 1 s average on Ampere, GA100 aside, and newer).",
+        prometheus_name="vgpu_gpu_power_watts",
         dcgm="DCGM_FI_DEV_POWER_USAGE",
         call="nvmlDeviceGetPowerUsage",
         scale=1e-3,
@@ -138,6 +170,7 @@ HEALTH_TABLE = (
         "power.limit",
         "W",
         "The power limit the driver enforces, after every limiter (nvmlDeviceGetEnforcedPowerLimit).",
+        prometheus_name="vgpu_gpu_power_limit_watts",
         dcgm="DCGM_FI_DEV_POWER_MGMT_LIMIT",
         call="nvmlDeviceGetEnforcedPowerLimit",
         scale=1e-3,
@@ -146,6 +179,7 @@ HEALTH_TABLE = (
         "pcie.replays",
         "{replay}",
         "PCIe replays: link-level retransmissions, a sign of a failing link or riser (nvmlDeviceGetPcieReplayCounter).",
+        prometheus_name="vgpu_gpu_pcie_replays_total",
         counter=True,
         dcgm="DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
         call="nvmlDeviceGetPcieReplayCounter",
@@ -156,6 +190,7 @@ HEALTH_TABLE = (
         "Why the clocks are below their maximum now, NVML's bitmask (nvmlDeviceGetCurrentClocksEventReasons): "
         "0x1 idle, 0x4 software power cap, 0x8 hardware slowdown, 0x10 sync boost, 0x20 software thermal, "
         "0x40 hardware thermal, 0x80 hardware power brake. docs/metrics.md has PromQL for each bit.",
+        prometheus_name="vgpu_gpu_clock_event_reasons",
         dcgm="DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
         call="nvmlDeviceGetCurrentClocksEventReasons",
         older=("nvmlDeviceGetCurrentClocksThrottleReasons",),
@@ -165,6 +200,7 @@ HEALTH_TABLE = (
         "s",
         "Time the clocks were held below their target by the power cap (NVML field "
         "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP, nanoseconds).",
+        prometheus_name="vgpu_gpu_power_violation_seconds_total",
         counter=True,
         dcgm="DCGM_FI_DEV_POWER_VIOLATION",
         dcgm_scale=1e9,
@@ -178,6 +214,7 @@ HEALTH_TABLE = (
         "s",
         "Time the clocks were held below their target for heat (NVML field "
         "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, nanoseconds).",
+        prometheus_name="vgpu_gpu_thermal_violation_seconds_total",
         counter=True,
         dcgm="DCGM_FI_DEV_THERMAL_VIOLATION",
         dcgm_scale=1e9,
@@ -191,6 +228,7 @@ HEALTH_TABLE = (
         "{error}",
         "Corrected (single-bit) ECC errors since the driver loaded (nvmlDeviceGetTotalEccErrors, volatile); "
         "absent with ECC off.",
+        prometheus_name="vgpu_gpu_ecc_corrected_total",
         counter=True,
         dcgm="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         call="nvmlDeviceGetTotalEccErrors",
@@ -203,6 +241,7 @@ HEALTH_TABLE = (
         "{error}",
         "Uncorrected (double-bit) ECC errors since the driver loaded: data was lost, the GPU needs attention; "
         "absent with ECC off.",
+        prometheus_name="vgpu_gpu_ecc_uncorrected_total",
         counter=True,
         dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         call="nvmlDeviceGetTotalEccErrors",
@@ -214,38 +253,48 @@ HEALTH_TABLE = (
         "remapped.rows.correctable",
         "{row}",
         "Memory rows remapped after correctable errors (nvmlDeviceGetRemappedRows; Ampere and newer, not in MIG mode).",
+        prometheus_name="vgpu_gpu_remapped_rows_correctable_total",
         counter=True,
         dcgm="DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
         call="nvmlDeviceGetRemappedRows",
-        args=(0,),
-        read=REMAPPED_ROWS,
+        take="corrRows",
     ),
     HealthFigure(
         "remapped.rows.uncorrectable",
         "{row}",
         "Memory rows remapped after uncorrectable errors.",
+        prometheus_name="vgpu_gpu_remapped_rows_uncorrectable_total",
         counter=True,
         dcgm="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         call="nvmlDeviceGetRemappedRows",
-        args=(1,),
-        read=REMAPPED_ROWS,
+        take="uncRows",
     ),
     HealthFigure(
         "remapped.rows.pending",
         "",
         "1 while a row remap waits for the GPU's next reset to take effect, else 0.",
+        prometheus_name="vgpu_gpu_remapped_rows_pending",
         call="nvmlDeviceGetRemappedRows",
-        args=(2,),
-        read=REMAPPED_ROWS,
+        take="isPending",
     ),
     HealthFigure(
         "remapped.rows.failure",
         "",
         "1 when a row remap failed (the GPU has no spare rows left for that bank): replace or reset the GPU; else 0.",
+        prometheus_name="vgpu_gpu_remapped_rows_failure",
         dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",
         call="nvmlDeviceGetRemappedRows",
-        args=(3,),
-        read=REMAPPED_ROWS,
+        take="failureOccurred",
+    ),
+    HealthFigure(
+        "encoder.sessions",
+        "{session}",
+        "Encoding sessions open on the GPU's video encoders (NVENC), every process's (nvmlDeviceGetEncoderStats); "
+        "none on a GPU without an encoder (A100, H100, H200).",
+        prometheus_name="vgpu_gpu_encoder_sessions",
+        call="nvmlDeviceGetEncoderStats",
+        take="sessionCount",
+        engine="encoder",
     ),
 )
 HEALTH_FIGURES = tuple(figure.name for figure in HEALTH_TABLE)

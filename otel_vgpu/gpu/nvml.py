@@ -8,6 +8,7 @@ retried with backoff, and a session lost mid-run is initialised anew, without a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -263,7 +264,15 @@ class NvmlBackend:
         return None if rates is None else float(rates.gpu) / 100.0
 
     def _engines_of(self, index: int, handle: Any) -> frozenset[str]:
-        """Which of `ENGINES` GPU `index` has and the driver reports per process.
+        """Which of `ENGINES` GPU `index` has (`_engines_held`) and the driver reports per
+        process: not those only R550's per-process call gives, where the driver lacks it."""
+        engines = self._engines_held(index, handle)
+        if self._session.lacks(PROCESSES_V2, Scope(gpu=index)):
+            return engines - V2_ONLY
+        return engines
+
+    def _engines_held(self, index: int, handle: Any) -> frozenset[str]:
+        """Which of `ENGINES` GPU `index` has, asked once per session.
 
         NVML answers the video engines' calls alike on a GPU that has the engine and on
         one that has none (an H200 reads encoder 0, capacity 100: bench/results/
@@ -282,8 +291,6 @@ class NvmlBackend:
                     for engine, (_, call) in ENGINE_FIELDS.items()
                 }
             engines = self._engines[index] = frozenset(e for e in ENGINES if counts.get(e, 1) > 0)
-        if self._session.lacks(PROCESSES_V2, Scope(gpu=index)):
-            return engines - V2_ONLY
         return engines
 
     def _profile_engine_counts(self, handle: Any) -> dict[str, int]:
@@ -460,7 +467,9 @@ class NvmlBackend:
     # --- health, efficiency, events (gpu/nvml_health.py) ------------------------------
 
     def health(self, index: int) -> HealthReading:
-        return read_health(self._handle(index), index, self._session, self._session_figures)
+        handle = self._handle(index)
+        engines = functools.partial(self._engines_held, index, handle)
+        return read_health(handle, index, self._session, self._session_figures, engines=engines)
 
     def gpm(self, index: int, gpu_instance: int | None = None) -> dict[str, float] | None:
         return self._gpm.read(self._handle(index), index, gpu_instance)

@@ -1,15 +1,17 @@
 """A GPU's health, its GPM figures and its XID events, from NVML (gpu/nvml_session.py's seam).
 
 Each health figure is read as its entry in gpu/device_figures.py's `HEALTH_TABLE` says: its
-call by name, its arguments, its scale and what NVML answers where the GPU lacks it; the
-compound reads (`READS`) serve several figures with one call. What the driver or GPU does not
-have is noted once for the NVML session and not asked again; any other failure of a read costs
-its figures that reading alone (`HealthReading.failed`), never the GPU's other figures; a lost
-GPU or session raises out, as everywhere else. Every call below answers an unprivileged
-process (measured on an H200 with driver 580 as uid 0 with no capability and as uid 65534:
-issue #39). The calls and units are nvml.h's (NVIDIA/go-nvml pkg/nvml/nvml.h, CUDA 13.3):
-clocks in MHz, power in mW, the violation counters in ns, GPM utilizations in percent and its
-byte rates in MiB/s.
+call by name, its arguments, the element of the answer it takes, its scale, the engine it
+needs and what NVML answers where the GPU lacks it; the figures of one call and arguments
+share that call, and the compound reads (`READS`) serve several figures of different
+arguments with one call. What the driver or GPU does not have is noted once for the NVML
+session, said once naming the families left out, and not asked again; any other failure of a
+read costs its figures that reading alone (`HealthReading.failed`), never the GPU's other
+figures; a lost GPU or session raises out, as everywhere else. Every call below answers an
+unprivileged process (measured on an H200 with driver 580 as uid 0 with no capability and as
+uid 65534: issue #39). The calls and units are nvml.h's (NVIDIA/go-nvml pkg/nvml/nvml.h, CUDA
+13.3): clocks in MHz, power in mW, the violation counters in ns, GPM utilizations in percent
+and its byte rates in MiB/s.
 """
 
 from __future__ import annotations
@@ -22,17 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_vgpu.gpu.backend import ABSENT, ErrorCode, FailedRead, GpuError, HealthReading, XidEvent
-from otel_vgpu.gpu.device_figures import (
-    ECC,
-    FIELD_VALUES,
-    GPM_MIN_INTERVAL_S,
-    GPM_TABLE,
-    HEALTH_FIGURES,
-    HEALTH_TABLE,
-    REMAPPED_ROWS,
-    HealthFigure,
-)
+from otel_vgpu.gpu.backend import ErrorCode, FailedRead, GpuError, HealthReading, XidEvent
+from otel_vgpu.gpu.device_figures import ECC, FIELD_VALUES, GPM_MIN_INTERVAL_S, GPM_TABLE, HEALTH_TABLE, HealthFigure
 from otel_vgpu.gpu.nvml_session import ANY_ERROR, DRIVER, SESSION_LOST, NvmlSession, Scope
 
 log = logging.getLogger(__name__)
@@ -40,7 +33,7 @@ log = logging.getLogger(__name__)
 # nvmlValueType_t to the member of nvmlValue_t that holds it.
 VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 # nvmlEnableState_t's NVML_FEATURE_ENABLED, as nvmlDeviceGetEccMode answers the current mode.
-ECC_ON = 1
+ECC_MODE, ECC_ON = "nvmlDeviceGetEccMode", 1
 # nvmlEventTypeXidCriticalError.
 EVENT_XID = 0x8
 # What every figure of a GPU would fail alike: the session lost, or the GPU fallen off the bus.
@@ -60,17 +53,18 @@ class Asking:
     """What holds for the NVML session (the backend clears it with its handles): the ECC mode."""
     failed: list[FailedRead] = field(default_factory=list)
 
-    def figure(self, label: str, name: str, *args: Any, absent: frozenset[ErrorCode] = ABSENT) -> Any:
-        """`name(handle, *args)` for the figure (or read) `label`, None where the GPU lacks it:
-        said once, as its family, and not asked again this session."""
+    def figures(self, figures: tuple[HealthFigure, ...], name: str, *args: Any) -> Any:
+        """`name(handle, *args)`, the call `figures` come from, None where the GPU lacks it (as
+        the first of them says in `absent`): said once, naming their families, and not asked
+        again this session. The absence is kept by the call and the figures' names."""
         return self.seam.query(
             name,
             self.handle,
             *args,
             default=None,
-            absent=absent,
-            scope=Scope(gpu=self.index, figure=label),
-            say=f"GPU {self.index} does not report its {label.replace('.', ' ')}: {_families_of(label)} left out",
+            absent=figures[0].absent,
+            scope=Scope(gpu=self.index, figure=",".join(figure.name for figure in figures)),
+            say=f"GPU {self.index} does not report {_what(figures, name)}: {_families(figures)} left out",
         )
 
     def failing(self, figures: tuple[HealthFigure, ...], error: GpuError) -> None:
@@ -82,31 +76,26 @@ class Asking:
 
 
 HealthRead = Callable[[Asking, tuple[HealthFigure, ...]], dict[str, float]]
-"""A read of health figures: the figures of one `HealthFigure.read` from its one call, or a plain
-figure from its own (`READS`)."""
+"""A read of health figures: the figures of one `HealthFigure.read` from its one call, or the
+figures of one call and arguments from that call (`READS`)."""
 
 
-def _plain(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
-    """One figure, one call: the newest of its calls this nvidia-ml-py has."""
-    (figure,) = figures
-    name = ask.seam.newest(figure.call, *figure.older)
-    value = ask.figure(figure.name, name, *figure.args, absent=figure.absent)
-    return {} if value is None else {figure.name: figure.published(float(value))}
+def _answer(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
+    """One call, the newest of its names this nvidia-ml-py has, for the figures of the same
+    call and arguments: each its element of the answer (`HealthFigure.take`)."""
+    first = figures[0]
+    name = ask.seam.newest(first.call, *first.older)
+    answer = ask.figures(figures, name, *first.args)
+    if answer is None:
+        return {}
+    return {figure.name: figure.published(float(figure.taken(answer))) for figure in figures}
 
 
 def _field_values(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
     """The figures NVML gives as field values: one call, each field with its own status."""
     by_id = {figure.args[0]: figure for figure in figures}
-    values = ask.seam.query(
-        figures[0].call,
-        ask.handle,
-        list(by_id),
-        default=(),
-        absent=figures[0].absent,
-        scope=Scope(gpu=ask.index, figure="fields"),
-    )
     out: dict[str, float] = {}
-    for value in values:
+    for value in ask.figures(figures, figures[0].call, list(by_id)) or ():
         figure = by_id.get(int(value.fieldId))
         if figure is not None and int(value.nvmlReturn) == 0 and int(value.valueType) in VALUE_MEMBERS:
             out[figure.name] = figure.published(float(getattr(value.value, VALUE_MEMBERS[int(value.valueType)])))
@@ -121,15 +110,15 @@ def _ecc(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
     NVML no longer gives is left out, as any figure it lacks. At 0.16 ms on an H200 the mode
     was the dearest health call after the PCIe replay counter (bench/results/h200-health.md).
     A mode that fails costs every count; a count that fails, itself alone."""
-    if (ask.index, "ecc") not in ask.kept:
-        ask.kept[(ask.index, "ecc")] = ask.figure("ecc", "nvmlDeviceGetEccMode")
-    mode = ask.kept[(ask.index, "ecc")]
+    if (ask.index, ECC_MODE) not in ask.kept:
+        ask.kept[(ask.index, ECC_MODE)] = ask.figures(figures, ECC_MODE)
+    mode = ask.kept[(ask.index, ECC_MODE)]
     if mode is None or int(mode[0]) != ECC_ON:
         return {}
     out: dict[str, float] = {}
     for figure in figures:
         try:
-            count = ask.figure(figure.name, figure.call, *figure.args, absent=figure.absent)
+            count = ask.figures((figure,), figure.call, *figure.args)
         except GpuError as error:
             ask.failing((figure,), error)
             continue
@@ -137,27 +126,19 @@ def _ecc(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
     return out
 
 
-def _remapped_rows(ask: Asking, figures: tuple[HealthFigure, ...]) -> dict[str, float]:
-    """nvmlDeviceGetRemappedRows' four numbers (corrRows, uncRows, isPending, failureOccurred)
-    from one call, each figure its place in the answer."""
-    rows = ask.figure("remapped.rows", figures[0].call, absent=figures[0].absent)
-    if rows is None:
-        return {}
-    answer = tuple(rows)
-    return {figure.name: figure.published(float(answer[figure.args[0]])) for figure in figures}
-
-
-READS: dict[str, HealthRead] = {"": _plain, FIELD_VALUES: _field_values, ECC: _ecc, REMAPPED_ROWS: _remapped_rows}
-"""Each read of `HealthFigure.read`, by name; "": a figure's `call` alone."""
+READS: dict[str, HealthRead] = {"": _answer, FIELD_VALUES: _field_values, ECC: _ecc}
+"""Each read of `HealthFigure.read`, by name; "": a figure's `call`, once for the figures of the
+same call and arguments."""
 
 
 def grouped(table: tuple[HealthFigure, ...]) -> tuple[tuple[str, tuple[HealthFigure, ...]], ...]:
-    """`table`'s figures by read, in the table's order: each plain figure alone, the figures of
-    a compound read together."""
-    groups: dict[tuple[str, str], list[HealthFigure]] = {}
+    """`table`'s figures by read, in the table's order: those of one compound read together,
+    the others by call and arguments."""
+    groups: dict[tuple[str, str, tuple[int, ...]], list[HealthFigure]] = {}
     for figure in table:
-        groups.setdefault((figure.read, "" if figure.read else figure.name), []).append(figure)
-    return tuple((read, tuple(figures)) for (read, _), figures in groups.items())
+        key = (figure.read, "", ()) if figure.read else ("", figure.call, figure.args)
+        groups.setdefault(key, []).append(figure)
+    return tuple((read, tuple(figures)) for (read, _, _), figures in groups.items())
 
 
 HEALTH_BY_READ = grouped(HEALTH_TABLE)
@@ -170,19 +151,35 @@ def read_health(
     seam: NvmlSession,
     kept: dict[tuple[int, str], Any],
     reads: tuple[tuple[str, tuple[HealthFigure, ...]], ...] = HEALTH_BY_READ,
+    engines: Callable[[], frozenset[str]] = frozenset,
 ) -> HealthReading:
     """GPU `index`'s health figures now, each read as its table entry says (`reads`: the table's,
     `grouped`); each one the GPU or driver lacks is left out, and so is each whose read failed,
-    with its failure. `kept` keeps what holds for the NVML session (the backend clears it with
+    with its failure, and each of an engine the GPU does not have (`engines`, asked only where
+    a figure has one). `kept` keeps what holds for the NVML session (the backend clears it with
     its handles)."""
     ask = Asking(seam, handle, index, kept)
     out: dict[str, float] = {}
-    for read, figures in reads:
-        try:
-            out |= READS[read](ask, figures)
+    for read, group in reads:
+        figures = group
+        try:  # whether the GPU has an engine is asked of NVML too, and fails as the read would
+            figures = tuple(figure for figure in group if not figure.engine or _has(ask, figure, engines))
+            if figures:
+                out |= READS[read](ask, figures)
         except GpuError as error:
             ask.failing(figures, error)
     return HealthReading(out, tuple(ask.failed))
+
+
+def _has(ask: Asking, figure: HealthFigure, engines: Callable[[], frozenset[str]]) -> bool:
+    """Whether the GPU has `figure`'s engine; where it has not, said once a session."""
+    if figure.engine in engines():
+        return True
+    said = (ask.index, f"without {figure.engine}: {figure.name}")
+    if said not in ask.kept:
+        ask.kept[said] = None
+        log.info("GPU %d has no %s: %s is left out", ask.index, figure.engine, figure.prometheus_name)
+    return False
 
 
 class GpmSamples:
@@ -364,8 +361,12 @@ class XidEventSets:
         self._seam.free("nvmlEventSetFree", event_set)
 
 
-def _families_of(label: str) -> str:
-    """The families a figure, or a call that several figures come from (the remapped rows, the
-    ECC mode), gives, as the contract names them: vgpu.gpu.<figure>, or every one below it."""
-    several = any(name.startswith(f"{label}.") for name in HEALTH_FIGURES)
-    return f"the vgpu.gpu.{label}.* families are" if several else f"vgpu.gpu.{label} is"
+def _what(figures: tuple[HealthFigure, ...], call: str) -> str:
+    """What a GPU without `call` does not report: a figure, or the call that several come from."""
+    return f"its {figures[0].name.replace('.', ' ')}" if len(figures) == 1 else call
+
+
+def _families(figures: tuple[HealthFigure, ...]) -> str:
+    """The families of `figures`, by their names in a scrape, as the log says they are left out."""
+    names = [figure.prometheus_name for figure in figures]
+    return f"{names[0]} is" if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]} are"

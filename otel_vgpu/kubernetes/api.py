@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_vgpu.agent_health import Reader, Refusal, Stage
 from otel_vgpu.allocation.hami import ANNOTATION as HAMI_ANNOTATION
 from otel_vgpu.allocation.hami import HamiAnnotationError, parse_hami
 from otel_vgpu.allocation.kai import kai_marks
 from otel_vgpu.allocation.shares import counted
 from otel_vgpu.config import DEFAULT_RESOURCES
 from otel_vgpu.files import FileProblem, read_regular
-from otel_vgpu.health import Reader, Refusal, Stage
-from otel_vgpu.kubernetes.watch import ListWatch, WatchSettings, report_failure
+from otel_vgpu.kubernetes.list_watch import ListWatch, WatchSettings, report_failure
 from otel_vgpu.pods.directory import PodMeta, StatedGrant
 
 log = logging.getLogger(__name__)
@@ -320,6 +320,6 @@ def make_client(kubeconfig: Path | None, service_account_dir: Path) -> Any:
     http = client._client._client
     transport = BoundedWatchLines(http._transport, MAX_WATCH_LINE_BYTES)
     http._transport = transport
-    # How a list-and-watch loop that gives this client up wakes its reader (watch.py).
+    # How a list-and-watch loop that gives this client up wakes its reader (list_watch.py).
     client.otel_vgpu_interrupt = transport.interrupt  # type: ignore[attr-defined]
     return client

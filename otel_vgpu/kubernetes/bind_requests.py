@@ -18,6 +18,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from otel_vgpu.agent_health import Reader, Stage
 from otel_vgpu.allocation.kai import (
     API_GROUP,
     API_VERSION,
@@ -29,8 +30,7 @@ from otel_vgpu.allocation.kai import (
     KaiView,
     parse_portion,
 )
-from otel_vgpu.health import Reader, Stage
-from otel_vgpu.kubernetes.watch import ListWatch, WatchSettings, report_failure, status_of
+from otel_vgpu.kubernetes.list_watch import ListWatch, WatchSettings, report_failure, status_of
 from otel_vgpu.pods.directory import PodMeta
 
 log = logging.getLogger(__name__)

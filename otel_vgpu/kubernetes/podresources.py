@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from otel_vgpu.agent_health import AgentHealth, Reader, Stage
 from otel_vgpu.allocation.kai import KaiView
 from otel_vgpu.allocation.shares import (
     Allocation,
@@ -35,7 +36,6 @@ from otel_vgpu.allocation.shares import (
 )
 from otel_vgpu.config import DEFAULT_RESOURCES, DRA_DRIVERS
 from otel_vgpu.gpu.backend import Device
-from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.pods.directory import PodMeta
 from otel_vgpu.threads import NamedThread
 
@@ -232,7 +232,7 @@ class KubeletAllocation:
         directory: NodePods,
         client: PodResourcesClient | None,
         resources: Iterable[str] = DEFAULT_RESOURCES,
-        health: Health | None = None,
+        health: AgentHealth | None = None,
         poll_seconds: float = POLL_SECONDS,
         kai: KaiSource | None = None,
     ) -> None:
@@ -240,7 +240,7 @@ class KubeletAllocation:
         self._kai = kai
         self._client = client
         self._resources = tuple(resources)
-        self._health = health or Health()
+        self._health = health or AgentHealth()
         self._poll_seconds = poll_seconds
         self._latest: KubeletView | None = None
         self._failed_calls = 0

@@ -160,7 +160,7 @@ class Attributor:
         return started
 
     def look(self, pid: int) -> tuple[int, int | None, PodRef | None] | None:
-        """One process seen between sweeps (collect/watch.py): its start time (clock ticks),
+        """One process seen between sweeps (collect/process_watch.py): its start time (clock ticks),
         the same on the samples' clock (None before the first sweep read the boot time), and
         its pod, read now, while its /proc entry exists; None where it is gone or unreadable.
         The sweep's own pass is left as it is."""

@@ -18,6 +18,7 @@ from otel_vgpu.sim.scenario import (
     THROTTLE_REASONS,
     HealthEventSpec,
     Wave,
+    of_models,
 )
 
 GPU_HEALTH_FIELDS = ("gpm", "nvlink", "ecc", "power_limit_w", "unsupported")
@@ -30,7 +31,7 @@ class HealthFields(Fields):
 
     def gpu_health(self, gpu: LineDict, where: str, model: str) -> dict[str, Any]:
         """GpuSpec's health fields from a GPU's mapping."""
-        gpm_default = any(word in model.split() or f"{word}-" in model for word in GPM_MODELS)
+        gpm_default = of_models(model, GPM_MODELS)
         limit = self.number(gpu.get("power_limit_w", 700.0), f"{where}.power_limit_w", line_of(gpu, "power_limit_w"))
         if not 0 < limit <= 5000:
             raise self.fail(f"{where}.power_limit_w", line_of(gpu, "power_limit_w"), f"{limit} must be in (0, 5000]")

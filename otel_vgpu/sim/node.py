@@ -43,8 +43,8 @@ from otel_vgpu.gpu.backend import (
 from otel_vgpu.gpu.pidns import in_host_pid_namespace
 from otel_vgpu.pods.directory import StaticDirectory
 from otel_vgpu.sim import kubelet
+from otel_vgpu.sim.device_figure_values import SimulatedHealth
 from otel_vgpu.sim.faults import Faults
-from otel_vgpu.sim.health import SimulatedHealth
 from otel_vgpu.sim.proc_tree import ProcTree, new_root
 from otel_vgpu.sim.processes import Process, Workload, shares, summed, uses, whole_percent
 from otel_vgpu.sim.scenario import PIPES, MigSpec, Scenario

@@ -5,6 +5,7 @@ the device plugin's ways (docs/scenario.md). Reading a file into it: sim/scenari
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from otel_vgpu.gpu.backend import ENGINE_TABLE, ENGINES, ErrorCode
@@ -238,6 +239,21 @@ class HostProcessSpec:
 PIPES = ("tensor", "dram")
 # The models with GPM, by a word of their name (nvml.h: Hopper and newer).
 GPM_MODELS = ("H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200", "B300", "GB300")
+# The video engines each model has none of, by a word of its name: NVIDIA's compute GPUs carry no
+# encoder (NVIDIA's Video Encode and Decode GPU Support Matrix: A100, A30, H100; the H200's
+# GPU-instance profiles hold 0 encoders: bench/results/h200-engine-figures.md). A device figure
+# of such an engine (gpu/device_figures.py `HealthFigure.engine`) is left out on the model, as on
+# a real one, whatever the scenario's `lacks` says: `lacks` keeps the meaning docs/scenario.md
+# gives it, the engines whose families the scenario's GPU publishes.
+MODELS_WITHOUT = {"encoder": ("A100", "A30", "H100", "H800", "H200")}
+
+
+def of_models(model: str, words: Sequence[str]) -> bool:
+    """Whether the model named `model` is one of those `words` name: a word of its name, or one
+    before a dash (NVIDIA A100-SXM4-80GB)."""
+    return any(word in model.split() or f"{word}-" in model for word in words)
+
+
 # Clock event reasons a scenario can put a GPU under, with NVML's bit of each (nvml.h).
 THROTTLE_REASONS = {
     "power_cap": 0x4,

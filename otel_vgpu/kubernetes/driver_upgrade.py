@@ -24,8 +24,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from otel_vgpu.health import Reader, Stage
-from otel_vgpu.kubernetes.watch import ListWatch, WatchSettings, report_failure
+from otel_vgpu.agent_health import Reader, Stage
+from otel_vgpu.kubernetes.list_watch import ListWatch, WatchSettings, report_failure
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The watch: each GPU's process list looked at between sweeps, so that no process is missed.
+"""The process watch: each GPU's process list looked at between sweeps, so that no process is missed.
 
 A sweep sees the processes alive at its instant. A process that lives between two sweeps
 (a tenant's fresh CUDA process a second, phased or not) would be in no sweep's listing, and

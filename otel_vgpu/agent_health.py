@@ -1,7 +1,7 @@
 """The agent's own health: failures by stage, refusals by reason, sweep durations, each
 reader's last pass, and logs that say each kind of failure once.
 
-One `Health` is made before anything that can fail and is handed to each of
+One `AgentHealth` is made before anything that can fail and is handed to each of
 them: the sampler, the Kubernetes directory, the pod-resources poller, the
 OTLP push. It counts every failure (the telemetry reads the counts), logs a
 failure the first time its kind is seen, and logs once when it recovers, so a
@@ -105,11 +105,11 @@ class Reader(str, Enum):
     SWEEP = "sweep"
     """NVML, /proc and the sources, once a sweep (collect/sampler.py)."""
     PROCESS_WATCH = "process_watch"
-    """One look at every GPU's processes between sweeps (collect/watch.py)."""
+    """One look at every GPU's processes between sweeps (collect/process_watch.py)."""
     GPM = "gpm"
     """The GPM reads of a sweep in which a GPU's GPM window closed, every GPU's at once (collect/gpm_reads.py):
     part of that sweep."""
-    HEALTH = "health"
+    DEVICE_HEALTH = "health"
     """One round of every GPU's health figures, read in parallel (collect/device_health.py)."""
     XID = "xid"
     """One round over every GPU's XID events (collect/xids.py)."""
@@ -118,7 +118,7 @@ class Reader(str, Enum):
     API_PODS = "api_pods"
     """A list of this node's pods from the Kubernetes API, which a watch then keeps current (kubernetes/api.py)."""
     API_NODE = "api_node"
-    """A list of this node from the Kubernetes API, for its labels, then watched (kubernetes/node.py)."""
+    """A list of this node from the Kubernetes API, for its labels, then watched (kubernetes/driver_upgrade.py)."""
     API_BIND_REQUESTS = "api_bind_requests"
     """A list of the BindRequests KAI Scheduler wrote for this node, then watched (kubernetes/bind_requests.py)."""
 
@@ -126,7 +126,7 @@ class Reader(str, Enum):
 @dataclass(frozen=True, slots=True)
 class Pass:
     """A reader's last complete pass: how long it took, and whether it succeeded. Or its pass in
-    flight past its deadline: how long it has run so far, failed (`Health.began`)."""
+    flight past its deadline: how long it has run so far, failed (`AgentHealth.began`)."""
 
     seconds: float
     ok: bool
@@ -150,7 +150,7 @@ MAX_REFUSED_REMEMBERED = 8192
 MAX_PENDING_DURATIONS = 10_000
 
 
-class Health:
+class AgentHealth:
     """Failure counts by stage, pending sweep durations, each reader's last pass, and log-once
     bookkeeping. Thread-safe."""
 

@@ -10,7 +10,8 @@ Each loop has a generation: what a superseded loop lists or hears is dropped.
 The owner sees the objects through two callbacks, called with the loop's
 lock held so that a superseded loop's results never land: `on_list` with
 every object of a list, `on_event` with each watch event. The pod directory
-(pods of this node), the node watch (this node's labels) and KAI's BindRequests
+(pods of this node, kubernetes/api.py), the driver upgrade's watch of this node's
+labels (kubernetes/driver_upgrade.py) and KAI's BindRequests
 (kubernetes/bind_requests.py) are its users.
 """
 
@@ -24,8 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_vgpu.agent_health import AgentHealth, Reader, Stage
 from otel_vgpu.config import DEFAULT_BACKOFF, Backoff
-from otel_vgpu.health import Health, Reader, Stage
 from otel_vgpu.threads import NamedThread
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class WatchSettings:
 
     make_client: Callable[[], Any]
     node_name: str
-    health: Health = field(default_factory=Health)
+    health: AgentHealth = field(default_factory=AgentHealth)
     watch_seconds: int = WATCH_SECONDS
     """What the API server is asked to keep a watch open for."""
     backoff: Backoff = DEFAULT_BACKOFF
@@ -229,7 +230,7 @@ def describe(error: Exception) -> str:
     return text.splitlines()[0][:200]
 
 
-def report_failure(health: Health, stage: Stage, error: Exception, refused: str, failed: str) -> None:
+def report_failure(health: AgentHealth, stage: Stage, error: Exception, refused: str, failed: str) -> None:
     """Count a failed list or watch and log it once per kind: `refused` (with
     the status put in) when the API refused the agent, else `failed`."""
     status = status_of(error)

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from otel_vgpu.gpu.backend import ErrorCode, GpuError, HealthReading, XidEvent
 from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S, HEALTH_TABLE, MIB
-from otel_vgpu.sim.scenario import THROTTLE_REASONS, GpuSpec, HealthEventSpec, Scenario
+from otel_vgpu.sim.scenario import MODELS_WITHOUT, THROTTLE_REASONS, GpuSpec, HealthEventSpec, Scenario, of_models
 
 # What an idle and a busy simulated GPU read (an H200's, issue #39 and nvidia-smi).
 IDLE_SM_CLOCK_MHZ, BUSY_SM_CLOCK_MHZ, MEMORY_CLOCK_MHZ = 345.0, 1980.0, 3201.0
@@ -112,8 +112,14 @@ SIMULATED: dict[str, Simulated] = {
     "remapped.rows.pending": _remapped("pending", flag=True),
     "remapped.rows.failure": _remapped("failure", flag=True),
 }
-"""Each health figure of gpu/device_figures.py's `HEALTH_TABLE`, by name: its value on a simulated
-GPU (tests/test_device_health.py checks that the two name the same figures)."""
+"""The health figures of gpu/device_figures.py's `HEALTH_TABLE` that the scenario moves, by name:
+each one's value on a simulated GPU (tests/test_device_health.py checks that each is the table's)."""
+
+
+def _quiet(health: SimulatedHealth, m: Moment) -> float | None:
+    """A figure no rule of `SIMULATED` moves: what a quiet GPU reads of it, 0 (no session open,
+    nothing counted), so that a figure of the table is on the simulated node from its entry alone."""
+    return 0.0
 
 
 class SimulatedHealth:
@@ -156,9 +162,18 @@ class SimulatedHealth:
     # --- health -------------------------------------------------------------------
 
     def health(self, index: int) -> HealthReading:
-        """Each figure of the table its simulated value, but those the GPU does not report."""
+        """Each figure of the table its simulated value, but those the GPU does not report and
+        those of an engine it has none of (`HealthFigure.engine`: by the scenario's `lacks`, or
+        by its model, `MODELS_WITHOUT`: an A100 has no encoder), as the NVML backend leaves
+        them out on a real GPU."""
         moment = self._moment(index)
-        values = {figure.name: SIMULATED[figure.name](self, moment) for figure in HEALTH_TABLE}
+        gpu = moment.gpu
+        values = {
+            figure.name: SIMULATED.get(figure.name, _quiet)(self, moment)
+            for figure in HEALTH_TABLE
+            if not figure.engine
+            or (figure.engine in gpu.engines and not of_models(gpu.model, MODELS_WITHOUT.get(figure.engine, ())))
+        }
         unsupported = moment.gpu.unsupported
         return HealthReading({n: v for n, v in values.items() if v is not None and n not in unsupported})
 
