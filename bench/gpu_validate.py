@@ -183,7 +183,7 @@ def main() -> int:
 
 
 # How soon the agent must close the driver's files once the labels say paused
-# (docs/kubernetes.md, "GPU driver upgrades"; tests/test_driver_upgrade.py).
+# (docs/kubernetes.md, "GPU driver upgrades"; tests/system/test_driver_upgrade.py).
 RELEASE_WITHIN_S = 10.0
 
 

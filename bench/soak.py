@@ -7,7 +7,7 @@ resident memory, open file descriptors, and the pod series in the scrape.
 
     .venv/bin/python bench/soak.py [--pods 5000]
 
-tests/test_reliability.py runs a shorter soak (testkit/soak.py) and asserts on its figures.
+tests/system/test_reliability.py runs a shorter soak (testkit/soak.py) and asserts on its figures.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every flag has an environment twin (the OTLP flags, the SDK's variables); a flag on the
 command line wins. The table below is the single source of `--help` (each entry's twin and
 default are written into its help by `help_text`), of the flag table of docs/flags.md
-(flag_table.py), which tests/test_config.py checks against it, and of the defaults of
+(flag_table.py), which tests/unit/test_config.py checks against it, and of the defaults of
 `Config`'s fields: each flag's field takes its default from the table by name (`_default`), so
 that no default is written twice. What a flag declares is flag_spec.py's; how each flag's text
 is read, flag_values.py's; the endpoint's bounds, limits.py's.

@@ -1,5 +1,5 @@
 """The flag table of docs/flags.md, made from config.py's FLAGS and the parser, so that it says
-what `--help` says (scripts/gen-flag-table.py writes it; tests/test_docs.py checks it)."""
+what `--help` says (scripts/gen-flag-table.py writes it; tests/system/test_docs.py checks it)."""
 
 from __future__ import annotations
 

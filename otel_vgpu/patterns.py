@@ -5,7 +5,7 @@ with each character, and hung the agent's start. RE2 (google-re2, Google's own b
 never backtracks, and refuses what it cannot match so: lookarounds, backreferences.
 
 The chart checks the same patterns with Go's RE2 (charts/otel-vgpu/templates/_helpers.tpl),
-so that a pattern refused by one is refused by the other; tests/test_chart.py holds them to it.
+so that a pattern refused by one is refused by the other; tests/system/test_chart.py holds them to it.
 """
 
 from __future__ import annotations

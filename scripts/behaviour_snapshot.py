@@ -50,7 +50,11 @@ MEASURED = ("vgpu_agent_reader_duration_seconds",)
 
 # Scenarios the tests write inline, by module and name: a Hopper GPU with GPM and NVLink beside an
 # Ampere one, a node of every kind of pod, and the tests' steady node.
-INLINE = (("tests.test_dcgm_names", "TWO_GPUS"), ("tests.test_exposition", "MIXED"), ("tests.conftest", "STEADY"))
+INLINE = (
+    ("tests.system.test_dcgm_names", "TWO_GPUS"),
+    ("tests.unit.export.test_exposition", "MIXED"),
+    ("tests.conftest", "STEADY"),
+)
 
 
 def expositions(out: Path) -> None:

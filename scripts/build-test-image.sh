@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the container image the tests run (tests/test_image.py) into its own podman
+# Builds the container image the tests run (tests/system/test_image.py) into its own podman
 # storage under WORK: a Debian root from debootstrap (kept per machine for a week)
 # imported as the base, then the Dockerfile's two stages, with their packages from a
 # package index served here over HTTPS by a CA of its own (`index`). Leaves WORK/built

@@ -5,7 +5,7 @@ until its figures have settled, scrapes it once and prints GPU 0's rows the READ
 its order and format, then the figures its prose quotes from them.
 
 `--write` puts the rows in README.md, in the block after "GPU 0's rows, from one scrape:"; the
-prose's figures are then to be brought to those printed. tests/test_builtin_demo.py checks
+prose's figures are then to be brought to those printed. tests/system/test_builtin_demo.py checks
 that the block is what this prints of a live scrape, values aside, that each value is within
 its stated tolerance of the live one, and that the prose quotes the block:
 .venv/bin/python scripts/demo-scrape.py --write"""

@@ -9,7 +9,7 @@ them without an edit:
 - the names of the push with --otlp-names semconv that are no family's own, each with what
   Prometheus' OTLP ingestion names it (testkit/otlp_names.py, otlptranslator's rules).
 
-scripts/gen-metric-tables.py writes them where scripts/doc_blocks.py says; tests/test_docs.py
+scripts/gen-metric-tables.py writes them where scripts/doc_blocks.py says; tests/system/test_docs.py
 fails when one is stale. A release note names the block, never the pattern: the note is frozen
 when it ships, and the pattern grows with each figure (docs/upgrading.md).
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Renders docs/architecture.dot into docs/architecture.svg with Graphviz's `dot`
 # (Debian package graphviz; ./scripts/test.sh installs it). The image carries the
-# SHA-256 of the source it was made from: tests/test_docs.py checks it is current.
+# SHA-256 of the source it was made from: tests/system/test_docs.py checks it is current.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source=docs/architecture.dot

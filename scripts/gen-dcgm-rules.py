@@ -7,7 +7,7 @@ come from their declarations (otel_vgpu/gpu/device_figures.py), the rest from th
 both in dcgm-exporter 4.8's names and units; each generation's renames and unit changes are
 applied on top. Also writes the chart's copies (charts/otel-vgpu/files/dcgm-exporter/) and the
 kustomize components, and docs/coming-from.md's tables (each generation's default counters,
-and the fields recorded beside them). tests/test_dcgm_names.py fails when a file is stale,
+and the fields recorded beside them). tests/system/test_dcgm_names.py fails when a file is stale,
 and runs every set in promtool on what the agent serves.
 
     .venv/bin/python scripts/gen-dcgm-rules.py

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Rewrites the flag table of docs/flags.md from otel_vgpu/config.py's FLAGS, which `--help` is made
-from too (tests/test_docs.py checks that the doc holds exactly this): .venv/bin/python scripts/gen-flag-table.py"""
+from too (tests/system/test_docs.py checks that the doc holds exactly this):
+.venv/bin/python scripts/gen-flag-table.py"""
 
 import sys
 from pathlib import Path

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rewrites the metric tables of docs/metrics.md from otel_vgpu/export/families.py's table, and
 its lists made from the same declarations (scripts/family_lists.py: the health and GPM denylist,
-the families each read is made for, the collection stages); tests/test_docs.py checks that the
+the families each read is made for, the collection stages); tests/system/test_docs.py checks that the
 doc holds exactly these: .venv/bin/python scripts/gen-metric-tables.py"""
 
 import sys

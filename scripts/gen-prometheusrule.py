@@ -2,7 +2,7 @@
 """Writes the prometheus-operator component's PrometheusRule from deploy/prometheus/otel-vgpu-rules.yaml.
 
 The rules live once, in the Prometheus rule file that promtool tests; the
-component ships the same groups as a PrometheusRule. tests/test_kustomize.py
+component ships the same groups as a PrometheusRule. tests/system/test_kustomize.py
 fails when the two differ: run this after changing the rules.
 """
 

@@ -16,7 +16,7 @@ Each of the chart's own properties gets its description from the `# --` comment 
 values.yaml, as the README's values table does.
 
 Run from the repository root after a Kubernetes bump or a values.yaml change:
-.venv/bin/python scripts/gen-values-schema-types.py (tests/test_chart.py checks the schema is current).
+.venv/bin/python scripts/gen-values-schema-types.py (tests/system/test_chart.py checks the schema is current).
 """
 
 from __future__ import annotations

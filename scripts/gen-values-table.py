@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Rewrites the table of the chart's values in docs/chart-values.md and the chart's README, made from
-the `# --` comment above each key of charts/otel-vgpu/values.yaml (tests/test_chart.py checks
+the `# --` comment above each key of charts/otel-vgpu/values.yaml (tests/system/test_chart.py checks
 that both hold exactly this): .venv/bin/python scripts/gen-values-table.py
 
 A key with a comment is one row, its default the whole value below it; a key

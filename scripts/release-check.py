@@ -2,7 +2,7 @@
 """Checks a release tag against every version the tree states, and names what the release publishes.
 
 Run by .github/workflows/release.yaml before anything is built or pushed, and by
-tests/test_release_workflow.py. The tag `vX.Y.Z` must be `v` and the version of
+tests/system/test_release_workflow.py. The tag `vX.Y.Z` must be `v` and the version of
 pyproject.toml, of otel_vgpu/__init__.py, and of charts/otel-vgpu/Chart.yaml (its
 `version` and its `appVersion`), and CHANGELOG.md must have a section `## X.Y.Z`:
 the release's notes. Each disagreement is one line naming the file, what it holds
@@ -27,7 +27,7 @@ from pathlib import Path
 
 REGISTRY = "ghcr.io"
 # The image's and the chart's names in the registry, as charts/otel-vgpu/values.yaml's
-# image.repository names the image under the owner (tests/test_release_workflow.py checks).
+# image.repository names the image under the owner (tests/system/test_release_workflow.py checks).
 IMAGE_NAME = "otel-vgpu"
 CHARTS_PATH = "charts"
 # SemVer 2 (helm refuses a chart version that is not), which PEP 440 reads alike for X.Y.Z.

@@ -13,7 +13,7 @@ unset PYTHONDONTWRITEBYTECODE
 # podman, runc and debootstrap (the container image is built and run); and
 # graphviz (docs/architecture.svg is checked against its source); iproute2 (ss reads
 # the listening socket's queue); and wrk, with a C compiler for the shim that gives its
-# connections many source addresses (tests/test_wrk_floods.py: the attackers' load, from
+# connections many source addresses (tests/system/test_wrk_floods.py: the attackers' load, from
 # a C client, since Python threads on two cores would measure the client).
 packages=""
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || packages="$packages prometheus"
@@ -75,12 +75,12 @@ lint_pid=$!
 # the rest at the machine's priority, the rest niced, which takes the CPU they leave.
 tests=0
 if [ "$#" -eq 0 ]; then
-    hostile=tests/test_hostile_clients.py
+    hostile=tests/system/test_hostile_clients.py
     # wrk's floods, the agent pinned alone on a CPU, count the scraper's scrapes through them.
-    floods=tests/test_wrk_floods.py
+    floods=tests/system/test_wrk_floods.py
     # The churn soak counts the scrapes that fit in its churn, the agent's CPU against the
     # simulated node's: it runs in this lane too, at the machine's priority.
-    soak=tests/test_reliability.py::test_soak_churning_pods_memory_bounded_no_leftovers
+    soak=tests/system/test_reliability.py::test_soak_churning_pods_memory_bounded_no_leftovers
     hostile_log=$(mktemp)
     (
         .venv/bin/pytest "$hostile" "$floods" "$soak" && rc=0 || rc=$?

@@ -97,7 +97,7 @@ ATTACKS = attacks()
 
 
 # The cases the bill is evaluated on (bench/bill_evaluation.py) and tested with
-# (tests/test_bill_evidence.py), by kind: an attack (a tenant against a victim: the victim at
+# (tests/unit/collect/test_bill_evidence.py), by kind: an attack (a tenant against a victim: the victim at
 # most 1.05 of what it ran, the tenant at least 0.90), a tenant no look can see (its work in
 # the unattributed, never the victim's), an ordinary workload (every pod within 5 %), or a
 # saturated GPU.

@@ -1,6 +1,6 @@
 /* Preloaded into a client (wrk) that cannot choose its source address: each IPv4 connect()
  * is made from the next of BIND_COUNT addresses from BIND_FIRST, in turn, so that one
- * client's connections come from as many addresses of a network (tests/test_wrk_floods.py).
+ * client's connections come from as many addresses of a network (tests/system/test_wrk_floods.py).
  * Built by testkit/wrk.py. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>

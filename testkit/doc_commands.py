@@ -9,7 +9,7 @@ are the ones the README installs (`.venv/bin/...`: a bare `python` or
 `pytest` has none of the packages), and an image build (`docker` or `podman`)
 has its context and Dockerfile here and tags what its block pushes. Which
 commands are run as written, and how, is the test's business
-(tests/test_doc_commands.py).
+(tests/system/test_doc_commands.py).
 """
 
 from __future__ import annotations

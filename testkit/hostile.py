@@ -1,4 +1,4 @@
-"""What the hostile-client tests share (tests/test_hostile_clients.py, tests/test_wrk_floods.py):
+"""What the hostile-client tests share (tests/system/test_hostile_clients.py, tests/system/test_wrk_floods.py):
 the agent under attack with the endpoint's bounds cut to a fraction (`LIMITS`), a legitimate
 scraper that times and counts its scrapes, and the bounds the agent's memory, threads and
 descriptors are held to under an attack and after it.

@@ -163,7 +163,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     if unbuildable():
         return  # the image tests skip, saying why
-    image_tests = ROOT / "tests" / "test_image.py"
+    image_tests = ROOT / "tests" / "system" / "test_image.py"
     here = config.invocation_params.dir
     asked = [(here / str(arg).split("::", 1)[0]).resolve() for arg in config.args] or [ROOT / "tests"]
     if any(path == image_tests or path in image_tests.parents for path in asked):

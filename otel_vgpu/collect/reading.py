@@ -16,7 +16,7 @@
   figures to the close).
 
 State is kept per GPU UUID (indexes can change across a driver reload). A
-fake backend tests it (tests/test_reading.py); the sampler keeps the cache,
+fake backend tests it (tests/unit/collect/test_reading.py); the sampler keeps the cache,
 the driver pause and the reports.
 """
 

@@ -23,7 +23,7 @@ from otel_vgpu.endpoint.queues import Waiter
 # 256 KiB by default (SSLProtocol.max_size, a class attribute: start_tls builds the protocol
 # itself). A request head is 16 KiB at most and a TLS record as much; 32 KiB holds two. A
 # flood of handshakes churning those buffers took the agent from 38 to 105 MiB; with 32 KiB,
-# to 60 (tests/test_wrk_floods.py): a closed connection's buffer waits in asyncio's cycles
+# to 60 (tests/system/test_wrk_floods.py): a closed connection's buffer waits in asyncio's cycles
 # for a collection (memory.py), and a flood's closed connections are many.
 TLS_READ_BYTES = 32 * 1024
 asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BYTES

@@ -6,7 +6,7 @@ hashed copy of its attributes, an aggregation and a data point, which exposition
 wrote out. A scrape reads the same observations (Telemetry's `_observations`, what the
 callbacks return) and hands them to the writer directly; what the SDK's storage decides of the
 output is kept here as the storage keeps it, so that the bytes are those the SDK's path wrote
-(tests/test_direct_scrape.py renders both ways, collection after collection, and compares):
+(tests/unit/export/test_direct_scrape.py renders both ways, collection after collection, and compares):
 
 - the families in the order of their first measurement: an observable family's first
   observation by a scrape, a histogram's first record (whatever reader's collection made it);

@@ -1,7 +1,7 @@
 """The Prometheus text and OpenMetrics exposition, written straight from the SDK's `MetricsData`.
 
 What `opentelemetry-exporter-prometheus` and `prometheus_client` would write
-for the same collection, byte for byte (tests/test_exposition.py renders
+for the same collection, byte for byte (tests/unit/export/test_exposition.py renders
 both ways and compares), without their per-scrape cost: the exporter builds
 a `prometheus_client` family and a label dict per series on every scrape,
 then `prometheus_client` sorts, validates and escapes every label again.

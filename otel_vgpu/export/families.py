@@ -4,14 +4,14 @@ Each entry (a `Family`, export/family.py) has its OpenTelemetry instrument name 
 unit, the kind of instrument, its `Subject` (export/subjects.py: which rows of a collection
 it has a series for, and the labels of each), how its value is read from one of those rows,
 and the Prometheus name a scrape shows (`prometheus_name`, written out and held by
-tests/test_families.py to the OpenTelemetry-to-Prometheus rules of
+tests/unit/export/test_families.py to the OpenTelemetry-to-Prometheus rules of
 opentelemetry-exporter-prometheus). The entries are written by subject, in
 export/pod_families.py, gpu_families.py and agent_families.py, those made from gpu/'s figure
 tables in export/figure_families.py; `FAMILIES` is their one table. The telemetry builds
 every instrument from it in one loop, as kube-state-metrics builds its families from
 `FamilyGenerator`s; the metric tables of docs/metrics.md are generated from it
-(`scripts/gen-metric-tables.py`, checked current by tests/test_docs.py), and
-tests/test_families.py tests each subject's families as rows in, observations out.
+(`scripts/gen-metric-tables.py`, checked current by tests/system/test_docs.py), and
+tests/unit/export/test_families.py tests each subject's families as rows in, observations out.
 
 How to add a family, by where its value comes from: docs/layout.md, "Adding a figure".
 """
@@ -147,7 +147,7 @@ def semconv_name(family: Family[Any]) -> str:
 
 def families_markdown() -> str:
     """The metric tables of docs/metrics.md, made from this table (scripts/gen-metric-tables.py
-    writes them there, tests/test_docs.py checks the doc holds them): each family's name as a
+    writes them there, tests/system/test_docs.py checks the doc holds them): each family's name as a
     scrape shows it, its type, its name on the push with --otlp-names semconv and its help text."""
     out = []
     for subjects, heading in DOC_TABLES:

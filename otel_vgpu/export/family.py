@@ -44,7 +44,7 @@ class Family(Generic[Row]):
     """Its value in one row of its subject; None: no series for that row."""
     prometheus_name: str
     """Its name in a scrape of /metrics, as the exposition makes it from its name, unit and
-    instrument (the OpenTelemetry-to-Prometheus rules; tests/test_families.py holds each to
+    instrument (the OpenTelemetry-to-Prometheus rules; tests/unit/export/test_families.py holds each to
     them), written out so that a search for what a dashboard shows finds its declaration."""
     instrument: Instrument = Instrument.GAUGE
     needs: Feature | None = None

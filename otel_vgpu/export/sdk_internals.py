@@ -11,7 +11,7 @@ Five private pieces, with no public equivalent:
   handed to the push's own reader;
 - the Prometheus exporter's naming functions (`_mapping.sanitize_full_name`,
   `map_unit`, `sanitize_attribute`), which exposition.py applies so that its
-  names are the exporter's; tests/test_exposition.py renders every collection
+  names are the exporter's; tests/unit/export/test_exposition.py renders every collection
   both ways and compares the bytes;
 - the Prometheus exporter's unit table (`_mapping._UNIT_MAPPINGS`): the
   specification maps unit `1` to the suffix `ratio`, as Prometheus' own OTLP
@@ -25,7 +25,7 @@ Five private pieces, with no public equivalent:
   cost per series. `fast_attribute_paths` gives them a fast path for the
   only attributes the agent records, flat mappings of non-empty string keys
   to string values, returning exactly what the originals return; anything
-  else goes to the originals. tests/test_sdk_internals.py compares the two
+  else goes to the originals. tests/unit/export/test_sdk_internals.py compares the two
   on such mappings and on every other kind.
 
 pyproject.toml pins these packages to the minor versions below; on any other

@@ -212,7 +212,7 @@ class _Out:
         if form.kind is Kind.GAUGE:
             data = Gauge(gathered.points)
         elif form.kind is Kind.COUNTER:
-            # A counter's form is a counter family's (tests/test_otlp_semconv.py): its sum as it is.
+            # A counter's form is a counter family's (tests/system/test_otlp_semconv.py): its sum as it is.
             data = Sum(gathered.points, AggregationTemporality.CUMULATIVE, is_monotonic=True)
         else:
             points = [

@@ -393,7 +393,7 @@ class Telemetry:
         appear), which on a node where pods come and go grows without bound
         and eventually pushes new pods into the overflow series. This reaches
         into SDK internals (sdk_internals.py; the versions are checked at
-        start); tests/test_telemetry.py proves it on the pinned SDK, and any
+        start); tests/unit/export/test_telemetry.py proves it on the pinned SDK, and any
         surprise disables it with one warning.
         """
         if not self._prune_works:

@@ -124,7 +124,7 @@ class ProcessUse:
     """Share of the optical-flow accelerator's time (OFA, ofaUtil; R550 and newer)."""
 
     # Field by field, not by `USE_FIGURES`: these run per process per sweep, and a dict of
-    # getattr calls costs three times as much. tests/test_sampling.py checks each names every figure.
+    # getattr calls costs three times as much. tests/unit/gpu/test_sampling.py checks each names every figure.
     def plus(self, other: ProcessUse) -> ProcessUse:
         return ProcessUse(
             self.sm + other.sm,
@@ -175,7 +175,7 @@ class Engine:
     """One of a GPU's engines beside its SMs, declared once, with what each part of the agent
     needs of it: NVML's names (gpu/nvml.py), the help texts (export/figure_families.py), the
     simulated node's scenario fields (sim/pod_fields.py). Its figure is the `ProcessUse` field
-    of its name; a field of ProcessUse with no declaration here fails tests/test_families.py."""
+    of its name; a field of ProcessUse with no declaration here fails tests/unit/export/test_families.py."""
 
     name: str
     meaning: str
@@ -315,7 +315,7 @@ class ErrorCode(str, Enum):
     """Also what a number this table does not know (a newer driver's) becomes."""
 
 
-# NVML's numbers for them (nvml.h; tests/test_nvml.py checks them against nvidia-ml-py).
+# NVML's numbers for them (nvml.h; tests/unit/gpu/test_nvml.py checks them against nvidia-ml-py).
 NVML_RETURN_VALUES: dict[int, ErrorCode] = {
     **{number: code for number, code in enumerate(list(ErrorCode)[:-1], start=1)},
     999: ErrorCode.UNKNOWN,

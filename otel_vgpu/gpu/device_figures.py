@@ -59,7 +59,7 @@ class HealthFigure:
     meaning: str
     prometheus_name: str = ""
     """Its family's name as a scrape shows it, written out so that a search for what a dashboard
-    shows finds the figure (tests/test_families.py holds it to the exposition's naming rules)."""
+    shows finds the figure (tests/unit/export/test_families.py holds it to the exposition's naming rules)."""
     counter: bool = False
     """It only grows while the driver stays loaded (a reload counts from 0 again)."""
     dcgm: str = ""

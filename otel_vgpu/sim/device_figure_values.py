@@ -113,7 +113,7 @@ SIMULATED: dict[str, Simulated] = {
     "remapped.rows.failure": _remapped("failure", flag=True),
 }
 """The health figures of gpu/device_figures.py's `HEALTH_TABLE` that the scenario moves, by name:
-each one's value on a simulated GPU (tests/test_device_health.py checks that each is the table's)."""
+each one's value on a simulated GPU (tests/unit/collect/test_device_health.py checks that each is the table's)."""
 
 
 def _quiet(health: SimulatedHealth, m: Moment) -> float | None:

@@ -160,7 +160,7 @@ A Prometheus duration (1h30m, 15s, 500ms; the schema checked its form) in millis
 A metric pattern, as the agent will compile it (RE2, whole names: otel_vgpu/patterns.py):
 refused here, at install, rather than by the agent's pods crash-looping on it. Go's RE2
 compiles it, as the agent's does; what it refuses (lookarounds, backreferences, \C, a
-repetition above 1000) the agent refuses too (tests/test_chart.py holds the two alike).
+repetition above 1000) the agent refuses too (tests/system/test_chart.py holds the two alike).
 */}}
 {{- define "otel-vgpu.checkPattern" -}}
 {{- $where := index . 0 -}}

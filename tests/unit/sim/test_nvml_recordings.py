@@ -1,0 +1,146 @@
+"""The recordings of the real driver (tests/data/nvml-recordings/, made by
+bench/gpu_record_sampling.py on an H100 with driver 580) against what the simulated driver and
+the ledger take NVML's figures to be: where they differ, the recording wins
+(docs/nvml-sampling.md)."""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import math
+from typing import Any
+
+import pytest
+
+from otel_vgpu.collect import estimator, trailing
+from otel_vgpu.gpu.backend import ProcessUse
+from otel_vgpu.sim import node
+from otel_vgpu.sim.processes import whole_percent
+from testkit.agent import ROOT
+
+pytestmark = pytest.mark.unit
+
+RECORDINGS = ROOT / "tests" / "data" / "nvml-recordings"
+SWEEP_US = 2_000_000
+
+
+def recording(name: str) -> dict[str, Any]:
+    with gzip.open(RECORDINGS / f"{name}.json.gz", "rt") as handle:
+        loaded: dict[str, Any] = json.load(handle)
+    return loaded
+
+
+def processes(recorded: dict[str, Any]) -> list[dict[str, Any]]:
+    return [process for worker in recorded["workers"] for process in worker["processes"]]
+
+
+def own_samples(recorded: dict[str, Any], pid: int) -> list[tuple[int, float]]:
+    """A process's samples as (stamp, SM figure 0-1), each stamp once, oldest first."""
+    return sorted({(stamp, sm / 100) for _, each, stamp, sm, *_ in recorded["samples"] if each == pid})
+
+
+def test_a_lone_processs_figure_is_the_mean_of_the_gpus_last_71_periods_in_whole_percent() -> None:
+    # Alone on the GPU, a process's use in each period is the GPU's own figure of it: the
+    # simulated driver's figure, worked out from the GPU's recorded periods, is the recorded one.
+    recorded = recording("solo-duty")
+    periods = sorted(recorded["device"])
+    stamps = [stamp for stamp, _ in periods]
+    (alone,) = processes(recorded)
+    figures = own_samples(recorded, alone["pid"])
+
+    def matching(kept: int) -> tuple[int, int]:
+        exact = compared = 0
+        for stamp, figure in figures:
+            # The GPU's period that holds the process's stamp, and those before it.
+            k = bisect.bisect_right(stamps, stamp + node.SAMPLE_PERIOD_US // 4) - 1
+            if k < node.SMOOTHED_PERIODS:
+                continue
+            window = [value / 100 for _, value in periods[k - kept + 1 : k + 1]]
+            exact += math.isclose(whole_percent(sum(window) / kept), figure, abs_tol=1e-9)
+            compared += 1
+        return exact, compared
+
+    exact, compared = matching(node.SMOOTHED_PERIODS)
+    assert compared > 250
+    assert exact / compared >= 0.8, (exact, compared)
+    # A mean over about a second (five periods, the model before the recordings) matches few.
+    assert matching(5)[0] / compared < 0.3
+    assert trailing.WINDOW_US == node.SMOOTHED_PERIODS * node.SAMPLE_PERIOD_US
+
+
+def test_a_busy_process_s_figure_climbs_for_14_s_and_falls_for_14_s_after_it_stops() -> None:
+    # What a trailing mean means, as the driver showed it: not a second's use.
+    recorded = recording("solo-duty")
+    start = recorded["start_us"]
+    (alone,) = processes(recorded)
+    figures = own_samples(recorded, alone["pid"])
+
+    def at(seconds: float) -> float:
+        return min(figures, key=lambda sample: abs(sample[0] - start - seconds * 1e6))[1]
+
+    # Busy from 0 s to 8 s: a second in, far below its use; at 8 s, about 8 / 14.2 of it.
+    assert at(1.0) < 0.1
+    assert at(8.0) == pytest.approx(8.0 / 14.2, abs=0.05)
+    # Half busy from 8 s to 16 s: still rising at 14 s, as the window fills with use.
+    assert at(14.0) > at(8.0) + 0.15
+
+
+@pytest.mark.parametrize("name", ["solo-duty", "two-sliced", "three-sliced", "batches"])
+def test_unwound_as_a_sweep_reads_them_the_figures_add_up_to_what_the_gpu_ran(name: str) -> None:
+    # The ledger's reading of the figures (collect/trailing.py), with what a sweep every 2 s
+    # sees of them (NVML keeps each process's newest), against the GPU's own periods over the
+    # same time: at most a figure's error over (10 %), and less by what time-slicing costs,
+    # whose switches the GPU counts busy and no process has in its figure (13 % with three
+    # busy processes).
+    recorded = recording(name)
+    unwound = 0.0
+    first, last = math.inf, -math.inf
+    for process in processes(recorded):
+        figures = own_samples(recorded, process["pid"])
+        if not figures:
+            continue
+        born = process["context"][0] * 1e6
+        history: list[trailing.Point] = []
+        read_before = -math.inf
+        newest = None
+        read = figures[0][0] - figures[0][0] % SWEEP_US + SWEEP_US
+        index = 0
+        while index < len(figures):
+            while index < len(figures) and figures[index][0] <= read:
+                newest = figures[index]
+                index += 1
+            if newest is not None and (not history or newest[0] > history[-1].at_us):
+                since = max(history[-1].at_us if history else born, read_before - estimator.BACK_US, born)
+                done = trailing.unwound(history, newest[0], ProcessUse(newest[1]), since)
+                assert done is not None
+                history = done[0]
+            read_before = read
+            read += SWEEP_US
+        unwound += history[-1].ran[0]
+        first, last = min(first, born), max(last, history[-1].at_us)
+    gpu = sum(value / 100 * node.SAMPLE_PERIOD_US / 1e6 for stamp, value in recorded["device"] if first < stamp <= last)
+    assert gpu > 10.0
+    assert 0.85 * gpu <= unwound <= 1.1 * gpu
+
+
+def test_unwinding_recovers_what_ran_from_whole_percents_of_a_trailing_mean() -> None:
+    # A process bursting 0.3 s of every second for 60 s, then idle: its figures in NVML's
+    # form, read every 2 s; each point of the unwound history within a figure's error.
+    window = trailing.WINDOW_US
+    period = node.SAMPLE_PERIOD_US
+
+    def ran_by(t_us: int) -> float:
+        whole, part = divmod(min(t_us, 60_000_000), 1_000_000)
+        return whole / 1e6 * 0.3 + min(part, 300_000) / 1e6
+
+    history: list[trailing.Point] = []
+    for read in range(2_000_000, 70_000_001, 2_000_000):
+        stamp = read - read % period
+        figure = math.floor((ran_by(stamp) - ran_by(stamp - window)) / (window / 1e6) * 100) / 100
+        done = trailing.unwound(history, stamp, ProcessUse(figure), history[-1].at_us if history else 0)
+        assert done is not None
+        history, _ = done
+        assert history[-1].ran[0] == pytest.approx(ran_by(stamp), abs=0.01 * window / 1e6)
+    # A sample no newer than the newest adds nothing.
+    assert trailing.unwound(history, int(history[-1].at_us), ProcessUse(0.5), 0) is None
