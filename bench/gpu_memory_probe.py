@@ -1,5 +1,5 @@
 """Whether a GPU's memory in use tells, as soon as the process list does, that a process came
-or went: what the process watch's probe relies on (collect/watch.py lists a GPU's processes
+or went: what the process watch's probe relies on (collect/process_watch.py lists a GPU's processes
 only when nvmlDeviceGetMemoryInfo's `used` changed).
 
 Run as root on a node with an NVIDIA GPU, CUDA and PyTorch, from the repository root:
