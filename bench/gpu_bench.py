@@ -21,7 +21,6 @@ With CUDA workloads running in kubelet-shaped cgroups (testkit/host_pods.py):
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.cuda_workloads import require_gpu
-from testkit.gpu_node import bare_agent_command, wait_for_metrics
+from testkit.gpu_node import bare_agent_command, nvitop_exporter_command, wait_for_metrics
 from testkit.host_pods import HostPod, start_pods, stop_pods
 from testkit.procstat import cpu_seconds, rss_mib
 from testkit.raw_sweep import raw_collection
@@ -179,15 +178,9 @@ def main() -> int:
                 *at_one_hertz(bare_agent_command(port, ratio_file, "1"), url, args.seconds),
             )
         ]
-        nvitop = shutil.which("nvitop-exporter") or (
-            str(Path(sys.executable).parent / "nvitop-exporter")
-            if (Path(sys.executable).parent / "nvitop-exporter").exists()
-            else None
-        )
-        nvitop_module = subprocess.run([sys.executable, "-c", "import nvitop_exporter"], check=False).returncode == 0
-        if nvitop or nvitop_module:
-            command = [nvitop] if nvitop else [sys.executable, "-m", "nvitop_exporter"]
-            command += ["--bind-address", "127.0.0.1", "--port", str(port + 1), "--interval", "1.0"]
+        nvitop = nvitop_exporter_command()
+        if nvitop is not None:
+            command = [*nvitop, "--bind-address", "127.0.0.1", "--port", str(port + 1), "--interval", "1.0"]
             rows.append(
                 (
                     "nvitop-exporter (--interval 1.0)",

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import wait_serving
 from testkit.cpu_compare import SCRAPE_EVERY_S, SETTLE_S, load_gpu
-from testkit.gpu_node import AGENT_PORT, NODE, Doubles, gpu_node, pod_harness, wait_for_metrics
+from testkit.gpu_node import AGENT_PORT, NODE, Doubles, gpu_node, nvitop_exporter_command, pod_harness, wait_for_metrics
 from testkit.host_pods import HostPod, stop_pods
 from testkit.procstat import cpu_seconds, rss_mib
 from testkit.report import Report, publish, scraped_for
@@ -53,14 +52,6 @@ BEFORE_BOUND = 1.15
 
 Measure = Callable[[], tuple[float, float]]
 """CPU seconds so far, and resident memory in MiB."""
-
-
-def nvitop_command() -> list[str] | None:
-    found = shutil.which("nvitop-exporter")
-    if found:
-        return [found]
-    importable = subprocess.run([sys.executable, "-c", "import nvitop_exporter"], check=False, capture_output=True)
-    return [sys.executable, "-m", "nvitop_exporter"] if importable.returncode == 0 else None
 
 
 @contextlib.contextmanager
@@ -119,7 +110,7 @@ def main() -> int:
     model, gpu_uuid, driver, tmp, cluster = node.model, node.gpu_uuid, node.driver, node.directory, node.cluster
     report = Report()
     lines, check = report.lines, report.check
-    nvitop = nvitop_command()
+    nvitop = nvitop_exporter_command()
     contestants: dict[str, Callable[[int], contextlib.AbstractContextManager[tuple[str | None, Measure]]]] = {
         "now": lambda n: agent(args.pod, tmp / f"now-{n}", cluster, None),
         "floor": lambda n: process([sys.executable, "-m", "testkit.raw_sweep", "--every", f"{SWEEP_EVERY_S:g}"], None),

@@ -24,12 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testkit.cuda_workloads import require_gpu, start_workloads
+from testkit.cuda_workloads import require_gpu, start_workloads, work_of
 from testkit.report import publish
-
-
-def work_of(path: Path) -> float:
-    return float(path.read_text().split()[1]) if path.exists() else 0.0
 
 
 def phase(handle: object, pid: int, work: Path, seconds: float) -> tuple[float, float, float]:

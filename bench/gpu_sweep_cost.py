@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import free_port
 from testkit.cuda_workloads import require_gpu, start_workload
-from testkit.gpu_node import bare_agent_command, wait_for_metrics
+from testkit.gpu_node import bare_agent_command, nvitop_exporter_command, wait_for_metrics
 from testkit.procstat import rss_mib
 from testkit.report import cpu_while_scraped, publish
 
@@ -97,13 +96,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gpu-sweep-cost-"))
     ratio_file = tmp / "gpu_allocation.txt"
     ratio_file.write_text("2\n")
-    nvitop = shutil.which("nvitop-exporter")
-    nvitop_command = [nvitop] if nvitop else None
-    if (
-        nvitop_command is None
-        and subprocess.run([sys.executable, "-c", "import nvitop_exporter"], check=False).returncode == 0
-    ):
-        nvitop_command = [sys.executable, "-m", "nvitop_exporter"]
+    nvitop_command = nvitop_exporter_command()
     try:
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)

@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import wait_serving
+from testkit.cuda_workloads import work_of
 from testkit.gpu_node import AGENT_PORT, NODE, gpu_node, pod_harness
 from testkit.host_pods import HostPod, start_in, stop_pods
 from testkit.report import Report, Samples, publish, scrape
@@ -69,11 +70,6 @@ class Scenario:
     victim: HostPod
     other: HostPod
     works: dict[str, list[Path]] = field(default_factory=dict)
-
-
-def work_of(path: Path) -> float:
-    """The GPU seconds of work a workload wrote it had done, 0 before any."""
-    return float(path.read_text().split()[1]) if path.exists() else 0.0
 
 
 def steady(pod: HostPod, work: Path, share: float, **env: str) -> None:

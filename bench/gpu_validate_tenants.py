@@ -69,7 +69,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import wait_serving
-from testkit.cuda_workloads import require_gpu, start_workloads
+from testkit.cuda_workloads import require_gpu, start_workloads, work_of
 from testkit.gpu_node import NODE, POD_RESOURCES_DIR, Doubles, pod_harness
 from testkit.host_pods import CGROUP_ROOT, HostPod, cgroup_dir, place, start_in, stop_pods
 from testkit.kube_api_double import pod_object
@@ -279,7 +279,7 @@ def ended_part(manifest: Path, workdir: Path, report: Report, settle: float) -> 
                         for labels, value in metrics.get(family, []):
                             seen[(family, labels["pod"])] = value
             # B's process counted the GPU seconds of work it did, the file its last word.
-            ran = float(work.read_text().split()[1]) if work.exists() else float("nan")
+            ran = work_of(work) if work.exists() else float("nan")
         finally:
             stop_pods([stays, ends])
         gpu = one(metrics, "vgpu_gpu_energy_joules_total", gpu_id="0") or 0.0
@@ -317,11 +317,6 @@ def command_of(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "?"
-
-
-def work_of(path: Path) -> float:
-    """The GPU seconds of work a workload wrote it had done (testkit/cuda_workloads.py), 0 before any."""
-    return float(path.read_text().split()[1]) if path.exists() else 0.0
 
 
 def restarts_part(manifest: Path, workdir: Path, report: Report, settle: float, scraping: bool = False) -> None:

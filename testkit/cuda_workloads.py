@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 WORKLOAD = r"""
-import os, sys, time, torch
+import os, signal, sys, time, torch
 mode, gib = sys.argv[1], float(sys.argv[2])
 burst_s = float(sys.argv[3]) / 1000 if len(sys.argv) > 3 else 0.1
 work_file = os.environ.get("WORK_FILE")
@@ -55,7 +55,6 @@ def stop(*_):
     note()
     os._exit(0)
 
-import signal
 signal.signal(signal.SIGTERM, stop)
 born = time.monotonic()
 print("ready", flush=True)
@@ -180,6 +179,11 @@ def start_workloads(
                 started.wait()
             raise SystemExit(f"workload {mode} {gib} GiB did not start")
     return processes
+
+
+def work_of(path: Path) -> float:
+    """The GPU seconds of work a workload wrote to its WORK_FILE it had done, 0 before any."""
+    return float(path.read_text().split()[1]) if path.exists() else 0.0
 
 
 def nvml_truth() -> tuple[dict[int, int], int, str, str, str]:

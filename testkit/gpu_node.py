@@ -5,6 +5,7 @@ Kubernetes API and kubelet doubles, as root or as the rendered DaemonSet runs it
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,6 +176,18 @@ def bare_agent_command(port: int, ratio_file: Path, min_interval: str) -> list[s
         "--allocation-file", str(ratio_file), "--min-interval", min_interval, "--no-kubernetes",
         "--log-level", "warning",
     ]  # fmt: skip
+
+
+def nvitop_exporter_command() -> list[str] | None:
+    """How to start nvitop-exporter, the peer the GPU scripts compare the agent with: its
+    script on PATH or beside this interpreter (a virtual environment's bin/), else its module;
+    None where it is not installed."""
+    beside = Path(sys.executable).parent / "nvitop-exporter"
+    script = shutil.which("nvitop-exporter") or (str(beside) if beside.exists() else None)
+    if script:
+        return [script]
+    importable = subprocess.run([sys.executable, "-c", "import nvitop_exporter"], check=False, capture_output=True)
+    return [sys.executable, "-m", "nvitop_exporter"] if importable.returncode == 0 else None
 
 
 def wait_for_metrics(url: str, process: subprocess.Popen[bytes]) -> None:
