@@ -87,9 +87,9 @@ while True:
         noted = 0.0
         note()
         sys.exit(0)
-    elif mode == "copy":  # memory-bound: device-to-device copies of 2 GiB, SMs nearly idle
+    elif mode == "copy":  # memory-bound: device-to-device copies (of COPY_GIB, 2 GiB), SMs nearly idle
         if "src" not in globals():
-            src = torch.empty(2**31, dtype=torch.uint8, device="cuda")
+            src = torch.empty(int(float(os.environ.get("COPY_GIB", "2")) * 2**30), dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
         for _ in range(10):
             dst.copy_(src)
@@ -129,7 +129,7 @@ def start_workload(
     mode: str, gib: float, env: dict[str, str] | None = None, burst_ms: float = 100.0
 ) -> subprocess.Popen[str]:
     """A PyTorch process on the GPU `env`'s CUDA_VISIBLE_DEVICES names (default: CUDA's first):
-    `busy` (bf16 matrix products), `copy` (device-to-device copies of 2 GiB: memory-bound),
+    `busy` (bf16 matrix products), `copy` (device-to-device copies of COPY_GIB, default 2 GiB: memory-bound),
     `bursty` (kernels for `burst_ms` of each second), `steady` (that share of every 100 ms),
     `jpeg` (JPEG decoding with nvJPEG), `once` (bf16 matrix products for ONCE_S seconds of
     `env`, then it exits), `batches` (as `steady` for BATCH_ON_S seconds of every
