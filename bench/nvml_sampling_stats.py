@@ -13,49 +13,15 @@ import itertools
 import statistics
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testkit.recordings import Recording, Truth, every
+from otel_vgpu.collect import trailing
+from otel_vgpu.sim.processes import time_sliced
+from testkit.recordings import Recording, Truth, every, segments, unwound_as_swept
 
 PERIOD_US = 200_000
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One stretch of a scenario in which every process kept one plan."""
-
-    recording: str
-    start_us: int
-    end_us: int
-    plans: dict[int, tuple[float, float]]
-    """By PID: (period ms, on ms) in this stretch."""
-
-
-def segments(recording: Recording) -> list[Segment]:
-    """The stretches of the planned processes (spawned ones have none), each cut where any
-    process's plan changes, its first and last second left out (the changes settle)."""
-    cuts: set[int] = set()
-    plans: dict[int, list[tuple[int, int, tuple[float, float]]]] = {}
-    for worker in recording.workers:
-        if not worker["plan"]:
-            continue
-        (truth,) = [t for t in recording.truths if t.worker == worker["name"]]
-        at = recording.start_us
-        for seconds, period, on in worker["plan"]:
-            end = at + round(seconds * 1e6)
-            plans.setdefault(truth.pid, []).append((at, end, (period, on)))
-            cuts |= {at, end}
-            at = end
-    ordered = sorted(cuts)
-    out = []
-    for start, end in itertools.pairwise(ordered):
-        here = {pid: plan for pid, stretches in plans.items() for s, e, plan in stretches if s <= start and end <= e}
-        if here and end - start > 3_000_000:
-            out.append(Segment(recording.name, start + 1_000_000, end - 1_000_000, here))
-    return out
 
 
 def work_fraction(truth: Truth, solo_s: float, start_us: float, end_us: float) -> float:
@@ -156,6 +122,45 @@ def listing_rows(recording: Recording) -> list[list[str]]:
     return rows
 
 
+def ran_between(history: list[trailing.Point], start_us: float, end_us: float) -> float:
+    return trailing.ran_by(history, end_us)[0] - trailing.ran_by(history, start_us)[0]
+
+
+def contention_rows(recording: Recording) -> list[list[str]]:
+    """Per process of each stretch whose processes ask more than the GPU has (time-sliced, not
+    MPS): its part of the processes' unwound figures against its part of their work, and the
+    simulated driver's split of what they asked (sim/processes.py `time_sliced`)."""
+    if recording.mps:
+        return []
+    truths = {t.pid: t for t in recording.truths}
+    histories = {pid: unwound_as_swept(recording, truth) for pid, truth in truths.items()}
+    rows = []
+    for segment in segments(recording):
+        asked = {pid: on / period for pid, (period, on) in segment.plans.items()}
+        if len(asked) < 2 or sum(asked.values()) <= 1.0:
+            continue
+        figures = {pid: ran_between(histories[pid], segment.start_us, segment.end_us) for pid in asked}
+        work = {pid: truths[pid].work_s(recording.solo_s, segment.start_us, segment.end_us) for pid in asked}
+        modelled = dict(zip(asked, time_sliced(list(asked.values())), strict=True))
+        for pid, plan in sorted(segment.plans.items()):
+            figure_share = figures[pid] / (sum(figures.values()) or 1.0)
+            work_share = work[pid] / (sum(work.values()) or 1.0)
+            rows.append(
+                [
+                    recording.name,
+                    f"{(segment.start_us - recording.start_us) / 1e6:.0f}-"
+                    f"{(segment.end_us - recording.start_us) / 1e6:.0f} s",
+                    plan_text(plan),
+                    f"{figure_share:.3f}",
+                    f"{work_share:.3f}",
+                    f"{figure_share / work_share:.2f}" if work_share else "-",
+                    f"{modelled[pid]:.3f}",
+                    f"{asked[pid] / sum(asked.values()):.3f}",
+                ]
+            )
+    return rows
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -187,6 +192,13 @@ def main() -> int:
         ["scenario", "process", "context lived", "listed after context", "listed after first kernel",
          "last listed after exit", "samples", "first sample after first kernel", "work (s)"],
         list_rows,
+    ))  # fmt: skip
+    print()
+    contended = [row for recording in recordings for row in contention_rows(recording)]
+    print(table(
+        ["scenario", "stretch", "process", "its part of the unwound figures", "its part of the work",
+         "figure over work", "time-sliced model", "in proportion to what each asked"],
+        contended,
     ))  # fmt: skip
     return 0
 

@@ -1,17 +1,24 @@
 """The recordings of the real driver (tests/data/nvml-recordings, made by
-bench/gpu_record_sampling.py on an H200): loaded as plain data, with each process's own truth,
+bench/gpu_record_sampling.py on an H100 with driver 580): loaded as plain data, with each process's own truth,
 for the tests, the simulated driver's checks, the replay backend and the bill's evaluation."""
 
 from __future__ import annotations
 
 import bisect
 import gzip
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from otel_vgpu.collect import estimator, trailing
+from otel_vgpu.gpu.backend import ProcessUse
+
+SWEEP_US = 2_000_000
+"""The agent's sweep: how often it reads each process's newest sample."""
 
 DIRECTORY = Path(__file__).resolve().parents[1] / "tests" / "data" / "nvml-recordings"
 
@@ -151,3 +158,66 @@ def names(directory: Path = DIRECTORY) -> list[str]:
 def every(directory: Path = DIRECTORY) -> Iterator[Recording]:
     for name in names(directory):
         yield load(name, directory)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of a scenario in which every process kept one plan."""
+
+    recording: str
+    start_us: int
+    end_us: int
+    plans: dict[int, tuple[float, float]]
+    """By PID: (period ms, on ms) in this stretch."""
+
+
+def segments(recording: Recording) -> list[Segment]:
+    """The stretches of the planned processes (spawned ones have none), each cut where any
+    process's plan changes, its first and last second left out (the changes settle)."""
+    cuts: set[int] = set()
+    plans: dict[int, list[tuple[int, int, tuple[float, float]]]] = {}
+    for worker in recording.workers:
+        if not worker["plan"]:
+            continue
+        (truth,) = [t for t in recording.truths if t.worker == worker["name"]]
+        at = recording.start_us
+        for seconds, period, on in worker["plan"]:
+            end = at + round(seconds * 1e6)
+            plans.setdefault(truth.pid, []).append((at, end, (period, on)))
+            cuts |= {at, end}
+            at = end
+    ordered = sorted(cuts)
+    out = []
+    for start, end in itertools.pairwise(ordered):
+        here = {pid: plan for pid, stretches in plans.items() for s, e, plan in stretches if s <= start and end <= e}
+        if here and end - start > 3_000_000:
+            out.append(Segment(recording.name, start + 1_000_000, end - 1_000_000, here))
+    return out
+
+
+def unwound_as_swept(recording: Recording, truth: Truth) -> list[trailing.Point]:
+    """A process's figures as a sweep every 2 s reads them (NVML keeps each process's newest),
+    unwound into what it ran by each (collect/trailing.py), every point kept."""
+    figures = sorted({(s.stamp_us, s.sm) for s in recording.samples_of(truth.pid)})
+    points: list[trailing.Point] = []
+    history: list[trailing.Point] = []
+    if not figures:
+        return points
+    read = figures[0][0] - figures[0][0] % SWEEP_US + SWEEP_US
+    read_before = float("-inf")
+    newest = None
+    index = 0
+    while index < len(figures):
+        while index < len(figures) and figures[index][0] <= read:
+            newest = figures[index]
+            index += 1
+        if newest is not None and (not history or newest[0] > history[-1].at_us):
+            born = truth.context_us[0]
+            since = max(history[-1].at_us if history else born, read_before - estimator.BACK_US, born)
+            done = trailing.unwound(history, newest[0], ProcessUse(newest[1]), since)
+            if done is not None:
+                history = done[0]
+                points.append(history[-1])
+        read_before = read
+        read += SWEEP_US
+    return points
