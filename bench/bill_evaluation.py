@@ -3,7 +3,7 @@ on the simulated node, each pod's billed over what it ran (testkit/bill_runs.py)
 median; and the SM the bill left in no series (the largest gap, at any sweep, between the GPU's
 SM-busy seconds and its pods' plus every unattributed reason).
 
-    .venv/bin/python bench/bill_evaluation.py [--seeds 3] [--offsets 10] [--out FILE]
+    .venv/bin/python bench/bill_evaluation.py [--seeds 3] [--offsets 10] [--out FILE] [--one-sample-a-period]
 
 `--tree DIR` runs another checkout's agent (its otel_vgpu/) on this checkout's simulated node
 and harness: how bench/results/bill-evaluation.md's "before" column was made, from a worktree
@@ -43,11 +43,13 @@ def cases() -> dict[str, Case]:
     return {name: Case(name, kind, True) for name, kind in CASES.items()}
 
 
-def one(args: tuple[str, float, int]) -> tuple[str, float, int, dict[str, float], float, dict[str, float]]:
-    name, offset, seed = args
+def one(args: tuple[str, float, int, bool]) -> tuple[str, float, int, dict[str, float], float, dict[str, float]]:
+    name, offset, seed, one_a_period = args
     from testkit.bill_runs import ATTACKER, THIRD, VICTIM, case, run  # noqa: PLC0415
 
     text, seconds = case(name, offset)
+    if one_a_period:
+        text += "driver: {one_sample_a_period: true}\n"
     bill = run(None, text, seed=seed, seconds=seconds)
     ratios = {}
     for role, uid in (("victim", VICTIM), ("tenant", ATTACKER), ("third", THIRD)):
@@ -69,10 +71,10 @@ def one(args: tuple[str, float, int]) -> tuple[str, float, int, dict[str, float]
 
 
 def evaluate(
-    seeds: int, offsets: int, processes: int
+    seeds: int, offsets: int, processes: int, one_a_period: bool = False
 ) -> list[tuple[str, float, int, dict[str, float], float, dict[str, float]]]:
     jobs = [
-        (name, round(2.0 * k / offsets, 3), seed)
+        (name, round(2.0 * k / offsets, 3), seed, one_a_period)
         for name in cases()
         for k in range(offsets)
         for seed in range(1, seeds + 1)
@@ -118,6 +120,11 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--tree", type=Path, help="another checkout whose otel_vgpu/ runs (the 'before')")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--one-sample-a-period",
+        action="store_true",
+        help="the simulated driver at the recorded cadence (docs/scenario.md, driver.one_sample_a_period)",
+    )
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT)] if args.tree is None else [str(args.tree.resolve()), str(ROOT)]
     if args.tree is not None:
@@ -126,7 +133,7 @@ def main() -> int:
 
         assert Path(otel_vgpu.__file__).resolve().is_relative_to(args.tree.resolve()), otel_vgpu.__file__
     began = time.monotonic()
-    results = evaluate(args.seeds, args.offsets, args.processes)
+    results = evaluate(args.seeds, args.offsets, args.processes, args.one_sample_a_period)
     report = table(results)
     print(report, end="")
     print(f"{len(results)} runs in {time.monotonic() - began:.0f} s", file=sys.stderr)

@@ -46,7 +46,7 @@ from otel_vgpu.sim import kubelet
 from otel_vgpu.sim.device_figure_values import SimulatedHealth
 from otel_vgpu.sim.faults import Faults
 from otel_vgpu.sim.proc_tree import ProcTree, new_root
-from otel_vgpu.sim.processes import Process, Workload, shares, summed, uses, whole_percent
+from otel_vgpu.sim.processes import Process, Workload, shares, stamped_in, summed, uses, whole_percent
 from otel_vgpu.sim.scenario import PIPES, MigSpec, Scenario
 
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
@@ -401,15 +401,10 @@ class SimulatedNode:
 
         # Where the driver keeps no ended process's sample, only those running now have one: once
         # each has its newest, older periods hold nothing more (a churning node runs thousands).
-        running = (
-            {
-                p.pid
-                for p in self._alive(latest)
-                if p.gpu == index and p.mps != "client" and p.starts_at <= now < p.ends_at
-            }
-            if self.scenario.driver.ended_samples_s <= 0
-            else None
-        )
+        running = None
+        if self.scenario.driver.ended_samples_s <= 0:
+            alive = self._alive(latest)
+            running = {p.pid for p in alive if p.gpu == index and p.mps != "client" and p.starts_at <= now < p.ends_at}
         kept = {
             (p.pid, p.start_time)
             for p in self._processes_at(self._scenario_time(latest))
@@ -418,10 +413,13 @@ class SimulatedNode:
         for stamp in (latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)):
             if stamp <= since_us or (running is not None and running <= newest.keys()):
                 break
+            stamped = stamped_in(index, stamp, period(stamp)) if self.scenario.driver.one_sample_a_period else None
             for key, use in period(stamp).items():
                 # One sample per PID, its newest: an older one of the same PID is another
-                # period's, or another holder's. NVML keeps the last period it ran in.
-                if key[0] in newest or not any(getattr(use, f) > 0 for f in USE_FIGURES):
+                # period's, or another holder's. NVML keeps the last period it ran in (at the
+                # recorded cadence, the one it was drawn in: `stamped_in`).
+                drawn = stamped is None or use.sm == 0 or key == stamped
+                if key[0] in newest or not drawn or not any(getattr(use, f) > 0 for f in USE_FIGURES):
                     continue
                 if key in kept or self._ended_kept(key, stamp, now, kept_since):
                     newest[key[0]] = (stamp, key)

@@ -278,12 +278,19 @@ class ScenarioReader(PodFields, HealthFields):
             raw,
             "driver",
             line,
-            {"pid_namespace_filter", "ended_samples_s", "memory_info_v2", "context_memory", "version"},
+            {
+                "pid_namespace_filter",
+                "ended_samples_s",
+                "one_sample_a_period",
+                "memory_info_v2",
+                "context_memory",
+                "version",
+            },
         )
         version = spec.get("version", DRIVER_VERSION)
         if not isinstance(version, str) or not version.strip():
             raise self.fail("driver.version", line_of(spec, "version"), f"{version!r} must be a version, as 580.159.04")
-        key = "pid_namespace_filter"
+        key, once = "pid_namespace_filter", "one_sample_a_period"
         kept = self.number(spec.get("ended_samples_s", 0), "driver.ended_samples_s", line_of(spec, "ended_samples_s"))
         if not 0 <= kept <= MAX_KEPT_S:
             raise self.fail(
@@ -292,6 +299,7 @@ class ScenarioReader(PodFields, HealthFields):
         return DriverSpec(
             pid_namespace_filter=self.boolean(spec.get(key, True), f"driver.{key}", line_of(spec, key)),
             ended_samples_s=kept,
+            one_sample_a_period=self.boolean(spec.get(once, False), f"driver.{once}", line_of(spec, once)),
             memory_info_v2=self.boolean(
                 spec.get("memory_info_v2", True), "driver.memory_info_v2", line_of(spec, "memory_info_v2")
             ),

@@ -16,7 +16,7 @@ import pytest
 from otel_vgpu.collect import trailing
 from otel_vgpu.gpu.backend import ProcessUse
 from otel_vgpu.sim import node
-from otel_vgpu.sim.processes import time_sliced, whole_percent
+from otel_vgpu.sim.processes import stamped_in, time_sliced, whole_percent
 from testkit.agent import ROOT
 from testkit.recordings import every, load, segments, unwound_as_swept
 
@@ -116,6 +116,42 @@ def test_a_gpu_asked_more_than_it_has_is_shared_as_the_recordings_show() -> None
     # one), MPS's clients: a split in proportion to what each asked misses the light ones by 0.1.
     assert compared >= 6
     assert missed_in_proportion > 0.09
+
+
+def test_a_gpu_gives_about_one_new_process_sample_a_period_shared_as_the_gpu_was() -> None:
+    # What the simulated driver at the recorded cadence does (driver.one_sample_a_period):
+    # one sample a period, to a process drawn by its use of it. Recorded, with two or three
+    # processes on the GPU: 1.00-1.17 new samples a period in all, where a sample for every
+    # process that ran would be 2-3; and where they ask more than the GPU has, each one's
+    # part of the samples within 0.14 of its part of the work time-slicing gives it.
+    stretches = 0
+    for recorded in every():
+        if recorded.mps:
+            continue
+        for stretch in segments(recorded):
+            asked = {pid: on / period for pid, (period, on) in stretch.plans.items()}
+            if len(asked) < 2:
+                continue
+            stamps = {
+                pid: {s.stamp_us for s in recorded.samples_of(pid) if stretch.start_us < s.stamp_us <= stretch.end_us}
+                for pid in asked
+            }
+            periods = (stretch.end_us - stretch.start_us) / node.SAMPLE_PERIOD_US
+            total = sum(len(each) for each in stamps.values())
+            assert 1.0 <= total / periods <= 1.2, (recorded.name, asked, total / periods)
+            if sum(asked.values()) > 1.0:
+                for pid, share in zip(asked, time_sliced(list(asked.values())), strict=True):
+                    assert len(stamps[pid]) / total == pytest.approx(share, abs=0.14), (recorded.name, asked)
+            stretches += 1
+    assert stretches >= 8
+    # The draw: in proportion to each one's use, the same every time it is asked.
+    used = {(1, 10): ProcessUse(0.6), (2, 20): ProcessUse(0.3), (3, 30): ProcessUse(0.1), (4, 40): ProcessUse()}
+    picks = [stamped_in(0, k * node.SAMPLE_PERIOD_US, used) for k in range(4000)]
+    assert picks == [stamped_in(0, k * node.SAMPLE_PERIOD_US, used) for k in range(4000)]
+    for key, share in (((1, 10), 0.6), ((2, 20), 0.3), ((3, 30), 0.1), ((4, 40), 0.0)):
+        assert picks.count(key) / len(picks) == pytest.approx(share, abs=0.03)
+    assert stamped_in(0, 0, {(5, 50): ProcessUse(0.2)}) == (5, 50)
+    assert stamped_in(0, 0, {(6, 60): ProcessUse()}) is None
 
 
 @pytest.mark.parametrize("name", ["solo-duty", "two-sliced", "three-sliced", "batches"])

@@ -128,6 +128,10 @@ def test_wave_moves_around_its_mean() -> None:
         ("gpus: [{memory: 1GiB, reserved: 1GiB}]\n", "bad.yaml:1: gpus[0].reserved: must be below the GPU's memory"),
         ("gpus: [{reserved: some}]\n", "bad.yaml:1: gpus[0].reserved: 'some' is not a size; valid: bytes"),
         ("gpus: [{}]\ndriver: {memory_info_v2: 1}\n", "bad.yaml:2: driver.memory_info_v2: 1 is not true or false"),
+        (
+            "gpus: [{}]\ndriver: {one_sample_a_period: 'yes'}\n",
+            "bad.yaml:2: driver.one_sample_a_period: 'yes' is not true or false",
+        ),
         ("gpus: [{}]\ndriver: {version: 580}\n", "bad.yaml:2: driver.version: 580 must be a version, as 580.159.04"),
         (
             "gpus: [{}]\npods:\n  - name: a\n    shares: {0: 0}\n",

@@ -1,0 +1,52 @@
+"""How often the simulated driver gives a process a new NVML sample: for every process in every
+period it ran (the default), or about one a period on a GPU, as the recorded driver does
+(driver.one_sample_a_period; tests/unit/sim/test_nvml_recordings.py holds the draw to the
+recordings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from otel_vgpu.sim.node import SAMPLE_PERIOD_US, SimulatedNode
+from otel_vgpu.sim.scenario_file import parse_scenario
+from testkit.bill_runs import node, pod
+from testkit.clock import Clock
+
+pytestmark = pytest.mark.unit
+
+BUSY = "11111111-1111-4111-8111-111111111111"
+LIGHT = "22222222-2222-4222-8222-222222222222"
+
+
+def new_samples(tmp_path: Path, driver: str, seconds: float) -> tuple[dict[int, int], int]:
+    """Each PID's count of new samples over `seconds`, read at every period, and the periods."""
+    text = node(pod("a", "busy", BUSY, "memory: 4GiB, sm: 0.6"), pod("b", "light", LIGHT, "memory: 4GiB, sm: 0.3"))
+    clock = Clock()
+    sim = SimulatedNode(parse_scenario(text + driver, "s.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
+    seen: set[tuple[int, int]] = set()
+    periods = round(seconds * 1e6 / SAMPLE_PERIOD_US)
+    try:
+        for _ in range(periods):
+            clock.t += SAMPLE_PERIOD_US / 1e6
+            seen |= {(s.pid, s.timestamp_us) for s in sim.utilization_samples(0, clock.wall_us() - 1_000_000)}
+    finally:
+        sim.close()
+    counts: dict[int, int] = {}
+    for pid, _ in seen:
+        counts[pid] = counts.get(pid, 0) + 1
+    return counts, periods
+
+
+def test_by_default_every_process_that_ran_has_a_new_sample_each_period(tmp_path: Path) -> None:
+    counts, periods = new_samples(tmp_path, "", 40.0)
+    assert sorted(counts.values()) == pytest.approx([periods, periods], abs=2)
+
+
+def test_at_the_recorded_cadence_a_gpu_gives_one_a_period_drawn_by_use(tmp_path: Path) -> None:
+    counts, periods = new_samples(tmp_path, "driver: {one_sample_a_period: true}\n", 40.0)
+    assert sum(counts.values()) == pytest.approx(periods, abs=2)
+    light, busy = sorted(counts.values())
+    # The busy process ran 0.6 of each period, the light one 0.3: two samples to one.
+    assert busy / (busy + light) == pytest.approx(2 / 3, abs=0.08)
