@@ -10,6 +10,7 @@ the pods that stay started before the scenario, each at its own moment.
 from __future__ import annotations
 
 import math
+import random
 import threading
 import zlib
 from collections.abc import Callable, Sequence
@@ -276,7 +277,10 @@ def stamped_in(index: int, stamp: int, used: dict[tuple[int, int], ProcessUse]) 
     ran = [(key, use.sm) for key, use in sorted(used.items()) if use.sm > 0]
     if len(ran) <= 1:
         return ran[0][0] if ran else None
-    draw = zlib.crc32(f"{index}:{stamp}".encode()) / 2**32 * sum(sm for _, sm in ran)
+    # A draw of its own for each GPU and period: a CRC of the two was tried, and its draws for
+    # nearby periods were far from independent (a bursting pod went without a sample for
+    # whole bursts of five periods, twice in three).
+    draw = random.Random(f"{index}:{stamp}").random() * sum(sm for _, sm in ran)
     for key, sm in ran:
         draw -= sm
         if draw < 0:

@@ -45,7 +45,7 @@ def test_by_default_every_process_that_ran_has_a_new_sample_each_period(tmp_path
 
 
 def test_at_the_recorded_cadence_a_gpu_gives_one_a_period_drawn_by_use(tmp_path: Path) -> None:
-    counts, periods = new_samples(tmp_path, "driver: {one_sample_a_period: true}\n", 40.0)
+    counts, periods = new_samples(tmp_path, "driver: {one_sample_a_period: true}\n", 120.0)
     assert sum(counts.values()) == pytest.approx(periods, abs=2)
     light, busy = sorted(counts.values())
     # The busy process ran 0.6 of each period, the light one 0.3: two samples to one.
