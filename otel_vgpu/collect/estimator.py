@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,7 +184,19 @@ class LifeEvidence:
     `Evidence` where nothing it holds differs (its sample, the samples around, whether it stands
     surely, the period's length), so that a sweep makes one per sample, not one per period."""
 
-    __slots__ = ("_ended_us", "_key", "_last", "_samples", "_tail", "_unknown")
+    __slots__ = (
+        "_after",
+        "_before",
+        "_ended_us",
+        "_from",
+        "_key",
+        "_last",
+        "_period",
+        "_samples",
+        "_tail",
+        "_to",
+        "_unknown",
+    )
 
     def __init__(self, samples: Track, ended_us: float | None, unknown: bool = False) -> None:
         self._samples = samples
@@ -192,9 +205,16 @@ class LifeEvidence:
         self._key: tuple[int, int, int, bool, int] | None = None
         self._last = IDLE
         self._tail: Evidence | None = None
+        # The ends of the periods (of `_period`) that `_key` holds for: after `_after`, from
+        # `_from`, up to `_to` and before `_before`. A period's end in there has `_last`
+        # without a bisect: the periods a sample stands for are stepped through, not searched.
+        self._after, self._to, self._from, self._before = math.inf, -math.inf, math.inf, -math.inf
+        self._period = -1
 
     def at(self, start_us: int, end_us: int) -> Evidence:
         """The evidence of the period (start, end] (`evidence_at`)."""
+        if self._holding(start_us, end_us):
+            return self._last
         if self._unknown:
             return _UNKNOWN
         samples = self._samples
@@ -215,6 +235,7 @@ class LifeEvidence:
             )
             if key != self._key:
                 self._key, self._last = key, self._figure(key, since, sure, end_us)
+                self._holds(key, since, sure)
             return self._last
         if self._ended_us is not None and self._ended_us > start_us and stamps:
             # The rate it was last seen running at, up to its end: over its last second at least,
@@ -223,6 +244,41 @@ class LifeEvidence:
                 self._tail = Evidence(Kind.TAIL, _newest_rate(samples), len(stamps) - 1)
             return self._tail
         return IDLE
+
+    def run(self, start_us: int, end_us: int) -> tuple[Evidence, float, float]:
+        """`at`, and the later periods of the same length that have the same `Evidence`: those
+        that end up to the first bound and before the second (none where it is no figure)."""
+        said = self.at(start_us, end_us)
+        if said is self._last and self._holding(start_us, end_us):
+            return said, self._to, self._before
+        return said, -math.inf, -math.inf
+
+    def _holding(self, start_us: int, end_us: int) -> bool:
+        """Whether the period is one `_key` holds for (`_holds`)."""
+        held = self._after < end_us <= self._to and self._from <= end_us < self._before
+        return held and end_us - start_us == self._period
+
+    def _holds(self, key: tuple[int, int, int, bool, int], since: float, sure: float) -> None:
+        """The ends of the periods of the same length whose key is `key`: each bisect of `at`
+        lands where it did, the sample stands from before the end, and it stands as surely."""
+        at, low, high, unsure, period = key
+        stamps = self._samples.stamps
+        count = len(stamps)
+        after = since
+        to = float(stamps[at])
+        if at > 0:
+            after = max(after, stamps[at - 1])
+        if low > 0:
+            after = max(after, stamps[low - 1] + PEAK_US)
+        if low < count:
+            to = min(to, stamps[low] + PEAK_US)
+        if unsure:
+            after = max(after, sure)
+        else:
+            to = min(to, sure)
+        self._after, self._to, self._period = after, to, period
+        self._from = stamps[high - 1] - PEAK_US if high > 0 else -math.inf
+        self._before = stamps[high] - PEAK_US if high < count else math.inf
 
     def _figure(self, key: tuple[int, int, int, bool, int], since: float, sure: float, end_us: int) -> Evidence:
         at, low, high, unsure, period = key
@@ -251,68 +307,85 @@ def split(gpu: float, present: Sequence[Present], tails: bool = True) -> Split:
     module's rules); without `tails`, the tails are left for `give_tails` (after `rebalance`:
     what a life's own figures owe it, and what a process back from a gap ran in it, come
     before what an ended one may have run)."""
-    unattributed = dict.fromkeys(REASONS, 0.0)
-    claims = [p.part * p.evidence.value if p.evidence.kind is Kind.FIGURE and p.evidence.sure else 0.0 for p in present]
-    wanted = sum(claims)
-    if wanted >= gpu and wanted > 0:
-        # More than the GPU ran: the figures that swing give way first, each down to the lowest
-        # its own samples read around the period (a crest read high takes nothing from a still
-        # neighbour); then, time-slicing, every figure alike.
-        lows = [
-            p.part * min(p.evidence.low, p.evidence.value) if c > 0 else 0.0
-            for p, c in zip(present, claims, strict=True)
-        ]
-        slack = wanted - sum(lows)
-        excess = wanted - gpu
-        if slack >= excess and slack > 0:
-            shares = [c - (c - lo) * excess / slack for c, lo in zip(claims, lows, strict=True)]
-        else:
-            floor = sum(lows)
-            shares = [gpu * lo / floor for lo in lows] if floor > 0 else [gpu * c / wanted for c in claims]
-        left = 0.0
-    else:
-        shares = list(claims)
-        left = gpu - wanted
-        # A process back from a gap, before its own period, takes nothing here: what it ran over
-        # the gap is placed by `rebalance`, in the periods nearest its sample first.
-        # The driver's own error, where one pod's figures alone explain the GPU: they may read
-        # up to SLACK low. Beside another pod, or what NVML cannot tell, what the GPU ran
-        # beyond the figures may be theirs: none of it is this pod's.
-        if _alone(present):
-            left = _give(shares, [c * SLACK for c in claims], left)
-        # A life at an edge of its life lived the part of the period the listings tell, give
-        # or take a listing's cadence: at its own figure, it may have run the rest of it.
-        room = [
-            (1.0 - p.part) * p.evidence.value if p.evidence.kind in (Kind.FIGURE, Kind.TAIL) else 0.0 for p in present
-        ]
-        left = _give(shares, room, left)
-        # The tails: what ended processes may have run past their last sample, at the rate
-        # they were last seen at. Never more: what a neighbour's figure leaves is no
-        # evidence of what this process ran.
-        if tails:
-            left = _give(shares, _tail_room(present), left)
-        left = _give(shares, _peak_room(present, shares), left)
-    for share, life in zip(shares, present, strict=True):
-        if life.owner is None:
-            unattributed["unseen" if life.unseen else "no_pod"] += share
-    if left > 0:
-        if any(p.evidence.kind is Kind.UNKNOWN for p in present):
-            unattributed["mps"] += left
-        elif any(p.unseen for p in present):
-            unattributed["unseen"] += left
-        else:
-            unattributed["unexplained"] += left
+    [(shares, unattributed)] = split_run([gpu], present, tails)
     return Split(tuple(shares), unattributed)
 
 
-def _peak_room(present: Sequence[Present], shares: Sequence[float]) -> list[float]:
-    """A figure that swings may have been read at a trough: each life may run up to the highest
-    its own samples read around the period (a tenant's troughs timed at the sweeps shed nothing,
-    and a still neighbour takes none of it)."""
-    return [
-        max(0.0, p.part * p.evidence.peak - share) if p.evidence.kind is Kind.FIGURE and p.evidence.sure else 0.0
-        for p, share in zip(present, shares, strict=True)
+def split_run(
+    gpus: Sequence[float], present: Sequence[Present], tails: bool = True
+) -> list[tuple[list[float], dict[str, float]]]:
+    """`split` of each of a run of periods that share their lives and each life's part and
+    evidence (a sample stands for several periods), the GPU's figure of each in `gpus`: each
+    period's shares and unattributed. What the lives alone decide (their claims, lows, rooms,
+    reasons) is worked out once for the run; each period does only the sums its figure moves,
+    in the order `split` does them, so that each period's result is the one it would have alone."""
+    claims = [p.part * p.evidence.value if p.evidence.kind is Kind.FIGURE and p.evidence.sure else 0.0 for p in present]
+    wanted = sum(claims)
+    lows = [
+        p.part * min(p.evidence.low, p.evidence.value) if c > 0 else 0.0 for p, c in zip(present, claims, strict=True)
     ]
+    floor = sum(lows)
+    slack = wanted - floor
+    alone = [c * SLACK for c in claims] if _alone(present) else None
+    # A life at an edge of its life lived the part of the period the listings tell, give
+    # or take a listing's cadence: at its own figure, it may have run the rest of it.
+    room = [(1.0 - p.part) * p.evidence.value if p.evidence.kind in (Kind.FIGURE, Kind.TAIL) else 0.0 for p in present]
+    tail_room = _tail_room(present) if tails else None
+    # A figure that swings may have been read at a trough: each life may run up to the highest
+    # its own samples read around the period (a tenant's troughs timed at the sweeps shed
+    # nothing, and a still neighbour takes none of it).
+    peaks = [
+        (k, p.part * p.evidence.peak)
+        for k, p in enumerate(present)
+        if p.evidence.kind is Kind.FIGURE and p.evidence.sure
+    ]
+    no_pod = [(k, "unseen" if p.unseen else "no_pod") for k, p in enumerate(present) if p.owner is None]
+    if any(p.evidence.kind is Kind.UNKNOWN for p in present):
+        reason = "mps"
+    elif any(p.unseen for p in present):
+        reason = "unseen"
+    else:
+        reason = "unexplained"
+    out = []
+    for gpu in gpus:
+        unattributed = dict.fromkeys(REASONS, 0.0)
+        if wanted >= gpu and wanted > 0:
+            # More than the GPU ran: the figures that swing give way first, each down to the
+            # lowest its own samples read around the period (a crest read high takes nothing
+            # from a still neighbour); then, time-slicing, every figure alike.
+            excess = wanted - gpu
+            if slack >= excess and slack > 0:
+                shares = [c - (c - lo) * excess / slack for c, lo in zip(claims, lows, strict=True)]
+            else:
+                shares = [gpu * lo / floor for lo in lows] if floor > 0 else [gpu * c / wanted for c in claims]
+            left = 0.0
+        else:
+            shares = list(claims)
+            left = gpu - wanted
+            # A process back from a gap, before its own period, takes nothing here: what it ran
+            # over the gap is placed by `rebalance`, in the periods nearest its sample first.
+            # The driver's own error, where one pod's figures alone explain the GPU: they may
+            # read up to SLACK low. Beside another pod, or what NVML cannot tell, what the GPU
+            # ran beyond the figures may be theirs: none of it is this pod's.
+            if alone is not None:
+                left = _give(shares, alone, left)
+            left = _give(shares, room, left)
+            # The tails: what ended processes may have run past their last sample, at the rate
+            # they were last seen at. Never more: what a neighbour's figure leaves is no
+            # evidence of what this process ran.
+            if tail_room is not None:
+                left = _give(shares, tail_room, left)
+            if left > 0:
+                peak_room = [0.0] * len(shares)
+                for k, peak in peaks:
+                    peak_room[k] = max(0.0, peak - shares[k])
+                left = _give(shares, peak_room, left)
+        for k, why in no_pod:
+            unattributed[why] += shares[k]
+        if left > 0:
+            unattributed[reason] += left
+        out.append((shares, unattributed))
+    return out
 
 
 def _tail_room(present: Sequence[Present]) -> list[float]:

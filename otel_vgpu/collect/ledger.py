@@ -336,7 +336,6 @@ def close(
 def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period_us: int) -> Window:
     ran: dict[LifeKey, _Ran] = {}
     busy = 0.0
-    users: set[str] = set()
     unattributed = dict.fromkeys(UNATTRIBUTED_REASONS, 0.0)
     seconds = period_us / 1e6
     first = min((end for end, _ in periods), default=0) - period_us
@@ -345,39 +344,46 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
     # A pod with a process whose use NVML cannot tell has no SM figure on the GPU at all.
     blind = {_uid(life) for life in reaching if life.unknown}
     # Each life in the periods it reaches only: on a churning node most live a few periods.
-    within = _within(periods, period_us, reaching, blind)
-    split: list[tuple[list[_Present], list[float], dict[str, float]]] = []
+    within, users = _within(periods, period_us, reaching, blind)
+    # Periods in a row whose lives and evidence are the same (a sample stands for several)
+    # are split at once (`estimator.split_run`), and share their lists of lives.
+    runs: list[tuple[list[_Present], list[float]]] = []
+    after = False  # whether the period before was split
     for (_, gpu_sm), present in zip(periods, within, strict=True):
-        users |= {_uid(life) for life, _, _ in present}
         if gpu_sm is None:
+            after = False
             continue
         busy += gpu_sm * seconds
+        if after and runs[-1][0] == present:
+            runs[-1][1].append(gpu_sm)
+        else:
+            runs.append((present, [gpu_sm]))
+        after = True
+    split: list[tuple[list[_Present], list[estimator.Present], list[float], dict[str, float]]] = []
+    rebalanced: list[tuple[list[LifeKey], list[estimator.Evidence], list[float], list[float], dict[str, float]]] = []
+    for present, gpus in runs:
         lives = [said for _, _, said in present]
-        result = estimator.split(gpu_sm, lives, tails=False)
-        split.append((present, list(result.shares), dict(result.unattributed)))
-    estimator.rebalance(
-        [
-            (
-                [key for _, key, _ in present],
-                [said.evidence for _, _, said in present],
-                [said.part for _, _, said in present],
-                shares,
-                left,
-            )
-            for present, shares, left in split
-        ],
-        ledger.gaps,  # type: ignore[arg-type]
-    )
-    for present, shares, left in split:
-        estimator.give_tails([said for _, _, said in present], shares, left)
+        keys = [key for _, key, _ in present]
+        evidence = [said.evidence for said in lives]
+        parts = [said.part for said in lives]
+        for shares, left in estimator.split_run(gpus, lives, tails=False):
+            split.append((present, lives, shares, left))
+            rebalanced.append((keys, evidence, parts, shares, left))
+    estimator.rebalance(rebalanced, ledger.gaps)  # type: ignore[arg-type]
+    tailed = None
+    for present, lives, shares, left in split:
+        if lives is not tailed:
+            tailed = lives
+            # Without a tail among them, `give_tails` gives nothing: not asked.
+            tails = any(said.evidence.kind is estimator.Kind.TAIL for said in lives)
+            # Each life's figures and part, as the period adds them up (`_Ran.add`).
+            adding = [(_ran(ran, key), _use(life, said), said.part * seconds) for life, key, said in present]
+        if tails:
+            estimator.give_tails(lives, shares, left)
         for reason, value in left.items():
             unattributed[reason] += value * seconds
-        for (life, key, said), share in zip(present, shares, strict=True):
-            acc = ran.get(key)
-            if acc is None:
-                acc = ran[key] = _Ran()
-            at = said.evidence.sample
-            acc.add(share * seconds, life.samples.uses[at] if at is not None else None, said.part * seconds)
+        for (acc, use, part_seconds), share in zip(adding, shares, strict=True):
+            acc.add(share * seconds, use, part_seconds)
     given = sum(acc.sm for acc in ran.values())
     window = Window(
         seconds=seconds * len(periods),
@@ -396,39 +402,69 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
     return window
 
 
+def _ran(ran: dict[LifeKey, _Ran], key: LifeKey) -> _Ran:
+    """A life's sums over the window, begun where it is first given a share: `Window.ran` keeps
+    the order of the periods and lives."""
+    acc = ran.get(key)
+    if acc is None:
+        acc = ran[key] = _Ran()
+    return acc
+
+
+def _use(life: Life, said: estimator.Present) -> ProcessUse | None:
+    """The use of the sample that stands for the life in a period; None: no sample does."""
+    at = said.evidence.sample
+    return life.samples.uses[at] if at is not None else None
+
+
 _Present = tuple[Life, LifeKey, estimator.Present]
 """A life in one period: who it is, and what the estimator is given of it."""
 
 
 def _within(
     periods: Sequence[tuple[int, float | None]], period_us: int, reaching: Sequence[Life], blind: set[str]
-) -> list[list[_Present]]:
+) -> tuple[list[list[_Present]], set[str]]:
     """Each period's lives, in the order of `reaching`: each life only in the periods it reaches
-    (on a churning node most live a few periods), its evidence read period after period along
-    its samples, and one `estimator.Present` kept while its part and evidence hold."""
+    (on a churning node most live a few periods), its evidence stepped from one sample's run of
+    periods to the next (`estimator.LifeEvidence.run`), and one entry kept while its part and
+    evidence hold; and the pods (UIDs, "" for none) of the lives in any period."""
     ends = [end for end, _ in periods]
     within: list[list[_Present]] = [[] for _ in periods]
+    users: set[str] = set()
     for life in reaching:
         key = life.key
+        since = life.since_us
         until = math.inf if life.until_us is None else life.until_us
-        low = bisect.bisect_right(ends, life.since_us)
+        low = bisect.bisect_right(ends, since)
         high = len(ends) if until == math.inf else bisect.bisect_left(ends, until + period_us)
         evidence = estimator.LifeEvidence(life.samples, life.until_us, life.unknown or _uid(life) in blind)
         owner = None if life.owner is None else life.owner.pod_uid
-        last: estimator.Present | None = None
+        entry: _Present | None = None
+        said = estimator.IDLE
+        to = before = -math.inf
         for k in range(low, min(high + 1, len(ends))):
             end_us = ends[k]
             start_us = end_us - period_us
-            # `Life.overlap_us`, inline: this runs for every life in every period.
-            part = max(0.0, min(until, end_us) - max(life.since_us, start_us)) / period_us
-            if part <= 0:
-                continue
+            if since <= start_us and end_us <= until:
+                part = 1.0  # lived the whole period: `Life.overlap_us` is the period's length
+            else:
+                part = max(0.0, min(until, end_us) - max(since, start_us)) / period_us
+                if part <= 0:
+                    continue
             # A period without the GPU's figure is not split: its lives' evidence is not read.
-            said = estimator.IDLE if periods[k][1] is None else evidence.at(start_us, end_us)
-            if last is None or last.part != part or last.evidence is not said:
-                last = estimator.Present(owner, part, said, life.unseen)
-            within[k].append((life, key, last))
-    return within
+            if periods[k][1] is None:
+                now = estimator.IDLE
+            elif end_us <= to and end_us < before:
+                now = said  # the same sample, the same samples around: the same evidence
+            else:
+                said, to, before = evidence.run(start_us, end_us)
+                now = said
+            if entry is None or entry[2].part != part or entry[2].evidence is not now:
+                entry = (life, key, estimator.Present(owner, part, now, life.unseen))
+            within[k].append(entry)
+        if entry is not None:
+            users.add(owner or "")
+    return within, users
 
 
 class _Ran:

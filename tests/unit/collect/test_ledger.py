@@ -94,6 +94,47 @@ def test_every_split_conserves_the_gpus_figure_and_gives_no_one_a_negative_share
             assert share <= most + 1e-9
 
 
+def test_a_run_of_periods_split_at_once_gives_each_what_it_would_have_alone() -> None:
+    draw = random.Random(57)
+    kinds = [Kind.FIGURE, Kind.IDLE, Kind.TAIL, Kind.UNKNOWN]
+    for _ in range(2_000):
+        present = []
+        for _ in range(draw.randint(0, 6)):
+            kind = draw.choice(kinds)
+            value = draw.random() / 3
+            low, peak = sorted((draw.uniform(0, value), draw.uniform(value, 1)))
+            evidence = Evidence(
+                kind, value if kind in (Kind.FIGURE, Kind.TAIL) else 0.0, 0, peak, low, draw.random() < 0.8
+            )
+            present.append(Present(draw.choice(["a", "b", None]), draw.choice([1.0, draw.random()]), evidence))
+        gpus = [draw.random() for _ in range(draw.randint(1, 6))]
+        tails = draw.random() < 0.5
+        # Exactly: the bill's sums are the same, to the last digit.
+        for gpu, (shares, unattributed) in zip(gpus, estimator.split_run(gpus, present, tails), strict=True):
+            alone = estimator.split(gpu, present, tails)
+            assert (tuple(shares), unattributed) == (alone.shares, alone.unattributed)
+
+
+def test_a_lifes_evidence_stepped_from_one_samples_run_of_periods_to_the_next_is_what_each_period_reads() -> None:
+    draw = random.Random(58)
+    for _ in range(300):
+        track = estimator.Track()
+        stamp = draw.randint(0, 3) * 200 * MS
+        for _ in range(draw.randint(0, 12)):
+            since = stamp - draw.choice([200, 1000, 2000, 3000]) * MS
+            figure = ProcessUse(sm=draw.random())
+            track.append(stamp, figure, since, draw.choice([since, stamp - 200 * MS]))
+            stamp += draw.choice([1000, 2000, 2200, 4000]) * MS
+        ended = draw.choice([None, stamp - draw.randint(0, 5000) * MS])
+        ends = range(200 * MS, stamp + 5000 * MS, 200 * MS)
+        stepped = estimator.LifeEvidence(track, ended)
+        said, to, before = estimator.IDLE, -float("inf"), -float("inf")
+        for end in ends:
+            if not (end <= to and end < before):
+                said, to, before = stepped.run(end - 200 * MS, end)
+            assert said == estimator.evidence_at(track, end - 200 * MS, end, ended)
+
+
 def test_a_period_is_split_by_the_figures_and_what_they_leave_is_unexplained() -> None:
     result = estimator.split(0.9, [Present("a", 1.0, figure(0.3)), Present("b", 1.0, figure(0.2))])
     assert result.shares == pytest.approx((0.3, 0.2))
