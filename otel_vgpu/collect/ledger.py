@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from otel_vgpu.collect import estimator, trailing
-from otel_vgpu.gpu.backend import USE_FIGURES, AccountingRecord, ProcessUse, UtilizationSample
+from otel_vgpu.gpu.backend import USE_FIGURES, AccountingRecord, ProcessUse, UtilizationSample, use_figures
 from otel_vgpu.pods.cgroups import PodRef
 
 # NVML's sample period on an H200 (bench/results/h200-nvml-samples.md); a window's own
@@ -224,8 +224,12 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         track = life.samples
         if track and sample.timestamp_us <= track.stamps[-1]:
             continue  # one it has, or older: NVML keeps a process's newest
-        # Drivers have been seen to report more than 100 %.
-        use = ProcessUse(**{f: min(1.0, max(0.0, getattr(sample.use, f))) for f in USE_FIGURES})
+        # Drivers have been seen to report more than 100 %. A sample within bounds is its own
+        # clamp: not made anew for every process at every sweep.
+        use = sample.use
+        figures = use_figures(use)
+        if not all(0.0 <= value <= 1.0 for value in figures):
+            use = ProcessUse(*(min(1.0, max(0.0, value)) for value in figures))
         replaced = None
         if track and track.stamps[-1] - track.since[-1] < MIN_SPAN_US:
             # Whole percents of a 14.2 s window tell what ran between two samples to 0.14 s:
@@ -467,6 +471,9 @@ def _within(
     return within, users
 
 
+_SM = USE_FIGURES.index("sm")
+
+
 class _Ran:
     """What one life ran over a window, added up period by period: its SM seconds, and its
     other figures' weights, kept by the figure they come from (a life's figure is the same
@@ -488,8 +495,12 @@ class _Ran:
             self.weights.append((use, seconds))
 
     def use(self) -> ProcessUse:
-        figures = {f: sum(getattr(u, f) * w for u, w in self.weights) for f in USE_FIGURES if f != "sm"}
-        return ProcessUse(sm=self.sm, **figures)
+        # Each figure summed weight by weight from 0, as `sum` adds: the figures in one pass.
+        sums: list[float] = [0] * len(USE_FIGURES)
+        for use, weight in self.weights:
+            sums = [total + value * weight for total, value in zip(sums, use_figures(use), strict=True)]
+        sums[_SM] = self.sm
+        return ProcessUse(*sums)
 
 
 def _uid(life: Life) -> str:
@@ -525,7 +536,7 @@ def means(window: Window) -> tuple[dict[int, ProcessUse], dict[PodRef, ProcessUs
         life = window.lives.get(key)
         if life is None or life.unknown:
             continue
-        use = ProcessUse(**{f: min(1.0, getattr(ran, f) / window.seconds) for f in USE_FIGURES})
+        use = ProcessUse(*(min(1.0, value / window.seconds) for value in use_figures(ran)))
         if life.until_us is None:
             by_pid[life.pid] = use
         elif life.owner is not None:

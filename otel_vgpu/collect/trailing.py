@@ -26,10 +26,11 @@ Pure: no clock, no NVML.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse
+from otel_vgpu.gpu.backend import USE_FIGURES, ProcessUse, use_figures
 
 WINDOW_US = 14_200_000
 """The span a process's figure is the mean of (71 periods of 200 ms)."""
@@ -49,6 +50,9 @@ class Point:
     ran: tuple[float, ...]
 
 
+_at = operator.attrgetter("at_us")
+
+
 def ran_by(history: Sequence[Point], at_us: float) -> tuple[float, ...]:
     """What the process had run by `at_us`: nothing before its first point, all of it after
     its last, and in between spread evenly."""
@@ -56,7 +60,7 @@ def ran_by(history: Sequence[Point], at_us: float) -> tuple[float, ...]:
         return _IDLE
     if at_us >= history[-1].at_us:
         return history[-1].ran
-    i = bisect.bisect_right([p.at_us for p in history], at_us)
+    i = bisect.bisect_right(history, at_us, key=_at)
     before, after = history[i - 1], history[i]
     part = (at_us - before.at_us) / (after.at_us - before.at_us)
     return tuple(b + (a - b) * part for b, a in zip(before.ran, after.ran, strict=True))
@@ -72,7 +76,7 @@ def unwound(
     window_s = WINDOW_US / 1e6
     # Whole percent rounded down leaves a figure on average half a percent under the use; a
     # figure of 0 may be none at all (a process decoding with no kernel): nothing is added.
-    figures = tuple(value + FLOORED if (value := getattr(figure, f)) > 0 else 0.0 for f in USE_FIGURES)
+    figures = tuple(value + FLOORED if value > 0 else 0.0 for value in use_figures(figure))
     points = list(history)
     if points and stamp_us <= points[-1].at_us:
         return None
@@ -95,7 +99,7 @@ def unwound(
     )
     points.append(Point(stamp_us, ran))
     # Points older than a window before the newest are never read again, but the one before.
-    keep = bisect.bisect_left([p.at_us for p in points], stamp_us - 2 * WINDOW_US)
+    keep = bisect.bisect_left(points, stamp_us - 2 * WINDOW_US, key=_at)
     del points[: max(0, keep - 1)]
-    mean = ProcessUse(**{f: min(1.0, (r - b) / span_s) for f, r, b in zip(USE_FIGURES, ran, last.ran, strict=True)})
+    mean = ProcessUse(*(min(1.0, (r - b) / span_s) for r, b in zip(ran, last.ran, strict=True)))
     return points, mean
