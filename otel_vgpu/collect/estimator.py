@@ -215,15 +215,20 @@ class LifeEvidence:
         """The evidence of the period (start, end] (`evidence_at`)."""
         if self._holding(start_us, end_us):
             return self._last
+        return self.run(start_us, end_us)[0]
+
+    def run(self, start_us: int, end_us: int) -> tuple[Evidence, float, float]:
+        """`at`, and the later periods of the same length that have the same `Evidence`: those
+        that end up to the first bound and before the second (none where it is no figure)."""
         if self._unknown:
-            return _UNKNOWN
+            return _UNKNOWN, math.inf, math.inf
         samples = self._samples
         stamps = samples.stamps
         at = bisect.bisect_left(stamps, end_us)
         if at < len(stamps):
             since = samples.since[at]
             if since >= end_us:
-                return IDLE
+                return IDLE, -math.inf, -math.inf
             sure = samples.sure[at]
             period = end_us - start_us
             key = (
@@ -236,22 +241,14 @@ class LifeEvidence:
             if key != self._key:
                 self._key, self._last = key, self._figure(key, since, sure, end_us)
                 self._holds(key, since, sure)
-            return self._last
+            return self._last, self._to, self._before
         if self._ended_us is not None and self._ended_us > start_us and stamps:
             # The rate it was last seen running at, up to its end: over its last second at least,
             # since a figure over less is NVML's whole percents more than its use.
             if self._tail is None:
                 self._tail = Evidence(Kind.TAIL, _newest_rate(samples), len(stamps) - 1)
-            return self._tail
-        return IDLE
-
-    def run(self, start_us: int, end_us: int) -> tuple[Evidence, float, float]:
-        """`at`, and the later periods of the same length that have the same `Evidence`: those
-        that end up to the first bound and before the second (none where it is no figure)."""
-        said = self.at(start_us, end_us)
-        if said is self._last and self._holding(start_us, end_us):
-            return said, self._to, self._before
-        return said, -math.inf, -math.inf
+            return self._tail, -math.inf, -math.inf
+        return IDLE, -math.inf, -math.inf
 
     def _holding(self, start_us: int, end_us: int) -> bool:
         """Whether the period is one `_key` holds for (`_holds`)."""
@@ -425,15 +422,33 @@ def rebalance(
     and sample, holds what is left of each claim from one window to the next (a gap settles over
     several sweeps), and is updated in place."""
     claims = {} if gaps is None else gaps
+    # Which lives may stand back from a gap, and which stand surely with what their figure
+    # claims, by list of evidence: a run of periods shares one (collect/ledger.py), so each is
+    # read once, not once a period.
+    plans: dict[int, tuple[list[tuple[int, int]], list[tuple[int, Hashable, float]]]] = {}
+    for keys, evidence, parts, _, _ in periods:
+        if id(evidence) not in plans:
+            plans[id(evidence)] = (
+                [
+                    (k, said.stamp)
+                    for k, said in enumerate(evidence)
+                    if said.kind is Kind.FIGURE and not said.sure and said.stamp is not None
+                ],
+                [
+                    (k, key, part * said.value)
+                    for k, (key, said, part) in enumerate(zip(keys, evidence, parts, strict=True))
+                    if said.kind is Kind.FIGURE and said.sure
+                ],
+            )
     for keys, evidence, parts, shares, left in reversed(periods):
+        unsure = plans[id(evidence)][0]
+        if not unsure:
+            continue  # no life back from a gap: no room, and no claim to begin
         spare = left.get("unexplained", 0.0)
-        room = []
-        for key, said, part, share in zip(keys, evidence, parts, shares, strict=True):
-            if said.kind is not Kind.FIGURE or said.sure or said.stamp is None:
-                room.append(0.0)
-                continue
-            claim = claims.setdefault((key, said.stamp), said.gap)
-            room.append(min(claim, max(0.0, part - share)))
+        room = [0.0] * len(shares)
+        for k, stamp in unsure:
+            claim = claims.setdefault((keys[k], stamp), evidence[k].gap)
+            room[k] = min(claim, max(0.0, parts[k] - shares[k]))
         total = sum(room)
         if spare <= 0 or total <= 0:
             continue
@@ -443,24 +458,22 @@ def rebalance(
             if r > 0 and said.stamp is not None:
                 claims[(key, said.stamp)] -= r * scale
     owed: dict[Hashable, float] = {}
-    for keys, evidence, parts, shares, _ in periods:
-        for key, said, part, share in zip(keys, evidence, parts, shares, strict=True):
-            if said.kind is Kind.FIGURE and said.sure:
-                owed[key] = owed.get(key, 0.0) + part * said.value - share
-    for keys, evidence, parts, shares, left in periods:
+    for _, evidence, _, shares, _ in periods:
+        for k, key, claim in plans[id(evidence)][1]:
+            owed[key] = owed.get(key, 0.0) + claim - shares[k]
+    for _, evidence, parts, shares, left in periods:
         spare = left.get("unexplained", 0.0)
         if spare <= 0:
             continue
-        room = [
-            min(max(0.0, owed.get(key, 0.0)), part - share) if said.kind is Kind.FIGURE and said.sure else 0.0
-            for key, said, part, share in zip(keys, evidence, parts, shares, strict=True)
-        ]
+        room = [0.0] * len(shares)
+        for k, key, _ in plans[id(evidence)][1]:
+            room[k] = min(max(0.0, owed.get(key, 0.0)), parts[k] - shares[k])
         total = sum(room)
         left["unexplained"] = _give(shares, room, spare)
         scale = 0.0 if total <= 0 else min(1.0, spare / total)
-        for key, r in zip(keys, room, strict=True):
-            if r > 0:
-                owed[key] -= r * scale
+        for k, key, _ in plans[id(evidence)][1]:
+            if room[k] > 0:
+                owed[key] -= room[k] * scale
 
 
 def _alone(present: Sequence[Present]) -> bool:
