@@ -363,31 +363,36 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
         else:
             runs.append((present, [gpu_sm]))
         after = True
-    split: list[tuple[list[_Present], list[estimator.Present], list[float], dict[str, float]]] = []
+    split: list[tuple[list[_Present], list[estimator.Present], list[tuple[list[float], dict[str, float]]]]] = []
     rebalanced: list[tuple[list[LifeKey], list[estimator.Evidence], list[float], list[float], dict[str, float]]] = []
     for present, gpus in runs:
         lives = [said for _, _, said in present]
         keys = [key for _, key, _ in present]
         evidence = [said.evidence for said in lives]
         parts = [said.part for said in lives]
-        for shares, left in estimator.split_run(gpus, lives, tails=False):
-            split.append((present, lives, shares, left))
-            rebalanced.append((keys, evidence, parts, shares, left))
+        results = estimator.split_run(gpus, lives, tails=False)
+        split.append((present, lives, results))
+        rebalanced.extend((keys, evidence, parts, shares, left) for shares, left in results)
     estimator.rebalance(rebalanced, ledger.gaps)  # type: ignore[arg-type]
-    tailed = None
-    for present, lives, shares, left in split:
-        if lives is not tailed:
-            tailed = lives
-            # Without a tail among them, `give_tails` gives nothing: not asked.
-            tails = any(said.evidence.kind is estimator.Kind.TAIL for said in lives)
-            # Each life's figures and part, as the period adds them up (`_Ran.add`).
-            adding = [(_ran(ran, key), _use(life, said), said.part * seconds) for life, key, said in present]
-        if tails:
-            estimator.give_tails(lives, shares, left)
-        for reason, value in left.items():
-            unattributed[reason] += value * seconds
-        for (acc, use, part_seconds), share in zip(adding, shares, strict=True):
-            acc.add(share * seconds, use, part_seconds)
+    for present, lives, results in split:
+        # Without a tail among them, `give_tails` gives nothing: not asked.
+        tails = any(said.evidence.kind is estimator.Kind.TAIL for said in lives)
+        for shares, left in results:
+            if tails:
+                estimator.give_tails(lives, shares, left)
+            for reason, value in left.items():
+                unattributed[reason] += value * seconds
+        # Each life's sums over the run's periods, in their order: the same additions as
+        # period by period, without a call for each.
+        for k, (life, key, said) in enumerate(present):
+            acc = _ran(ran, key)
+            sm = acc.sm
+            for shares, _ in results:
+                sm += shares[k] * seconds
+            acc.sm = sm
+            use = _use(life, said)
+            if use is not None:
+                acc.weigh(use, said.part * seconds, len(results))
     given = sum(acc.sm for acc in ran.values())
     window = Window(
         seconds=seconds * len(periods),
@@ -485,14 +490,17 @@ class _Ran:
         self.sm = 0.0
         self.weights: list[tuple[ProcessUse, float]] = []
 
-    def add(self, sm_seconds: float, use: ProcessUse | None, seconds: float) -> None:
-        self.sm += sm_seconds
-        if use is None:
-            return
+    def weigh(self, use: ProcessUse, seconds: float, periods: int) -> None:
+        """`seconds` of each of `periods` in a row at `use`'s figures, added one at a time."""
         if self.weights and self.weights[-1][0] is use:
-            self.weights[-1] = (use, self.weights[-1][1] + seconds)
+            weight = self.weights[-1][1]
         else:
             self.weights.append((use, seconds))
+            weight = seconds
+            periods -= 1
+        for _ in range(periods):
+            weight += seconds
+        self.weights[-1] = (use, weight)
 
     def use(self) -> ProcessUse:
         # Each figure summed weight by weight from 0, as `sum` adds: the figures in one pass.
