@@ -63,7 +63,7 @@ def ran_by(history: Sequence[Point], at_us: float) -> tuple[float, ...]:
     i = bisect.bisect_right(history, at_us, key=_at)
     before, after = history[i - 1], history[i]
     part = (at_us - before.at_us) / (after.at_us - before.at_us)
-    return tuple(b + (a - b) * part for b, a in zip(before.ran, after.ran, strict=True))
+    return tuple([b + (a - b) * part for b, a in zip(before.ran, after.ran, strict=True)])
 
 
 def unwound(
@@ -76,7 +76,8 @@ def unwound(
     window_s = WINDOW_US / 1e6
     # Whole percent rounded down leaves a figure on average half a percent under the use; a
     # figure of 0 may be none at all (a process decoding with no kernel): nothing is added.
-    figures = tuple(value + FLOORED if value > 0 else 0.0 for value in use_figures(figure))
+    # Lists, not generators, in what follows: this runs for every sample of every process.
+    figures = [value + FLOORED if value > 0 else 0.0 for value in use_figures(figure)]
     points = list(history)
     if points and stamp_us <= points[-1].at_us:
         return None
@@ -94,12 +95,14 @@ def unwound(
     span_s = (stamp_us - start) / 1e6
     lagged = ran_by(points, stamp_us - WINDOW_US)
     ran = tuple(
-        min(before + span_s, max(before, window_s * value + lag))
-        for value, lag, before in zip(figures, lagged, last.ran, strict=True)
+        [
+            min(before + span_s, max(before, window_s * value + lag))
+            for value, lag, before in zip(figures, lagged, last.ran, strict=True)
+        ]
     )
     points.append(Point(stamp_us, ran))
     # Points older than a window before the newest are never read again, but the one before.
     keep = bisect.bisect_left(points, stamp_us - 2 * WINDOW_US, key=_at)
     del points[: max(0, keep - 1)]
-    mean = ProcessUse(*(min(1.0, (r - b) / span_s) for r, b in zip(ran, last.ran, strict=True)))
+    mean = ProcessUse(*[min(1.0, (r - b) / span_s) for r, b in zip(ran, last.ran, strict=True)])
     return points, mean
