@@ -219,7 +219,8 @@ class LifeEvidence:
 
     def run(self, start_us: int, end_us: int) -> tuple[Evidence, float, float]:
         """`at`, and the later periods of the same length that have the same `Evidence`: those
-        that end up to the first bound and before the second (none where it is no figure)."""
+        that end up to the first bound and before the second (none after an idle period or a
+        tail's: they are read anew; every one where NVML cannot tell the life's use)."""
         if self._unknown:
             return _UNKNOWN, math.inf, math.inf
         samples = self._samples
@@ -239,8 +240,8 @@ class LifeEvidence:
                 period,
             )
             if key != self._key:
-                self._key, self._last = key, self._figure(key, since, sure, end_us)
-                self._holds(key, since, sure)
+                self._key = key
+                self._figure(key, since, sure, end_us)
             return self._last, self._to, self._before
         if self._ended_us is not None and self._ended_us > start_us and stamps:
             # The rate it was last seen running at, up to its end: over its last second at least,
@@ -251,15 +252,22 @@ class LifeEvidence:
         return IDLE, -math.inf, -math.inf
 
     def _holding(self, start_us: int, end_us: int) -> bool:
-        """Whether the period is one `_key` holds for (`_holds`)."""
+        """Whether the period is one `_key` holds for (`_figure`)."""
         held = self._after < end_us <= self._to and self._from <= end_us < self._before
         return held and end_us - start_us == self._period
 
-    def _holds(self, key: tuple[int, int, int, bool, int], since: float, sure: float) -> None:
-        """The ends of the periods of the same length whose key is `key`: each bisect of `at`
-        lands where it did, the sample stands from before the end, and it stands as surely."""
+    def _figure(self, key: tuple[int, int, int, bool, int], since: float, sure: float, end_us: int) -> None:
+        """The evidence of `key` made `_last`, and the ends of the periods of the same length
+        that have the same key: each bisect of `run` lands where it did, the sample stands from
+        before the end, and it stands as surely (`_holding`)."""
         at, low, high, unsure, period = key
-        stamps = self._samples.stamps
+        samples = self._samples
+        stamps = samples.stamps
+        figures = samples.figures
+        value = figures[at]
+        around = [value, *figures[low:high]]
+        gap = value * max(0.0, sure - since) / period if end_us <= sure and period > 0 else 0.0
+        self._last = Evidence(Kind.FIGURE, value, at, max(around), min(around), unsure, stamps[at], gap)
         count = len(stamps)
         after = since
         to = float(stamps[at])
@@ -276,13 +284,6 @@ class LifeEvidence:
         self._after, self._to, self._period = after, to, period
         self._from = stamps[high - 1] - PEAK_US if high > 0 else -math.inf
         self._before = stamps[high] - PEAK_US if high < count else math.inf
-
-    def _figure(self, key: tuple[int, int, int, bool, int], since: float, sure: float, end_us: int) -> Evidence:
-        at, low, high, unsure, period = key
-        value = self._samples.figures[at]
-        around = [value, *self._samples.figures[low:high]]
-        gap = value * max(0.0, sure - since) / period if end_us <= sure and period > 0 else 0.0
-        return Evidence(Kind.FIGURE, value, at, max(around), min(around), unsure, self._samples.stamps[at], gap)
 
 
 def _newest_rate(samples: Track) -> float:
