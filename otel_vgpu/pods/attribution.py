@@ -41,8 +41,9 @@ def parse_start_time(stat_text: str) -> int:
     The command name (field 2) may hold spaces and parentheses, so fields are
     counted from the last `)`.
     """
-    after_name = stat_text.rsplit(")", 1)[1].split()
-    # after_name[0] is field 3 (state), so field 22 is at index 19.
+    # after_name[0] is field 3 (state), so field 22 is at index 19; the thirty fields after it
+    # are left in one piece (a sweep reads every GPU process's stat).
+    after_name = stat_text.rsplit(")", 1)[1].split(None, 20)
     return int(after_name[19])
 
 
@@ -94,9 +95,17 @@ class ProcReader:
 
     def _read(self, pid: int, name: str, limit: int) -> str | None:
         path = f"{self._prefix}{pid}/{name}"
+        # os.open and os.read, not open(): a sweep reads every GPU process's stat, and a file
+        # object's buffers cost more than the read. Read to the end or the limit, as a file
+        # object's read(limit) does.
         try:
-            with open(path, "rb") as handle:
-                data = handle.read(limit)
+            handle = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.read(handle, limit)
+                while data and len(data) < limit and (more := os.read(handle, limit - len(data))):
+                    data += more
+            finally:
+                os.close(handle)
         except (FileNotFoundError, ProcessLookupError):
             return None
         except OSError as error:
