@@ -97,7 +97,9 @@ class Row:
     seconds: float
     cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(READERS, 0.0))
     replayed: float = 0.0
-    """Of the readers' time, the replay's answers (thread time inside the backend's calls)."""
+    """Of the readers' time, the replay's answers: the same backend calls made alone after the run."""
+    wrapper: float = 0.0
+    """Of the readers' time, the bench's own wrapper around each backend call (`wrapper_cost`)."""
     reference: float = 0.0
     rss_mib: float = 0.0
     rss_total_mib: float = 0.0
@@ -124,27 +126,43 @@ def rss_mib() -> float:
 
 @dataclass
 class CallLog:
-    """Every backend call the agent made in the measured period, and their thread time."""
+    """Every backend call the agent made in the measured period. Only listed: timing each call
+    inside the run (two `thread_time` calls and a thread-local depth a call) cost the readers
+    more than the replay's answers did; their time is taken apart, by the same calls made alone
+    after the run (`reference`). The replay's methods call none of each other, so no call
+    nests."""
 
     calls: list[tuple[float, str, tuple[Any, ...]]] = field(default_factory=list)
-    spent: float = 0.0
     on: bool = False
-    _depth: threading.local = field(default_factory=threading.local)
 
     def wrap(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        calls = self.calls
+
         def wrapper(*args: Any) -> Any:
-            depth = getattr(self._depth, "n", 0)
-            self._depth.n = depth + 1
-            started = time.thread_time()
-            try:
-                return call(*args)
-            finally:
-                self._depth.n = depth
-                if self.on and depth == 0:
-                    self.spent += time.thread_time() - started
-                    self.calls.append((_NOW[0], name, args))
+            if self.on:
+                calls.append((_NOW[0], name, args))
+            return call(*args)
 
         return wrapper
+
+
+def wrapper_cost(log: CallLog, rounds: int = 200_000) -> float:
+    """CPU seconds a call spends in `CallLog`'s wrapper (a call's layer and its listing), beyond
+    the call itself: what the readers' figures hold of the bench, measured apart."""
+
+    def bare(*args: Any) -> None:
+        return None
+
+    probe = CallLog(on=True)
+    wrapped = probe.wrap("probe", bare)
+    best = []
+    for call in (bare, wrapped, bare, wrapped):
+        started = time.process_time()
+        for _ in range(rounds):
+            call(1)
+        best.append(time.process_time() - started)
+        probe.calls.clear()
+    return max(0.0, (min(best[1], best[3]) - min(best[0], best[2])) / rounds) * len(log.calls)
 
 
 BACKEND_CALLS = (
@@ -296,12 +314,12 @@ def run_row(directory: Path, scrape_every: float, seconds: float) -> Row:
             scrape_every=scrape_every,
             seconds=seconds,
             cpu=spent,
-            replayed=log.spent,
             rss_mib=rss_mib() - before,
             rss_total_mib=rss_mib(),
             series=sum(1 for line in body.splitlines() if line and not line.startswith(b"#")),
         )
-        row.reference = reference(replay, log.calls, recording.proc_root)
+        row.replayed, row.reference = reference(replay, log.calls, recording.proc_root)
+        row.wrapper = wrapper_cost(log)
         client.close()
         double.stop()
         return row
@@ -322,19 +340,23 @@ def build_agent(directory: Path) -> Any:
     return Agent(parse_config(argv, {}))
 
 
-def reference(replay: nvml_replay.Replay, calls: list[tuple[float, str, tuple[Any, ...]]], proc_root: Path) -> float:
-    """CPU seconds of the same backend calls made alone, at the same instants, and of one read of
-    each process's /proc files: what any exporter of per-pod figures pays at the least."""
+def reference(
+    replay: nvml_replay.Replay, calls: list[tuple[float, str, tuple[Any, ...]]], proc_root: Path
+) -> tuple[float, float]:
+    """CPU seconds of the same backend calls made alone, at the same instants (the replay's part
+    of the readers' time), and of those and one read of each process's /proc files: what any
+    exporter of per-pod figures pays at the least."""
     raw = nvml_replay.Replay(replay.recording)
     started = time.process_time()
     for t, name, args in calls:
         _NOW[0] = t
         getattr(raw, name)(*args)
+    replayed = time.process_time() - started
     for directory in proc_root.iterdir():
         if directory.name.isdigit():
             (directory / "cgroup").read_bytes()
             (directory / "stat").read_bytes()
-    return time.process_time() - started
+    return replayed, time.process_time() - started
 
 
 # --- the table ---------------------------------------------------------------------------
@@ -369,16 +391,18 @@ def print_table(rows: list[Row]) -> None:
     print(
         "| GPUs | processes | scrape | "
         + " | ".join(names)
-        + " | total | of which the replay | reference | total ÷ reference | RSS (agent's parts) |"
+        + " | total | of which the replay | of which the bench's wrapper | reference | total ÷ reference"
+        + " | RSS (agent's parts) |"
     )
-    print("|---" * (len(names) + 8) + "|")
+    print("|---" * (len(names) + 9) + "|")
     for row in rows:
         cells = [f"{row.share(row.cpu[reader]):.2f}" for reader in READERS]
         total = row.total()
         print(
             f"| {row.gpus} | {row.processes} | {row.scrape_every:g} s | "
             + " | ".join(cells)
-            + f" | **{row.share(total):.2f}** | {row.share(row.replayed):.2f} | {row.share(row.reference):.3f} "
+            + f" | **{row.share(total):.2f}** | {row.share(row.replayed):.2f} | {row.share(row.wrapper):.2f} "
+            f"| {row.share(row.reference):.3f} "
             f"| {total / row.reference:.0f}x | {row.rss_mib:.1f} MiB |"
         )
 
