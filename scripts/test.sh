@@ -70,7 +70,9 @@ lint_log=$(mktemp)
     >"$lint_log" 2>&1 &
 lint_pid=$!
 # The tests in parallel, a file per worker at a time (pytest-xdist): most of a test's time
-# is an agent, Prometheus or helm starting, not this process's CPU. The hostile-client tests
+# is an agent, Prometheus or helm starting, not this process's CPU. The files go out in the
+# order tests/conftest.py collects them, the longest first (--no-loadscope-reorder: by default
+# pytest-xdist sends those with the most tests first). The hostile-client tests
 # time legitimate scrapes under attack, as on a node whose agent has its CPU: they run beside
 # the rest at the machine's priority, the rest niced, which takes the CPU they leave.
 tests=0
@@ -88,14 +90,14 @@ if [ "$#" -eq 0 ]; then
         exit "$rc"
     ) >"$hostile_log" 2>&1 &
     hostile_pid=$!
-    nice -n 10 .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile --ignore "$hostile" --ignore "$floods" \
-        --deselect "$soak" || tests=$?
+    nice -n 10 .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder \
+        --ignore "$hostile" --ignore "$floods" --deselect "$soak" || tests=$?
     echo "test.sh: the suite but the hostile-client tests done at ${SECONDS} s"
     wait "$hostile_pid" || tests=$?
     cat "$hostile_log"
     rm -f "$hostile_log"
 else
-    .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile "$@" || tests=$?
+    .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder "$@" || tests=$?
 fi
 lint=0
 wait "$lint_pid" || lint=$?

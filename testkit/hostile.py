@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import ssl
 import subprocess
 import threading
@@ -194,19 +195,29 @@ class Baseline:
     it, in CPU time, which a loaded machine stretches far less than it stretches wall time."""
 
 
+def gpu_threads_up(pid: int) -> bool:
+    """Whether every GPU has its reading threads (collect/gpm_reads.py, collect/device_health.py,
+    collect/xids.py): its GPM thread from the first sweep, where the GPU has GPM; its health
+    and XID threads from the health reader's and the XID reader's first rounds, which come
+    last, a second or so after the start. The GPUs are those any such thread names."""
+    kinds: dict[str, set[str]] = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        if match := re.fullmatch(r"gpu(\d+)-([a-z]+)", name):
+            kinds.setdefault(match[1], set()).add(match[2])
+    return bool(kinds) and all({"health", "xid"} <= each for each in kinds.values())
+
+
 def settle(pid: int) -> Baseline:
     """The agent's figures once it has served a few scrapes (its pools made, its caches warm),
-    and once its threads are all up: each GPU's health and GPM threads start with the first
-    sweep that reads it, so its thread count is taken once it has held for a second."""
-    last = {"count": threads(pid), "since": time.monotonic()}
-
-    def steady() -> bool:
-        count = threads(pid)
-        if count != last["count"]:
-            last.update(count=count, since=time.monotonic())
-        return time.monotonic() - last["since"] >= 1.0
-
-    wait_until(steady, what="the agent's threads all up", timeout=30)
+    and once its threads are all up: each GPU's threads start with the first sweep and the first
+    rounds that read it (`gpu_threads_up`). Polled for by name rather than waiting for the count
+    to hold still a while: that wait was a second of every test of the hostile-client lane, and
+    the count, descriptors and memory read at this point are those read a second or two later."""
+    wait_until(lambda: gpu_threads_up(pid), what="the agent's threads all up", timeout=30)
     return Baseline(rss_mib(pid), threads(pid), fds(pid))
 
 

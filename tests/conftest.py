@@ -132,13 +132,51 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Timed under attack: run first, before the image build loads the machine.
 QUIET_FIRST = "test_hostile_clients.py"
+# The files that take longest, longest first: each file's seconds in the suite's run on a loaded
+# 2-core machine (`--durations`). pytest-xdist hands a worker a file at a time in the order
+# collected (scripts/test.sh passes --no-loadscope-reorder to keep it: by default the files with
+# the most tests go first), so the long files start at once and the short ones fill in beside
+# them. By their number of tests, the files of a few long waits (Prometheus's scrapes, a hung
+# driver's deadlines, the image) came last, and ran alone for the last half-minute of the run.
+# The image tests come after the four longest, which outlast its build (scripts/build-test-image.sh:
+# under a minute where the Debian root is kept, two where it is made): where it has not finished,
+# their worker waits for it while the others go on. A file not listed runs after these, as
+# collected; the order changes no test's result.
+LONGEST_FIRST = (
+    "test_doc_commands.py",
+    "test_chart.py",
+    "test_prometheus_e2e.py",
+    "test_kubernetes.py",
+    "test_image.py",
+    "test_agent.py",
+    "test_telemetry.py",
+    "test_otlp.py",
+    "test_endpoint_security.py",
+    "test_dcgm_consumers.py",
+    "test_kustomize.py",
+    "test_pod_harness.py",
+    "test_reliability.py",
+    "test_slow_driver.py",
+    "test_start_messages.py",
+    "test_timing_attacks.py",
+    "test_scrape_labels.py",
+    "test_tenants.py",
+    "test_dcgm_names.py",
+    "test_usage_served.py",
+    "test_bill_evidence.py",
+    "test_otlp_semconv.py",
+)
 _build = {"wanted": False, "started": False}
 
 
+def _longest_first(name: str) -> int:
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The hostile-client tests first, on a quiet machine; the image tests
-    # last, so that the image builds while the rest run.
-    items.sort(key=lambda item: (item.path.name != QUIET_FIRST, item.path.name == "test_image.py"))
+    # The hostile-client tests first, on a quiet machine; then the longest files first (the
+    # sort is stable: each file's tests, and the files not listed, keep their order).
+    items.sort(key=lambda item: (item.path.name != QUIET_FIRST, _longest_first(item.path.name)))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
