@@ -136,9 +136,9 @@ def contention_rows(recording: Recording) -> list[list[str]]:
     histories = {pid: unwound_as_swept(recording, truth) for pid, truth in truths.items()}
     rows = []
     for segment in segments(recording):
-        asked = {pid: on / period for pid, (period, on) in segment.plans.items()}
-        if len(asked) < 2 or sum(asked.values()) <= 1.0:
+        if not segment.oversubscribed:
             continue
+        asked = segment.asked
         figures = {pid: ran_between(histories[pid], segment.start_us, segment.end_us) for pid in asked}
         work = {pid: truths[pid].work_s(recording.solo_s, segment.start_us, segment.end_us) for pid in asked}
         modelled = dict(zip(asked, time_sliced(list(asked.values())), strict=True))

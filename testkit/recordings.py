@@ -170,6 +170,16 @@ class Segment:
     plans: dict[int, tuple[float, float]]
     """By PID: (period ms, on ms) in this stretch."""
 
+    @property
+    def asked(self) -> dict[int, float]:
+        """By PID: the part of each period its plan runs kernels, 0-1."""
+        return {pid: on / period for pid, (period, on) in self.plans.items()}
+
+    @property
+    def oversubscribed(self) -> bool:
+        """Two processes or more, asking more of the GPU together than it has."""
+        return len(self.plans) >= 2 and sum(self.asked.values()) > 1.0
+
 
 def segments(recording: Recording) -> list[Segment]:
     """The stretches of the planned processes (spawned ones have none), each cut where any
