@@ -61,20 +61,26 @@ def figure(value: float, low: float | None = None, peak: float | None = None) ->
 # The estimator alone.
 
 
+def drawn_evidence(draw: random.Random, spread: float = 1.0, unsure: bool = False) -> Evidence:
+    """Evidence of any kind, its figure up to 1 / `spread` (none but a figure's or a tail's), its
+    low and its peak around it; with `unsure`, standing surely four times in five."""
+    kind = draw.choice([Kind.FIGURE, Kind.IDLE, Kind.TAIL, Kind.UNKNOWN])
+    value = draw.random() / spread
+    low, peak = sorted((draw.uniform(0, value), draw.uniform(value, 1)))
+    sure = (draw.random() < 0.8,) if unsure else ()
+    return Evidence(kind, value if kind in (Kind.FIGURE, Kind.TAIL) else 0.0, 0, peak, low, *sure)
+
+
 def test_every_split_conserves_the_gpus_figure_and_gives_no_one_a_negative_share() -> None:
     draw = random.Random(55)
-    kinds = [Kind.FIGURE, Kind.IDLE, Kind.TAIL, Kind.UNKNOWN]
     for _ in range(5_000):
         present = []
         for _ in range(draw.randint(0, 5)):
-            kind = draw.choice(kinds)
-            value = draw.random()
-            low, peak = sorted((draw.uniform(0, value), draw.uniform(value, 1)))
             present.append(
                 Present(
                     draw.choice(["a", "b", None]),
                     draw.choice([1.0, draw.random()]),
-                    Evidence(kind, value if kind in (Kind.FIGURE, Kind.TAIL) else 0.0, 0, peak, low),
+                    drawn_evidence(draw),
                     unseen=draw.random() < 0.1,
                 )
             )
@@ -96,16 +102,10 @@ def test_every_split_conserves_the_gpus_figure_and_gives_no_one_a_negative_share
 
 def test_a_run_of_periods_split_at_once_gives_each_what_it_would_have_alone() -> None:
     draw = random.Random(57)
-    kinds = [Kind.FIGURE, Kind.IDLE, Kind.TAIL, Kind.UNKNOWN]
     for _ in range(2_000):
         present = []
         for _ in range(draw.randint(0, 6)):
-            kind = draw.choice(kinds)
-            value = draw.random() / 3
-            low, peak = sorted((draw.uniform(0, value), draw.uniform(value, 1)))
-            evidence = Evidence(
-                kind, value if kind in (Kind.FIGURE, Kind.TAIL) else 0.0, 0, peak, low, draw.random() < 0.8
-            )
+            evidence = drawn_evidence(draw, spread=3, unsure=True)
             present.append(Present(draw.choice(["a", "b", None]), draw.choice([1.0, draw.random()]), evidence))
         gpus = [draw.random() for _ in range(draw.randint(1, 6))]
         tails = draw.random() < 0.5
