@@ -12,7 +12,7 @@ import pytest
 
 from testkit.agent import ROOT
 
-from ..conftest import NotAUnitTest
+from ..conftest import LONGEST_FIRST, NotAUnitTest
 
 pytestmark = pytest.mark.unit
 
@@ -312,6 +312,14 @@ def test_every_test_module_a_file_cites_exists() -> None:
                 f"{path.relative_to(ROOT)}: {cited}" for cited in cited_test_paths(text) if not (ROOT / cited).exists()
             ]
     assert missing == []
+
+
+def test_the_files_sent_first_are_test_modules_that_exist() -> None:
+    # A name in the order the suite is sent out in that no longer names a test module (renamed,
+    # moved) would quietly go to the back: the order holds only for modules that are there.
+    modules = {path.name for path in (ROOT / "tests").rglob("test_*.py")}
+    assert [name for name in LONGEST_FIRST if name not in modules] == []
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
 
 
 def test_the_citation_check_sees_a_test_module() -> None:
