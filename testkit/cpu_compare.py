@@ -43,10 +43,10 @@ def load_gpu(cluster: Doubles, processes: int, gpu_uuid: str) -> tuple[list[Host
     pods = [HostPod("load", f"load-{n}", "systemd", "burstable") for n in range(max(1, processes // PER_POD))]
     cluster.kubelet.allocatable = {"nvidia.com/gpu": [f"{gpu_uuid}::{n}" for n in range(len(pods))]}
     try:
-        # Copies of 1 GiB, not 2: sixteen memory-bound processes copying 2 GiB each (4 GiB held
+        # Copies of 256 MiB: sixteen memory-bound processes copying 2 GiB each (4 GiB held
         # apiece) left an 80 GB H100 out of memory (bench/results/h100-cost-side-by-side-2026-12-06.md).
         started = start_workloads(
-            [("busy", "copy", "idle")[n % 3] for n in range(len(pods) * PER_POD)], 0.25, {"COPY_GIB": "1"}
+            [("busy", "copy", "idle")[n % 3] for n in range(len(pods) * PER_POD)], 0.25, {"COPY_GIB": "0.25"}
         )
         for n, process in enumerate(started):
             place(pods[n // PER_POD], process)
