@@ -4,8 +4,9 @@ docs/chargeback.md ("The estimator") states its model and its error; in short:
 - **Evidence.** A process's NVML sample (its SM figure, stamped at the end of the driver's
   period) is the only figure of its own use. NVML keeps one, its latest, and refreshes it only
   while the process runs; the agent reads it at its sweeps. A sample read stands for the time
-  back to the one before it, but not before the read before it (less `BACK_US`, the driver's
-  delay in showing a sample): a process that ran then would have had a newer sample to read.
+  back to the one before it, but not before the read before it less `BACK_US` (the longest a
+  process that runs waits for a new sample beside others on the recorded driver): one that ran
+  before that would have had a newer sample to read.
   It stands for no time after its stamp.
 - **Absence.** A period after a process's newest sample, once the driver has had `SETTLE_US`
   to stamp a new one, is a period it did not run in (nvml.h: a process idle over a period has
@@ -52,9 +53,13 @@ from otel_vgpu.gpu.backend import ProcessUse
 # (a bursty process beside a busy one: a sample every 2 s or so on an H200,
 # docs/nvml-sampling.md), and the arrival delay besides: a period is settled that long after it.
 SETTLE_US = 3_000_000
-# How far before the read that preceded it a sample may stand: NVML shows a sample some time
-# after its stamp, so a process that ran just before a read may have had no sample to read yet.
-BACK_US = 1_000_000
+# How far before the read that preceded it a sample may stand: the longest a process that runs
+# may go without a new sample. The recorded driver stamps about one process a period on a GPU,
+# drawn by use (docs/nvml-sampling.md): time-sliced processes that ran every period went up to
+# 3 s without one inside a steady stretch, and 4.6 s (two) and 8.4 s (three processes) at the
+# 99th percentile across their plans' changes. At 1 s, such a sample read as a return from idle
+# time, and its work was placed where the GPU had room rather than where it ran.
+BACK_US = 10_000_000
 # How far back a tail's rate is read from a life's newest samples.
 TAIL_US = 1_000_000
 # How far around a period a life's samples show how high its figure runs.
@@ -96,9 +101,9 @@ class Evidence:
     stamp: int | None = None
     """The stamp of the sample it is."""
     gap: float = 0.0
-    """A FIGURE that may stand: what its sample claims over the whole gap it may stand for, in
-    periods' worth of the GPU (its figure times the gap's periods): its work there, when in the
-    gap no sample tells."""
+    """A FIGURE of a sample back from a gap (in the gap, and in its own period): what its sample
+    claims over the whole gap it may stand for, in periods' worth of the GPU (its figure times
+    the gap's periods): its work there, when in the gap no sample tells."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +271,7 @@ class LifeEvidence:
         figures = samples.figures
         value = figures[at]
         around = [value, *figures[low:high]]
-        gap = value * max(0.0, sure - since) / period if end_us <= sure and period > 0 else 0.0
+        gap = value * max(0.0, sure - since) / period if period > 0 else 0.0
         self._last = Evidence(Kind.FIGURE, value, at, max(around), min(around), unsure, stamps[at], gap)
         count = len(stamps)
         after = since
@@ -417,8 +422,8 @@ def rebalance(
     period. No life is given more than its figures claim over the window.
 
     A process back from a gap: what it ran over the gap is known (its figure over the gap), not
-    when. It is given from what is unexplained in the gap's periods, the nearest its sample
-    first (a process that comes back runs on until its sample, which it would not have had
+    when. It is given from what is unexplained in the gap's periods and its sample's own, the
+    nearest its sample first (a process that comes back runs on until its sample, which it would not have had
     sooner had it run sooner), up to what its sample claims over the whole gap: `gaps`, by life
     and sample, holds what is left of each claim from one window to the next (a gap settles over
     several sweeps), and is updated in place."""
@@ -433,7 +438,7 @@ def rebalance(
                 [
                     (k, said.stamp)
                     for k, said in enumerate(evidence)
-                    if said.kind is Kind.FIGURE and not said.sure and said.stamp is not None
+                    if said.kind is Kind.FIGURE and said.gap > 0 and said.stamp is not None
                 ],
                 [
                     (k, key, part * said.value)

@@ -202,22 +202,46 @@ def test_a_sample_stands_back_to_the_read_before_it_and_for_nothing_after_its_st
     ledger.sampled(book, samples(2, 4_000, 4_000, 0.4), 4_100 * MS)
     ledger.sampled(book, samples(2, 6_000, 6_000, 0.4), 6_100 * MS)
     ledger.listed(book, 6_000 * MS, [seen(1, A), seen(2, B)])
-    window = ledger.close(book, [*periods(0, 2_000, 0.9), *periods(2_000, 6_000, 0.4)], 8_000 * MS)
+    window = ledger.close(book, [*periods(0, 2_000, 0.9), *periods(2_000, 6_000, 0.4)], 7_100 * MS)
     assert window.ran[(1, 1)].sm == pytest.approx(0.5 * 2.0)
-    assert window.ran[(2, 1)].sm == pytest.approx(0.4 * 5.0)
-    # When it runs again (from 6 s), its first new sample stands back to the read before it
-    # (less the driver's delay), not to its sample of 2 s: the idle seconds stay idle.
-    again = UtilizationSample(1, 8_000 * MS, ProcessUse(nvml(0.5, (0, 2_000), (6_000, 8_000), at_ms=8_000)))
-    ledger.sampled(book, [again, *samples(2, 8_000, 8_000, 0.4)], 8_100 * MS)
+    assert window.ran[(2, 1)].sm == pytest.approx(0.4 * 4.0)
+    for at in range(8_000, 14_001, 2_000):
+        ledger.sampled(book, samples(2, at, at, 0.4), (at + 100) * MS)
+    # When it runs again (from 14 s), its first new sample stands back to the read before it
+    # less the longest a process that runs may wait for a sample (`BACK_US`), not to its
+    # sample of 2 s, 14 s before: the idle seconds before that stay idle.
+    again = UtilizationSample(1, 16_000 * MS, ProcessUse(nvml(0.5, (0, 2_000), (14_000, 16_000), at_ms=16_000)))
+    ledger.sampled(book, [again, *samples(2, 16_000, 16_000, 0.4)], 16_100 * MS)
     # It may stand from then, and surely only for its own period: it comes back from a gap.
     track = book.lives[(1, 1)].samples
-    at = track.stamps.index(8_000 * MS)
-    assert (track.since[at], track.sure[at]) == (6_100 * MS - estimator.BACK_US, 8_000 * MS - ledger.PERIOD_US)
-    ledger.listed(book, 8_000 * MS, [seen(1, A), seen(2, B)])
-    window = ledger.close(book, periods(6_000, 8_000, 0.9), 11_100 * MS)
+    at = track.stamps.index(16_000 * MS)
+    assert (track.since[at], track.sure[at]) == (14_100 * MS - estimator.BACK_US, 16_000 * MS - ledger.PERIOD_US)
+    ledger.listed(book, 16_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, [*periods(4_000, 14_000, 0.4), *periods(14_000, 16_000, 0.9)], 19_100 * MS)
     # What it ran since is known, not when: spread over the time it may have run, and taken
     # back where the GPU ran more than the figures (`estimator.rebalance`).
     assert window.ran[(1, 1)].sm == pytest.approx(0.5 * 2.0, rel=0.05)
+
+
+def test_a_time_sliced_process_that_waits_seconds_for_a_sample_ran_all_along() -> None:
+    # The recorded driver gives about one new sample a period on a GPU (docs/nvml-sampling.md):
+    # a process time-sliced beside a busy one went up to 3 s without one while it ran every
+    # period. Its next sample stands back to its last one, past the read before: no gap.
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A), seen(2, B)])
+    ledger.sampled(book, [*samples(1, 2_000, 2_000, 0.3), *samples(2, 2_000, 2_000, 0.7)], 2_100 * MS)
+    ledger.sampled(book, samples(2, 4_000, 4_000, 0.7), 4_100 * MS)
+    later = UtilizationSample(1, 5_400 * MS, ProcessUse(nvml(0.3, (0, 5_400), at_ms=5_400)))
+    ledger.sampled(book, [later, *samples(2, 6_000, 6_000, 0.7)], 6_100 * MS)
+    track = book.lives[(1, 1)].samples
+    at = track.stamps.index(5_400 * MS)
+    assert (track.since[at], track.sure[at]) == (2_000 * MS, 2_000 * MS)
+    ledger.listed(book, 6_000 * MS, [seen(1, A), seen(2, B)])
+    window = ledger.close(book, periods(0, 6_000, 1.0), 9_100 * MS)
+    # Its figure over the wait stands for every period of it: billed what it ran, as was the
+    # busy one beside it, up to the 5.4 s its newest sample reaches.
+    assert window.ran[(1, 1)].sm == pytest.approx(0.3 * 5.4, rel=0.05)
+    assert window.ran[(2, 1)].sm == pytest.approx(0.7 * 6.0, rel=0.05)
 
 
 def test_periods_settle_only_once_the_driver_has_stamped_their_samples() -> None:

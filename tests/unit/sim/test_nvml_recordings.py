@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import itertools
 import json
 import math
 from typing import Any
 
 import pytest
 
-from otel_vgpu.collect import trailing
+from otel_vgpu.collect import estimator, trailing
 from otel_vgpu.gpu.backend import ProcessUse
 from otel_vgpu.sim import node
 from otel_vgpu.sim.processes import stamped_in, time_sliced, whole_percent
@@ -152,6 +153,29 @@ def test_a_gpu_gives_about_one_new_process_sample_a_period_shared_as_the_gpu_was
         assert picks.count(key) / len(picks) == pytest.approx(share, abs=0.03)
     assert stamped_in(0, 0, {(5, 50): ProcessUse(0.2)}) == (5, 50)
     assert stamped_in(0, 0, {(6, 60): ProcessUse()}) is None
+
+
+def test_a_process_that_runs_beside_others_may_wait_longer_than_a_sweep_for_a_sample() -> None:
+    # What estimator.BACK_US stands on: how long a process that ran went without a new sample.
+    # A sample stands back to the one before it unless that is older than the read before
+    # less BACK_US: a longer wait reads as a return from idle time.
+    waits = []
+    for recorded in every():
+        if recorded.mps:
+            continue
+        for truth in recorded.truths:
+            stamps = sorted({s.stamp_us for s in recorded.samples_of(truth.pid)})
+            for before, after in itertools.pairwise(stamps):
+                # Kernels ran at least a tenth of the wait, its edges' periods left out.
+                start, end = before + node.SAMPLE_PERIOD_US, after - node.SAMPLE_PERIOD_US
+                ran = sum(max(0, min(finish, end) - max(begin, start)) for begin, finish, _ in truth.bursts)
+                if end > start and ran > 0.1 * (end - start):
+                    waits.append(after - before)
+    assert len(waits) > 50
+    # Beyond a sweep and the old second (3 s), often: a process time-sliced beside others...
+    assert sum(wait > SWEEP_US + 1_000_000 for wait in waits) >= 5
+    # ...and never as long as BACK_US: none of those waits reads as a gap.
+    assert max(waits) < estimator.BACK_US
 
 
 @pytest.mark.parametrize("name", ["solo-duty", "two-sliced", "three-sliced", "batches"])
