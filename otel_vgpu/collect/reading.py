@@ -65,10 +65,14 @@ class SweepErrors:
 
 # A window closes at the first sweep this far into `engine_every_s`.
 CLOSE_EARLY = 0.95
-# How often, at most, the watch reads a GPU's per-process samples for a process that has none
-# yet: each read costs 2 ms of CPU on an H200 (bench/results/h200-sweep-cost.md), so a node
-# whose tenants start a process a second costs at most this bound, and a steady one nothing.
-SAMPLE_EVERY_S = 0.5
+# How often, at most, the watch reads a GPU's per-process samples while a process is young: at
+# every look of the default watch. The recorded driver stamps about one process a period on a
+# GPU, and drops a process's sample when it ends: read every 0.5 s, a fresh process of the
+# recordings that lived 1 s had its samples unread at 6 of 40 phases, and the simulated node's
+# 1 s bursts lost one in eight (bench/results/bill-evaluation.md); every 0.25 s, none of the
+# recorded ones. Each read costs 2 ms of CPU on an H200 (bench/results/h200-sweep-cost.md):
+# a GPU whose tenants start a process a second costs at most 0.8 % of a core, a steady one nothing.
+SAMPLE_EVERY_S = 0.25
 # How long after it is first listed a process is young: the watch reads its samples.
 YOUNG_US = 5_000_000
 # How long after a change of a GPU's memory in use the watch lists it at every look: on an

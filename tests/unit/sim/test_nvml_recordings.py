@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from otel_vgpu.collect import estimator, trailing
+from otel_vgpu.collect import estimator, ledger, reading, trailing
 from otel_vgpu.gpu.backend import ProcessUse
 from otel_vgpu.sim import node
 from otel_vgpu.sim.processes import stamped_in, time_sliced, whole_percent
@@ -176,6 +176,42 @@ def test_a_process_that_runs_beside_others_may_wait_longer_than_a_sweep_for_a_sa
     assert sum(wait > SWEEP_US + 1_000_000 for wait in waits) >= 5
     # ...and never as long as BACK_US: none of those waits reads as a gap.
     assert max(waits) < estimator.BACK_US
+
+
+def unread_phases(every_us: int, phases: int = 40) -> dict[int, tuple[int, int]]:
+    """Of the `fresh` recording's processes that had a sample: how long each lived (its
+    context's end to its exit, us), and in how many of `phases` phases a read every `every_us`
+    while NVML listed it saw none of its own samples (stamped `BORN_SLACK_US` after its context
+    began, as the ledger takes them, and shown by the read's time)."""
+    recorded = load("fresh")
+    unread = {}
+    for truth in recorded.truths:
+        listed = [poll.at_us for poll in recorded.polls if truth.pid in poll.listed]
+        own = [s for s in recorded.samples_of(truth.pid) if s.stamp_us >= truth.context_us[0] + ledger.BORN_SLACK_US]
+        if truth.worker != "fresh" or not listed or not own:
+            continue
+        missed = 0
+        for phase in range(phases):
+            reads = range(listed[0] + every_us * phase // phases, listed[-1] + 1, every_us)
+            missed += not any(sample.arrived_us <= read for sample in own for read in reads)
+        unread[truth.pid] = (truth.exit_us - truth.context_us[1], missed)
+    return unread
+
+
+def test_a_fresh_process_s_sample_is_read_before_it_ends_at_the_watch_s_cadence() -> None:
+    # What reading.SAMPLE_EVERY_S stands on: NVML drops a process's sample when it ends, and
+    # about one process a period gets a new one, so a process that lives a second may have its
+    # first late. At the watch's cadence every recorded fresh process of a second or more has
+    # one read at any phase of the reads, where at twice that some go unread; those of 0.3 s
+    # go unread at a third of the phases or fewer, where at twice that at over half.
+    every_us = round(reading.SAMPLE_EVERY_S * 1e6)
+    now, slower = unread_phases(every_us), unread_phases(2 * every_us)
+    long_lived = [pid for pid, (lived, _) in now.items() if lived >= 1_000_000]
+    short = [pid for pid, (lived, _) in now.items() if lived < 1_000_000]
+    assert len(long_lived) >= 8 and len(short) >= 2
+    assert all(now[pid][1] == 0 for pid in long_lived)
+    assert sum(slower[pid][1] for pid in long_lived) >= 4
+    assert all(now[pid][1] <= 40 / 3 and slower[pid][1] > 20 for pid in short)
 
 
 @pytest.mark.parametrize("name", ["solo-duty", "two-sliced", "three-sliced", "batches"])
