@@ -331,10 +331,29 @@ def close(
     ledger.pending.sort(key=lambda each: each[0])
     del ledger.pending[:-PENDING_KEPT]
     period_us = period_us or _spacing(ledger.pending)
-    cut = math.inf if now_us is None else now_us - estimator.SETTLE_US
+    cut = math.inf if now_us is None else min(now_us - estimator.SETTLE_US, _awaited(ledger, now_us))
     settling = [each for each in ledger.pending if each[0] <= cut]
     ledger.pending = [each for each in ledger.pending if each[0] > cut]
     return _settle(ledger, settling, period_us)
+
+
+def _awaited(ledger: GpuLedger, now_us: int) -> float:
+    """How far the periods may settle while a listed process's next sample may still come: to
+    the oldest newest sample of those sampled within `estimator.BACK_US`. The recorded driver
+    stamps about one process a period on a GPU, so a process that runs may wait seconds for its
+    next sample, which then stands back to this one (`sampled`); settled before it comes, its
+    periods would read as idle. One with no sample for longer holds nothing back (an idle
+    context), nor does one that ended (NVML forgot its sample: its tail)."""
+    floor = now_us - estimator.BACK_US
+    held = math.inf
+    for key in ledger.listed.values():
+        life = ledger.lives.get(key)
+        if life is None or life.until_us is not None or life.unknown or not life.samples:
+            continue
+        newest = life.samples.stamps[-1]
+        if floor < newest < held:
+            held = newest
+    return held
 
 
 def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period_us: int) -> Window:

@@ -203,8 +203,10 @@ def test_a_sample_stands_back_to_the_read_before_it_and_for_nothing_after_its_st
     ledger.sampled(book, samples(2, 6_000, 6_000, 0.4), 6_100 * MS)
     ledger.listed(book, 6_000 * MS, [seen(1, A), seen(2, B)])
     window = ledger.close(book, [*periods(0, 2_000, 0.9), *periods(2_000, 6_000, 0.4)], 7_100 * MS)
+    # Settled only to its sample of 2 s: a next one may yet stand back to it (`_awaited`).
+    assert window.seconds == pytest.approx(2.0)
     assert window.ran[(1, 1)].sm == pytest.approx(0.5 * 2.0)
-    assert window.ran[(2, 1)].sm == pytest.approx(0.4 * 4.0)
+    assert window.ran[(2, 1)].sm == pytest.approx(0.4 * 2.0)
     for at in range(8_000, 14_001, 2_000):
         ledger.sampled(book, samples(2, at, at, 0.4), (at + 100) * MS)
     # When it runs again (from 14 s), its first new sample stands back to the read before it
@@ -226,22 +228,34 @@ def test_a_sample_stands_back_to_the_read_before_it_and_for_nothing_after_its_st
 def test_a_time_sliced_process_that_waits_seconds_for_a_sample_ran_all_along() -> None:
     # The recorded driver gives about one new sample a period on a GPU (docs/nvml-sampling.md):
     # a process time-sliced beside a busy one went up to 3 s without one while it ran every
-    # period. Its next sample stands back to its last one, past the read before: no gap.
+    # period. The periods after its newest sample wait for its next (they do not settle as
+    # idle), which stands back to its last one, past the read before: no gap.
     book = ledger.GpuLedger()
     ledger.listed(book, 0, [seen(1, A), seen(2, B)])
     ledger.sampled(book, [*samples(1, 2_000, 2_000, 0.3), *samples(2, 2_000, 2_000, 0.7)], 2_100 * MS)
     ledger.sampled(book, samples(2, 4_000, 4_000, 0.7), 4_100 * MS)
+    ledger.listed(book, 4_000 * MS, [seen(1, A), seen(2, B)])
+    early = ledger.close(book, periods(0, 4_000, 1.0), 6_000 * MS)
+    # At 6 s, 3 s would have settled; process 1's newest sample, of 2 s, holds them there.
+    assert early.seconds == pytest.approx(2.0)
     later = UtilizationSample(1, 5_400 * MS, ProcessUse(nvml(0.3, (0, 5_400), at_ms=5_400)))
     ledger.sampled(book, [later, *samples(2, 6_000, 6_000, 0.7)], 6_100 * MS)
     track = book.lives[(1, 1)].samples
     at = track.stamps.index(5_400 * MS)
     assert (track.since[at], track.sure[at]) == (2_000 * MS, 2_000 * MS)
     ledger.listed(book, 6_000 * MS, [seen(1, A), seen(2, B)])
-    window = ledger.close(book, periods(0, 6_000, 1.0), 9_100 * MS)
+    window = ledger.close(book, periods(4_000, 6_000, 1.0), 9_100 * MS)
     # Its figure over the wait stands for every period of it: billed what it ran, as was the
-    # busy one beside it, up to the 5.4 s its newest sample reaches.
-    assert window.ran[(1, 1)].sm == pytest.approx(0.3 * 5.4, rel=0.05)
-    assert window.ran[(2, 1)].sm == pytest.approx(0.7 * 6.0, rel=0.05)
+    # busy one beside it, up to the 5.4 s its newest sample reaches (the settling waits there).
+    assert early.ran[(1, 1)].sm + window.ran[(1, 1)].sm == pytest.approx(0.3 * 5.4, rel=0.05)
+    assert early.ran[(2, 1)].sm + window.ran[(2, 1)].sm == pytest.approx(0.7 * 5.4, rel=0.05)
+    # One that had no sample for longer than BACK_US (an idle context) holds nothing back.
+    idle = ledger.GpuLedger()
+    ledger.listed(idle, 0, [seen(1, A), seen(2, B)])
+    ledger.sampled(idle, [*samples(1, 200, 200, 0.3), *samples(2, 200, 200, 0.7)], 300 * MS)
+    ledger.sampled(idle, samples(2, 12_000, 12_000, 0.7), 12_100 * MS)
+    settled = ledger.close(idle, periods(0, 12_000, 0.7), 12_200 * MS)
+    assert settled.seconds == pytest.approx(9.2)
 
 
 def test_periods_settle_only_once_the_driver_has_stamped_their_samples() -> None:
