@@ -46,6 +46,10 @@ class SamplingWindows:
     def start(self, gpu_uuid: str, now_us: int) -> int:
         return window_start(self._last.get(gpu_uuid), now_us)
 
+    def collected(self, gpu_uuid: str) -> bool:
+        """Whether the GPU was collected before."""
+        return gpu_uuid in self._last
+
     def advance(self, gpu_uuid: str, now_us: int) -> None:
         self._last[gpu_uuid] = now_us
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from otel_vgpu.collect.estimator import SLACK
 from otel_vgpu.logs import rfc3339
 from otel_vgpu.sim.proc_tree import PROC_TREE_PREFIX
 from testkit.agent import (
@@ -28,6 +29,7 @@ from testkit.agent import (
     run_to_exit,
     running_agent,
     swept_per_scrape,
+    wait_for,
     wait_until,
 )
 
@@ -43,9 +45,15 @@ def agent_args(scenario_file: Path, ratio_file: Path, *extra: str) -> list[str]:
 
 
 def test_scrape_matches_the_scenario(scenario_file: Path, ratio_file: Path) -> None:
-    # Expected figures worked out by hand from STEADY at ratio 2.
+    # Expected figures worked out by hand from STEADY at ratio 2; the SM figures once a window
+    # settled (at the recorded cadence, after each process's next sample: collect/ledger.py).
     with running_agent(*agent_args(scenario_file, ratio_file)) as agent:
-        exposition = agent.scrape()
+        exposition = wait_for(
+            agent,
+            lambda e: all(
+                e.by("vgpu_pod_sm_utilization_ratio", "pod", "gpu_id").get(("trainer", gpu), 0) > 0 for gpu in "01"
+            ),
+        )
         code, err = agent.stop()
     assert code == 0, err
 
@@ -66,13 +74,15 @@ def test_scrape_matches_the_scenario(scenario_file: Path, ratio_file: Path) -> N
     # A pod the API (here the simulated node's) does not know holds no share: none is known to be its.
     assert allocated[(UNKNOWN_UID, "1")] == 0
     assert allocated[("idle", "0")] == 40 * GIB
-    # NVML gives a process's figure in whole percent: each is known to one percent.
+    # NVML gives a process's figure in whole percent: each is known to one percent. On GPU 0 the
+    # probe's 0.02 has a sample one period in thirty at the recorded cadence (one process a
+    # period, drawn by use): the trainer, alone with figures, may take `SLACK` over its own.
     sm = exposition.by("vgpu_pod_sm_utilization_ratio", "pod", "gpu_id")
-    assert sm[("trainer", "0")] == pytest.approx(0.6, abs=0.01)
+    assert 0.6 - 0.01 <= sm[("trainer", "0")] <= 0.6 * (1 + SLACK) + 0.01
     assert sm[("trainer", "1")] == pytest.approx(0.25, abs=0.01)
     assert sm[("api", "1")] == 0 and sm[("idle", "0")] == 0
     vgpu = exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod", "gpu_id")
-    assert vgpu[("trainer", "0")] == pytest.approx(0.6 * 2 / 2, abs=0.01 * 2 / 2)
+    assert vgpu[("trainer", "0")] == pytest.approx(sm[("trainer", "0")] * 2 / 2)
     assert vgpu[("trainer", "1")] == pytest.approx(0.25 * 2 / 1, abs=0.01 * 2 / 1)
     assert ("probe", "0") not in vgpu  # SM against no share: no figure
     processes = exposition.by("vgpu_pod_processes", "pod", "gpu_id")

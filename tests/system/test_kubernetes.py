@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.collect.estimator import SLACK
 from testkit.agent import Agent, InProcessAgent, agent_in_process, clean_env, get, running_agent, wait_for, wait_until
 from testkit.certs import make_certs
 from testkit.kube_api_double import KubeApiDouble, pod_object
@@ -82,7 +83,13 @@ def readers(exposition: Exposition) -> dict[str, float]:
 
 def test_names_shares_idle_allocation_and_static_pod(cluster: Cluster) -> None:
     with cluster.agent() as agent:
-        exposition = wait_for(agent, lambda e: ("web", "idle-0") in pods_of(e))
+        exposition = wait_for(
+            agent,
+            lambda e: (
+                ("web", "idle-0") in pods_of(e)
+                and e.by("vgpu_pod_vgpu_utilization_ratio", "pod", "gpu_id").get(("trainer-7f9c", "0"), 0) > 0
+            ),
+        )
         code, err = agent.stop()
     assert code == 0, err
     memory = exposition.by("vgpu_pod_memory_used_bytes", "namespace", "pod", "gpu_id")
@@ -105,7 +112,9 @@ def test_names_shares_idle_allocation_and_static_pod(cluster: Cluster) -> None:
         (ORPHAN, "1"): 0,  # a pod the API does not know, while it answers: no share
     }
     vgpu = exposition.by("vgpu_pod_vgpu_utilization_ratio", "pod", "gpu_id")
-    assert vgpu[("trainer-7f9c", "0")] == pytest.approx(0.6 * 2 / 2, abs=0.01)  # NVML's whole percents
+    # To NVML's whole percents; the trainer, alone with figures while the probe's 0.02 goes
+    # periods without a sample (the recorded cadence), may take `SLACK` over its own.
+    assert 0.6 - 0.01 <= vgpu[("trainer-7f9c", "0")] <= 0.6 * (1 + SLACK) * 2 / 2 + 0.01
     assert exposition.by("vgpu_pod_processes", "pod", "gpu_id")[("idle-0", "0")] == 0
     assert "elsewhere" not in {pod for (_, pod) in pods_of(exposition)}
     # pod_uid joins with kube_pod_info{uid}: the API's UID, a static pod's mirror's, else the cgroup's.

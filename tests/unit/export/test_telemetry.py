@@ -15,6 +15,7 @@ from opentelemetry.sdk.metrics.export import HistogramDataPoint
 
 from otel_vgpu.agent_health import AgentHealth, Reader, Refusal, Stage
 from otel_vgpu.collect.device_health import DeviceHealth
+from otel_vgpu.collect.estimator import SLACK
 from otel_vgpu.collect.reading import Read
 from otel_vgpu.collect.xids import XidCounts
 from otel_vgpu.export import telemetry as telemetry_module
@@ -48,6 +49,7 @@ from otel_vgpu.gpu.backend import XidEvent
 from otel_vgpu.gpu.device_figures import GPM_MIN_INTERVAL_S, GPM_TABLE, HEALTH_TABLE
 from otel_vgpu.sim.node import SimulatedNode
 from otel_vgpu.sim.scenario import Scenario
+from testkit.agent import wait_until
 from testkit.clock import Clock
 from testkit.kept_exporter import KeptExporter
 from testkit.promtext import Exposition, parse
@@ -135,11 +137,18 @@ def test_one_sweep_per_scrape_even_with_min_interval_zero(telemetry: Telemetry) 
 
 
 def test_seed_families(telemetry: Telemetry) -> None:
-    exposition = scrape(telemetry)
+    # The SM figures wait for a settled window: at the recorded cadence, until each process
+    # sampled in the last 10 s has a newer sample (collect/ledger.py `_awaited`).
+    exposition = wait_until(
+        lambda: (e := scrape(telemetry)).by("pod_gpu_sm_util", "pod", "gpu_id").get(("trainer", "0")) and e,
+        what="the trainer's SM figure",
+    )
     used = exposition.by("pod_gpu_memory_used", "pod", "gpu_id")
     assert used[("trainer", "0")] == 12 * 1024  # MiB
     sm = exposition.by("pod_gpu_sm_util", "pod", "gpu_id")
-    assert sm[("trainer", "0")] == pytest.approx((0.5 + 0.1) * 100 * 2, abs=1 * 2)  # percent x ratio, whole percents
+    # Percent x ratio, to whole percents; alone with figures on GPU 0 while the probe's 0.02 is
+    # seldom drawn, the trainer may take `SLACK` over its own (docs/chargeback.md).
+    assert (0.6 - 0.01) * 100 * 2 <= sm[("trainer", "0")] <= (0.6 * (1 + SLACK) + 0.01) * 100 * 2
     total = exposition.by("pod_total_gpu_memory", "pod", "gpu_id")
     assert total[("trainer", "0")] == 2 * 80 * 1024 / 2  # 2 shares of 80 GiB at ratio 2, MiB
     for labels in exposition.series("pod_gpu_memory_used"):
