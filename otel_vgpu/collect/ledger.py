@@ -56,8 +56,10 @@ SAMPLES_KEPT = 64
 # Lives that ended this long before the newest period settled are forgotten, whatever
 # else: no window reaches that far back.
 FORGET_US = 60_000_000
-# The GPU's periods waiting to settle, at most: NVML's own buffer holds 71 (14 s).
-PENDING_KEPT = 100
+# The GPU's periods waiting to settle, at most: NVML's own buffer holds 71 (14 s), read anew at
+# each sweep, and a period may wait up to `estimator.BACK_US` (50 periods) for a process's next
+# sample (`_awaited`): both, and a margin.
+PENDING_KEPT = 160
 
 # Why the GPU's SM time went to no pod (collect/estimator.py says each).
 UNATTRIBUTED_REASONS = estimator.REASONS

@@ -358,3 +358,19 @@ def test_a_process_back_from_a_gap_is_given_its_gap_where_it_ran_nearest_its_sam
     assert server[6:] == pytest.approx([0.3] * 4)
     assert sum(left["unexplained"] for *_, left in periods) == pytest.approx(0.0, abs=1e-9)
     assert claims[("s", 10)] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_periods_held_for_a_process_s_next_sample_are_kept_across_a_long_sweep_interval() -> None:
+    # Sweeps 20 s apart (`--sweep-interval 20`): each reads the GPU's 71 newest periods (NVML's
+    # buffer, 14.2 s), and the periods held for a process's next sample (up to BACK_US) wait
+    # beside them. None may be dropped unsettled: the GPU's busy seconds would be in no counter.
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A), seen(2, B)])
+    ledger.sampled(book, [*samples(1, 11_000, 11_000, 0.3), *samples(2, 20_000, 20_000, 0.7)], 20_100 * MS)
+    ledger.listed(book, 20_000 * MS, [seen(1, A), seen(2, B)])
+    first = ledger.close(book, periods(5_800, 20_000, 1.0), 20_100 * MS)
+    assert first.seconds == pytest.approx(11.0 - 5.8)  # held at process 1's sample of 11 s
+    ledger.sampled(book, [*samples(1, 40_000, 40_000, 0.3), *samples(2, 40_000, 40_000, 0.7)], 40_100 * MS)
+    ledger.listed(book, 40_000 * MS, [seen(1, A), seen(2, B)])
+    second = ledger.close(book, periods(25_800, 40_000, 1.0), 50_000 * MS)
+    assert second.seconds == pytest.approx((20.0 - 11.0) + (40.0 - 25.8))
