@@ -4,12 +4,13 @@ docs/chargeback.md ("The estimator") states its model and its error; in short:
 - **Evidence.** A process's NVML sample (its SM figure, stamped at the end of the driver's
   period) is the only figure of its own use. NVML keeps one, its latest, and refreshes it only
   while the process runs; the agent reads it at its sweeps. A sample read stands for the time
-  back to the one before it, but not before the read before it less `BACK_US` (the longest a
-  process that runs waits for a new sample beside others on the recorded driver): one that ran
-  before that would have had a newer sample to read.
-  It stands for no time after its stamp.
+  back to the one before it, but not before the read before it (less `BACK_US`, the driver's
+  delay in showing a sample): a process that ran then would have had a newer sample to read;
+  one that waited longer (about one process a period gets a sample on the recorded driver)
+  comes back from a gap. It stands for no time after its stamp.
 - **Absence.** A period after a process's newest sample, once the driver has had `SETTLE_US`
-  to stamp a new one, is a period it did not run in (nvml.h: a process idle over a period has
+  to stamp a new one (and up to `WAIT_US` while the process may yet have one: collect/ledger.py
+  `_awaited`), is a period it did not run in (nvml.h: a process idle over a period has
   no sample for it). A process that ended took its sample with it (the driver forgets it); the
   periods between its newest sample and its end are its `tail`: it may have run in them, at
   most at the rate its newest sample says.
@@ -53,13 +54,20 @@ from otel_vgpu.gpu.backend import ProcessUse
 # (a bursty process beside a busy one: a sample every 2 s or so on an H200,
 # docs/nvml-sampling.md), and the arrival delay besides: a period is settled that long after it.
 SETTLE_US = 3_000_000
-# How far before the read that preceded it a sample may stand: the longest a process that runs
-# may go without a new sample. The recorded driver stamps about one process a period on a GPU,
-# drawn by use (docs/nvml-sampling.md): time-sliced processes that ran every period went up to
-# 3 s without one inside a steady stretch, and 4.6 s (two) and 8.4 s (three processes) at the
-# 99th percentile across their plans' changes. At 1 s, such a sample read as a return from idle
-# time, and its work was placed where the GPU had room rather than where it ran.
-BACK_US = 10_000_000
+# How far before the read that preceded it a sample may stand: NVML shows a sample some time
+# after its stamp, so a process that ran just before a read may have had no sample to read yet.
+# A sample older than that comes back from a gap: surely only for its own period, the rest of
+# its work placed where the GPU ran more than the sure figures (`rebalance`). Wider (10 s,
+# tried 2026-12-07), a bursty pod's figure stood surely over its idle seconds and took a steady
+# neighbour's share: billed up to 1.37 of what it ran, bursts of 1 s every 10 s.
+BACK_US = 1_000_000
+# The longest a process that runs may go without a new sample: the recorded driver stamps about
+# one process a period on a GPU, drawn by use (docs/nvml-sampling.md), and time-sliced processes
+# that ran every period went up to 3 s without one inside a steady stretch, and 4.6 s (two) and
+# 8.4 s (three processes) at the 99th percentile across their plans' changes. The periods after
+# a process's newest sample wait that long for its next before they settle (collect/ledger.py
+# `_awaited`), so that its work is placed where it ran, not read as idle.
+WAIT_US = 10_000_000
 # How far back a tail's rate is read from a life's newest samples.
 TAIL_US = 1_000_000
 # How far around a period a life's samples show how high its figure runs.

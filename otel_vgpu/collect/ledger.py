@@ -57,7 +57,7 @@ SAMPLES_KEPT = 64
 # else: no window reaches that far back.
 FORGET_US = 60_000_000
 # The GPU's periods waiting to settle, at most: NVML's own buffer holds 71 (14 s), read anew at
-# each sweep, and a period may wait up to `estimator.BACK_US` (50 periods) for a process's next
+# each sweep, and a period may wait up to `estimator.WAIT_US` (50 periods) for a process's next
 # sample (`_awaited`): both, and a margin.
 PENDING_KEPT = 160
 
@@ -341,12 +341,12 @@ def close(
 
 def _awaited(ledger: GpuLedger, now_us: int) -> float:
     """How far the periods may settle while a listed process's next sample may still come: to
-    the oldest newest sample of those sampled within `estimator.BACK_US`. The recorded driver
+    the oldest newest sample of those sampled within `estimator.WAIT_US`. The recorded driver
     stamps about one process a period on a GPU, so a process that runs may wait seconds for its
     next sample, which then stands back to this one (`sampled`); settled before it comes, its
     periods would read as idle. One with no sample for longer holds nothing back (an idle
     context), nor does one that ended (NVML forgot its sample: its tail)."""
-    floor = now_us - estimator.BACK_US
+    floor = now_us - estimator.WAIT_US
     held = math.inf
     for key in ledger.listed.values():
         life = ledger.lives.get(key)

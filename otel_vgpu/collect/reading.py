@@ -32,7 +32,7 @@ from enum import Enum
 from otel_vgpu.agent_health import Stage
 from otel_vgpu.collect import ledger
 from otel_vgpu.collect.aggregate import GpuReading
-from otel_vgpu.collect.estimator import BACK_US, SETTLE_US
+from otel_vgpu.collect.estimator import SETTLE_US, WAIT_US
 from otel_vgpu.collect.gpm_reads import GPM_DEADLINE_S, GpmReads
 from otel_vgpu.config import ASK_AGAIN_S, ENERGY_EVERY_S, ENGINE_EVERY_S
 from otel_vgpu.gpu.backend import (
@@ -235,13 +235,13 @@ class GpuReader:
         now = self._backend.now_us()
         # Back to what can still settle: NVML may show a sample well after its stamp (1.9 s on
         # an H200: docs/nvml-sampling.md), and the ledger knows each one it has. At a GPU's first
-        # read, every sample a process's next may stand back to (`BACK_US`): NVML keeps each
+        # read, every sample a process's next may wait on (`WAIT_US`): NVML keeps each
         # process's newest, and one that waits seconds for its next (about one process a period
         # gets one) then holds its periods open rather than reading as idle (collect/ledger.py).
         if self._windows.collected(device.uuid):
             since = self._windows.start(device.uuid, now) - SETTLE_US
         else:
-            since = now - BACK_US
+            since = now - WAIT_US
         try:
             samples = self._backend.utilization_samples(index, since)
         except GpuError as error:

@@ -8,7 +8,7 @@ import pytest
 
 from otel_vgpu.agent_health import Stage
 from otel_vgpu.collect.aggregate import GpuReading
-from otel_vgpu.collect.estimator import BACK_US, SETTLE_US
+from otel_vgpu.collect.estimator import SETTLE_US, WAIT_US
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
 from otel_vgpu.gpu.backend import AccountingRecord, MigDevice, ProcessUse, UtilizationSample
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
@@ -39,10 +39,10 @@ def test_each_sweep_reads_the_window_since_the_last_and_never_less_than_a_second
     backend.now += S // 10  # a tenth of a second later: still the last second
     reader.read(0, SweepErrors())
     # Each asks a settling lag further back (collect/estimator.py): a sample NVML shows late.
-    # The first asks as far back as a process's next sample may stand (`BACK_US`).
+    # The first asks as far back as a period may wait for a process's next sample (`WAIT_US`).
     back = SETTLE_US
     assert asked(backend, "processes") == [
-        100 * S - BACK_US,
+        100 * S - WAIT_US,
         100 * S - back,
         105 * S + S // 10 - MIN_WINDOW_US - back,
     ]
@@ -123,7 +123,7 @@ def test_a_gpu_that_went_away_starts_a_new_window_when_it_comes_back() -> None:
     reader.keep_only([])
     backend.now += 30 * S
     reader.read(0, SweepErrors())
-    assert asked(backend, "processes")[-1] == 130 * S - BACK_US, "not the 30 s since it was last seen"
+    assert asked(backend, "processes")[-1] == 130 * S - WAIT_US, "not the 30 s since it was last seen"
 
 
 def test_errors_of_a_sweep_keep_the_first_message_of_each_kind() -> None:

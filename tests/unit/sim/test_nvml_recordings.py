@@ -156,9 +156,9 @@ def test_a_gpu_gives_about_one_new_process_sample_a_period_shared_as_the_gpu_was
 
 
 def test_a_process_that_runs_beside_others_may_wait_longer_than_a_sweep_for_a_sample() -> None:
-    # What estimator.BACK_US stands on: how long a process that ran went without a new sample.
-    # A sample stands back to the one before it unless that is older than the read before
-    # less BACK_US: a longer wait reads as a return from idle time.
+    # What estimator.WAIT_US stands on: how long a process that ran went without a new sample.
+    # The periods after a process's newest sample wait that long for its next before they
+    # settle (collect/ledger.py `_awaited`): settled sooner, they would read as idle.
     waits = []
     for recorded in every():
         if recorded.mps:
@@ -172,10 +172,10 @@ def test_a_process_that_runs_beside_others_may_wait_longer_than_a_sweep_for_a_sa
                 if end > start and ran > 0.1 * (end - start):
                     waits.append(after - before)
     assert len(waits) > 50
-    # Beyond a sweep and the old second (3 s), often: a process time-sliced beside others...
-    assert sum(wait > SWEEP_US + 1_000_000 for wait in waits) >= 5
-    # ...and never as long as BACK_US: none of those waits reads as a gap.
-    assert max(waits) < estimator.BACK_US
+    # Beyond the 3 s a period used to settle after, often: a process time-sliced beside others...
+    assert sum(wait > estimator.SETTLE_US for wait in waits) >= 5
+    # ...and never as long as WAIT_US: no period of those waits settles before the next sample.
+    assert max(waits) < estimator.WAIT_US
 
 
 def unread_phases(every_us: int, phases: int = 40) -> dict[int, tuple[int, int]]:
