@@ -117,6 +117,7 @@ CASES = {
     "inference-batches-and-notebook": "ordinary",
     "trainer-checkpoints-and-server": "ordinary",
     "saturated-two-busy": "saturated",
+    "bursts-every-ten-seconds": "attack",
 }
 
 
@@ -189,6 +190,13 @@ def case(name: str, offset: float = 0.0) -> tuple[str, float]:
         )
         notebook = pod("team-b", "notebook", ATTACKER, "memory: 6GiB, sm: {mean: 0.12, amplitude: 0.1, period_s: 20}")
         return node(server, notebook), 120.0
+    if name == "bursts-every-ten-seconds":
+        # A pod bursting 1 s every 9.5-11.5 s (with the offset) beside a steady one: its sample
+        # after the idle seconds must not stand over them and take the steady pod's share
+        # (estimator.BACK_US). The bursting pod is the one that would pay for the other.
+        every = 9.5 + offset
+        bursty = pod("team-a", "bursty", VICTIM, f"memory: 4GiB, sm: {{mean: 0.5, period_s: {every}, on_s: 1.0}}")
+        return node(bursty, pod("team-b", "steady", ATTACKER, "memory: 4GiB, sm: 0.5")), 90.0
     if name == "trainer-checkpoints-and-server":
         trainer = pod(
             "team-a",
