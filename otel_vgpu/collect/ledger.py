@@ -394,7 +394,22 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
         results = estimator.split_run(gpus, lives, tails=False)
         split.append((present, lives, results))
         rebalanced.extend((keys, evidence, parts, shares, left) for shares, left in results)
+    # What `rebalance` gives a process of no pod's share is no pod's: counted by its reason, as
+    # `split` and `give_tails` count theirs, or the pods and the reasons fall short of the GPU.
+    unowned = [
+        [(k, "unseen" if said.unseen else "no_pod") for k, said in enumerate(lives) if said.owner is None]
+        for _, lives, _ in split
+    ]
+    before = [
+        [[shares[k] for k, _ in nobody] for shares, _ in results] if nobody else []
+        for nobody, (_, _, results) in zip(unowned, split, strict=True)
+    ]
     estimator.rebalance(rebalanced, ledger.gaps)  # type: ignore[arg-type]
+    for nobody, was, (_, _, results) in zip(unowned, before, split, strict=True):
+        for old, (shares, left) in zip(was, results, strict=False):
+            for (k, reason), share in zip(nobody, old, strict=True):
+                if shares[k] > share:
+                    left[reason] += shares[k] - share
     for present, lives, results in split:
         # Without a tail among them, `give_tails` gives nothing: not asked.
         tails = any(said.evidence.kind is estimator.Kind.TAIL for said in lives)

@@ -377,3 +377,29 @@ def test_periods_held_for_a_process_s_next_sample_are_kept_across_a_long_sweep_i
     ledger.listed(book, 40_000 * MS, [seen(1, A), seen(2, B)])
     second = ledger.close(book, periods(25_800, 40_000, 1.0), 50_000 * MS)
     assert second.seconds == pytest.approx((20.0 - 11.0) + (40.0 - 25.8))
+
+
+def test_what_a_process_of_no_pod_takes_back_from_a_gap_is_counted_as_no_pod_s() -> None:
+    # A process of no pod's share, back from a gap, takes what it ran there from what is
+    # unexplained (`estimator.rebalance`): that is no pod's too, or the pods' shares and the
+    # unattributed reasons fall short of what the GPU ran.
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, None), seen(2, A)])
+    ledger.sampled(book, [*samples(1, 2_000, 2_000, 0.3), *samples(2, 2_000, 2_000, 0.3)], 2_100 * MS)
+    windows = []
+    for at in range(4_000, 30_001, 2_000):
+        taken = samples(2, at, at, 0.3)
+        if at == 20_000:  # it ran 1 s at 1.0 just before this sample, after 17 s idle
+            taken.append(UtilizationSample(1, at * MS, ProcessUse(nvml(1.0, (0, 2_000), (19_000, 20_000), at_ms=at))))
+        ledger.sampled(book, taken, (at + 100) * MS)
+        ledger.listed(book, at * MS, [seen(1, None), seen(2, A)])
+        gpu = [*periods(at - 2_000, at - 1_000, 0.3), *periods(at - 1_000, at, 1.0 if at == 20_000 else 0.3)]
+        windows.append(ledger.close(book, gpu, (at + 100) * MS))
+    windows.append(ledger.close(book, [], None))
+    busy = sum(window.gpu_busy for window in windows)
+    pods = sum(use.sm for w in windows for key, use in w.ran.items() if w.lives[key].owner is not None)
+    unattributed = sum(sum(window.unattributed.values()) for window in windows)
+    no_pod = sum(window.unattributed["no_pod"] for window in windows)
+    assert busy == pytest.approx(0.3 * 28 + 0.7 * 1.0)
+    assert pods + unattributed == pytest.approx(busy, abs=1e-9)
+    assert no_pod > 0.5  # what it ran over its gap
