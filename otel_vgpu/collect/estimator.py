@@ -126,6 +126,13 @@ class Present:
     unseen: bool = False
     """Known from NVML's accounting alone: no listing saw it."""
 
+    @property
+    def unowned(self) -> str | None:
+        """The reason what it is given is no pod's (`REASONS`); None: it is its pod's."""
+        if self.owner is not None:
+            return None
+        return "unseen" if self.unseen else "no_pod"
+
 
 @dataclass(frozen=True, slots=True)
 class Split:
@@ -350,7 +357,7 @@ def split_run(
         for k, p in enumerate(present)
         if p.evidence.kind is Kind.FIGURE and p.evidence.sure
     ]
-    no_pod = [(k, "unseen" if p.unseen else "no_pod") for k, p in enumerate(present) if p.owner is None]
+    no_pod = [(k, why) for k, p in enumerate(present) if (why := p.unowned) is not None]
     if any(p.evidence.kind is Kind.UNKNOWN for p in present):
         reason = "mps"
     elif any(p.unseen for p in present):
@@ -412,8 +419,8 @@ def give_tails(present: Sequence[Present], shares: list[float], unattributed: di
     before = list(shares)
     unattributed[reason] = _give(shares, _tail_room(present), unattributed[reason])
     for life, old, new in zip(present, before, shares, strict=True):
-        if new > old and life.owner is None:
-            unattributed["unseen" if life.unseen else "no_pod"] += new - old
+        if new > old and (why := life.unowned) is not None:
+            unattributed[why] += new - old
 
 
 def rebalance(

@@ -397,19 +397,16 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
     # What `rebalance` gives a process of no pod's share is no pod's: counted by its reason, as
     # `split` and `give_tails` count theirs, or the pods and the reasons fall short of the GPU.
     unowned = [
-        [(k, "unseen" if said.unseen else "no_pod") for k, said in enumerate(lives) if said.owner is None]
-        for _, lives, _ in split
-    ]
-    before = [
-        [[shares[k] for k, _ in nobody] for shares, _ in results] if nobody else []
-        for nobody, (_, _, results) in zip(unowned, split, strict=True)
+        (nobody, results, [[shares[k] for k, _ in nobody] for shares, _ in results])
+        for _, lives, results in split
+        if (nobody := [(k, why) for k, said in enumerate(lives) if (why := said.unowned) is not None])
     ]
     estimator.rebalance(rebalanced, ledger.gaps)  # type: ignore[arg-type]
-    for nobody, was, (_, _, results) in zip(unowned, before, split, strict=True):
-        for old, (shares, left) in zip(was, results, strict=False):
-            for (k, reason), share in zip(nobody, old, strict=True):
+    for nobody, results, before in unowned:
+        for (shares, left), was in zip(results, before, strict=True):
+            for (k, why), share in zip(nobody, was, strict=True):
                 if shares[k] > share:
-                    left[reason] += shares[k] - share
+                    left[why] += shares[k] - share
     for present, lives, results in split:
         # Without a tail among them, `give_tails` gives nothing: not asked.
         tails = any(said.evidence.kind is estimator.Kind.TAIL for said in lives)
