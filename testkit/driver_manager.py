@@ -12,6 +12,7 @@ node with the deploy labels of `gpuStateLabels` (controllers/state_manager.go).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -72,15 +73,24 @@ def holders(driver_file: Path) -> list[int]:
     found = []
     target = os.path.realpath(driver_file)
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            links = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
-        except OSError:  # gone, or not ours to look at
-            continue
-        if target in links:
+        if entry.isdigit() and target in _links(f"/proc/{entry}/fd"):
             found.append(int(entry))
     return found
+
+
+def _links(fd_dir: str) -> set[str]:
+    """What a process's descriptors point at. Each is read on its own: a busy
+    process (the agent answering a scrape) closes sockets between the listing
+    and the readlink, and one vanished descriptor must not hide the others."""
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:  # gone, or not ours to look at
+        return set()
+    links = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            links.add(os.readlink(f"{fd_dir}/{fd}"))
+    return links
 
 
 class DriverManager:
