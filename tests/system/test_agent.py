@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gzip
 import json
@@ -200,11 +201,7 @@ def test_sigterm_taken_by_another_thread_stops_the_agent(scenario_file: Path, ra
     # goes to the server's thread alone (tgkill), as the kernel sometimes sends it.
     with running_agent(*agent_args(scenario_file, ratio_file)) as agent:
         pid = agent.process.pid
-        threads = {
-            int(tid): (Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip())
-            for tid in os.listdir(f"/proc/{pid}/task")
-        }
-        server = next(tid for tid, name in threads.items() if name == "http")
+        server = wait_until(lambda: http_thread_of(pid), what="the server's thread")
         assert ctypes.CDLL(None, use_errno=True).tgkill(pid, server, signal.SIGTERM) == 0
         started = time.monotonic()
         _, err = agent.process.communicate(timeout=10)
@@ -455,3 +452,13 @@ def test_json_logs_are_one_object_a_line_and_the_plural_variable_warns_once(
     assert "rename it OTEL_VGPU_GPU_RESOURCE " in renamed[0]["message"]
     assert renamed[0]["variable"] == "OTEL_VGPU_GPU_RESOURCES"
     assert renamed[0]["replacement"] == "OTEL_VGPU_GPU_RESOURCE"
+
+
+def http_thread_of(pid: int) -> int | None:
+    """The agent's server thread, by name. Each thread's name is read on its own: one
+    that ends between the listing and the read (a sweep's helper) must not fail the look."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip() == "http":
+                return int(tid)
+    return None
