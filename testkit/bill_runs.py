@@ -18,7 +18,7 @@ from otel_vgpu.collect.sweeper import next_wait
 from otel_vgpu.export.exposition import OPENMETRICS_1, negotiate
 from otel_vgpu.export.telemetry import Telemetry
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
-from otel_vgpu.sim.node import SimulatedNode
+from otel_vgpu.sim.node import SAMPLE_PERIOD_US, SimulatedNode
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.clock import Clock
 from testkit.promtext import parse
@@ -36,6 +36,8 @@ THIRD = "3c3c3c3c-1111-4222-8333-444455556666"
 SECONDS = 60.0
 SWEEP_S = 2.0
 WATCH_S = 0.25
+# The simulated driver's sample period: the bill settles whole ones.
+PERIOD_S = SAMPLE_PERIOD_US / 1e6
 
 
 def node(*pods: str, accounting: bool = False) -> str:
@@ -322,11 +324,15 @@ def run(
                         for key, value in series.items()
                     }
                 )
-        # The bill stands for the periods settled by the last sweep (collect/estimator.py):
-        # what the scenario ran is counted up to there.
-        # and from the first sweep's window, which reaches back before it.
-        end = last_sweep - SETTLE_US / 1e6
+        # The bill stands for the periods settled by the last sweep (collect/estimator.py), from
+        # the first sweep's window, which reaches back before it: what the scenario ran is
+        # counted over them. They end `SETTLE_US` before the last sweep, or earlier while a
+        # process's next sample is awaited (`estimator.WAIT_US`): the periods after the last
+        # settled are those the GPU's own counter does not hold yet, stepped back from the end.
         begin = -(MIN_WINDOW_US + SETTLE_US) / 1e6
+        end = last_sweep - SETTLE_US / 1e6
+        while sim.ran(0, begin, end) > bill.gpu + 1e-6 and end > begin:
+            end -= PERIOD_S
         bill.ran = {uid: sim.ran(0, begin, end, uid) for uid in pods}
         bill.gpu_ran = sim.ran(0, begin, end)
     finally:
