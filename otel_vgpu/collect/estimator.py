@@ -4,14 +4,17 @@ docs/chargeback.md ("The estimator") states its model and its error; in short:
 - **Evidence.** A process's NVML sample (its SM figure, stamped at the end of the driver's
   period) is the only figure of its own use. NVML keeps one, its latest, and refreshes it only
   while the process runs; the agent reads it at its sweeps. A sample read stands for the time
-  back to the one before it, but not before the read before it (less `BACK_US`, the driver's
-  delay in showing a sample): a process that ran then would have had a newer sample to read;
-  one that waited longer (about one process a period gets a sample on the recorded driver)
-  comes back from a gap. It stands for no time after its stamp.
+  back to the one before it (no further than its figure's window). It stands there surely
+  where the one before was there to read at the read before it (less `BACK_US`, the driver's
+  delay in showing a sample). Else it comes back from a gap: about one process a period gets
+  a sample on the recorded driver, so a process may run for seconds unstamped, or it may have
+  idled; surely it stands only for its own period, and what it ran over the gap is placed
+  where the GPU ran more than the sure figures (`rebalance`). It stands for no time after
+  its stamp.
 - **Absence.** A period after a process's newest sample, once the driver has had `SETTLE_US`
-  to stamp a new one (and up to `WAIT_US` while the process may yet have one: collect/ledger.py
-  `_awaited`), is a period it did not run in (nvml.h: a process idle over a period has
-  no sample for it). A process that ended took its sample with it (the driver forgets it); the
+  to stamp a new one (and up to `WAIT_US` while the process may yet have one; a gap settles
+  whole: collect/settling.py), is a period it did not run in (nvml.h: a process idle over a
+  period has no sample for it). A process that ended took its sample with it (the driver forgets it); the
   periods between its newest sample and its end are its `tail`: it may have run in them, at
   most at the rate its newest sample says.
 - **The split.** Each life claims its figure times the part of the period it lived. Where the
@@ -24,8 +27,10 @@ docs/chargeback.md ("The estimator") states its model and its error; in short:
   came and went); a tail up to its newest figure (and SLACK); a figure that swings up to the
   highest its own samples read within `PEAK_US` (one read at a trough). Over the periods a
   sweep settles (`rebalance`), a process back from a gap takes what its sample says it ran
-  over the gap from what is unexplained there, the nearest its sample first; then a life given
-  less than its own figures claim takes it back. The rest is unattributed.
+  over the gap from what is unexplained there, the nearest its sample first: at its rate
+  first (where the GPU ran more than the sure figures by more than `SLACK`, down to a swinging
+  neighbour's lowest reading), then up to the whole period; then a life given less than its
+  own figures claim takes it back. The rest is unattributed.
 - **What no pod is given,** by reason: `no_pod` (a process of no pod's share), `unseen` (what a
   process known from accounting alone may have run), `mps` (a period with a process whose use
   NVML cannot tell: an MPS client, or its server, whose figure holds its clients' work),
@@ -54,19 +59,19 @@ from otel_vgpu.gpu.backend import ProcessUse
 # (a bursty process beside a busy one: a sample every 2 s or so on an H200,
 # docs/nvml-sampling.md), and the arrival delay besides: a period is settled that long after it.
 SETTLE_US = 3_000_000
-# How far before the read that preceded it a sample may stand: NVML shows a sample some time
-# after its stamp, so a process that ran just before a read may have had no sample to read yet.
-# A sample older than that comes back from a gap: surely only for its own period, the rest of
-# its work placed where the GPU ran more than the sure figures (`rebalance`). Wider (10 s,
-# tried 2026-12-07), a bursty pod's figure stood surely over its idle seconds and took a steady
-# neighbour's share: billed up to 1.37 of what it ran, bursts of 1 s every 10 s.
+# How far before the read that preceded it a sample may stand surely: NVML shows a sample some
+# time after its stamp, so a process that ran just before a read may have had no sample to read
+# yet. One whose sample before is older comes back from a gap: surely only for its own period,
+# the rest of its work placed where the GPU ran more than the sure figures (`rebalance`). Wider
+# (10 s, tried 2026-12-07), a bursty pod's figure stood surely over its idle seconds and took a
+# steady neighbour's share: billed up to 1.37 of what it ran, bursts of 1 s every 10 s.
 BACK_US = 1_000_000
 # The longest a process that runs may go without a new sample: the recorded driver stamps about
 # one process a period on a GPU, drawn by use (docs/nvml-sampling.md), and time-sliced processes
 # that ran every period went up to 3 s without one inside a steady stretch, and 4.6 s (two) and
 # 8.4 s (three processes) at the 99th percentile across their plans' changes. The periods after
-# a process's newest sample wait that long for its next before they settle (collect/ledger.py
-# `_awaited`), so that its work is placed where it ran, not read as idle.
+# a process's newest sample wait that long for its next before they settle (collect/settling.py
+# `awaited`), so that its work is placed where it ran, not read as idle.
 WAIT_US = 10_000_000
 # How far back a tail's rate is read from a life's newest samples.
 TAIL_US = 1_000_000
@@ -438,10 +443,10 @@ def rebalance(
 
     A process back from a gap: what it ran over the gap is known (its figure over the gap), not
     when. It is given from what is unexplained in the gap's periods and its sample's own, the
-    nearest its sample first (a process that comes back runs on until its sample, which it would not have had
-    sooner had it run sooner), up to what its sample claims over the whole gap: `gaps`, by life
-    and sample, holds what is left of each claim from one window to the next (a gap settles over
-    several sweeps), and is updated in place."""
+    nearest its sample first (a process that comes back runs on until its sample), at most at
+    its figure's rate first, then up to the whole period, up to what its sample claims over the
+    whole gap: `gaps`, by life and sample, holds what is left of each claim from one window to
+    the next (a window may end inside a gap whose sample is read later), and is updated in place."""
     claims = {} if gaps is None else gaps
     # Which lives may stand back from a gap, and which stand surely with what their figure
     # claims, by list of evidence: a run of periods shares one (collect/ledger.py), so each is
@@ -461,23 +466,38 @@ def rebalance(
                     if said.kind is Kind.FIGURE and said.sure
                 ],
             )
-    for keys, evidence, parts, shares, left in reversed(periods):
-        unsure = plans[id(evidence)][0]
-        if not unsure:
-            continue  # no life back from a gap: no room, and no claim to begin
-        spare = left.get("unexplained", 0.0)
-        room = [0.0] * len(shares)
-        for k, stamp in unsure:
-            claim = claims.setdefault((keys[k], stamp), evidence[k].gap)
-            room[k] = min(claim, max(0.0, parts[k] - shares[k]))
-        total = sum(room)
-        if spare <= 0 or total <= 0:
-            continue
-        left["unexplained"] = _give(shares, room, spare)
-        scale = min(1.0, spare / total)
-        for key, said, r in zip(keys, evidence, room, strict=True):
-            if r > 0 and said.stamp is not None:
-                claims[(key, said.stamp)] -= r * scale
+    # Twice over the gaps' periods, the nearest each sample first: at the rate its figure says
+    # it ran over the gap (a steady process the driver stamped seconds apart ran all along, and
+    # leaves an ended neighbour's tail its room), then up to the whole period (a process that
+    # came back ran its gap's work in its last seconds).
+    for at_rate in (True, False):
+        for keys, evidence, parts, shares, left in reversed(periods):
+            unsure, sure = plans[id(evidence)]
+            if not unsure:
+                continue  # no life back from a gap: no room, and no claim to begin
+            spare = left.get("unexplained", 0.0)
+            room = [0.0] * len(shares)
+            for k, stamp in unsure:
+                claim = claims.setdefault((keys[k], stamp), evidence[k].gap)
+                most = parts[k] * evidence[k].value if at_rate else parts[k]
+                room[k] = min(claim, max(0.0, most - shares[k]))
+            total = sum(room)
+            if total <= 0:
+                continue
+            # Where the GPU ran more than the sure figures say (by more than one figure's own
+            # error), someone beside them ran: at its rate, a process back from a gap may have
+            # the part of a swinging neighbour's figure that its own lowest reading leaves.
+            # Where the sure figures explain the GPU, none: a bursty process's rate is no
+            # evidence that it ran in its idle periods, and takes nothing from a steady one.
+            if at_rate and spare > SLACK:
+                spare += _give_way(evidence, parts, shares, sure, total - spare)
+            if spare <= 0:
+                continue
+            left["unexplained"] = _give(shares, room, spare)
+            scale = min(1.0, spare / total)
+            for key, said, r in zip(keys, evidence, room, strict=True):
+                if r > 0 and said.stamp is not None:
+                    claims[(key, said.stamp)] -= r * scale
     owed: dict[Hashable, float] = {}
     for _, evidence, _, shares, _ in periods:
         for k, key, claim in plans[id(evidence)][1]:
@@ -495,6 +515,29 @@ def rebalance(
         for k, key, _ in plans[id(evidence)][1]:
             if room[k] > 0:
                 owed[key] -= room[k] * scale
+
+
+def _give_way(
+    evidence: Sequence[Evidence],
+    parts: Sequence[float],
+    shares: list[float],
+    sure: Sequence[tuple[int, Hashable, float]],
+    wanted: float,
+) -> float:
+    """Up to `wanted` taken, in place, from the sure figures that swing, each down to the
+    lowest its own samples read around the period (as `split` has them give way to each
+    other): what a process back from a gap ran at its own rate is not left to a neighbour's
+    crest. Returns what was taken."""
+    if wanted <= 0:
+        return 0.0
+    pool = [(k, max(0.0, shares[k] - parts[k] * min(evidence[k].low, evidence[k].value))) for k, _, _ in sure]
+    total = sum(above for _, above in pool)
+    if total <= 0:
+        return 0.0
+    scale = min(1.0, wanted / total)
+    for k, above in pool:
+        shares[k] -= above * scale
+    return total * scale
 
 
 def _alone(present: Sequence[Present]) -> bool:

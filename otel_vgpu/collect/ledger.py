@@ -39,7 +39,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from otel_vgpu.collect import estimator, trailing
+from otel_vgpu.collect import estimator, settling, trailing
 from otel_vgpu.gpu.backend import USE_FIGURES, AccountingRecord, ProcessUse, UtilizationSample, use_figures
 from otel_vgpu.pods.cgroups import PodRef
 
@@ -58,7 +58,7 @@ SAMPLES_KEPT = 64
 FORGET_US = 60_000_000
 # The GPU's periods waiting to settle, at most: NVML's own buffer holds 71 (14 s), read anew at
 # each sweep, and a period may wait up to `estimator.WAIT_US` (50 periods) for a process's next
-# sample (`_awaited`): both, and a margin.
+# sample (collect/settling.py `awaited`): both, and a margin.
 PENDING_KEPT = 160
 
 # Why the GPU's SM time went to no pod (collect/estimator.py says each).
@@ -202,11 +202,13 @@ def confirmed(ledger: GpuLedger, at_us: int) -> None:
 def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int | None = None) -> frozenset[int]:
     """Each sample given to the life that held its PID when it was taken; the PIDs listed now
     whose sample is older than the process holding them (an earlier holder's, never theirs).
-    `at_us`: when NVML was asked for them (every process's at once): a sample first read then
-    stands for no time before the read before it (less `estimator.BACK_US`), since a process
-    that ran then would have had a newer sample to read. It stands surely where it continues a
-    sample read at the read before, or is the process's first; one that comes back after a gap
-    surely only for its own period, and for the rest of the gap only if the GPU ran more."""
+    `at_us`: when NVML was asked for them (every process's at once). A sample stands back to the
+    process's sample before it (no further than its figure's window; a first one, to the read
+    before less `estimator.BACK_US`, or to the process's start). It stands surely where it
+    continues a sample there to read at the read before (less `estimator.BACK_US`), or is the
+    process's first; one that comes back after a gap (the recorded driver may leave a process
+    that runs seconds without a sample, and one that idles has none) surely only for its own
+    period, and for the rest of the gap only where the GPU ran more (`estimator.rebalance`)."""
     before = ledger.read_at
     if at_us is not None:
         ledger.read_at = at_us
@@ -240,7 +242,9 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
             track.pop()
             life.trail = [point for point in life.trail if point.at_us < stamp]
         earlier = track.stamps[-1] if track else -math.inf
-        covers = max(earlier, reach) if replaced is None else replaced
+        # Back to its sample before (a first, to the read before: what its figure's window
+        # holds from further back is the agent's start's, not known to be this read's).
+        covers = (reach if earlier == -math.inf else earlier) if replaced is None else replaced
         if earlier == -math.inf and life.born_us is not None:
             covers = max(covers, life.born_us)  # its figure's window reaches before it began
         unwound = trailing.unwound(life.trail, sample.timestamp_us, use, covers)
@@ -249,8 +253,8 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         life.trail, use = unwound
         covers = max(covers, sample.timestamp_us - trailing.WINDOW_US)
         # Its first, or it had a sample as new at the read before: it ran on, surely. Else it
-        # comes back after a gap in which it ran nothing: when, after the read before, it began
-        # again no sample says; only its own period is sure.
+        # comes back after a gap: whether it ran all along unstamped or came back from idle, no
+        # sample says; only its own period is sure.
         continues = earlier == -math.inf or earlier >= reach
         sure = covers if continues else sample.timestamp_us - PERIOD_US
         # Newer than every sample it has (above): appended, the samples stay in order.
@@ -333,29 +337,17 @@ def close(
     ledger.pending.sort(key=lambda each: each[0])
     del ledger.pending[:-PENDING_KEPT]
     period_us = period_us or _spacing(ledger.pending)
-    cut = math.inf if now_us is None else min(now_us - estimator.SETTLE_US, _awaited(ledger, now_us))
-    settling = [each for each in ledger.pending if each[0] <= cut]
+    cut = math.inf
+    if now_us is not None:
+        waiting = [
+            life.samples
+            for key in ledger.listed.values()
+            if (life := ledger.lives.get(key)) is not None and life.until_us is None and not life.unknown
+        ]
+        cut = settling.cut(now_us, waiting, [life.samples for life in ledger.lives.values()])
+    ripe = [each for each in ledger.pending if each[0] <= cut]
     ledger.pending = [each for each in ledger.pending if each[0] > cut]
-    return _settle(ledger, settling, period_us)
-
-
-def _awaited(ledger: GpuLedger, now_us: int) -> float:
-    """How far the periods may settle while a listed process's next sample may still come: to
-    the oldest newest sample of those sampled within `estimator.WAIT_US`. The recorded driver
-    stamps about one process a period on a GPU, so a process that runs may wait seconds for its
-    next sample, which then stands back to this one (`sampled`); settled before it comes, its
-    periods would read as idle. One with no sample for longer holds nothing back (an idle
-    context), nor does one that ended (NVML forgot its sample: its tail)."""
-    floor = now_us - estimator.WAIT_US
-    held = math.inf
-    for key in ledger.listed.values():
-        life = ledger.lives.get(key)
-        if life is None or life.until_us is not None or life.unknown or not life.samples:
-            continue
-        newest = life.samples.stamps[-1]
-        if floor < newest < held:
-            held = newest
-    return held
+    return _settle(ledger, ripe, period_us)
 
 
 def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], period_us: int) -> Window:
@@ -405,7 +397,7 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
     for nobody, results, before in unowned:
         for (shares, left), was in zip(results, before, strict=True):
             for (k, why), share in zip(nobody, was, strict=True):
-                if shares[k] > share:
+                if shares[k] != share:
                     left[why] += shares[k] - share
     for present, lives, results in split:
         # Without a tail among them, `give_tails` gives nothing: not asked.

@@ -86,11 +86,13 @@ def unwound(
         start = max(from_us, stamp_us - WINDOW_US)
         points.append(Point(start, _IDLE))
     last = points[-1]
-    start = max(from_us, last.at_us)
+    # No further back than the window: what it ran before that, the figure does not hold.
+    start = max(from_us, last.at_us, stamp_us - WINDOW_US)
     if start >= stamp_us:
         start = last.at_us
     if start > last.at_us:
-        # It ran nothing between its last sample and `from_us`: no sample says it did.
+        # It ran nothing between its last sample and `start`: no sample says it did (a figure
+        # over the window holds all it ran since).
         points.append(Point(start, last.ran))
     span_s = (stamp_us - start) / 1e6
     lagged = ran_by(points, stamp_us - WINDOW_US)

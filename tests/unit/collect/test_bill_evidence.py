@@ -105,3 +105,32 @@ def test_a_pod_bursting_every_ten_seconds_pays_nothing_of_its_steady_neighbour(t
     assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
     assert bill.ratio(ATTACKER) >= TENANT_LEAST, bill
     assert bill.imbalance <= CONSERVED, bill
+
+
+# At the recorded driver's cadence (docs/nvml-sampling.md: about one new per-process sample a
+# period on a GPU, drawn by use), the phases and seeds at which the bill moved most before a
+# sample after a gap stood back to the process's sample before it, at its rate first.
+RECORDED = "driver: {one_sample_a_period: true}\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "offset", "seed"),
+    [
+        # The steady victim, stamped seconds apart, took the room of the restarting tenant's
+        # tails nearest its sample: the tenant 0.80 of what it ran, the victim 1.075.
+        ("restarts-before-sweeps", 1.6, 2),
+        ("restarts-before-sweeps", 1.8, 2),
+        # The steady tenant, stamped seconds apart while the server ran beside it, stood only
+        # for its own periods; the server's figure, read high, took the rest: 1.072.
+        ("idle-neighbour", 1.4, 2),
+        # The victim's work, spread back only to the read before its sample: the tenant 0.855.
+        ("phased-between-sweeps", 0.4, 1),
+    ],
+)
+def test_at_the_recorded_cadence_no_attack_moves_the_bill(tmp_path: Path, name: str, offset: float, seed: int) -> None:
+    text, seconds = case(name, offset)
+    bill = run(tmp_path, text + RECORDED, seed=seed, seconds=seconds)
+    assert bill.ran[VICTIM] > 10.0 and bill.ran[ATTACKER] > 10.0, bill
+    assert bill.ratio(VICTIM) <= VICTIM_MOST, bill
+    assert bill.ratio(ATTACKER) >= TENANT_LEAST, bill
+    assert bill.imbalance <= CONSERVED, bill

@@ -138,7 +138,7 @@ def test_one_sweep_per_scrape_even_with_min_interval_zero(telemetry: Telemetry) 
 
 def test_seed_families(telemetry: Telemetry) -> None:
     # The SM figures wait for a settled window: at the recorded cadence, until each process
-    # sampled in the last 10 s has a newer sample (collect/ledger.py `_awaited`).
+    # sampled in the last 10 s has a newer sample (collect/settling.py `awaited`).
     exposition = wait_until(
         lambda: (e := scrape(telemetry)).by("pod_gpu_sm_util", "pod", "gpu_id").get(("trainer", "0")) and e,
         what="the trainer's SM figure",

@@ -158,7 +158,7 @@ def test_a_gpu_gives_about_one_new_process_sample_a_period_shared_as_the_gpu_was
 def test_a_process_that_runs_beside_others_may_wait_longer_than_a_sweep_for_a_sample() -> None:
     # What estimator.WAIT_US stands on: how long a process that ran went without a new sample.
     # The periods after a process's newest sample wait that long for its next before they
-    # settle (collect/ledger.py `_awaited`): settled sooner, they would read as idle.
+    # settle (collect/settling.py `awaited`): settled sooner, they would read as idle.
     waits = []
     for recorded in every():
         if recorded.mps:
@@ -256,3 +256,27 @@ def test_unwinding_recovers_what_ran_from_whole_percents_of_a_trailing_mean() ->
         assert history[-1].ran[0] == pytest.approx(ran_by(stamp), abs=0.01 * window / 1e6)
     # A sample no newer than the newest adds nothing.
     assert trailing.unwound(history, int(history[-1].at_us), ProcessUse(0.5), 0) is None
+
+
+def test_a_figure_after_an_idle_stretch_longer_than_its_window_is_the_window_s_mean() -> None:
+    # A server that ran 10 s, kept its context idle 40 s (no sample: NVML stamps none for a
+    # process that runs nothing) and then 0.8 s at 0.5: its new figure holds that 0.4 s of
+    # work, all of it in the window before the sample, not spread over the 40 s since the
+    # sample before (which would bill it a hundredth of a GPU for the seconds it idled, and
+    # place its next samples' lag in the wrong seconds).
+    window = trailing.WINDOW_US
+    history: list[trailing.Point] = []
+    for stamp in range(1_000_000, 10_000_001, 1_000_000):
+        done = trailing.unwound(history, stamp, ProcessUse(0.5 * min(stamp, window) / window), stamp - 1_000_000)
+        assert done is not None
+        history, _ = done
+    before = history[-1]
+    again = 50_800_000
+    done = trailing.unwound(history, again, ProcessUse(0.4 / (window / 1e6) - trailing.FLOORED), before.at_us)
+    assert done is not None
+    history, mean = done
+    assert mean.sm == pytest.approx(0.4 / (window / 1e6), abs=1e-6)
+    assert history[-1].ran[0] - before.ran[0] == pytest.approx(0.4, abs=1e-6)
+    # What it had run by the window's start is what it had run by its sample before.
+    assert trailing.ran_by(history, again - window)[0] == pytest.approx(before.ran[0])
+    assert trailing.ran_by(history, 30_000_000)[0] == pytest.approx(before.ran[0])
