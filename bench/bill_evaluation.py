@@ -3,7 +3,7 @@ on the simulated node, each pod's billed over what it ran (testkit/bill_runs.py)
 median; and the SM the bill left in no series (the largest gap, at any sweep, between the GPU's
 SM-busy seconds and its pods' plus every unattributed reason).
 
-    .venv/bin/python bench/bill_evaluation.py [--seeds 3] [--offsets 10] [--out FILE] [--one-sample-a-period]
+    .venv/bin/python bench/bill_evaluation.py [--seeds 3] [--offsets 10] [--out FILE] [--every-process-a-period]
 
 `--tree DIR` runs another checkout's agent (its otel_vgpu/) on this checkout's simulated node
 and harness: how bench/results/bill-evaluation.md's "before" column was made, from a worktree
@@ -44,12 +44,12 @@ def cases() -> dict[str, Case]:
 
 
 def one(args: tuple[str, float, int, bool]) -> tuple[str, float, int, dict[str, float], float, dict[str, float]]:
-    name, offset, seed, one_a_period = args
+    name, offset, seed, every_process = args
     from testkit.bill_runs import ATTACKER, THIRD, VICTIM, case, run  # noqa: PLC0415
 
     text, seconds = case(name, offset)
-    if one_a_period:
-        text += "driver: {one_sample_a_period: true}\n"
+    if every_process:
+        text += "driver: {one_sample_a_period: false}\n"
     bill = run(None, text, seed=seed, seconds=seconds)
     ratios = {}
     for role, uid in (("victim", VICTIM), ("tenant", ATTACKER), ("third", THIRD)):
@@ -71,10 +71,10 @@ def one(args: tuple[str, float, int, bool]) -> tuple[str, float, int, dict[str, 
 
 
 def evaluate(
-    seeds: int, offsets: int, processes: int, one_a_period: bool = False
+    seeds: int, offsets: int, processes: int, every_process: bool = False
 ) -> list[tuple[str, float, int, dict[str, float], float, dict[str, float]]]:
     jobs = [
-        (name, round(2.0 * k / offsets, 3), seed, one_a_period)
+        (name, round(2.0 * k / offsets, 3), seed, every_process)
         for name in cases()
         for k in range(offsets)
         for seed in range(1, seeds + 1)
@@ -121,9 +121,10 @@ def main() -> int:
     parser.add_argument("--tree", type=Path, help="another checkout whose otel_vgpu/ runs (the 'before')")
     parser.add_argument("--out", type=Path)
     parser.add_argument(
-        "--one-sample-a-period",
+        "--every-process-a-period",
         action="store_true",
-        help="the simulated driver at the recorded cadence (docs/scenario.md, driver.one_sample_a_period)",
+        help="a new sample for every process that ran in each period, not the recorded cadence "
+        "(docs/scenario.md, driver.one_sample_a_period: false)",
     )
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT)] if args.tree is None else [str(args.tree.resolve()), str(ROOT)]
@@ -133,7 +134,7 @@ def main() -> int:
 
         assert Path(otel_vgpu.__file__).resolve().is_relative_to(args.tree.resolve()), otel_vgpu.__file__
     began = time.monotonic()
-    results = evaluate(args.seeds, args.offsets, args.processes, args.one_sample_a_period)
+    results = evaluate(args.seeds, args.offsets, args.processes, args.every_process_a_period)
     report = table(results)
     print(report, end="")
     print(f"{len(results)} runs in {time.monotonic() - began:.0f} s", file=sys.stderr)

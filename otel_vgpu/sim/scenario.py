@@ -338,11 +338,12 @@ class DriverSpec:
     """How long NVML keeps an ended process's last sample, under its PID (which a new
     process may hold by then). 0: none, as an H200 with driver 580 does
     (bench/results/h200-nvml-ended-samples.md)."""
-    one_sample_a_period: bool = False
+    one_sample_a_period: bool = True
     """The recorded driver's cadence: about one new per-process sample a period on a GPU, drawn
-    among the processes that ran in it by their use (sim/node.py `stamped_in`). False: every
-    process that ran in a period has a new sample for it, the cadence the estimator was fitted
-    to (docs/nvml-sampling.md says where the two part)."""
+    among the processes that ran in it by their use (sim/node.py `stamped_in`), the default: the
+    simulated node is the driver's double. False: every process that ran in a period has a new
+    sample for it, as the simulated driver gave in 0.2.0 (docs/nvml-sampling.md says where the
+    two part)."""
     memory_info_v2: bool = True
     """It has nvmlDeviceGetMemoryInfo_v2 (drivers from R510), which gives each GPU's reserved
     memory apart; False: an older driver, whose used holds the reservation all the same."""

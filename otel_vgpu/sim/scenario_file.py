@@ -299,7 +299,7 @@ class ScenarioReader(PodFields, HealthFields):
         return DriverSpec(
             pid_namespace_filter=self.boolean(spec.get(key, True), f"driver.{key}", line_of(spec, key)),
             ended_samples_s=kept,
-            one_sample_a_period=self.boolean(spec.get(once, False), f"driver.{once}", line_of(spec, once)),
+            one_sample_a_period=self.boolean(spec.get(once, True), f"driver.{once}", line_of(spec, once)),
             memory_info_v2=self.boolean(
                 spec.get("memory_info_v2", True), "driver.memory_info_v2", line_of(spec, "memory_info_v2")
             ),

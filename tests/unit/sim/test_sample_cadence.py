@@ -1,7 +1,7 @@
-"""How often the simulated driver gives a process a new NVML sample: for every process in every
-period it ran (the default), or about one a period on a GPU, as the recorded driver does
-(driver.one_sample_a_period; tests/unit/sim/test_nvml_recordings.py holds the draw to the
-recordings)."""
+"""How often the simulated driver gives a process a new NVML sample: about one a period on a GPU,
+as the recorded driver does (the default, driver.one_sample_a_period;
+tests/unit/sim/test_nvml_recordings.py holds the draw to the recordings), or for every process
+in every period it ran."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ def new_samples(tmp_path: Path, driver: str, seconds: float) -> tuple[dict[int, 
     return counts, periods
 
 
-def test_by_default_every_process_that_ran_has_a_new_sample_each_period(tmp_path: Path) -> None:
-    counts, periods = new_samples(tmp_path, "", 40.0)
+def test_without_the_recorded_cadence_every_process_that_ran_has_a_new_sample_each_period(tmp_path: Path) -> None:
+    counts, periods = new_samples(tmp_path, "driver: {one_sample_a_period: false}\n", 40.0)
     assert sorted(counts.values()) == pytest.approx([periods, periods], abs=2)
 
 
-def test_at_the_recorded_cadence_a_gpu_gives_one_a_period_drawn_by_use(tmp_path: Path) -> None:
-    counts, periods = new_samples(tmp_path, "driver: {one_sample_a_period: true}\n", 120.0)
+def test_by_default_a_gpu_gives_one_a_period_drawn_by_use_as_recorded(tmp_path: Path) -> None:
+    counts, periods = new_samples(tmp_path, "", 120.0)
     assert sum(counts.values()) == pytest.approx(periods, abs=2)
     light, busy = sorted(counts.values())
     # The busy process ran 0.6 of each period, the light one 0.3: two samples to one.
