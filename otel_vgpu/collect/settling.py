@@ -17,8 +17,9 @@ from otel_vgpu.collect import estimator
 def cut(now_us: int, waiting: Iterable[estimator.Track], tracks: Iterable[estimator.Track]) -> float:
     """The end of the newest period that may settle at `now_us`: `waiting` are the samples of
     the listed processes that may yet have a new one (running, and of a use NVML can tell),
-    `tracks` every life's."""
-    return whole_gaps(tracks, min(now_us - estimator.SETTLE_US, awaited(waiting, now_us)))
+    `tracks` every life's. At most `estimator.SETTLE_US` plus a figure's window (17.2 s) before
+    `now_us`, or `estimator.WAIT_US`, whatever the samples."""
+    return min(now_us - estimator.SETTLE_US, awaited(waiting, now_us), whole_gaps(tracks, now_us))
 
 
 def awaited(waiting: Iterable[estimator.Track], now_us: int) -> float:
@@ -38,21 +39,21 @@ def awaited(waiting: Iterable[estimator.Track], now_us: int) -> float:
     return held
 
 
-def whole_gaps(tracks: Iterable[estimator.Track], cut_us: float) -> float:
-    """`cut_us`, moved back so that no gap settles in part: a sample back from a gap (it stands
-    surely only for its own period) whose own period does not settle yet holds back every
-    period of its gap. `estimator.rebalance` places what the process ran over the gap in the
-    gap's periods nearest the sample, which it cannot where those are still pending and the
-    older ones settled without it."""
-    tracks = list(tracks)
-    while True:
-        held = cut_us
-        for track in tracks:
-            for at in range(len(track) - 1, -1, -1):
-                if track.stamps[at] <= cut_us:
-                    break
-                if track.sure[at] > track.since[at]:
-                    held = min(held, track.since[at])
-        if held >= cut_us:
-            return cut_us
-        cut_us = held
+def whole_gaps(tracks: Iterable[estimator.Track], now_us: int) -> float:
+    """How far the periods may settle so that a gap settles whole: a sample back from a gap (it
+    stands surely only for its own period) whose own period does not settle yet (stamped less
+    than `estimator.SETTLE_US` ago) holds back every period of its gap, at most a figure's
+    window. `estimator.rebalance` places what the process ran over the gap in the gap's periods
+    nearest the sample, which it cannot where those are still pending and the older ones
+    settled without it. Only those: were a gap that a held one reaches into to hold back its own
+    in turn, a tenant's staggered processes could hold every pod's periods back without end,
+    past what the ledger keeps pending."""
+    recent = now_us - estimator.SETTLE_US
+    held = math.inf
+    for track in tracks:
+        for at in range(len(track) - 1, -1, -1):
+            if track.stamps[at] <= recent:
+                break
+            if track.sure[at] > track.since[at]:
+                held = min(held, track.since[at])
+    return held

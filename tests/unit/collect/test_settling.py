@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from otel_vgpu.collect import estimator, settling
+from otel_vgpu.collect import estimator, ledger, settling, trailing
 from otel_vgpu.gpu.backend import ProcessUse
 
 pytestmark = pytest.mark.unit
@@ -31,14 +31,25 @@ def test_periods_settle_after_the_driver_s_delay_and_while_no_sample_is_awaited(
 
 
 def test_a_gap_settles_whole_with_its_sample_s_own_period() -> None:
-    # A sample of 16 s back from a gap (it stands back to 9 s, surely only from 15.8 s): its own
-    # period does not settle at a cut of 15 s, so neither does any of its gap.
+    # A sample of 16 s back from a gap (it stands back to 9 s, surely only from 15.8 s): at 18 s
+    # its own period does not settle yet (3 s after it), so neither does any of its gap.
     gapped = track((9, 8, 8), (16, 9, 15.8))
-    assert settling.whole_gaps([gapped], 15 * S) == 9 * S
+    assert settling.cut(18 * S, [], [gapped]) == 9 * S
     # Once its own period may settle, the whole gap does.
-    assert settling.whole_gaps([gapped], 17 * S) == 17 * S
+    assert settling.cut(20 * S, [], [gapped]) == 20 * S - estimator.SETTLE_US
     # A sample that continues the one before holds nothing back.
-    assert settling.whole_gaps([track((9, 8, 8), (16, 9, 9))], 15 * S) == 15 * S
-    # Held back past another's unsettled gap, that one's gap is kept whole too.
-    other = track((4, 3, 3), (12, 4, 11.8))
-    assert settling.whole_gaps([gapped, other], 15 * S) == 4 * S
+    assert settling.cut(18 * S, [], [track((9, 8, 8), (16, 9, 9))]) == 18 * S - estimator.SETTLE_US
+
+
+def test_no_samples_hold_the_periods_back_longer_than_a_window_and_the_driver_s_delay() -> None:
+    # A tenant's processes, each back from a gap that reaches into the one before (staggered):
+    # only the gap whose own sample is recent holds the periods back, and no further than its
+    # window. Held back in a chain, the periods would wait without end, past what the ledger
+    # keeps pending (`ledger.PENDING_KEPT`), and go unbilled.
+    window = trailing.WINDOW_US / S
+    chained = [track((t - window, t - 20, t - 20), (t, t - window, t - 0.2)) for t in range(20, 101, 10)]
+    now = 101 * S
+    assert settling.cut(now, [], chained) == 100 * S - trailing.WINDOW_US
+    assert now - settling.cut(now, [], chained) <= estimator.SETTLE_US + trailing.WINDOW_US
+    assert (estimator.SETTLE_US + trailing.WINDOW_US) / ledger.PERIOD_US < ledger.PENDING_KEPT
+    assert estimator.WAIT_US / ledger.PERIOD_US < ledger.PENDING_KEPT
