@@ -24,13 +24,13 @@ docs/chargeback.md ("The estimator") states its model and its error; in short:
   may take more, in turn and up to its own room: a pod alone with figures on the GPU
   up to `SLACK` more than them (the driver's own error: docs/nvml-sampling.md); a life at an
   edge of its life its figure over the rest of the period (the listings' cadence blurs when it
-  came and went); a tail up to its newest figure (and SLACK); a figure that swings up to the
-  highest its own samples read within `PEAK_US` (one read at a trough). Over the periods a
-  sweep settles (`rebalance`), a process back from a gap takes what its sample says it ran
-  over the gap from what is unexplained there, the nearest its sample first: at its rate
-  first (where the GPU ran more than the sure figures by more than `SLACK`, down to a swinging
-  neighbour's lowest reading), then up to the whole period; then a life given less than its
-  own figures claim takes it back. The rest is unattributed.
+  came and went). Over the periods a sweep settles (`rebalance`), a process back from a gap
+  takes what its sample says it ran over the gap from what is unexplained there, the nearest
+  its sample first: at its rate first (where the GPU ran more than the sure figures by more
+  than `SLACK`, down to a swinging neighbour's lowest reading), then up to the whole period;
+  then a life given less than its own figures claim takes it back. Then (`give_tails`) a tail
+  up to its newest figure (and SLACK), and a figure that swings up to the highest its own
+  samples read within `PEAK_US` (one read at a trough). The rest is unattributed.
 - **What no pod is given,** by reason: `no_pod` (a process of no pod's share), `unseen` (what a
   process known from accounting alone may have run), `mps` (a period with a process whose use
   NVML cannot tell: an MPS client, or its server, whose figure holds its clients' work),
@@ -327,9 +327,9 @@ def _newest_rate(samples: Track) -> float:
 
 def split(gpu: float, present: Sequence[Present], tails: bool = True) -> Split:
     """The GPU's figure of one period (0-1, of the whole period) among the lives in it (the
-    module's rules); without `tails`, the tails are left for `give_tails` (after `rebalance`:
-    what a life's own figures owe it, and what a process back from a gap ran in it, come
-    before what an ended one may have run)."""
+    module's rules); without `tails`, the tails and the peaks are left for `give_tails` (after
+    `rebalance`: what a life's own figures owe it, and what a process back from a gap ran in
+    it, come before what an ended one may have run, or a swinging figure may have read low)."""
     [(shares, unattributed)] = split_run([gpu], present, tails)
     return Split(tuple(shares), unattributed)
 
@@ -357,11 +357,7 @@ def split_run(
     # A figure that swings may have been read at a trough: each life may run up to the highest
     # its own samples read around the period (a tenant's troughs timed at the sweeps shed
     # nothing, and a still neighbour takes none of it).
-    peaks = [
-        (k, p.part * p.evidence.peak)
-        for k, p in enumerate(present)
-        if p.evidence.kind is Kind.FIGURE and p.evidence.sure
-    ]
+    peaks = _peaks(present)
     no_pod = [(k, why) for k, p in enumerate(present) if (why := p.unowned) is not None]
     if any(p.evidence.kind is Kind.UNKNOWN for p in present):
         reason = "mps"
@@ -398,11 +394,7 @@ def split_run(
             # evidence of what this process ran.
             if tail_room is not None:
                 left = _give(shares, tail_room, left)
-            if left > 0:
-                peak_room = [0.0] * len(shares)
-                for k, peak in peaks:
-                    peak_room[k] = max(0.0, peak - shares[k])
-                left = _give(shares, peak_room, left)
+                left = _give(shares, _peak_room(peaks, shares), left)
         for k, why in no_pod:
             unattributed[why] += shares[k]
         if left > 0:
@@ -415,14 +407,33 @@ def _tail_room(present: Sequence[Present]) -> list[float]:
     return [p.part * p.evidence.value * (1 + SLACK) if p.evidence.kind is Kind.TAIL else 0.0 for p in present]
 
 
+def _peaks(present: Sequence[Present]) -> list[tuple[int, float]]:
+    """The sure figures' highest readings around the period, by life: how much a figure read at
+    a trough may be given."""
+    return [
+        (k, p.part * p.evidence.peak)
+        for k, p in enumerate(present)
+        if p.evidence.kind is Kind.FIGURE and p.evidence.sure
+    ]
+
+
+def _peak_room(peaks: Sequence[tuple[int, float]], shares: Sequence[float]) -> list[float]:
+    room = [0.0] * len(shares)
+    for k, peak in peaks:
+        room[k] = max(0.0, peak - shares[k])
+    return room
+
+
 def give_tails(present: Sequence[Present], shares: list[float], unattributed: dict[str, float]) -> None:
-    """The tails of a period that `split` left without (`tails=False`), given in place from
-    what it left unattributed for want of a figure."""
+    """The tails and the peaks of a period that `split` left without (`tails=False`), given in
+    place from what it left unattributed for want of a figure: after `rebalance`, so that what
+    a process back from a gap surely ran there comes before what a swinging figure may have."""
     reason = next((r for r in ("mps", "unseen", "unexplained") if unattributed.get(r, 0.0) > 0), None)
     if reason is None:
         return
     before = list(shares)
-    unattributed[reason] = _give(shares, _tail_room(present), unattributed[reason])
+    left = _give(shares, _tail_room(present), unattributed[reason])
+    unattributed[reason] = _give(shares, _peak_room(_peaks(present), shares), left)
     for life, old, new in zip(present, before, shares, strict=True):
         if new > old and (why := life.unowned) is not None:
             unattributed[why] += new - old

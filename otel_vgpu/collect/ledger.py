@@ -400,8 +400,12 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
                 if shares[k] != share:
                     left[why] += shares[k] - share
     for present, lives, results in split:
-        # Without a tail among them, `give_tails` gives nothing: not asked.
-        tails = any(said.evidence.kind is estimator.Kind.TAIL for said in lives)
+        # Without a tail or a sure figure among them, `give_tails` gives nothing: not asked.
+        tails = any(
+            said.evidence.kind is estimator.Kind.TAIL
+            or (said.evidence.kind is estimator.Kind.FIGURE and said.evidence.sure)
+            for said in lives
+        )
         for shares, left in results:
             if tails:
                 estimator.give_tails(lives, shares, left)

@@ -459,3 +459,25 @@ def test_every_window_conserves_the_gpus_busy_time_whatever_the_samples() -> Non
             assert all(value >= -1e-9 for value in window.unattributed.values()), (seed, read_ms)
             assert all(use.sm >= -1e-9 for use in window.ran.values()), (seed, read_ms)
             assert pods + sum(window.unattributed.values()) == pytest.approx(window.gpu_busy, abs=1e-9), (seed, read_ms)
+
+
+def test_what_a_process_back_from_a_gap_ran_comes_before_a_swinging_neighbour_s_peak() -> None:
+    # "a" stands surely at 0.4, its own samples around reading up to 0.6; "b" comes back from a
+    # gap, claiming 0.3 of this period. The GPU ran 0.64: "b"'s sure work first, then "a"'s
+    # peak may take what is left (none), never the other way round (its peak first, "a" read
+    # 0.6 and "b" had 0.04).
+    swinging = Evidence(Kind.FIGURE, 0.4, 0, 0.6, 0.4, stamp=1)
+    back = Evidence(Kind.FIGURE, 0.3, 0, 0.3, 0.3, sure=False, stamp=2, gap=0.3)
+    present = [Present("a", 1.0, swinging), Present("b", 1.0, back)]
+    split = estimator.split(0.64, present, tails=False)
+    shares, left = list(split.shares), dict(split.unattributed)
+    estimator.rebalance([(["a", "b"], [swinging, back], [1.0, 1.0], shares, left)])
+    estimator.give_tails(present, shares, left)
+    assert shares == pytest.approx([0.4, 0.24])
+    assert sum(shares) + sum(left.values()) == pytest.approx(0.64)
+    # With more room than the gap's claim, the peak has the rest, up to its reading.
+    split = estimator.split(0.9, present, tails=False)
+    shares, left = list(split.shares), dict(split.unattributed)
+    estimator.rebalance([(["a", "b"], [swinging, back], [1.0, 1.0], shares, left)])
+    estimator.give_tails(present, shares, left)
+    assert shares == pytest.approx([0.6, 0.3])
