@@ -242,12 +242,18 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
             track.pop()
             life.trail = [point for point in life.trail if point.at_us < stamp]
         earlier = track.stamps[-1] if track else -math.inf
-        # Back to its sample before (a first, to the read before: what its figure's window
-        # holds from further back is the agent's start's, not known to be this read's).
+        # It stands back to its sample before (a first, to the read before: what its figure's
+        # window holds from further back is the agent's start's, not known to be this read's).
+        # Its history holds what it ran since as run after the read before (less BACK_US): a
+        # sample is read soon after a burst, and spread evenly back over a gap, a bursty
+        # process's work would be read into the lag of its next samples, whose figures then
+        # read high, and never low again (a figure's increment is no less than 0).
         covers = (reach if earlier == -math.inf else earlier) if replaced is None else replaced
+        held = max(earlier, reach) if replaced is None else replaced
         if earlier == -math.inf and life.born_us is not None:
             covers = max(covers, life.born_us)  # its figure's window reaches before it began
-        unwound = trailing.unwound(life.trail, sample.timestamp_us, use, covers)
+            held = max(held, life.born_us)
+        unwound = trailing.unwound(life.trail, sample.timestamp_us, use, held, covers)
         if unwound is None:
             continue
         life.trail, use = unwound

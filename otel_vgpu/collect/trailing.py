@@ -67,12 +67,14 @@ def ran_by(history: Sequence[Point], at_us: float) -> tuple[float, ...]:
 
 
 def unwound(
-    history: Sequence[Point], stamp_us: int, figure: ProcessUse, from_us: float
+    history: Sequence[Point], stamp_us: int, figure: ProcessUse, from_us: float, over_us: float | None = None
 ) -> tuple[list[Point], ProcessUse] | None:
-    """A new sample of a process: its figure at `stamp_us` (a trailing mean), which stands for
-    what ran no earlier than `from_us` (the sample before, or the read before it, whichever is
-    later: collect/ledger.py `sampled`). Returns the history with it and the process's mean use
-    over (`from_us`, `stamp_us`]; None for a sample no newer than the history's last."""
+    """A new sample of a process: its figure at `stamp_us` (a trailing mean), which the history
+    holds as run no earlier than `from_us` (the sample before, or the read before it, whichever
+    is later: collect/ledger.py `sampled`). Returns the history with it and the process's mean
+    use over (`from_us`, `stamp_us`], or over (`over_us`, `stamp_us`] where given and earlier
+    (no further back than the window): what it ran since, spread over the time the sample
+    stands for; None for a sample no newer than the history's last."""
     window_s = WINDOW_US / 1e6
     # Whole percent rounded down leaves a figure on average half a percent under the use; a
     # figure of 0 may be none at all (a process decoding with no kernel): nothing is added.
@@ -106,5 +108,7 @@ def unwound(
     # Points older than a window before the newest are never read again, but the one before.
     keep = bisect.bisect_left(points, stamp_us - 2 * WINDOW_US, key=_at)
     del points[: max(0, keep - 1)]
+    if over_us is not None and over_us < start:
+        span_s = (stamp_us - max(over_us, stamp_us - WINDOW_US)) / 1e6
     mean = ProcessUse(*[min(1.0, (r - b) / span_s) for r, b in zip(ran, last.ran, strict=True)])
     return points, mean

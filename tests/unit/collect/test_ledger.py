@@ -4,6 +4,7 @@ how a period of the GPU's own figure is split, and that every split conserves.""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -481,3 +482,27 @@ def test_what_a_process_back_from_a_gap_ran_comes_before_a_swinging_neighbour_s_
     estimator.rebalance([(["a", "b"], [swinging, back], [1.0, 1.0], shares, left)])
     estimator.give_tails(present, shares, left)
     assert shares == pytest.approx([0.6, 0.3])
+
+
+def test_a_bursty_process_s_figures_claim_what_it_ran_and_no_more() -> None:
+    # 1 s at 0.5 every 10 s, stamped once a burst (at its end, as the recorded driver may), read
+    # at sweeps every 2 s: what its samples claim over their spans adds up to what it ran. Its
+    # history holds each burst's work as run after the read before: spread evenly back over the
+    # 10 s since its sample before, each figure's lag read high and the next figure's increment,
+    # never below 0, ratcheted up (a tenant's unexplained work then went to it).
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    bursts = [(at - 1_000, at) for at in range(10_300, 120_000, 10_000)]
+    ends = {end: end for _, end in bursts}
+    for read in range(2_000, 122_001, 2_000):
+        stamped = [end for end in ends if read - 2_000 < end <= read - 400]
+        fresh = []
+        for end in stamped:
+            figure = nvml(0.5, *bursts, at_ms=end) + trailing.FLOORED
+            fresh.append(UtilizationSample(1, end * MS, ProcessUse(math.floor(figure * 100 + 1e-9) / 100)))
+        ledger.sampled(book, fresh, read * MS)
+    track = book.lives[(1, 1)].samples
+    assert len(track) == len(bursts)
+    spans = zip(track.stamps, track.uses, track.since, strict=True)
+    claimed = sum(use.sm * (stamp - since) / 1e6 for stamp, use, since in spans)
+    assert claimed == pytest.approx(0.5 * len(bursts), rel=0.1), claimed
