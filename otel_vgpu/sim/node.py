@@ -46,7 +46,7 @@ from otel_vgpu.sim import kubelet
 from otel_vgpu.sim.device_figure_values import SimulatedHealth
 from otel_vgpu.sim.faults import Faults
 from otel_vgpu.sim.proc_tree import ProcTree, new_root
-from otel_vgpu.sim.processes import Process, Workload, shares, stamped_in, summed, uses, whole_percent
+from otel_vgpu.sim.processes import Process, Workload, own_uses, shares, stamped_in, uses, whole_percent
 from otel_vgpu.sim.scenario import PIPES, MigSpec, Scenario
 
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
@@ -465,20 +465,17 @@ class SimulatedNode:
         found = self._uses_at.get((index, stamp))
         if found is not None:
             return found
-        alive = [p for p in self._alive(stamp) if p.gpu == index]
-        found = {}
-        if alive:
-            used = uses(alive, self._period_time(stamp))
-            clients = summed([u for p, u in zip(alive, used, strict=True) if p.mps == "client"])
-            found = {
-                (process.pid, process.start_time): summed([own, clients]) if process.mps == "server" else own
-                for process, own in zip(alive, used, strict=True)
-                if process.mps != "client"
-            }
+        # Every GPU's at once, from one list of the processes alive then: a sweep asks each GPU
+        # for the same periods (every kept one, at the recorded cadence), and the list is dear.
+        by_gpu: dict[int, list[Process]] = {gpu: [] for gpu in range(len(self.scenario.gpus))}
+        for process in self._alive(stamp):
+            by_gpu.setdefault(process.gpu, []).append(process)
+        every = {gpu: own_uses(alive, self._period_time(stamp)) for gpu, alive in by_gpu.items()}
         if stamp <= self._latest_period():
             with self._alive_lock:
-                self._uses_at[(index, stamp)] = found
-        return found
+                for gpu, mine in every.items():
+                    self._uses_at.setdefault((gpu, stamp), mine)
+        return every.get(index, {})
 
     def _trim_uses(self, latest: int) -> None:
         """Uses a figure no longer reaches let go; older than `ALIVE_KEPT` periods, only those of

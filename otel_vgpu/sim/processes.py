@@ -230,6 +230,20 @@ def summed(uses: Sequence[ProcessUse]) -> ProcessUse:
     return total
 
 
+def own_uses(alive: list[Process], t: float) -> dict[tuple[int, int], ProcessUse]:
+    """Each process's use of its GPU at `t` by (PID, start time): an MPS server its clients'
+    and its own, a client none of its own."""
+    if not alive:
+        return {}
+    used = uses(alive, t)
+    clients = summed([u for p, u in zip(alive, used, strict=True) if p.mps == "client"])
+    return {
+        (process.pid, process.start_time): summed([own, clients]) if process.mps == "server" else own
+        for process, own in zip(alive, used, strict=True)
+        if process.mps != "client"
+    }
+
+
 def shares(waves: Sequence[Callable[[float], float]], t: float) -> list[float]:
     """The processes' use of one engine of a GPU (its SMs, or another) at `t`. A GPU has all
     of the engine to give and no more: where the scenario asks for more in all, time-slicing
