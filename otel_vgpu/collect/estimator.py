@@ -428,15 +428,25 @@ def give_tails(present: Sequence[Present], shares: list[float], unattributed: di
     """The tails and the peaks of a period that `split` left without (`tails=False`), given in
     place from what it left unattributed for want of a figure: after `rebalance`, so that what
     a process back from a gap surely ran there comes before what a swinging figure may have."""
-    reason = next((r for r in ("mps", "unseen", "unexplained") if unattributed.get(r, 0.0) > 0), None)
-    if reason is None:
-        return
-    before = list(shares)
-    left = _give(shares, _tail_room(present), unattributed[reason])
-    unattributed[reason] = _give(shares, _peak_room(_peaks(present), shares), left)
-    for life, old, new in zip(present, before, shares, strict=True):
-        if new > old and (why := life.unowned) is not None:
-            unattributed[why] += new - old
+    give_tails_run(present, [(shares, unattributed)])
+
+
+def give_tails_run(present: Sequence[Present], periods: Sequence[tuple[list[float], dict[str, float]]]) -> None:
+    """`give_tails` of each of a run of periods that share their lives (`split_run`'s): the
+    lives' rooms worked out once for the run."""
+    tail_room = _tail_room(present)
+    peaks = _peaks(present)
+    nobody = [(k, why) for k, life in enumerate(present) if (why := life.unowned) is not None]
+    for shares, unattributed in periods:
+        reason = next((r for r in ("mps", "unseen", "unexplained") if unattributed.get(r, 0.0) > 0), None)
+        if reason is None:
+            continue
+        before = [shares[k] for k, _ in nobody]
+        left = _give(shares, tail_room, unattributed[reason])
+        unattributed[reason] = _give(shares, _peak_room(peaks, shares), left) if peaks else left
+        for (k, why), old in zip(nobody, before, strict=True):
+            if shares[k] > old:
+                unattributed[why] += shares[k] - old
 
 
 def rebalance(

@@ -412,9 +412,9 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
             or (said.evidence.kind is estimator.Kind.FIGURE and said.evidence.sure)
             for said in lives
         )
-        for shares, left in results:
-            if tails:
-                estimator.give_tails(lives, shares, left)
+        if tails:
+            estimator.give_tails_run(lives, results)
+        for _, left in results:
             for reason, value in left.items():
                 unattributed[reason] += value * seconds
         # Each life's sums over the run's periods, in their order: the same additions as
