@@ -434,13 +434,15 @@ def give_tails(present: Sequence[Present], shares: list[float], unattributed: di
 def give_tails_run(present: Sequence[Present], periods: Sequence[tuple[list[float], dict[str, float]]]) -> None:
     """`give_tails` of each of a run of periods that share their lives (`split_run`'s): the
     lives' rooms worked out once for the run."""
-    tail_room = _tail_room(present)
-    peaks = _peaks(present)
-    nobody = [(k, why) for k, life in enumerate(present) if (why := life.unowned) is not None]
+    rooms: tuple[list[float], list[tuple[int, float]], list[tuple[int, str]]] | None = None
     for shares, unattributed in periods:
         reason = next((r for r in ("mps", "unseen", "unexplained") if unattributed.get(r, 0.0) > 0), None)
         if reason is None:
-            continue
+            continue  # most periods: the figures explain the GPU, and nothing is worked out
+        if rooms is None:
+            nobody = [(k, why) for k, life in enumerate(present) if (why := life.unowned) is not None]
+            rooms = (_tail_room(present), _peaks(present), nobody)
+        tail_room, peaks, nobody = rooms
         before = [shares[k] for k, _ in nobody]
         left = _give(shares, tail_room, unattributed[reason])
         unattributed[reason] = _give(shares, _peak_room(peaks, shares), left) if peaks else left
@@ -492,6 +494,8 @@ def rebalance(
     # leaves an ended neighbour's tail its room), then up to the whole period (a process that
     # came back ran its gap's work in its last seconds).
     for at_rate in (True, False):
+        if not at_rate and not any(claim > 1e-12 for claim in claims.values()):
+            break  # every claim placed at its rate: nothing for the second pass
         for keys, evidence, parts, shares, left in reversed(periods):
             unsure, sure = plans[id(evidence)]
             if not unsure:
