@@ -118,6 +118,11 @@ class Evidence:
     claims over the whole gap it may stand for, in periods' worth of the GPU (its figure times
     the gap's periods): its work there, when in the gap no sample tells."""
 
+    @property
+    def lowest(self) -> float:
+        """The lowest its figure may read here: its own, or the lowest of its samples around."""
+        return min(self.low, self.value)
+
 
 @dataclass(frozen=True, slots=True)
 class Present:
@@ -344,9 +349,7 @@ def split_run(
     in the order `split` does them, so that each period's result is the one it would have alone."""
     claims = [p.part * p.evidence.value if p.evidence.kind is Kind.FIGURE and p.evidence.sure else 0.0 for p in present]
     wanted = sum(claims)
-    lows = [
-        p.part * min(p.evidence.low, p.evidence.value) if c > 0 else 0.0 for p, c in zip(present, claims, strict=True)
-    ]
+    lows = [p.part * p.evidence.lowest if c > 0 else 0.0 for p, c in zip(present, claims, strict=True)]
     floor = sum(lows)
     slack = wanted - floor
     alone = [c * SLACK for c in claims] if _alone(present) else None
@@ -357,7 +360,7 @@ def split_run(
     # A figure that swings may have been read at a trough: each life may run up to the highest
     # its own samples read around the period (a tenant's troughs timed at the sweeps shed
     # nothing, and a still neighbour takes none of it).
-    peaks = _peaks(present)
+    peaks = _peaks(present) if tails else []
     no_pod = [(k, why) for k, p in enumerate(present) if (why := p.unowned) is not None]
     if any(p.evidence.kind is Kind.UNKNOWN for p in present):
         reason = "mps"
@@ -440,8 +443,11 @@ def give_tails_run(present: Sequence[Present], periods: Sequence[tuple[list[floa
         if reason is None:
             continue  # most periods: the figures explain the GPU, and nothing is worked out
         if rooms is None:
+            tail_room, peaks = _tail_room(present), _peaks(present)
+            if not peaks and not any(tail_room):
+                return  # no tail and no sure figure: nothing to give in any period
             nobody = [(k, why) for k, life in enumerate(present) if (why := life.unowned) is not None]
-            rooms = (_tail_room(present), _peaks(present), nobody)
+            rooms = (tail_room, peaks, nobody)
         tail_room, peaks, nobody = rooms
         before = [shares[k] for k, _ in nobody]
         left = _give(shares, tail_room, unattributed[reason])
@@ -555,7 +561,7 @@ def _give_way(
     crest. Returns what was taken."""
     if wanted <= 0:
         return 0.0
-    pool = [(k, max(0.0, shares[k] - parts[k] * min(evidence[k].low, evidence[k].value))) for k, _, _ in sure]
+    pool = [(k, max(0.0, shares[k] - parts[k] * evidence[k].lowest)) for k, _, _ in sure]
     total = sum(above for _, above in pool)
     if total <= 0:
         return 0.0

@@ -406,14 +406,7 @@ def _settle(ledger: GpuLedger, periods: Sequence[tuple[int, float | None]], peri
                 if shares[k] != share:
                     left[why] += shares[k] - share
     for present, lives, results in split:
-        # Without a tail or a sure figure among them, `give_tails` gives nothing: not asked.
-        tails = any(
-            said.evidence.kind is estimator.Kind.TAIL
-            or (said.evidence.kind is estimator.Kind.FIGURE and said.evidence.sure)
-            for said in lives
-        )
-        if tails:
-            estimator.give_tails_run(lives, results)
+        estimator.give_tails_run(lives, results)
         for _, left in results:
             for reason, value in left.items():
                 unattributed[reason] += value * seconds
