@@ -4,6 +4,7 @@ median; and the SM the bill left in no series (the largest gap, at any sweep, be
 SM-busy seconds and its pods' plus every unattributed reason).
 
     .venv/bin/python bench/bill_evaluation.py [--seeds 3] [--offsets 10] [--out FILE] [--every-process-a-period]
+        [--cases NAME ...]
 
 `--tree DIR` runs another checkout's agent (its otel_vgpu/) on this checkout's simulated node
 and harness: how bench/results/bill-evaluation.md's "before" column was made, from a worktree
@@ -71,11 +72,11 @@ def one(args: tuple[str, float, int, bool]) -> tuple[str, float, int, dict[str, 
 
 
 def evaluate(
-    seeds: int, offsets: int, processes: int, every_process: bool = False
+    seeds: int, offsets: int, processes: int, every_process: bool = False, only: list[str] | None = None
 ) -> list[tuple[str, float, int, dict[str, float], float, dict[str, float]]]:
     jobs = [
         (name, round(2.0 * k / offsets, 3), seed, every_process)
-        for name in cases()
+        for name in only or cases()
         for k in range(offsets)
         for seed in range(1, seeds + 1)
     ]
@@ -96,6 +97,8 @@ def table(results: list[tuple[str, float, int, dict[str, float], float, dict[str
     ]
     for name, case in cases().items():
         mine = [r for r in results if r[0] == name]
+        if not mine:
+            continue  # not asked for (--cases)
         victims = [r[3]["victim"] for r in mine if "victim" in r[3]]
         tenants = [r[3]["tenant"] for r in mine if "tenant" in r[3]]
         lost = max(r[4] for r in mine)
@@ -120,6 +123,7 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--tree", type=Path, help="another checkout whose otel_vgpu/ runs (the 'before')")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--cases", nargs="+", metavar="NAME", help="only these cases (default: every one)")
     parser.add_argument(
         "--every-process-a-period",
         action="store_true",
@@ -133,8 +137,10 @@ def main() -> int:
         import otel_vgpu  # noqa: PLC0415
 
         assert Path(otel_vgpu.__file__).resolve().is_relative_to(args.tree.resolve()), otel_vgpu.__file__
+    if unknown := set(args.cases or ()) - set(cases()):
+        parser.error(f"--cases: no case {', '.join(sorted(unknown))}; the cases: {', '.join(cases())}")
     began = time.monotonic()
-    results = evaluate(args.seeds, args.offsets, args.processes, args.every_process_a_period)
+    results = evaluate(args.seeds, args.offsets, args.processes, args.every_process_a_period, args.cases)
     report = table(results)
     print(report, end="")
     print(f"{len(results)} runs in {time.monotonic() - began:.0f} s", file=sys.stderr)

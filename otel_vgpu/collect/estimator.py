@@ -70,9 +70,12 @@ BACK_US = 1_000_000
 # one process a period on a GPU, drawn by use (docs/nvml-sampling.md), and time-sliced processes
 # that ran every period went up to 3 s without one inside a steady stretch, and 4.6 s (two) and
 # 8.4 s (three processes) at the 99th percentile across their plans' changes. The periods after
-# a process's newest sample wait that long for its next before they settle (collect/settling.py
-# `awaited`), so that its work is placed where it ran, not read as idle.
-WAIT_US = 10_000_000
+# a process's newest sample wait for its next before they settle (collect/settling.py
+# `awaited`), so that its work is placed where it ran, not read as idle: up to a figure's window
+# (collect/trailing.py), the longest the next sample's figure still holds what it ran after this
+# one. At 10 s, a server's seconds after its last sample of a batch settled idle before its next
+# batch's sample came back over them (billed 0.885 of what it ran: bench/results/).
+WAIT_US = 14_200_000
 # How far back a tail's rate is read from a life's newest samples.
 TAIL_US = 1_000_000
 # How far around a period a life's samples show how high its figure runs.
@@ -295,7 +298,10 @@ class LifeEvidence:
         stamps = samples.stamps
         figures = samples.figures
         value = figures[at]
-        around = [value, *figures[low:high]]
+        # A sample back from a gap reads its mean over the gap, not a rate it ran at: no reading
+        # of how low its figure runs (a bursty process gave way for its idle seconds).
+        whole = samples.sure
+        around = [value, *(figures[k] for k in range(low, high) if whole[k] <= samples.since[k])]
         gap = value * max(0.0, sure - since) / period if period > 0 else 0.0
         self._last = Evidence(Kind.FIGURE, value, at, max(around), min(around), unsure, stamps[at], gap)
         count = len(stamps)

@@ -57,7 +57,7 @@ SAMPLES_KEPT = 64
 # else: no window reaches that far back.
 FORGET_US = 60_000_000
 # The GPU's periods waiting to settle, at most: NVML's own buffer holds 71 (14 s), read anew at
-# each sweep, and a period may wait up to `estimator.WAIT_US` (50 periods) for a process's next
+# each sweep, and a period may wait up to `estimator.WAIT_US` (71 periods) for a process's next
 # sample (collect/settling.py `awaited`): both, and a margin.
 PENDING_KEPT = 160
 
@@ -235,9 +235,11 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         if not all(0.0 <= value <= 1.0 for value in figures):
             use = ProcessUse(*(min(1.0, max(0.0, value)) for value in figures))
         replaced = None
-        if track and track.stamps[-1] - track.since[-1] < MIN_SPAN_US:
+        if track and track.stamps[-1] - track.since[-1] < MIN_SPAN_US and track.stamps[-1] >= reach:
             # Whole percents of a 14.2 s window tell what ran between two samples to 0.14 s:
-            # over less than `MIN_SPAN_US`, most of it. The newest stands in for the last.
+            # over less than `MIN_SPAN_US`, most of it. The newest stands in for the last where
+            # it continues it; back from a gap it is the gap's (in for the last, it stood back
+            # to the one before, and its history spread the gap's work over the whole window).
             stamp, replaced = track.stamps[-1], track.since[-1]
             track.pop()
             life.trail = [point for point in life.trail if point.at_us < stamp]

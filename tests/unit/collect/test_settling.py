@@ -30,6 +30,16 @@ def test_periods_settle_after_the_driver_s_delay_and_while_no_sample_is_awaited(
     assert settling.awaited([track((20 - estimator.WAIT_US / S - 1, 5, 5))], 20 * S) == math.inf
 
 
+def test_the_periods_after_a_batch_s_last_sample_wait_as_long_as_the_next_figure_holds_them() -> None:
+    # A server's last sample of a batch at 20 s, its next batch's 12 s later: that sample's figure
+    # (a mean over 14.2 s, collect/trailing.py) still holds what it ran after 20 s, and stands
+    # back over the gap. Settled before it came, those seconds read as idle (at 10 s, the server
+    # of bench/bill_evaluation.py's trainer-checkpoints-and-server was billed 0.885).
+    assert settling.awaited([track((20, 18, 18))], 32_500_000) == 20 * S
+    # Past a figure's window, no figure holds what ran then: nothing is held back.
+    assert settling.awaited([track((20, 18, 18))], 20 * S + trailing.WINDOW_US + S) == math.inf
+
+
 def test_a_gap_settles_whole_with_its_sample_s_own_period() -> None:
     # A sample of 16 s back from a gap (it stands back to 9 s, surely only from 15.8 s): at 18 s
     # its own period does not settle yet (3 s after it), so neither does any of its gap.
