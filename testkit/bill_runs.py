@@ -120,6 +120,7 @@ CASES = {
     "trainer-checkpoints-and-server": "ordinary",
     "saturated-two-busy": "saturated",
     "bursts-every-ten-seconds": "attack",
+    "pulses-under-a-percent": "attack",
 }
 
 
@@ -199,6 +200,19 @@ def case(name: str, offset: float = 0.0) -> tuple[str, float]:
         every = 9.5 + offset
         bursty = pod("team-a", "bursty", VICTIM, f"memory: 4GiB, sm: {{mean: 0.5, period_s: {every}, on_s: 1.0}}")
         return node(bursty, pod("team-b", "steady", ATTACKER, "memory: 4GiB, sm: 0.5")), 90.0
+    if name == "pulses-under-a-percent":
+        # Twenty of the tenant's processes pulsing 0.2 s at 0.65 every 15 s, staggered: each one's
+        # figure under 1 % of its 14.2 s window, read 0 (a review's attack, 2026-12-07). Beside
+        # them a pod bursting 1 s every 10 s, whose work over its gaps is placed where the GPU ran
+        # more than the sure figures: the pulses' periods, were their work read as none.
+        bursty = pod(
+            "team-a",
+            "bursty",
+            VICTIM,
+            f"memory: 4GiB, sm: {{mean: 0.5, period_s: 10, on_s: 1, phase: {offset / 10:.4f}}}",
+        )
+        pulses = [f"memory: 1GiB, sm: {{mean: 0.65, period_s: 15, on_s: 0.2, phase: {k / 20:.4f}}}" for k in range(20)]
+        return node(bursty, pod("team-b", "tenant", ATTACKER, *pulses)), 90.0
     if name == "trainer-checkpoints-and-server":
         trainer = pod(
             "team-a",

@@ -238,13 +238,15 @@ def test_unwound_as_a_sweep_reads_them_the_figures_add_up_to_what_the_gpu_ran(na
 
 def test_unwinding_recovers_what_ran_from_whole_percents_of_a_trailing_mean() -> None:
     # A process bursting 0.3 s of every second for 60 s, then idle: its figures in NVML's
-    # form, read every 2 s; each point of the unwound history within a figure's error.
+    # form, read every 2 s; each point of the unwound history within a figure's error (a whole
+    # percent of the window) for each window it reaches back through: a figure is unwound with
+    # the history a window before it, errors and all (docs/chargeback.md, "The error").
     window = trailing.WINDOW_US
     period = node.SAMPLE_PERIOD_US
 
     def ran_by(t_us: int) -> float:
-        whole, part = divmod(min(t_us, 60_000_000), 1_000_000)
-        return whole / 1e6 * 0.3 + min(part, 300_000) / 1e6
+        whole, part = divmod(max(0, min(t_us, 60_000_000)), 1_000_000)
+        return whole * 0.3 + min(part, 300_000) / 1e6
 
     history: list[trailing.Point] = []
     for read in range(2_000_000, 70_000_001, 2_000_000):
@@ -253,7 +255,8 @@ def test_unwinding_recovers_what_ran_from_whole_percents_of_a_trailing_mean() ->
         done = trailing.unwound(history, stamp, ProcessUse(figure), history[-1].at_us if history else 0)
         assert done is not None
         history, _ = done
-        assert history[-1].ran[0] == pytest.approx(ran_by(stamp), abs=0.01 * window / 1e6)
+        windows = 1 + stamp // window
+        assert history[-1].ran[0] == pytest.approx(ran_by(stamp), abs=windows * 0.01 * window / 1e6)
     # A sample no newer than the newest adds nothing.
     assert trailing.unwound(history, int(history[-1].at_us), ProcessUse(0.5), 0) is None
 
