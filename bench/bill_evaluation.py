@@ -6,7 +6,8 @@ SM-busy seconds and its pods' plus every unattributed reason).
     .venv/bin/python bench/bill_evaluation.py [--seeds 3] [--offsets 10] [--out FILE] [--every-process-a-period]
         [--cases NAME ...]
 
-`--tree DIR` runs another checkout's agent (its otel_vgpu/) on this checkout's simulated node
+`--tree DIR` runs another checkout's agent (a folder holding only its otel_vgpu/: a testkit/ there
+would be taken for this checkout's) on this checkout's simulated node
 and harness: how bench/results/bill-evaluation.md's "before" column was made, from a worktree
 of the commit before the estimator (docs/development.md says how).
 """

@@ -14,11 +14,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from otel_vgpu.collect import estimator, trailing
-from otel_vgpu.gpu.backend import ProcessUse
+from otel_vgpu.collect import estimator, ledger, trailing
+from otel_vgpu.gpu.backend import ProcessUse, UtilizationSample
+from otel_vgpu.pods.cgroups import PodRef
 
 SWEEP_US = 2_000_000
 """The agent's sweep: how often it reads each process's newest sample."""
+_WATCH_US = 250_000
+"""The watch's look (collect/reading.py `SAMPLE_EVERY_S`), which reads a young process's samples."""
+_YOUNG_US = 5_000_000
+"""How long a process is young (collect/reading.py `YOUNG_US`)."""
 
 DIRECTORY = Path(__file__).resolve().parents[1] / "tests" / "data" / "nvml-recordings"
 
@@ -231,3 +236,63 @@ def unwound_as_swept(recording: Recording, truth: Truth) -> list[trailing.Point]
         read_before = read
         read += SWEEP_US
     return points
+
+
+def replayed_bill(name: str, phase_us: int) -> dict[str, tuple[float, float]]:
+    """By pod: (SM-busy seconds billed, seconds of work its processes noted) over the periods
+    the bill settled, one replay of recording `name` with the sweeps at `phase_us`."""
+    recorded = load(name)
+    truths = {truth.pid: truth for truth in recorded.truths}
+    owners = {
+        pod: PodRef(f"{pod:0>8}-0000-4000-8000-{n:012d}", None)
+        for n, pod in enumerate(sorted({t.pod for t in truths.values()}))
+    }
+    book = ledger.GpuLedger()
+    billed: dict[str, float] = {}
+    first_settled: float | None = None
+    start = recorded.polls[0].at_us
+    sweep = start + phase_us
+    watch = start
+    while min(sweep, watch) <= recorded.end_us:
+        now = min(sweep, watch)
+        swept = now == sweep
+        poll = recorded.poll_at(now)
+        seen = []
+        for pid in poll.listed:
+            truth = truths.get(pid)
+            born = None if truth is None else truth.context_us[0]
+            owner = None if truth is None else owners[truth.pod]
+            seen.append(ledger.Seen(pid, None if born is None else born // 10_000, born, owner))
+        ledger.listed(book, now, seen)
+        young = any(now - life.since_us < _YOUNG_US for key in book.listed.values() if (life := book.lives.get(key)))
+        if swept or young:
+            newest: dict[int, tuple[int, float]] = {}
+            for sample in recorded.samples:
+                shown = (
+                    sample.arrived_us <= now
+                    and sample.pid in poll.listed
+                    and sample.stamp_us > now - trailing.WINDOW_US
+                )
+                if shown and sample.stamp_us > newest.get(sample.pid, (0, 0.0))[0]:
+                    newest[sample.pid] = (sample.stamp_us, sample.sm)
+            ledger.sampled(book, [UtilizationSample(pid, at, ProcessUse(sm)) for pid, (at, sm) in newest.items()], now)
+        if swept:
+            periods = [(stamp, value) for stamp, value in recorded.device if now - trailing.WINDOW_US < stamp <= now]
+            window = ledger.close(book, periods, now)
+            if window.seconds > 0 and first_settled is None:
+                first_settled = min(stamp for stamp, _ in periods) - ledger.PERIOD_US
+            for key, use in window.ran.items():
+                life = window.lives[key]
+                pod = next((p for p, ref in owners.items() if ref == life.owner), "")
+                billed[pod] = billed.get(pod, 0.0) + use.sm
+            sweep += SWEEP_US
+        else:
+            watch += _WATCH_US
+        if swept and watch <= now:
+            watch = now + _WATCH_US
+    if first_settled is None or book.settled_to is None:
+        return {}
+    ran: dict[str, float] = {}
+    for truth in truths.values():
+        ran[truth.pod] = ran.get(truth.pod, 0.0) + truth.work_s(recorded.solo_s, first_settled, book.settled_to)
+    return {pod: (billed.get(pod, 0.0), ran.get(pod, 0.0)) for pod in owners}

@@ -541,13 +541,3 @@ def test_a_sample_back_from_a_gap_is_no_reading_of_how_low_a_figure_runs() -> No
     samples.append(12_000 * MS, ProcessUse(0.6), 11_000 * MS, 11_000 * MS)
     said = estimator.evidence_at(samples, 10_800 * MS, 11_000 * MS, None)
     assert (said.value, said.lowest, said.peak) == (0.6, 0.6, 0.6)
-
-
-def test_a_sample_that_reads_0_everywhere_still_ran_under_a_percent() -> None:
-    # NVML gives a sample only for a process with a use in its period (nvml.h): one whose every
-    # figure rounds down to 0 ran under a whole percent of the window, half a percent on average,
-    # on SM; one that read another engine's figure is not given SM it did not show.
-    _, quiet = trailing.unwound([], 20_000 * MS, ProcessUse(0.0), from_us=-math.inf) or ([], None)
-    assert quiet is not None and quiet.sm == pytest.approx(trailing.FLOORED)
-    _, decoding = trailing.unwound([], 20_000 * MS, ProcessUse(0.0, decoder=0.02), from_us=-math.inf) or ([], None)
-    assert decoding is not None and decoding.sm == 0.0 and decoding.decoder == pytest.approx(0.025)

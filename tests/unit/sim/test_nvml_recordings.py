@@ -283,3 +283,23 @@ def test_a_figure_after_an_idle_stretch_longer_than_its_window_is_the_window_s_m
     # What it had run by the window's start is what it had run by its sample before.
     assert trailing.ran_by(history, again - window)[0] == pytest.approx(before.ran[0])
     assert trailing.ran_by(history, 30_000_000)[0] == pytest.approx(before.ran[0])
+
+
+def test_a_sample_that_reads_0_everywhere_is_a_young_context_s_not_work_under_a_percent() -> None:
+    # NVML stamps a new sample every period for a process whose context is up and has run no
+    # kernel yet, every figure 0: read as work under a whole percent (tried), a young context
+    # was billed half a percent of the GPU for seconds it ran nothing. The ledger gives such a
+    # sample no SM (collect/trailing.py adds nothing to a figure of 0).
+    zero = ran = 0
+    for recorded in every():
+        for sample in recorded.samples:
+            truth = recorded.truth(sample.pid)
+            if truth is None or sample.sm > 0 or sample.memory > 0:
+                continue
+            zero += 1
+            start = sample.stamp_us - node.SAMPLE_PERIOD_US
+            ran += any(begin < sample.stamp_us and end > start for begin, end, _ in truth.bursts)
+    assert zero >= 100
+    assert ran <= 0.1 * zero, (ran, zero)
+    _, use = trailing.unwound([], 20_000_000, ProcessUse(0.0), -math.inf) or ([], None)
+    assert use is not None and use.sm == 0.0
