@@ -265,6 +265,11 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         # sample says; only its own period is sure.
         continues = earlier == -math.inf or earlier >= reach
         sure = covers if continues else sample.timestamp_us - PERIOD_US
+        if not any(figures):
+            # Every figure 0: under a whole percent of the window, or none at all (a young
+            # context before its first kernel gets such a sample every period: the recordings).
+            # What it may have run is placed only where the GPU ran more than the sure figures.
+            sure = sample.timestamp_us
         # Newer than every sample it has (above): appended, the samples stay in order.
         track.append(sample.timestamp_us, use, covers, sure)
         if life.until_us is not None and life.until_us < sample.timestamp_us:

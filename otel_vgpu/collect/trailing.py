@@ -40,6 +40,7 @@ FLOORED = 0.005
 process at 5 % would be billed a tenth less, at every step of the sum above."""
 
 _IDLE = tuple(0.0 for _ in USE_FIGURES)
+_SM = USE_FIGURES.index("sm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,13 @@ def unwound(
     # figure of 0 may be none at all (a process decoding with no kernel): nothing is added.
     # Lists, not generators, in what follows: this runs for every sample of every process.
     figures = [value + FLOORED if value > 0 else 0.0 for value in use_figures(figure)]
+    if not any(figures):
+        # A sample at all says it ran in its period (nvml.h: one per process with a use over
+        # it), under a whole percent of the window: SM, the engine nearly all work runs on, is
+        # given what a figure rounded down to 0 holds on average. Read as nothing, twenty of a
+        # tenant's processes pulsing under 1 % each hid their work in `unexplained`, where a
+        # neighbour's gap took it.
+        figures[_SM] = FLOORED
     points = list(history)
     if points and stamp_us <= points[-1].at_us:
         return None

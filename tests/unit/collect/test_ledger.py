@@ -541,3 +541,29 @@ def test_a_sample_back_from_a_gap_is_no_reading_of_how_low_a_figure_runs() -> No
     samples.append(12_000 * MS, ProcessUse(0.6), 11_000 * MS, 11_000 * MS)
     said = estimator.evidence_at(samples, 10_800 * MS, 11_000 * MS, None)
     assert (said.value, said.lowest, said.peak) == (0.6, 0.6, 0.6)
+
+
+def test_a_sample_that_reads_0_everywhere_stands_only_where_the_gpu_ran_more_than_the_sure_figures() -> None:
+    # NVML gives a sample only for a process with a use in its period (nvml.h), and every period
+    # to a young context before its first kernel (the recordings), every figure 0: under a whole
+    # percent of the window, or nothing. It may have run half a percent on average, only where the
+    # GPU ran more than the sure figures: twenty of a tenant's processes pulsing under 1 % each
+    # were read as nothing, and a bursty neighbour's gaps took their work.
+    _, use = trailing.unwound([], 20_000 * MS, ProcessUse(0.0), from_us=-math.inf) or ([], None)
+    assert use is not None and use.sm == pytest.approx(trailing.FLOORED)
+    _, decoding = trailing.unwound([], 20_000 * MS, ProcessUse(0.0, decoder=0.02), from_us=-math.inf) or ([], None)
+    assert decoding is not None and decoding.sm == 0.0
+
+    def bill(gpu: float) -> float:
+        book = ledger.GpuLedger()
+        ledger.listed(book, 0, [seen(1, A), seen(2, B)])
+        for at in range(2_000, 20_001, 2_000):
+            young = [UtilizationSample(2, t * MS, ProcessUse(0.0)) for t in range(at - 1_800, at + 1, 200)]
+            ledger.sampled(book, [*samples(1, at, at, 0.4), young[-1]], (at + 100) * MS)
+        window = ledger.close(book, periods(0, 20_000, gpu), 20_100 * MS)
+        return window.ran[(2, 1)].sm if (2, 1) in window.ran else 0.0
+
+    # Beside a steady pod whose figure is all the GPU ran: nothing.
+    assert bill(0.4) == pytest.approx(0.0, abs=1e-9)
+    # Where the GPU ran more: what a figure of 0 holds, half a percent of each window, at most.
+    assert 1e-9 < bill(0.6) <= 2 * trailing.FLOORED * trailing.WINDOW_US / 1e6
