@@ -50,8 +50,9 @@ def one(args: tuple[str, float, int, bool]) -> tuple[str, float, int, dict[str, 
     from testkit.bill_runs import ATTACKER, THIRD, VICTIM, case, run  # noqa: PLC0415
 
     text, seconds = case(name, offset)
-    if every_process:
-        text += "driver: {one_sample_a_period: false}\n"
+    # Each seed its own sweeps' jitter and the driver's own draws of which process a period's
+    # sample goes to (drawn alike for every seed before 2026-12-07, afternoon).
+    text += f"driver: {{one_sample_a_period: {'false' if every_process else 'true'}, draw_seed: {seed}}}\n"
     bill = run(None, text, seed=seed, seconds=seconds)
     ratios = {}
     for role, uid in (("victim", VICTIM), ("tenant", ATTACKER), ("third", THIRD)):

@@ -302,20 +302,23 @@ def time_sliced(wanted: Sequence[float]) -> list[float]:
     return [v / total for v in raw] if total > 0 else list(wanted)
 
 
-def stamped_in(index: int, stamp: int, used: dict[tuple[int, int], ProcessUse]) -> tuple[int, int] | None:
+def stamped_in(
+    index: int, stamp: int, used: dict[tuple[int, int], ProcessUse], seed: int = 0
+) -> tuple[int, int] | None:
     """The one process of those that ran SM in the period ending at `stamp` that the driver
     gives a new sample for it. The recordings show about one new sample a period on a GPU,
     whatever ran (31-35 in 30 periods for one, two or three processes: docs/nvml-sampling.md),
     shared among the processes about as they shared the GPU (a busy one beside one running
     30 % of every 100 ms: 25 and 7): the driver's pick is drawn in proportion to each one's use
-    of the period, the same draw for a GPU and period every time it is asked."""
+    of the period, the same draw for a GPU and period every time it is asked (and `seed`)."""
     ran = [(key, use.sm) for key, use in sorted(used.items()) if use.sm > 0]
     if len(ran) <= 1:
         return ran[0][0] if ran else None
     # A draw of its own for each GPU and period: a CRC of the two was tried, and its draws for
     # nearby periods were far from independent (a bursting pod went without a sample for
     # whole bursts of five periods, twice in three).
-    draw = random.Random(f"{index}:{stamp}").random() * sum(sm for _, sm in ran)
+    draw = random.Random(f"{index}:{stamp}" if seed == 0 else f"{seed}:{index}:{stamp}").random()
+    draw *= sum(sm for _, sm in ran)
     for key, sm in ran:
         draw -= sm
         if draw < 0:

@@ -344,6 +344,10 @@ class DriverSpec:
     simulated node is the driver's double. False: every process that ran in a period has a new
     sample for it, as the simulated driver gave in 0.2.0 (docs/nvml-sampling.md says where the
     two part)."""
+    draw_seed: int = 0
+    """Which draws pick each period's sample at the recorded cadence (`one_sample_a_period`):
+    the same for a GPU and period every time it is asked, and another for each seed, so that an
+    evaluation over seeds meets other draws (bench/bill_evaluation.py)."""
     memory_info_v2: bool = True
     """It has nvmlDeviceGetMemoryInfo_v2 (drivers from R510), which gives each GPU's reserved
     memory apart; False: an older driver, whose used holds the reservation all the same."""

@@ -282,6 +282,7 @@ class ScenarioReader(PodFields, HealthFields):
                 "pid_namespace_filter",
                 "ended_samples_s",
                 "one_sample_a_period",
+                "draw_seed",
                 "memory_info_v2",
                 "context_memory",
                 "version",
@@ -296,10 +297,14 @@ class ScenarioReader(PodFields, HealthFields):
             raise self.fail(
                 "driver.ended_samples_s", line_of(spec, "ended_samples_s"), f"{kept} must be from 0 to {MAX_KEPT_S:g}"
             )
+        seed = spec.get("draw_seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise self.fail("driver.draw_seed", line_of(spec, "draw_seed"), f"{seed!r} is not a whole number >= 0")
         return DriverSpec(
             pid_namespace_filter=self.boolean(spec.get(key, True), f"driver.{key}", line_of(spec, key)),
             ended_samples_s=kept,
             one_sample_a_period=self.boolean(spec.get(once, True), f"driver.{once}", line_of(spec, once)),
+            draw_seed=seed,
             memory_info_v2=self.boolean(
                 spec.get("memory_info_v2", True), "driver.memory_info_v2", line_of(spec, "memory_info_v2")
             ),

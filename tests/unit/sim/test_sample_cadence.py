@@ -50,3 +50,26 @@ def test_by_default_a_gpu_gives_one_a_period_drawn_by_use_as_recorded(tmp_path: 
     light, busy = sorted(counts.values())
     # The busy process ran 0.6 of each period, the light one 0.3: two samples to one.
     assert busy / (busy + light) == pytest.approx(2 / 3, abs=0.08)
+
+
+def test_each_draw_seed_draws_the_period_s_samples_anew_and_the_same_every_time(tmp_path: Path) -> None:
+    # An evaluation over seeds meets other draws of which process a period's sample goes to; one
+    # seed asked twice meets the same (the driver's pick of a period does not change when asked).
+    def stamps(seed: int, where: str) -> dict[int, set[int]]:
+        text = node(pod("a", "busy", BUSY, "memory: 4GiB, sm: 0.6"), pod("b", "light", LIGHT, "memory: 4GiB, sm: 0.3"))
+        clock = Clock()
+        scenario = parse_scenario(text + f"driver: {{draw_seed: {seed}}}\n", "s.yaml")
+        sim = SimulatedNode(scenario, tmp_path / where, clock.monotonic, clock.wall_us)
+        got: dict[int, set[int]] = {}
+        try:
+            for _ in range(100):
+                clock.t += SAMPLE_PERIOD_US / 1e6
+                for sample in sim.utilization_samples(0, clock.wall_us() - 1_000_000):
+                    got.setdefault(sample.pid, set()).add(sample.timestamp_us)
+        finally:
+            sim.close()
+        return got
+
+    assert stamps(0, "a") == stamps(0, "b")
+    assert stamps(7, "c") == stamps(7, "d")
+    assert stamps(0, "e") != stamps(7, "f")

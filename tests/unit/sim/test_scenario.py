@@ -133,6 +133,7 @@ def test_wave_moves_around_its_mean() -> None:
             "bad.yaml:2: driver.one_sample_a_period: 'yes' is not true or false",
         ),
         ("gpus: [{}]\ndriver: {version: 580}\n", "bad.yaml:2: driver.version: 580 must be a version, as 580.159.04"),
+        ("gpus: [{}]\ndriver: {draw_seed: -1}\n", "bad.yaml:2: driver.draw_seed: -1 is not a whole number >= 0"),
         (
             "gpus: [{}]\npods:\n  - name: a\n    shares: {0: 0}\n",
             "bad.yaml:4: pods[0].shares.0: 0 is not a whole number >= 1 (a GPU the pod holds no share of is left out)",
