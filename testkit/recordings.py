@@ -15,15 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from otel_vgpu.collect import estimator, ledger, trailing
+from otel_vgpu.collect.reading import SAMPLE_EVERY_S, YOUNG_US
 from otel_vgpu.gpu.backend import ProcessUse, UtilizationSample
 from otel_vgpu.pods.cgroups import PodRef
 
 SWEEP_US = 2_000_000
 """The agent's sweep: how often it reads each process's newest sample."""
-_WATCH_US = 250_000
-"""The watch's look (collect/reading.py `SAMPLE_EVERY_S`), which reads a young process's samples."""
-_YOUNG_US = 5_000_000
-"""How long a process is young (collect/reading.py `YOUNG_US`)."""
 
 DIRECTORY = Path(__file__).resolve().parents[1] / "tests" / "data" / "nvml-recordings"
 
@@ -247,6 +244,9 @@ def replayed_bill(name: str, phase_us: int) -> dict[str, tuple[float, float]]:
         pod: PodRef(f"{pod:0>8}-0000-4000-8000-{n:012d}", None)
         for n, pod in enumerate(sorted({t.pod for t in truths.values()}))
     }
+    pod_of: dict[PodRef | None, str] = {ref: pod for pod, ref in owners.items()}
+    # The watch reads a young process's samples at every look (collect/reading.py).
+    look_us = round(SAMPLE_EVERY_S * 1e6)
     book = ledger.GpuLedger()
     billed: dict[str, float] = {}
     first_settled: float | None = None
@@ -264,7 +264,7 @@ def replayed_bill(name: str, phase_us: int) -> dict[str, tuple[float, float]]:
             owner = None if truth is None else owners[truth.pod]
             seen.append(ledger.Seen(pid, None if born is None else born // 10_000, born, owner))
         ledger.listed(book, now, seen)
-        young = any(now - life.since_us < _YOUNG_US for key in book.listed.values() if (life := book.lives.get(key)))
+        young = any(now - life.since_us < YOUNG_US for key in book.listed.values() if (life := book.lives.get(key)))
         if swept or young:
             newest: dict[int, tuple[int, float]] = {}
             for sample in recorded.samples:
@@ -282,14 +282,13 @@ def replayed_bill(name: str, phase_us: int) -> dict[str, tuple[float, float]]:
             if window.seconds > 0 and first_settled is None:
                 first_settled = min(stamp for stamp, _ in periods) - ledger.PERIOD_US
             for key, use in window.ran.items():
-                life = window.lives[key]
-                pod = next((p for p, ref in owners.items() if ref == life.owner), "")
+                pod = pod_of.get(window.lives[key].owner, "")
                 billed[pod] = billed.get(pod, 0.0) + use.sm
             sweep += SWEEP_US
         else:
-            watch += _WATCH_US
+            watch += look_us
         if swept and watch <= now:
-            watch = now + _WATCH_US
+            watch = now + look_us
     if first_settled is None or book.settled_to is None:
         return {}
     ran: dict[str, float] = {}

@@ -82,11 +82,12 @@ def unwound(
     # Lists, not generators, in what follows: this runs for every sample of every process.
     figures = [value + FLOORED if value > 0 else 0.0 for value in use_figures(figure)]
     if not any(figures):
-        # A sample at all says it ran in its period (nvml.h: one per process with a use over
-        # it), under a whole percent of the window: SM, the engine nearly all work runs on, is
-        # given what a figure rounded down to 0 holds on average. Read as nothing, twenty of a
-        # tenant's processes pulsing under 1 % each hid their work in `unexplained`, where a
-        # neighbour's gap took it.
+        # Every figure 0: under a whole percent of the window (nvml.h gives a sample only for a
+        # use in its period), or nothing at all (a young context before its first kernel gets
+        # one every period: the recordings). SM, the engine nearly all work runs on, is given
+        # what a figure rounded down to 0 holds on average; collect/ledger.py `sampled` has such
+        # a sample stand surely for none of its time. Read as nothing, twenty of a tenant's
+        # processes pulsing under 1 % each hid their work where a neighbour's gap took it.
         figures[_SM] = FLOORED
     points = list(history)
     if points and stamp_us <= points[-1].at_us:
