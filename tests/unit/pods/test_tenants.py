@@ -76,16 +76,24 @@ def scenario(version: int, driver: str, named: str) -> str:
 
 
 @contextmanager
-def scraped_twice(tmp_path: Path, text: str, *extra: str) -> Iterator[Exposition]:
-    """The second scrape of the agent on the scenario `text` (the first sets the windows)."""
+def scraped_settled(tmp_path: Path, text: str, *extra: str) -> Iterator[Exposition]:
+    """A scrape of the agent on the scenario `text` once every pod's SM figure stands for
+    periods its processes lived in. Just after the start, the periods that settle (3 s back,
+    collect/settling.py) may all be from before the simulated processes began, whose samples
+    stand for none of them: every pod's figure then reads 0, as one run in five did when the
+    second scrape was taken whatever it read."""
     path = tmp_path / "node.yaml"
     path.write_text(text)
     ratio = tmp_path / "gpu_allocation.txt"
     ratio.write_text("2\n")
     args = ["--simulate", str(path), "--allocation-file", str(ratio), "--min-interval", "0", "--no-kubernetes"]
     with agent_in_process(*args, *extra, env=clean_env(), engine_every_s=0.0) as agent:
-        agent.scrape()
-        yield agent.scrape()
+        yield wait_for(agent, _sm_in, timeout=30)
+
+
+def _sm_in(exposition: Exposition) -> bool:
+    sm = exposition.by("vgpu_pod_sm_utilization_ratio", "pod_uid")
+    return bool(sm) and all(value > 0 for value in sm.values())
 
 
 @pytest.mark.parametrize(("version", "driver"), [(2, "systemd"), (1, "cgroupfs"), (1, "systemd"), (2, "cgroupfs")])
@@ -93,7 +101,7 @@ def scraped_twice(tmp_path: Path, text: str, *extra: str) -> Iterator[Exposition
 def test_a_cgroup_nested_below_a_container_is_that_containers_whatever_it_is_named(
     tmp_path: Path, version: int, driver: str, named: str
 ) -> None:
-    with scraped_twice(tmp_path, scenario(version, driver, named)) as exposition:
+    with scraped_settled(tmp_path, scenario(version, driver, named)) as exposition:
         pass
     memory = exposition.by("vgpu_pod_memory_used_bytes", "pod_uid")
     sm = exposition.by("vgpu_pod_sm_utilization_ratio", "pod_uid")
@@ -118,7 +126,7 @@ def test_a_process_that_only_calls_itself_the_mps_server_is_its_pods_and_switche
     tmp_path: Path,
 ) -> None:
     # prctl(PR_SET_NAME) in a tenant's pod: no MPS client is listed by NVML, so no MPS here.
-    with scraped_twice(tmp_path, DECOY) as exposition:
+    with scraped_settled(tmp_path, DECOY) as exposition:
         pass
     sm = exposition.by("vgpu_pod_sm_utilization_ratio", "pod_uid")
     assert sm == {(VICTIM,): pytest.approx(0.3, abs=0.01), (ATTACKER,): pytest.approx(0.4, abs=0.01)}
@@ -140,7 +148,7 @@ DECOY_BESIDE_REAL_MPS = node(
 def test_a_renamed_process_beside_a_real_mps_daemon_is_still_billed(tmp_path: Path) -> None:
     # The default compute mode, as on a node where an MPS daemon runs beside time-sliced pods:
     # the daemon's server (in the GPU stack's namespace) is recognised, the tenant's is not.
-    with scraped_twice(tmp_path, DECOY_BESIDE_REAL_MPS) as exposition:
+    with scraped_settled(tmp_path, DECOY_BESIDE_REAL_MPS) as exposition:
         pass
     sm = exposition.by("vgpu_pod_sm_utilization_ratio", "pod_uid")
     assert sm == {(ATTACKER,): pytest.approx(0.4, abs=0.01)}  # the client's SM is unknown, not the attacker's
