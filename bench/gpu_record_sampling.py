@@ -155,6 +155,26 @@ SCENARIOS = [
         40,
     ),
     Scenario(
+        "idle-context",
+        "a process at half of every 100 ms for 6 s that then keeps its context idle, beside a steady one at 40% "
+        "(gpu_validate_bill.py's idle-context)",
+        [
+            Worker("steady", "pod-a", plan=[_seg(30, [100, 40])]),
+            Worker("idle", "pod-b", plan=[_seg(6, [100, 50]), _seg(24, IDLE)]),
+        ],
+        30,
+    ),
+    Scenario(
+        "batches-busy",
+        "a server busy 2 s of every 8 s, its context idle in between, beside a steady process at 40% "
+        "(gpu_validate_bill.py's batches)",
+        [
+            Worker("steady", "pod-a", plan=[_seg(32, [100, 40])]),
+            Worker("server", "pod-b", plan=[_seg(2, BUSY), _seg(6, IDLE)] * 4),
+        ],
+        32,
+    ),
+    Scenario(
         "fresh",
         "busy processes of 0.1, 0.3, 1 and 3 s, then six 1 s processes back to back, beside a steady process at "
         "40%; then 0.3 s and 1 s processes alone",
@@ -310,6 +330,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--poll-ms", type=float, default=25.0)
     parser.add_argument("--only", nargs="*", help="scenarios to record (default: every one)")
+    parser.add_argument("--take", type=int, help="name each file <scenario>-<take>: one scenario recorded again")
     args = parser.parse_args()
     import pynvml  # noqa: PLC0415
 
@@ -334,7 +355,8 @@ def main() -> int:
                 continue
             began = time.time()
             data = {"gpu": gpu, **run_scenario(pynvml, handle, scenario, args.poll_ms / 1000, Path(work))}
-            path = args.out / f"{scenario.name}.json.gz"
+            stem = scenario.name if args.take is None else f"{scenario.name}-{args.take}"
+            path = args.out / f"{stem}.json.gz"
             with gzip.open(path, "wt", compresslevel=9) as out:
                 json.dump(data, out, separators=(",", ":"))
             print(

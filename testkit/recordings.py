@@ -125,7 +125,8 @@ def _recording(path: Path) -> Recording:
                 )
             )
     return Recording(
-        name=data["scenario"],
+        # The file's name: a scenario recorded more than once is one file a take (idle-context-2).
+        name=path.name.removesuffix(".json.gz"),
         about=data["about"],
         gpu=data["gpu"],
         start_us=int(data["start_us"]),
