@@ -76,12 +76,11 @@ def test_the_build_takes_its_packages_from_the_index_and_ca_it_is_given(image: t
     assert len(looked) == 1 and re.fullmatch(r"https://127\.0\.0\.1:\d+/simple", looked[0]), looked
     downloads = re.findall(r"^\s*Downloading (\S+)", log, re.MULTILINE)
     assert downloads and all(url.startswith(f"{looked[0]}/") for url in downloads), downloads
-    # Neither is left in the image: the index was the build stage's, the CA a secret of one step.
+    # Neither is left in the image's settings: the index was the build stage's, the CA a secret
+    # of one step (that no secret is left in its files, the running image is asked below).
     podman, tag = image
     env = json.loads(podman("image", "inspect", tag))[0]["Config"]["Env"]
     assert not [variable for variable in env if variable.startswith(("PIP_", "SSL_CERT_FILE"))], env
-    secrets = podman("run", "--rm", *ULIMITS, "--entrypoint", "sh", tag, "-c", "ls -A /run/secrets 2>/dev/null || true")
-    assert secrets.strip() == ""
 
 
 def test_image_runs_the_simulated_node_and_serves_metrics(image: tuple[Podman, str]) -> None:
@@ -91,13 +90,13 @@ def test_image_runs_the_simulated_node_and_serves_metrics(image: tuple[Podman, s
     assert config["Entrypoint"] == ["otel-vgpu"]
     assert "8080/tcp" in config["ExposedPorts"]
     assert config["Labels"]["org.opencontainers.image.title"] == "otel-vgpu"
-    # no compiler in the final image
-    compilers = podman("run", "--rm", *ULIMITS, "--entrypoint", "sh", tag, "-c", "command -v gcc cc c++ || true")
-    assert compilers.strip() == ""
-
     # As the DaemonSet runs it, in the host's PID namespace: the simulated
     # driver, like a real one, lists only the processes in the agent's.
     url = run_agent(podman, tag, "seeing", "--pid", "host")
+    # No compiler in the final image, and no secret of the build left in it: asked of the
+    # running container (a container of its own costs a copy of the image, 5 s on vfs).
+    left = podman("exec", "seeing", "sh", "-c", "command -v gcc cc c++; ls -A /run/secrets 2>/dev/null; true")
+    assert left.strip() == ""
     ready, _ = wait_answering(podman, "seeing", url)
     assert ready == 200
     status, body, _ = get(f"{url}/metrics")
@@ -119,6 +118,7 @@ def test_image_runs_the_simulated_node_and_serves_metrics(image: tuple[Podman, s
     state = json.loads(podman("inspect", "alone"))[0]["State"]
     assert state["ExitCode"] == 0
     assert "received SIGTERM" in podman.logs("alone")
+    podman("rm", "--force", "alone")
 
 
 def run_agent(podman: Podman, tag: str, name: str, *options: str) -> str:
