@@ -255,6 +255,11 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         if earlier == -math.inf and life.born_us is not None:
             covers = max(covers, life.born_us)  # its figure's window reaches before it began
             held = max(held, life.born_us)
+        # A sample stands at least for its own period (nvml.h: one for a process that had a use
+        # in it). A first one that NVML shows only after a read it was stamped BACK_US or more
+        # before would stand back to that read, after its own stamp, over no time or less.
+        own = sample.timestamp_us - PERIOD_US
+        covers, held = min(covers, own), min(held, own)
         unwound = trailing.unwound(life.trail, sample.timestamp_us, use, held, covers)
         if unwound is None:
             continue

@@ -567,3 +567,21 @@ def test_a_sample_that_reads_0_everywhere_stands_only_where_the_gpu_ran_more_tha
     assert bill(0.4) == pytest.approx(0.0, abs=1e-9)
     # Where the GPU ran more: what a figure of 0 holds, half a percent of each window, at most.
     assert 1e-9 < bill(0.6) <= 2 * trailing.FLOORED * trailing.WINDOW_US / 1e6
+
+
+@pytest.mark.parametrize("late_ms", [estimator.BACK_US // MS, estimator.BACK_US // MS + 600])
+def test_a_first_sample_stamped_before_the_read_before_stands_for_its_own_period(late_ms: int) -> None:
+    # A process listed at one read whose first sample, stamped BACK_US or more before that read,
+    # NVML shows only at the next (the driver's tick gave the period to it while a neighbour's
+    # sample was the one shown): it stood back to the read before less BACK_US, after its own
+    # stamp, over no time or less than none, and the sweep failed dividing by it (a simulated
+    # driver with a 97 ms rhythm: every figure of the GPU lost from then on, 37.9 busy-s).
+    book = ledger.GpuLedger()
+    ledger.listed(book, 0, [seen(1, A)])
+    ledger.sampled(book, [], 10_000 * MS)
+    stamp = (10_000 - late_ms) * MS
+    ledger.sampled(book, [UtilizationSample(1, stamp, ProcessUse(0.3))], 12_000 * MS)
+    track = book.lives[(1, 1)].samples
+    assert list(track.stamps) == [stamp]
+    assert track.since[0] <= stamp - ledger.PERIOD_US
+    assert track.uses[0].sm > 0
