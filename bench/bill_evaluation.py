@@ -4,7 +4,12 @@ median; and the SM the bill left in no series (the largest gap, at any sweep, be
 SM-busy seconds and its pods' plus every unattributed reason).
 
     .venv/bin/python bench/bill_evaluation.py [--seeds 3] [--offsets 10] [--out FILE] [--every-process-a-period]
-        [--cases NAME ...]
+        [--cases NAME ...] [--rhythm-ms MS]
+
+`--rhythm-ms 100`: the processes keep their kernels to a 100 ms rhythm, and a period's sample
+goes to the one on the GPU at the tick, as the recorded driver does (docs/scenario.md,
+driver.rhythm_ms): each seed is then another phase, and a rhythm that divides the 200 ms period
+keeps one process taking every sample (docs/nvml-sampling.md).
 
 `--tree DIR` runs another checkout's agent (a folder holding only its otel_vgpu/: a testkit/ there
 would be taken for this checkout's) on this checkout's simulated node
@@ -45,14 +50,19 @@ def cases() -> dict[str, Case]:
     return {name: Case(name, kind, True) for name, kind in CASES.items()}
 
 
-def one(args: tuple[str, float, int, bool]) -> tuple[str, float, int, dict[str, float], float, dict[str, float]]:
-    name, offset, seed, every_process = args
+def one(
+    args: tuple[str, float, int, bool, float],
+) -> tuple[str, float, int, dict[str, float], float, dict[str, float]]:
+    name, offset, seed, every_process, rhythm_ms = args
     from testkit.bill_runs import ATTACKER, THIRD, VICTIM, case, run  # noqa: PLC0415
 
     text, seconds = case(name, offset)
     # Each seed its own sweeps' jitter and the driver's own draws of which process a period's
     # sample goes to (drawn alike for every seed before 2026-12-07, afternoon).
-    text += f"driver: {{one_sample_a_period: {'false' if every_process else 'true'}, draw_seed: {seed}}}\n"
+    text += (
+        f"driver: {{one_sample_a_period: {'false' if every_process else 'true'}, draw_seed: {seed}, "
+        f"rhythm_ms: {rhythm_ms:g}}}\n"
+    )
     bill = run(None, text, seed=seed, seconds=seconds)
     ratios = {}
     for role, uid in (("victim", VICTIM), ("tenant", ATTACKER), ("third", THIRD)):
@@ -74,10 +84,15 @@ def one(args: tuple[str, float, int, bool]) -> tuple[str, float, int, dict[str, 
 
 
 def evaluate(
-    seeds: int, offsets: int, processes: int, every_process: bool = False, only: list[str] | None = None
+    seeds: int,
+    offsets: int,
+    processes: int,
+    every_process: bool = False,
+    only: list[str] | None = None,
+    rhythm_ms: float = 0.0,
 ) -> list[tuple[str, float, int, dict[str, float], float, dict[str, float]]]:
     jobs = [
-        (name, round(2.0 * k / offsets, 3), seed, every_process)
+        (name, round(2.0 * k / offsets, 3), seed, every_process, rhythm_ms)
         for name in only or cases()
         for k in range(offsets)
         for seed in range(1, seeds + 1)
@@ -132,6 +147,12 @@ def main() -> int:
         help="a new sample for every process that ran in each period, not the recorded cadence "
         "(docs/scenario.md, driver.one_sample_a_period: false)",
     )
+    parser.add_argument(
+        "--rhythm-ms",
+        type=float,
+        default=0.0,
+        help="the processes' kernels keep this rhythm and the tick's process takes the sample (driver.rhythm_ms)",
+    )
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT)] if args.tree is None else [str(args.tree.resolve()), str(ROOT)]
     if args.tree is not None:
@@ -142,7 +163,9 @@ def main() -> int:
     if unknown := set(args.cases or ()) - set(cases()):
         parser.error(f"--cases: no case {', '.join(sorted(unknown))}; the cases: {', '.join(cases())}")
     began = time.monotonic()
-    results = evaluate(args.seeds, args.offsets, args.processes, args.every_process_a_period, args.cases)
+    results = evaluate(
+        args.seeds, args.offsets, args.processes, args.every_process_a_period, args.cases, args.rhythm_ms
+    )
     report = table(results)
     print(report, end="")
     print(f"{len(results)} runs in {time.monotonic() - began:.0f} s", file=sys.stderr)

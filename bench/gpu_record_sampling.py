@@ -165,6 +165,16 @@ SCENARIOS = [
         30,
     ),
     Scenario(
+        "idle-context-drifting",
+        "idle-context with rhythms that drift against the driver's 200 ms ticks: a process at half of every "
+        "97 ms for 6 s that then keeps its context idle, beside one at 41 ms of every 103 ms",
+        [
+            Worker("steady", "pod-a", plan=[_seg(30, [103, 41])]),
+            Worker("idle", "pod-b", plan=[_seg(6, [97, 48]), _seg(24, IDLE)]),
+        ],
+        30,
+    ),
+    Scenario(
         "batches-busy",
         "a server busy 2 s of every 8 s, its context idle in between, beside a steady process at 40% "
         "(gpu_validate_bill.py's batches)",

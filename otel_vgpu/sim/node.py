@@ -414,7 +414,11 @@ class SimulatedNode:
         for stamp in (latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)):
             if stamp <= since_us or (running is not None and running <= newest.keys()):
                 break
-            stamped = stamped_in(index, stamp, period(stamp), driver.draw_seed) if driver.one_sample_a_period else None
+            stamped = (
+                stamped_in(index, stamp, period(stamp), driver.draw_seed, round(driver.rhythm_ms * 1000))
+                if driver.one_sample_a_period
+                else None
+            )
             for key, use in period(stamp).items():
                 # One sample per PID, its newest: an older one of the same PID is another
                 # period's, or another holder's. NVML keeps the last period it ran in (at the

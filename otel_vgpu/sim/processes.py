@@ -31,6 +31,8 @@ _RESTARTED_FIRST_PID = 1_000_000
 _RESTARTED_PIDS = 3_000_000
 # Churning pods whose processes are kept made, in live pods' worth (`Workload._churn_processes`).
 CHURNED_KEPT = 4
+# The processes `Workload.at` keeps as made: a node's every process at a few of its times.
+_MADE_KEPT = 65_536
 _CHURN_PIDS = 50_000
 
 
@@ -75,21 +77,36 @@ class Workload:
         self._churned_lock = threading.Lock()
         """The sweep and the health readers ask on their own threads: one trimming `_churned`
         while another adds to it failed a health read ("dictionary changed size during iteration")."""
+        self._made: dict[tuple[object, ...], tuple[Scenario, Process]] = {}
+        """The pods' processes as made, by what makes each differ over time (`at`): each period,
+        listing and sample asks for every process again, and making 3,200 anew each time was
+        most of a sweep of the simulated 8-GPU node (tests/unit/export/test_telemetry.py). Each
+        holds its scenario, so that no other scenario takes its `id` while it is kept."""
 
     def at(self, scenario: Scenario, t: float) -> list[Process]:
         """The processes at scenario time `t`, ended ones aside."""
         processes: list[Process] = []
         pid = _FIRST_PID
+        if len(self._made) > _MADE_KEPT:
+            self._made.clear()
         for pod in scenario.pods:
             for spec in pod.processes:
                 pid += 1
                 # A pod that has ended runs nothing, whatever the kubelet still lists.
                 if not pod.running(t) or pod.phase in ("Succeeded", "Failed"):
                     continue
-                cid = container_id(pod, spec.container)
-                gpu = scenario.gpus[spec.gpu]
                 # Pods that stay started before the scenario, each at its own moment, as on a node.
                 started = pod.started(t) if pod.period_s is not None else -STARTED_BEFORE_S - _jitter(pod.uid)
+                memory = int(max(0.0, spec.memory.at(t)))
+                cycle = pod.cycle(t) if pod.restarts else 0
+                # The same scenario's spec makes the same process while these hold.
+                key = (id(scenario), pid, started, memory, cycle, pod.ends(t))
+                kept = self._made.get(key)
+                if kept is not None and kept[0] is scenario:
+                    processes.append(kept[1])
+                    continue
+                cid = container_id(pod, spec.container)
+                gpu = scenario.gpus[spec.gpu]
                 if spec.pid is not None:
                     own_pid = spec.pid
                 elif pod.restarts:
@@ -98,25 +115,25 @@ class Workload:
                     own_pid = _RESTARTED_FIRST_PID + (pod.cycle(t) * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
                 else:
                     own_pid = pid
-                processes.append(
-                    Process(
-                        pid=own_pid,
-                        # A new cycle of a coming-and-going pod, or another pod,
-                        # may reuse the PID; like a real one, its start time differs.
-                        start_time=start_ticks(started),
-                        gpu=spec.gpu,
-                        memory=int(max(0.0, spec.memory.at(t))),
-                        sm=_clamped(spec.sm.at),
-                        cgroup=cgroup_file(pod.cgroup, pod.uid, cid, spec.nested),
-                        mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
-                        command=spec.command,
-                        engines={engine: _clamped(wave.at) for engine, wave in spec.engines.items()},
-                        mps=spec.mps,
-                        starts_at=started,
-                        ends_at=pod.ends(t),
-                        pipes={pipe: _clamped(wave.at) for pipe, wave in spec.pipes.items()},
-                    )
+                made = Process(
+                    pid=own_pid,
+                    # A new cycle of a coming-and-going pod, or another pod,
+                    # may reuse the PID; like a real one, its start time differs.
+                    start_time=start_ticks(started),
+                    gpu=spec.gpu,
+                    memory=memory,
+                    sm=_clamped(spec.sm.at),
+                    cgroup=cgroup_file(pod.cgroup, pod.uid, cid, spec.nested),
+                    mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
+                    command=spec.command,
+                    engines={engine: _clamped(wave.at) for engine, wave in spec.engines.items()},
+                    mps=spec.mps,
+                    starts_at=started,
+                    ends_at=pod.ends(t),
+                    pipes={pipe: _clamped(wave.at) for pipe, wave in spec.pipes.items()},
                 )
+                self._made[key] = (scenario, made)
+                processes.append(made)
         processes.extend(self._churn_at(scenario, t))
         for host in scenario.host_processes:
             pid += 1
@@ -303,7 +320,7 @@ def time_sliced(wanted: Sequence[float]) -> list[float]:
 
 
 def stamped_in(
-    index: int, stamp: int, used: dict[tuple[int, int], ProcessUse], seed: int = 0
+    index: int, stamp: int, used: dict[tuple[int, int], ProcessUse], seed: int = 0, rhythm_us: int = 0
 ) -> tuple[int, int] | None:
     """The one process of those that ran SM in the period ending at `stamp` that the driver
     gives a new sample for it. The recordings show about one new sample a period on a GPU,
@@ -314,6 +331,15 @@ def stamped_in(
     ran = [(key, use.sm) for key, use in sorted(used.items()) if use.sm > 0]
     if len(ran) <= 1:
         return ran[0][0] if ran else None
+    if rhythm_us > 0:
+        # What the recordings show the driver does (docs/nvml-sampling.md): the sample goes to
+        # the process on the GPU at the tick. Each runs its use as kernels at the start of
+        # every `rhythm_us`, at a phase of its own (its PID and start); a rhythm that divides
+        # the period keeps its phase to the ticks, so the same process is on at every tick.
+        on = [(key, sm) for key, sm in ran if (stamp + _phase(key, rhythm_us, seed)) % rhythm_us < sm * rhythm_us]
+        if len(on) == 1:
+            return on[0][0]
+        ran = on or ran
     # A draw of its own for each GPU and period: a CRC of the two was tried, and its draws for
     # nearby periods were far from independent (a bursting pod went without a sample for
     # whole bursts of five periods, twice in three).
@@ -324,6 +350,11 @@ def stamped_in(
         if draw < 0:
             return key
     return ran[-1][0]
+
+
+def _phase(key: tuple[int, int], rhythm_us: int, seed: int) -> int:
+    """Where in its rhythm a process's kernels start, the same every time it is asked."""
+    return random.Random(f"{seed}:{key[0]}:{key[1]}").randrange(rhythm_us)
 
 
 def _clamped(wave: Callable[[float], float]) -> Callable[[float], float]:

@@ -16,6 +16,8 @@ MAX_SCENARIO_BYTES = 1024 * 1024
 MAX_DELAY_S = 60.0
 # NVML's sample buffers hold about 14 s (71 periods of 200 ms on an H200).
 MAX_KEPT_S = 14.0
+# The longest rhythm a simulated process keeps its kernels to (driver.rhythm_ms): a second.
+MAX_RHYTHM_MS = 1000.0
 # Churning processes alive at once (churn.live x churn.processes), at most: the soak runs 2,000;
 # 10,000 held the agent at 177 MB (its DaemonSet's limit is 192 MiB), where live 1,000,000 of
 # 100 processes each, accepted, grew it to 1.67 GB in 20 s without a word.
@@ -348,6 +350,12 @@ class DriverSpec:
     """Which draws pick each period's sample at the recorded cadence (`one_sample_a_period`):
     the same for a GPU and period every time it is asked, and another for each seed, so that an
     evaluation over seeds meets other draws (bench/bill_evaluation.py)."""
+    rhythm_ms: float = 0.0
+    """0: each period's sample is drawn by use, as if the processes' kernels kept no rhythm.
+    Above 0: each process runs its use as kernels at the start of every `rhythm_ms`, at a
+    phase of its own, and the period's sample goes to the one on the GPU at the tick, as the
+    recordings show the driver does (docs/nvml-sampling.md); at 100 or 200 one process may take
+    every sample for as long as the uses hold."""
     memory_info_v2: bool = True
     """It has nvmlDeviceGetMemoryInfo_v2 (drivers from R510), which gives each GPU's reserved
     memory apart; False: an older driver, whose used holds the reservation all the same."""

@@ -30,6 +30,7 @@ from otel_vgpu.sim.scenario import (
     MAX_CHURN_PROCESSES,
     MAX_DELAY_S,
     MAX_KEPT_S,
+    MAX_RHYTHM_MS,
     MAX_SCENARIO_BYTES,
     MIG_STRATEGIES,
     RESERVED_BYTES,
@@ -283,6 +284,7 @@ class ScenarioReader(PodFields, HealthFields):
                 "ended_samples_s",
                 "one_sample_a_period",
                 "draw_seed",
+                "rhythm_ms",
                 "memory_info_v2",
                 "context_memory",
                 "version",
@@ -300,11 +302,17 @@ class ScenarioReader(PodFields, HealthFields):
         seed = spec.get("draw_seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise self.fail("driver.draw_seed", line_of(spec, "draw_seed"), f"{seed!r} is not a whole number >= 0")
+        rhythm = self.number(spec.get("rhythm_ms", 0), "driver.rhythm_ms", line_of(spec, "rhythm_ms"))
+        if not 0 <= rhythm <= MAX_RHYTHM_MS:
+            raise self.fail(
+                "driver.rhythm_ms", line_of(spec, "rhythm_ms"), f"{rhythm:g} must be from 0 to {MAX_RHYTHM_MS:g} (ms)"
+            )
         return DriverSpec(
             pid_namespace_filter=self.boolean(spec.get(key, True), f"driver.{key}", line_of(spec, key)),
             ended_samples_s=kept,
             one_sample_a_period=self.boolean(spec.get(once, True), f"driver.{once}", line_of(spec, once)),
             draw_seed=seed,
+            rhythm_ms=rhythm,
             memory_info_v2=self.boolean(
                 spec.get("memory_info_v2", True), "driver.memory_info_v2", line_of(spec, "memory_info_v2")
             ),

@@ -369,3 +369,20 @@ def test_a_time_sliced_process_s_figure_is_the_gpu_s_not_its_own() -> None:
     ran = halves.work_s(recorded.solo_s, start, end) / ((end - start) / 1e6)
     assert credit == pytest.approx(sum(busy) / len(busy), abs=0.08)
     assert credit > 1.5 * ran
+
+
+def test_the_simulated_driver_with_a_rhythm_gives_the_tick_s_process_every_sample_as_recorded() -> None:
+    # driver.rhythm_ms: 100, the recorded idle-context's two processes (half and 40 % of every
+    # 100 ms) over its 6 s: at some phases one takes every sample, at others the other, as the
+    # three takes did (test_rhythms_locked_to_the_period_give_one_process_every_sample_whatever_each_ran).
+    # Drawn by use (rhythm 0), no phase gives either more than 0.85 or less than 0.25.
+    used = {(1, 10): ProcessUse(0.5), (2, 20): ProcessUse(0.4)}
+
+    def part(rhythm_us: int, seed: int) -> float:
+        picks = [stamped_in(0, k * node.SAMPLE_PERIOD_US, used, seed, rhythm_us) for k in range(30)]
+        return picks.count((1, 10)) / len(picks)
+
+    locked = [part(100_000, seed) for seed in range(1, 41)]
+    assert max(locked) >= 0.95 and min(locked) <= 0.05
+    drawn = [part(0, seed) for seed in range(1, 41)]
+    assert min(drawn) >= 0.25 and max(drawn) <= 0.85

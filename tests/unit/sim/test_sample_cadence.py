@@ -73,3 +73,15 @@ def test_each_draw_seed_draws_the_period_s_samples_anew_and_the_same_every_time(
     assert stamps(0, "a") == stamps(0, "b")
     assert stamps(7, "c") == stamps(7, "d")
     assert stamps(0, "e") != stamps(7, "f")
+
+
+def test_with_a_rhythm_the_process_on_the_gpu_at_the_tick_takes_the_samples(tmp_path: Path) -> None:
+    # driver.rhythm_ms: 100, as the recorded driver does with processes whose kernels keep a
+    # 100 ms rhythm (tests/data/nvml-recordings/idle-context-*): at some seeds (phases) one
+    # process takes every sample, where the draw by use gives two to one.
+    parts = []
+    for seed in range(8):
+        counts, periods = new_samples(tmp_path / str(seed), f"driver: {{rhythm_ms: 100, draw_seed: {seed}}}\n", 20.0)
+        assert sum(counts.values()) == pytest.approx(periods, abs=2)
+        parts.append(max(counts.values()) / sum(counts.values()))
+    assert max(parts) >= 0.95
