@@ -7,9 +7,10 @@ SM-busy seconds and its pods' plus every unattributed reason).
         [--cases NAME ...] [--rhythm-ms MS]
 
 `--rhythm-ms 100`: the processes keep their kernels to a 100 ms rhythm, and a period's sample
-goes to the one on the GPU at the tick, as the recorded driver does (docs/scenario.md,
-driver.rhythm_ms): each seed is then another phase, and a rhythm that divides the 200 ms period
-keeps one process taking every sample (docs/nvml-sampling.md).
+goes to the one on the GPU at the tick (else the last that was), credited with the GPU's whole
+period, as the recorded driver does (docs/scenario.md, driver.rhythm_ms): each seed is then
+another phase, and a rhythm that divides the 200 ms period keeps one process taking every
+sample (docs/nvml-sampling.md).
 
 `--tree DIR` runs another checkout's agent (a folder holding only its otel_vgpu/: a testkit/ there
 would be taken for this checkout's) on this checkout's simulated node

@@ -9,6 +9,7 @@ the pods that stay started before the scenario, each at its own moment.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import threading
@@ -327,19 +328,24 @@ def stamped_in(
     whatever ran (31-35 in 30 periods for one, two or three processes: docs/nvml-sampling.md),
     shared among the processes about as they shared the GPU (a busy one beside one running
     30 % of every 100 ms: 25 and 7): the driver's pick is drawn in proportion to each one's use
-    of the period, the same draw for a GPU and period every time it is asked (and `seed`)."""
+    of the period, the same draw for a GPU and period every time it is asked (and `seed`).
+    With `rhythm_us`, as the recordings show it picks: the one on the GPU at the tick."""
     ran = [(key, use.sm) for key, use in sorted(used.items()) if use.sm > 0]
     if len(ran) <= 1:
         return ran[0][0] if ran else None
     if rhythm_us > 0:
         # What the recordings show the driver does (docs/nvml-sampling.md): the sample goes to
-        # the process on the GPU at the tick. Each runs its use as kernels at the start of
-        # every `rhythm_us`, at a phase of its own (its PID and start); a rhythm that divides
-        # the period keeps its phase to the ticks, so the same process is on at every tick.
-        on = [(key, sm) for key, sm in ran if (stamp + _phase(key, rhythm_us, seed)) % rhythm_us < sm * rhythm_us]
+        # the process on the GPU at the tick, or where none is, to the last one that was. Each
+        # runs its use as kernels at the start of every `rhythm_us`, at a phase of its own (its
+        # PID and start); a rhythm that divides the period keeps its phase to the ticks, so the
+        # same process is on at every tick.
+        into = [(key, sm, (stamp + _phase(key, rhythm_us, seed)) % rhythm_us) for key, sm in ran]
+        on = [(key, sm) for key, sm, at in into if at < sm * rhythm_us]
         if len(on) == 1:
             return on[0][0]
-        ran = on or ran
+        if not on:
+            return min(into, key=lambda each: each[2] - each[1] * rhythm_us)[0]
+        ran = on
     # A draw of its own for each GPU and period: a CRC of the two was tried, and its draws for
     # nearby periods were far from independent (a bursting pod went without a sample for
     # whole bursts of five periods, twice in three).
@@ -350,6 +356,20 @@ def stamped_in(
         if draw < 0:
             return key
     return ran[-1][0]
+
+
+def credited(
+    index: int, stamp: int, key: tuple[int, int], used: dict[tuple[int, int], ProcessUse], seed: int, rhythm_us: int
+) -> ProcessUse:
+    """What the driver credits process `key` with in the period ending at `stamp` where the
+    processes keep a rhythm (`stamped_in`): the one it takes at the tick is credited with every
+    process's SM of the period, the rest with none, as the recordings show (test_nvml_recordings.py,
+    `test_a_time_sliced_process_s_figure_is_the_gpu_s_not_its_own`); its other figures its own."""
+    own = used[key]
+    if sum(use.sm > 0 for use in used.values()) < 2:
+        return own
+    taken = stamped_in(index, stamp, used, seed, rhythm_us) == key
+    return dataclasses.replace(own, sm=min(1.0, sum(use.sm for use in used.values())) if taken else 0.0)
 
 
 def _phase(key: tuple[int, int], rhythm_us: int, seed: int) -> int:

@@ -353,9 +353,10 @@ class DriverSpec:
     rhythm_ms: float = 0.0
     """0: each period's sample is drawn by use, as if the processes' kernels kept no rhythm.
     Above 0: each process runs its use as kernels at the start of every `rhythm_ms`, at a
-    phase of its own, and the period's sample goes to the one on the GPU at the tick, as the
-    recordings show the driver does (docs/nvml-sampling.md); at 100 or 200 one process may take
-    every sample for as long as the uses hold."""
+    phase of its own, and the period's sample goes to the one on the GPU at the tick (where none
+    is, the last one that was), credited with the GPU's whole period, as the recordings show the
+    driver does (docs/nvml-sampling.md); at 100 or 200 one process may take every sample for as
+    long as the uses hold."""
     memory_info_v2: bool = True
     """It has nvmlDeviceGetMemoryInfo_v2 (drivers from R510), which gives each GPU's reserved
     memory apart; False: an older driver, whose used holds the reservation all the same."""

@@ -85,3 +85,25 @@ def test_with_a_rhythm_the_process_on_the_gpu_at_the_tick_takes_the_samples(tmp_
         assert sum(counts.values()) == pytest.approx(periods, abs=2)
         parts.append(max(counts.values()) / sum(counts.values()))
     assert max(parts) >= 0.95
+
+
+def test_with_a_rhythm_the_taker_s_figure_is_the_gpu_s_whole_period(tmp_path: Path) -> None:
+    # The recordings: the process that takes a period's tick is credited with the GPU's whole
+    # period, 0.8 for its own 0.43 (tests/unit/sim/test_nvml_recordings.py). Here 0.6 + 0.3: at
+    # a phase where one takes every tick, its figure climbs to the GPU's 0.9, not its own; drawn
+    # by use, each is credited its own, and no figure passes the busy one's 0.6.
+    text = node(pod("a", "busy", BUSY, "memory: 4GiB, sm: 0.6"), pod("b", "light", LIGHT, "memory: 4GiB, sm: 0.3"))
+
+    def highest(driver: str, where: str) -> float:
+        clock = Clock()
+        sim = SimulatedNode(parse_scenario(text + driver, "s.yaml"), tmp_path / where, clock.monotonic, clock.wall_us)
+        try:
+            clock.t += 20.0
+            return max(sample.use.sm for sample in sim.utilization_samples(0, clock.wall_us() - 1_000_000))
+        finally:
+            sim.close()
+
+    locked = [highest(f"driver: {{rhythm_ms: 100, draw_seed: {seed}}}\n", f"r{seed}") for seed in range(8)]
+    assert max(locked) >= 0.85
+    drawn = [highest(f"driver: {{draw_seed: {seed}}}\n", f"d{seed}") for seed in range(4)]
+    assert max(drawn) <= 0.61
