@@ -32,8 +32,8 @@ _RESTARTED_FIRST_PID = 1_000_000
 _RESTARTED_PIDS = 3_000_000
 # Churning pods whose processes are kept made, in live pods' worth (`Workload._churn_processes`).
 CHURNED_KEPT = 4
-# The processes `Workload.at` keeps as made: a node's every process at a few of its times.
-_MADE_KEPT = 65_536
+# The versions of each process `Workload.at` keeps as made (its memory, start or cycle apart).
+_MADE_PER_PROCESS = 4
 _CHURN_PIDS = 50_000
 
 
@@ -88,7 +88,8 @@ class Workload:
         """The processes at scenario time `t`, ended ones aside."""
         processes: list[Process] = []
         pid = _FIRST_PID
-        if len(self._made) > _MADE_KEPT:
+        # A few of each process's versions at most: one whose memory waves is another each time.
+        if len(self._made) > _MADE_PER_PROCESS * sum(len(pod.processes) for pod in scenario.pods) + 64:
             self._made.clear()
         for pod in scenario.pods:
             for spec in pod.processes:
