@@ -69,6 +69,20 @@ def _seg(seconds: float, period_on: list[int]) -> list[float]:
     return [seconds, *period_on]
 
 
+def _idle_context(name: str, about: str, steady: list[int], idle: list[int]) -> Scenario:
+    """A process at `idle`'s [period ms, on ms] for 6 s that then keeps its context idle, beside
+    a steady one at `steady`'s, 30 s: one scenario, at rhythms locked to the ticks or not."""
+    return Scenario(
+        name,
+        about,
+        [
+            Worker("steady", "pod-a", plan=[_seg(30, steady)]),
+            Worker("idle", "pod-b", plan=[_seg(6, idle), _seg(24, IDLE)]),
+        ],
+        30,
+    )
+
+
 # [offset s, life s]: beside the steady process, then back to back (offset passed: at once), then alone.
 FRESH: list[list[float]] = [[1, 0.1], [3, 0.3], [5.5, 1], [8.5, 3], [13.5, 1]]
 FRESH += [[0.0, 1.0] for _ in range(5)] + [[27.0, 0.3], [29.0, 1.0]]
@@ -154,25 +168,19 @@ SCENARIOS = [
         ],
         40,
     ),
-    Scenario(
+    _idle_context(
         "idle-context",
         "a process at half of every 100 ms for 6 s that then keeps its context idle, beside a steady one at 40% "
         "(gpu_validate_bill.py's idle-context)",
-        [
-            Worker("steady", "pod-a", plan=[_seg(30, [100, 40])]),
-            Worker("idle", "pod-b", plan=[_seg(6, [100, 50]), _seg(24, IDLE)]),
-        ],
-        30,
+        steady=[100, 40],
+        idle=[100, 50],
     ),
-    Scenario(
+    _idle_context(
         "idle-context-drifting",
         "idle-context with rhythms that drift against the driver's 200 ms ticks: a process at half of every "
         "97 ms for 6 s that then keeps its context idle, beside one at 41 ms of every 103 ms",
-        [
-            Worker("steady", "pod-a", plan=[_seg(30, [103, 41])]),
-            Worker("idle", "pod-b", plan=[_seg(6, [97, 48]), _seg(24, IDLE)]),
-        ],
-        30,
+        steady=[103, 41],
+        idle=[97, 48],
     ),
     Scenario(
         "batches-busy",

@@ -269,7 +269,7 @@ def sampled(ledger: GpuLedger, samples: Sequence[UtilizationSample], at_us: int 
         # comes back after a gap: whether it ran all along unstamped or came back from idle, no
         # sample says; only its own period is sure.
         continues = earlier == -math.inf or earlier >= reach
-        sure = covers if continues else sample.timestamp_us - PERIOD_US
+        sure = covers if continues else own
         if not any(figures):
             # Every figure 0: under a whole percent of the window, or none at all (a young
             # context before its first kernel gets such a sample every period: the recordings).

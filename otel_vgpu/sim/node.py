@@ -46,7 +46,7 @@ from otel_vgpu.sim import kubelet
 from otel_vgpu.sim.device_figure_values import SimulatedHealth
 from otel_vgpu.sim.faults import Faults
 from otel_vgpu.sim.proc_tree import ProcTree, new_root
-from otel_vgpu.sim.processes import Process, Workload, credited, own_uses, shares, stamped_in, uses, whole_percent
+from otel_vgpu.sim.processes import Picks, Process, Workload, own_uses, shares, uses, whole_percent
 from otel_vgpu.sim.scenario import PIPES, MigSpec, Scenario
 
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
@@ -411,11 +411,12 @@ class SimulatedNode:
             if p.gpu == index and (p.starts_at <= now < p.ends_at or p.ends_at > kept_since)
         }
         driver = self.scenario.driver
-        seed, rhythm_us = driver.draw_seed, round(driver.rhythm_ms * 1000) if driver.one_sample_a_period else 0
+        rhythm_us = round(driver.rhythm_ms * 1000) if driver.one_sample_a_period else 0
+        picks = Picks(index, period, driver.draw_seed, rhythm_us)
         for stamp in (latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)):
             if stamp <= since_us or (running is not None and running <= newest.keys()):
                 break
-            stamped = stamped_in(index, stamp, period(stamp), seed, rhythm_us) if driver.one_sample_a_period else None
+            stamped = picks.taker(stamp) if driver.one_sample_a_period else None
             for key, use in period(stamp).items():
                 # One sample per PID, its newest: an older one of the same PID is another
                 # period's, or another holder's. NVML keeps the last period it ran in (at the
@@ -446,7 +447,7 @@ class SimulatedNode:
                     break
                 held = period(at).get(key)
                 if held is not None:
-                    lived.append(credited(index, at, key, period(at), seed, rhythm_us) if rhythm_us else held)
+                    lived.append(picks.credited(key, at, held))
             mean = ProcessUse(
                 **{f: whole_percent(sum(getattr(u, f) for u in lived) / SMOOTHED_PERIODS) for f in USE_FIGURES}
             )

@@ -101,8 +101,9 @@ class Workload:
                 started = pod.started(t) if pod.period_s is not None else -STARTED_BEFORE_S - _jitter(pod.uid)
                 memory = int(max(0.0, spec.memory.at(t)))
                 cycle = pod.cycle(t) if pod.restarts else 0
+                ends = pod.ends(t)
                 # The same scenario's spec makes the same process while these hold.
-                key = (id(scenario), pid, started, memory, cycle, pod.ends(t))
+                key = (id(scenario), pid, started, memory, cycle, ends)
                 kept = self._made.get(key)
                 if kept is not None and kept[0] is scenario:
                     processes.append(kept[1])
@@ -114,7 +115,7 @@ class Workload:
                 elif pod.restarts:
                     # A restarted container's process is a new process to the kernel, which
                     # hands out the next free PID: fresh PIDs, cycle by cycle.
-                    own_pid = _RESTARTED_FIRST_PID + (pod.cycle(t) * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
+                    own_pid = _RESTARTED_FIRST_PID + (cycle * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
                 else:
                     own_pid = pid
                 made = Process(
@@ -131,7 +132,7 @@ class Workload:
                     engines={engine: _clamped(wave.at) for engine, wave in spec.engines.items()},
                     mps=spec.mps,
                     starts_at=started,
-                    ends_at=pod.ends(t),
+                    ends_at=ends,
                     pipes={pipe: _clamped(wave.at) for pipe, wave in spec.pipes.items()},
                 )
                 self._made[key] = (scenario, made)
@@ -359,18 +360,30 @@ def stamped_in(
     return ran[-1][0]
 
 
-def credited(
-    index: int, stamp: int, key: tuple[int, int], used: dict[tuple[int, int], ProcessUse], seed: int, rhythm_us: int
-) -> ProcessUse:
-    """What the driver credits process `key` with in the period ending at `stamp` where the
-    processes keep a rhythm (`stamped_in`): the one it takes at the tick is credited with every
-    process's SM of the period, the rest with none, as the recordings show (test_nvml_recordings.py,
-    `test_a_time_sliced_process_s_figure_is_the_gpu_s_not_its_own`); its other figures its own."""
-    own = used[key]
-    if sum(use.sm > 0 for use in used.values()) < 2:
-        return own
-    taken = stamped_in(index, stamp, used, seed, rhythm_us) == key
-    return dataclasses.replace(own, sm=min(1.0, sum(use.sm for use in used.values())) if taken else 0.0)
+class Picks:
+    """Which process the driver gives each period's sample on GPU `index` (`stamped_in`), asked
+    once a period however many samples' windows reach it, and what it credits each process with."""
+
+    def __init__(
+        self, index: int, uses: Callable[[int], dict[tuple[int, int], ProcessUse]], seed: int, rhythm_us: int
+    ) -> None:
+        self._index, self._uses, self._seed, self._rhythm_us = index, uses, seed, rhythm_us
+        self._taken: dict[int, tuple[int, int] | None] = {}
+
+    def taker(self, stamp: int) -> tuple[int, int] | None:
+        if stamp not in self._taken:
+            self._taken[stamp] = stamped_in(self._index, stamp, self._uses(stamp), self._seed, self._rhythm_us)
+        return self._taken[stamp]
+
+    def credited(self, key: tuple[int, int], stamp: int, own: ProcessUse) -> ProcessUse:
+        """What process `key` is credited with in the period ending at `stamp`: its own use, or
+        where the processes keep a rhythm, as the recordings show, the taker every process's SM
+        of the period and the rest none (test_nvml_recordings.py,
+        `test_a_time_sliced_process_s_figure_is_the_gpu_s_not_its_own`); its other figures its own."""
+        if not self._rhythm_us:
+            return own
+        period = sum(use.sm for use in self._uses(stamp).values())
+        return dataclasses.replace(own, sm=min(1.0, period) if self.taker(stamp) == key else 0.0)
 
 
 def _phase(key: tuple[int, int], rhythm_us: int, seed: int) -> int:
