@@ -51,6 +51,8 @@ class Worker:
     """Segments of [seconds, period ms, on ms]."""
     spawn: list[list[float]] | None = None
     """Children of [offset s, life s], forked in turn."""
+    dodge: list[float] | None = None
+    """[seconds, margin ms]: kernels only between the driver's ticks (sampling_workload.py)."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,16 @@ SCENARIOS = [
         32,
     ),
     Scenario(
+        "tick-dodging",
+        "a tenant that reads the GPU's sample stamps from NVML and runs kernels only from 25 ms after each "
+        "tick to 25 ms before the next, beside a victim busy for 12 s, then at 41 ms of every 103 ms",
+        [
+            Worker("victim", "pod-a", plan=[_seg(12, BUSY), _seg(12, [103, 41])]),
+            Worker("tenant", "pod-b", dodge=[24, 25]),
+        ],
+        24,
+    ),
+    Scenario(
         "fresh",
         "busy processes of 0.1, 0.3, 1 and 3 s, then six 1 s processes back to back, beside a steady process at "
         "40%; then 0.3 s and 1 s processes alone",
@@ -315,7 +327,12 @@ def run_scenario(pynvml: Any, handle: Any, scenario: Scenario, poll_s: float, wo
         for worker in scenario.workers:
             truth = work / f"{scenario.name}-{worker.name}.json"
             argv = [sys.executable, str(WORKLOAD), "--truth", str(truth), "--start-at", f"{start_at:.6f}"]
-            argv += ["--spawn", json.dumps(worker.spawn)] if worker.spawn else ["--plan", json.dumps(worker.plan)]
+            if worker.spawn:
+                argv += ["--spawn", json.dumps(worker.spawn)]
+            elif worker.dodge:
+                argv += ["--dodge", json.dumps(worker.dodge)]
+            else:
+                argv += ["--plan", json.dumps(worker.plan)]
             processes.append(
                 (worker, truth, subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**os.environ, **env}))
             )
@@ -328,7 +345,7 @@ def run_scenario(pynvml: Any, handle: Any, scenario: Scenario, poll_s: float, wo
                 raise SystemExit(f"{scenario.name}: worker {worker.name} exited {process.returncode} without its truth")
             workers.append(
                 {"name": worker.name, "pod": worker.pod, "plan": worker.plan, "spawn": worker.spawn,
-                 "parent": process.pid, "processes": json.loads(truth.read_text())}
+                 "dodge": worker.dodge, "parent": process.pid, "processes": json.loads(truth.read_text())}
             )  # fmt: skip
     return {
         "scenario": scenario.name,

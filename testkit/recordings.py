@@ -130,7 +130,8 @@ def _recording(path: Path) -> Recording:
         about=data["about"],
         gpu=data["gpu"],
         start_us=int(data["start_us"]),
-        workers=tuple({k: w[k] for k in ("name", "pod", "plan", "spawn")} for w in data["workers"]),
+        # A tick-dodging worker (`dodge`) is in the recordings made since 2026-12-07 only.
+        workers=tuple({k: w.get(k) for k in ("name", "pod", "plan", "spawn", "dodge")} for w in data["workers"]),
         truths=tuple(truths),
         polls=tuple(
             Poll(
@@ -186,7 +187,11 @@ class Segment:
 
 def segments(recording: Recording) -> list[Segment]:
     """The stretches of the planned processes (spawned ones have none), each cut where any
-    process's plan changes, its first and last second left out (the changes settle)."""
+    process's plan changes, its first and last second left out (the changes settle). None in a
+    recording with a tenant that times itself to the driver's ticks (`dodge`): its rhythm is the
+    driver's, not a plan, and what it asks of the GPU is what it hides (tick-dodging)."""
+    if any(worker["dodge"] for worker in recording.workers):
+        return []
     cuts: set[int] = set()
     plans: dict[int, list[tuple[int, int, tuple[float, float]]]] = {}
     for worker in recording.workers:

@@ -3,13 +3,19 @@ that bench/gpu_record_sampling.py sets beside what NVML said of it.
 
     python3 testkit/sampling_workload.py --truth FILE --start-at UNIX_TIME --plan '[[8, 100, 50], ...]'
     python3 testkit/sampling_workload.py --truth FILE --start-at UNIX_TIME --spawn '[[0.0, 1.0], ...]'
+    python3 testkit/sampling_workload.py --truth FILE --start-at UNIX_TIME --dodge '[24, 25]'
 
 `--plan`: segments of [seconds, period ms, on ms]: kernels for `on` ms of every `period` ms
 (on == period: busy, on == 0: the context kept, idle), then the process exits. `--spawn`:
 children forked from this process (which imports PyTorch but never touches CUDA, so that a
 child starts in a fraction of a second): [offset s, life s] each, a child creating its
 context at `offset` after the start, busy for `life` seconds, then gone; a child whose offset
-has passed when the one before it ends starts at once (back-to-back restarts).
+has passed when the one before it ends starts at once (back-to-back restarts). `--dodge`:
+[seconds, margin ms], a tenant that times itself to the driver's ticks, as any process that can
+open the GPU can: it reads the stamps of the GPU's own utilization samples from NVML
+(nvmlDeviceGetSamples, no privilege needed), and runs kernels only from `margin` after one
+tick to `margin` before the next, so that it is never on the GPU when the driver picks the
+process a period's sample goes to (docs/nvml-sampling.md).
 
 The truth file is JSON: the process's (and each child's) PID, when its context was made,
 when it exited, and each burst as [start, end, steps] in Unix seconds. A step is one bf16
@@ -60,6 +66,49 @@ def _run(torch: Any, matrix: Any, seconds: float, period_ms: float, on_ms: float
     return matrix
 
 
+def _ticks(pynvml: Any, handle: Any) -> list[int]:
+    """The stamps (Unix microseconds) of the GPU utilization samples NVML holds now."""
+    try:
+        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    except pynvml.NVMLError_NotFound:
+        return []
+    return sorted(int(sample.timeStamp) for sample in samples)
+
+
+def _dodge(torch: Any, matrix: Any, seconds: float, margin_ms: float, bursts: list[list[float]]) -> Any:
+    """Kernels between the driver's ticks only: each period, from `margin_ms` after the newest
+    tick NVML shows to `margin_ms` before the one expected next (the newest plus the median
+    spacing of the last ones), one step at a time so that they stop in time."""
+    import pynvml  # noqa: PLC0415
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    end = time.time() + seconds
+    margin = margin_ms / 1000
+    while time.time() < end:
+        ticks = _ticks(pynvml, handle)
+        if len(ticks) < 3:
+            time.sleep(0.05)
+            continue
+        gaps = sorted(b - a for a, b in zip(ticks[-9:], ticks[-8:], strict=False))
+        period = gaps[len(gaps) // 2] / 1e6
+        tick = ticks[-1] / 1e6
+        while tick + period < time.time():  # a tick NVML has not shown yet
+            tick += period
+        start, until = tick + margin, min(end, tick + period - margin)
+        time.sleep(max(0.0, start - time.time()))
+        cycle, steps = time.time(), 0
+        while time.time() < until:
+            matrix = (matrix @ matrix).clamp_(-1, 1)
+            torch.cuda.synchronize()
+            steps += 1
+        if steps:
+            bursts.append([cycle, time.time(), steps])
+        time.sleep(max(0.0, min(end, tick + period + margin) - time.time()))
+    pynvml.nvmlShutdown()
+    return matrix
+
+
 def calibrate() -> float:
     """One step's time alone: the fastest of twelve timed batches."""
     torch, matrix = _context()
@@ -81,6 +130,17 @@ def plan(truth: str, start_at: float, segments: list[list[float]]) -> None:
     time.sleep(max(0.0, start_at - time.time()))
     for seconds, period_ms, on_ms in segments:
         matrix = _run(torch, matrix, seconds, period_ms, on_ms, record["bursts"])
+    record["exit"] = time.time()
+    _write(truth, [record])
+
+
+def dodge(truth: str, start_at: float, seconds: float, margin_ms: float) -> None:
+    created = time.time()
+    torch, matrix = _context()
+    record: dict[str, Any] = {"pid": os.getpid(), "context": [created, time.time()], "bursts": []}
+    print("ready", flush=True)
+    time.sleep(max(0.0, start_at - time.time()))
+    _dodge(torch, matrix, seconds, margin_ms, record["bursts"])
     record["exit"] = time.time()
     _write(truth, [record])
 
@@ -126,10 +186,13 @@ def main() -> None:
     parser.add_argument("--start-at", type=float, default=0.0)
     parser.add_argument("--plan")
     parser.add_argument("--spawn")
+    parser.add_argument("--dodge")
     parser.add_argument("--calibrate", action="store_true")
     args = parser.parse_args()
     if args.calibrate:
         print(f"{calibrate():.9f}", flush=True)
+    elif args.dodge:
+        dodge(args.truth, args.start_at, *json.loads(args.dodge))
     elif args.spawn:
         spawn(args.truth, args.start_at, json.loads(args.spawn))
     else:
