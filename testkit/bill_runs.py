@@ -121,6 +121,7 @@ CASES = {
     "saturated-two-busy": "saturated",
     "bursts-every-ten-seconds": "attack",
     "pulses-under-a-percent": "attack",
+    "tick-dodging": "attack",
 }
 
 
@@ -130,6 +131,11 @@ def case(name: str, offset: float = 0.0) -> tuple[str, float]:
     by_offset = attacks(offset)
     if name in by_offset:
         return node(STEADY, by_offset[name]), 60.0
+    if name == "tick-dodging":
+        # A tenant that reads the GPU's sample stamps and keeps its kernels off the GPU at every
+        # tick (docs/nvml-sampling.md), beside a steady victim that is on at them.
+        tenant = pod("team-b", "tenant", ATTACKER, "memory: 8GiB, sm: 0.4, dodges_ticks: true")
+        return node(pod("team-a", "victim", VICTIM, "memory: 4GiB, sm: 0.5"), tenant), 60.0
     if name == "idle-neighbour":
         victim = pod(
             "team-a", "server", VICTIM, f"memory: 4GiB, sm: {{mean: 0.5, period_s: 60, on_s: 15, phase: {phase:.4f}}}"

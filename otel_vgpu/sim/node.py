@@ -405,14 +405,12 @@ class SimulatedNode:
         if self.scenario.driver.ended_samples_s <= 0:
             alive = self._alive(latest)
             running = {p.pid for p in alive if p.gpu == index and p.mps != "client" and p.starts_at <= now < p.ends_at}
-        kept = {
-            (p.pid, p.start_time)
-            for p in self._processes_at(self._scenario_time(latest))
-            if p.gpu == index and (p.starts_at <= now < p.ends_at or p.ends_at > kept_since)
-        }
+        on_gpu = [p for p in self._processes_at(self._scenario_time(latest)) if p.gpu == index]
+        kept = {(p.pid, p.start_time) for p in on_gpu if p.starts_at <= now < p.ends_at or p.ends_at > kept_since}
         driver = self.scenario.driver
         rhythm_us = round(driver.rhythm_ms * 1000) if driver.one_sample_a_period else 0
-        picks = Picks(index, period, driver.draw_seed, rhythm_us)
+        dodging = frozenset((p.pid, p.start_time) for p in on_gpu if p.dodges_ticks)
+        picks = Picks(index, period, driver.draw_seed, rhythm_us, dodging)
         for stamp in (latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)):
             if stamp <= since_us or (running is not None and running <= newest.keys()):
                 break

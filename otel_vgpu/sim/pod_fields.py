@@ -230,7 +230,7 @@ class PodFields(HealthFields):
 
     def process(self, raw: Any, where: str, gpus: tuple[GpuSpec, ...]) -> ProcessSpec:
         proc, gpu, memory, sm = self.gpu_process(
-            raw, where, len(gpus), "container", "mig", "command", "nested", "mps", "pid"
+            raw, where, len(gpus), "container", "mig", "command", "nested", "mps", "pid", "dodges_ticks"
         )
         engines = self.engine_waves(proc, where, gpus[gpu])
         mig = proc.get("mig")
@@ -254,6 +254,9 @@ class PodFields(HealthFields):
             else self.explicit_pid(proc["pid"], f"{where}.pid", line_of(proc, "pid")),
             nested=self.nested(proc.get("nested", ""), f"{where}.nested", line_of(proc, "nested")),
             pipes=self.pipe_waves(proc, where),
+            dodges_ticks=self.boolean(
+                proc.get("dodges_ticks", False), f"{where}.dodges_ticks", line_of(proc, "dodges_ticks")
+            ),
         )
 
     def mps(self, proc: LineDict, where: str) -> str:

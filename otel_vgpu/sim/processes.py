@@ -60,6 +60,8 @@ class Process:
     """Scenario time it ends: its last sample is from before, and NVML keeps it a while."""
     pipes: dict[str, Callable[[float], float]] = field(default_factory=dict)
     """What it keeps busy of the tensor cores and DRAM over time, 0-1 (GPM's figures)."""
+    dodges_ticks: bool = False
+    """It times its kernels to miss the driver's ticks (`stamped_in`)."""
 
     def wave(self, figure: str) -> Callable[[float], float]:
         """Its use of `figure` (SM, one of `ENGINES`, or of `PIPES`) over time."""
@@ -134,6 +136,7 @@ class Workload:
                     starts_at=started,
                     ends_at=ends,
                     pipes={pipe: _clamped(wave.at) for pipe, wave in spec.pipes.items()},
+                    dodges_ticks=spec.dodges_ticks,
                 )
                 self._made[key] = (scenario, made)
                 processes.append(made)
@@ -322,8 +325,18 @@ def time_sliced(wanted: Sequence[float]) -> list[float]:
     return [v / total for v in raw] if total > 0 else list(wanted)
 
 
+DODGE_MARGIN_US = 25_000
+"""How far from each tick a process that dodges the ticks keeps its kernels (the recorder's
+`tick-dodging`, bench/gpu_record_sampling.py)."""
+
+
 def stamped_in(
-    index: int, stamp: int, used: dict[tuple[int, int], ProcessUse], seed: int = 0, rhythm_us: int = 0
+    index: int,
+    stamp: int,
+    used: dict[tuple[int, int], ProcessUse],
+    seed: int = 0,
+    rhythm_us: int = 0,
+    dodging: frozenset[tuple[int, int]] = frozenset(),
 ) -> tuple[int, int] | None:
     """The one process of those that ran SM in the period ending at `stamp` that the driver
     gives a new sample for it. The recordings show about one new sample a period on a GPU,
@@ -331,17 +344,26 @@ def stamped_in(
     shared among the processes about as they shared the GPU (a busy one beside one running
     30 % of every 100 ms: 25 and 7): the driver's pick is drawn in proportion to each one's use
     of the period, the same draw for a GPU and period every time it is asked (and `seed`).
-    With `rhythm_us`, as the recordings show it picks: the one on the GPU at the tick."""
+    With `rhythm_us`, as the recordings show it picks: the one on the GPU at the tick.
+
+    A process in `dodging` keeps its kernels off the GPU at every tick, ending them
+    `DODGE_MARGIN_US` before it: at the tick rule it is never the one on the GPU, and is given the
+    sample only where none is and no other ran since; drawn by use, it is drawn only where it
+    alone ran (what the tick rule gives it beside any process on the GPU at the tick)."""
     ran = [(key, use.sm) for key, use in sorted(used.items()) if use.sm > 0]
     if len(ran) <= 1:
         return ran[0][0] if ran else None
+    if rhythm_us <= 0 and dodging:
+        ran = [(key, sm) for key, sm in ran if key not in dodging] or ran
+        if len(ran) == 1:
+            return ran[0][0]
     if rhythm_us > 0:
         # What the recordings show the driver does (docs/nvml-sampling.md): the sample goes to
         # the process on the GPU at the tick, or where none is, to the last one that was. Each
         # runs its use as kernels at the start of every `rhythm_us`, at a phase of its own (its
         # PID and start); a rhythm that divides the period keeps its phase to the ticks, so the
         # same process is on at every tick.
-        into = [(key, sm, (stamp + _phase(key, rhythm_us, seed)) % rhythm_us) for key, sm in ran]
+        into = [(key, sm, _at_tick(key, sm, stamp, rhythm_us, seed, key in dodging)) for key, sm in ran]
         on = [(key, sm) for key, sm, at in into if at < sm * rhythm_us]
         if len(on) == 1:
             return on[0][0]
@@ -365,14 +387,22 @@ class Picks:
     once a period however many samples' windows reach it, and what it credits each process with."""
 
     def __init__(
-        self, index: int, uses: Callable[[int], dict[tuple[int, int], ProcessUse]], seed: int, rhythm_us: int
+        self,
+        index: int,
+        uses: Callable[[int], dict[tuple[int, int], ProcessUse]],
+        seed: int,
+        rhythm_us: int,
+        dodging: frozenset[tuple[int, int]] = frozenset(),
     ) -> None:
         self._index, self._uses, self._seed, self._rhythm_us = index, uses, seed, rhythm_us
+        self._dodging = dodging
         self._taken: dict[int, tuple[int, int] | None] = {}
 
     def taker(self, stamp: int) -> tuple[int, int] | None:
         if stamp not in self._taken:
-            self._taken[stamp] = stamped_in(self._index, stamp, self._uses(stamp), self._seed, self._rhythm_us)
+            self._taken[stamp] = stamped_in(
+                self._index, stamp, self._uses(stamp), self._seed, self._rhythm_us, self._dodging
+            )
         return self._taken[stamp]
 
     def credited(self, key: tuple[int, int], stamp: int, own: ProcessUse) -> ProcessUse:
@@ -384,6 +414,14 @@ class Picks:
             return own
         period = sum(use.sm for use in self._uses(stamp).values())
         return dataclasses.replace(own, sm=min(1.0, period) if self.taker(stamp) == key else 0.0)
+
+
+def _at_tick(key: tuple[int, int], sm: float, stamp: int, rhythm_us: int, seed: int, dodges: bool) -> float:
+    """Where in its rhythm a process is at the tick `stamp`: at its own phase, or dodging the
+    ticks, with its kernels ended `DODGE_MARGIN_US` before (where they fit between two margins)."""
+    if dodges and sm * rhythm_us + 2 * DODGE_MARGIN_US <= rhythm_us:
+        return sm * rhythm_us + DODGE_MARGIN_US
+    return (stamp + _phase(key, rhythm_us, seed)) % rhythm_us
 
 
 def _phase(key: tuple[int, int], rhythm_us: int, seed: int) -> int:

@@ -144,6 +144,10 @@ class ProcessSpec:
     systemd, rootless podman, Docker-in-Docker): named as the tenant likes."""
     pipes: dict[str, Wave] = field(default_factory=dict)
     """What it keeps busy of what GPM measures beside SM (`PIPES`: tensor cores, DRAM), 0-1."""
+    dodges_ticks: bool = False
+    """Whether it times its kernels to miss the driver's ticks, as any process that can read
+    the GPU's sample stamps from NVML can: never on the GPU when a period's sample is given
+    (docs/nvml-sampling.md, the recorder's `tick-dodging`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,3 +147,22 @@ def test_a_tenant_s_pulses_under_a_percent_each_are_not_a_bursty_neighbour_s(tmp
     assert bill.imbalance <= CONSERVED, bill
     # What the tenant is not billed is in no pod's bill: the unexplained holds it.
     assert bill.pods.get(ATTACKER, 0.0) + bill.unattributed_sm["unexplained"] >= TENANT_LEAST * bill.ran[ATTACKER], bill
+
+
+@pytest.mark.parametrize("driver", ["", "driver: {rhythm_ms: 200}\n"])
+def test_a_tenant_that_dodges_the_ticks_hides_nothing_from_the_gpu_s_sum(tmp_path: Path, driver: str) -> None:
+    # A tenant off the GPU at every tick of the driver is given no sample beside a neighbour on
+    # it (docs/chargeback.md, "A tenant that times itself to the ticks"): its work is in no
+    # figure of its own. Drawn by use, the neighbour's figure is its own and the tenant's work is
+    # the GPU's `unexplained`, shown; at the recorded tick rule the neighbour's figure is the
+    # GPU's whole period, and it is billed the tenant's work as well, which no figure of NVML's
+    # tells apart. Either way the pods and the reasons add up to the GPU, and nothing is billed
+    # that the GPU did not run.
+    text, seconds = case("tick-dodging")
+    bill = run(tmp_path, text + driver, seconds=seconds)
+    assert bill.ran[ATTACKER] > 10.0, bill
+    assert bill.imbalance <= CONSERVED, bill
+    assert bill.pods.get(VICTIM, 0.0) <= (bill.ran[VICTIM] + bill.ran[ATTACKER]) * 1.01, bill
+    if not driver:
+        shown = bill.pods.get(ATTACKER, 0.0) + bill.unattributed_sm["unexplained"]
+        assert shown >= TENANT_LEAST * bill.ran[ATTACKER], bill

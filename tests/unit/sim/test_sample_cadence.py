@@ -20,9 +20,12 @@ BUSY = "11111111-1111-4111-8111-111111111111"
 LIGHT = "22222222-2222-4222-8222-222222222222"
 
 
-def new_samples(tmp_path: Path, driver: str, seconds: float) -> tuple[dict[int, int], int]:
-    """Each PID's count of new samples over `seconds`, read at every period, and the periods."""
-    text = node(pod("a", "busy", BUSY, "memory: 4GiB, sm: 0.6"), pod("b", "light", LIGHT, "memory: 4GiB, sm: 0.3"))
+def new_samples(tmp_path: Path, driver: str, seconds: float, light: str = "") -> tuple[dict[int, int], int]:
+    """Each PID's count of new samples over `seconds`, read at every period, and the periods;
+    `light`: the light process's other fields."""
+    text = node(
+        pod("a", "busy", BUSY, "memory: 4GiB, sm: 0.6"), pod("b", "light", LIGHT, f"memory: 4GiB, sm: 0.3{light}")
+    )
     clock = Clock()
     sim = SimulatedNode(parse_scenario(text + driver, "s.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
     seen: set[tuple[int, int]] = set()
@@ -107,3 +110,16 @@ def test_with_a_rhythm_the_taker_s_figure_is_the_gpu_s_whole_period(tmp_path: Pa
     assert max(locked) >= 0.85
     drawn = [highest(f"driver: {{draw_seed: {seed}}}\n", f"d{seed}") for seed in range(4)]
     assert max(drawn) <= 0.61
+
+
+@pytest.mark.parametrize("driver", ["", "driver: {rhythm_ms: 200}\n", "driver: {rhythm_ms: 100, draw_seed: 3}\n"])
+def test_a_process_that_dodges_the_ticks_is_given_no_sample_beside_one_on_the_gpu(tmp_path: Path, driver: str) -> None:
+    # What the recorded tick rule gives a process that keeps its kernels off the GPU at every
+    # tick (dodges_ticks: the recorder's tick-dodging): beside a process that runs in every
+    # period it never takes a period's sample, drawn by use or at a rhythm, and the other
+    # takes every one, where without dodging it has a part of them.
+    counts, periods = new_samples(tmp_path / "dodging", driver, 20.0, light=", dodges_ticks: true")
+    assert len(counts) == 1
+    assert sum(counts.values()) == pytest.approx(periods, abs=2)
+    plain, _ = new_samples(tmp_path / "plain", "driver: {rhythm_ms: 200}\n" if driver else "", 20.0)
+    assert min(plain.values()) >= periods / 8

@@ -136,6 +136,10 @@ def test_wave_moves_around_its_mean() -> None:
         ("gpus: [{}]\ndriver: {draw_seed: -1}\n", "bad.yaml:2: driver.draw_seed: -1 is not a whole number >= 0"),
         ("gpus: [{}]\ndriver: {rhythm_ms: 2000}\n", "bad.yaml:2: driver.rhythm_ms: 2000 must be from 0 to 1000 (ms)"),
         (
+            "gpus: [{}]\npods:\n  - name: a\n    processes:\n      - {gpu: 0, dodges_ticks: 1}\n",
+            "bad.yaml:5: pods[0].processes[0].dodges_ticks: 1 is not true or false",
+        ),
+        (
             "gpus: [{}]\npods:\n  - name: a\n    shares: {0: 0}\n",
             "bad.yaml:4: pods[0].shares.0: 0 is not a whole number >= 1 (a GPU the pod holds no share of is left out)",
         ),
