@@ -312,9 +312,13 @@ def test_on_a_kai_node_each_pod_is_given_what_kai_granted_and_the_reservation_is
     tmp_path: Path,
 ) -> None:
     with kai_node(tmp_path, SCENARIO.read_text()) as (agent, api):
-        exposition = wait_for(agent, granted("team-a", "notebook-a", GPU * 0.5))
+        wait_for(agent, granted("team-a", "notebook-a", GPU * 0.5))
         agent.wait_sweeps(2)
-        exposition = agent.scrape()
+        # The pods' SM once GPU 0's first periods have settled: with four processes on it they
+        # wait for samples the driver gives one a period (collect/settling.py), and until then
+        # each of its pods reads 0 (a scrape after two sweeps did, one run in twelve under load).
+        notebook = ("team-a", "notebook-a")
+        exposition = wait_for(agent, lambda e: by_pod(e, "vgpu_pod_sm_utilization_ratio").get(notebook, 0.0) > 0)
         log = agent.logged()
     allocated = by_pod(exposition, "vgpu_pod_memory_allocated_bytes")
     assert allocated == {
