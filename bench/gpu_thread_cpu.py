@@ -3,19 +3,25 @@
 Run as root on a GPU node from the repository root (bench/README.md says what the GPU scripts need):
 
     python3 bench/gpu_thread_cpu.py --pod chart-defaults.yaml [--before DIR] [--seconds 45] [--processes 12]
-        [--out results.md]
+        [--out results.md] [--profile DIR]
 
 `--processes` CUDA processes in pods on GPU 0 (a third compute-bound, a third memory-bound, a
 third idle); the agent as the manifest runs it, scraped every 15 s, as Prometheus would; each
 of its threads' CPU (utime + stime of /proc/<pid>/task/<tid>/stat) over `--seconds`, by name.
 With `--before DIR` (a directory holding an earlier `otel_vgpu`), that version's agent too, over
-the same processes, one after the other: which thread a change made dearer.
+the same processes, one after the other: which thread a change made dearer. With `--profile DIR`,
+this checkout's agent is also sampled by py-spy over the same window (`--native`: the time in
+the driver's library shows as its frames): DIR gets the flame graph and the raw stacks, and the
+report the functions on top of the most samples, the idle ones left out. py-spy is the `profile`
+extra's, installed beside the agent (`--target` puts it in `bin/` there, found on PATH or there).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,19 +53,72 @@ def threads(pid: int) -> dict[str, float]:
     return out
 
 
-def measure(args: argparse.Namespace, cluster: Doubles, tmp: Path, code: Path | None) -> dict[str, float]:
-    """Each thread's CPU, in percent of a core, of the agent in `code` (None: this checkout's)."""
+def py_spy() -> str:
+    """py-spy: on PATH, or in the `bin/` beside the agent's installed packages (pip --target)."""
+    found = shutil.which("py-spy")
+    if found is None:
+        for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+            if entry and (Path(entry) / "bin" / "py-spy").exists():
+                return str(Path(entry) / "bin" / "py-spy")
+        raise SystemExit("--profile: py-spy not found (the profile extra of pyproject.toml)")
+    return found
+
+
+def sampled(pid: int, seconds: float, out: Path, fmt: str) -> subprocess.Popen[bytes]:
+    """py-spy sampling process `pid` for `seconds`, 100 times a second, native frames too."""
+    command = [py_spy(), "record", "--pid", str(pid), "--duration", str(round(seconds)), "--rate", "100"]
+    command += ["--native", "--threads", "--format", fmt, "--output", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def measure(
+    args: argparse.Namespace, cluster: Doubles, tmp: Path, code: Path | None, profile: Path | None = None
+) -> dict[str, float]:
+    """Each thread's CPU, in percent of a core, of the agent in `code` (None: this checkout's);
+    with `profile`, py-spy's raw stacks and flame graph of the same window written there."""
     agent = pod_harness(args.pod, tmp, cluster, NODE, code=code)
+    spies: list[subprocess.Popen[bytes]] = []
     try:
         wait_serving(URL, agent.start(), agent.log.read_text, timeout=60)
         time.sleep(12)  # past the first engine and GPM windows
         pid = agent.agent_pid()
+        if profile is not None:
+            profile.mkdir(parents=True, exist_ok=True)
+            spies = [sampled(pid, args.seconds, profile / "stacks.txt", "raw")]
         before = threads(pid)
         wall = scraped_for(f"{URL}/metrics", args.seconds)
         after = threads(pid)
+        for spy in spies:
+            _, error = spy.communicate(timeout=60)
+            if spy.returncode != 0:
+                print(f"py-spy exited {spy.returncode}: {error.decode(errors='replace')[-400:]}", file=sys.stderr)
     finally:
         agent.stop()
     return {name: 100 * (after[name] - before.get(name, 0.0)) / wall for name in after}
+
+
+# Frames that py-spy may sample where a thread waits (a pool's idle worker, gRPC's server loop):
+# not CPU, and left out of the report's shares.
+WAITING = ("Condition.wait ", "Event.wait ", "_worker ", "_serve ", "select ", "poll ", "epoll_wait", "sleep")
+
+
+def top_frames(raw: Path, most: int) -> list[str]:
+    """The report's lines of the frames on top of the most samples (summed over their lines),
+    those of a waiting thread left out."""
+    own: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        frame = stack.split(";")[-1]
+        if frame.startswith(WAITING):
+            continue
+        frame = frame[: frame.rfind(":")] + ")" if frame.endswith(")") and ":" in frame else frame
+        own[frame] = own.get(frame, 0) + int(count)
+        total += int(count)
+    ranked = sorted(own.items(), key=lambda item: -item[1])[:most]
+    return [f"| {n} | {100 * n / total:.1f} % | `{frame}` |" for frame, n in ranked]
 
 
 def main() -> int:
@@ -69,6 +128,7 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=12)
     parser.add_argument("--before", type=Path, help="the directory of an earlier otel_vgpu, measured first")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--profile", type=Path, help="a directory for py-spy's stacks of this checkout's agent")
     args = parser.parse_args()
     require_gpu()
     tmp = Path(tempfile.mkdtemp(prefix="gpu-threads-", dir="/var/tmp"))
@@ -79,7 +139,10 @@ def main() -> int:
     try:
         pods, processes = load_gpu(cluster, args.processes, gpu_uuid)
         versions = {"now": None} if args.before is None else {"before": args.before, "now": None}
-        spent = {label: measure(args, cluster, tmp / label, code) for label, code in versions.items()}
+        spent = {
+            label: measure(args, cluster, tmp / label, code, args.profile if code is None else None)
+            for label, code in versions.items()
+        }
         lines += [
             f"GPU: {model}, driver {driver}; {len(processes)} CUDA processes in {len(pods)} pods; the agent as "
             f"`{args.pod.name}` runs it, scraped every 15 s; CPU of each thread over {args.seconds:g} s",
@@ -91,6 +154,10 @@ def main() -> int:
         for name in names:
             lines.append(f"| {name} | " + " | ".join(f"{t.get(name, 0.0):.3f} %" for t in spent.values()) + " |")
         lines.append("| all threads | " + " | ".join(f"{sum(t.values()):.3f} %" for t in spent.values()) + " |")
+        if args.profile is not None and (args.profile / "stacks.txt").exists():
+            where = f"`{args.profile}/stacks.txt`"
+            lines += ["", f"py-spy over the same {args.seconds:g} s ({where}), the frames on top:", ""]
+            lines += ["| samples | share | frame |", "|---|---|---|", *top_frames(args.profile / "stacks.txt", 40)]
     finally:
         stop_pods(pods)
         cluster.stop()
