@@ -162,11 +162,20 @@ class PodRow:
     """Its pod has no process on the device any more: the row carries what its ended processes'
     last samples say of the last interval, then its counters' final values (collect/usage.py),
     and no gauge has a series for it."""
+    settled: bool = True
+    """A period of its GPU has settled since the GPU's ledger began (collect/ledger.py): before
+    one has, what its processes ran is not known yet, its counters stay at 0 and its SM gauges
+    have no series (`sm_shown`), where they would read 0 beside a GPU that reads busy."""
 
     @property
     def sm_utilization(self) -> float | None:
         """Share of the physical GPU's SMs, 0-1; None when NVML could not tell."""
         return None if self.use is None else self.use.sm
+
+    @property
+    def sm_shown(self) -> float | None:
+        """`sm_utilization` as the gauges show it: None too until a period has settled."""
+        return self.sm_utilization if self.settled else None
 
 
 PodKey = tuple[str, str, str, str]
@@ -298,6 +307,8 @@ def aggregate(
                 if unit.mig is None and reading.earlier_use:
                     pod_rows.extend(_ended_rows(reading, labeller, rows, by_container))
                 ratio = ratios.of(unit.uuid)
+                # Until the GPU's ledger has settled a period, no pod's use of it is known yet.
+                settled = reading.window_seconds is None or reading.window_utilization is not None
                 for row in rows.values():
                     grant = _grant(row.keys, placed_here, unplaced, running_on, allocation.answered)
                     use = None if reading.use_by_pid is None or row.use_unknown else row.use.capped()
@@ -316,10 +327,11 @@ def aggregate(
                             memory_used=row.memory_used,
                             memory_allocated=int(memory),
                             use=use,
-                            vgpu_utilization=None if sm is None or compute <= 0 else sm / compute,
+                            vgpu_utilization=None if sm is None or compute <= 0 or not settled else sm / compute,
                             processes=row.processes,
                             mig_uuid=None if unit.mig is None else unit.mig.uuid,
                             mig_profile=None if unit.mig is None else unit.mig.profile,
+                            settled=settled,
                         )
                     )
         gpu_rows.append(

@@ -41,9 +41,11 @@ POD_FAMILIES = (
         "vgpu.pod.sm.utilization",
         "1",
         POD,
-        "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1.",
+        "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1. Absent where "
+        "per-pod SM is unknown (MIG, MPS), and from the agent's start until its GPU's first periods settle (a few "
+        "seconds: they wait for the samples NVML shows late).",
         prometheus_name="vgpu_pod_sm_utilization_ratio",
-        value=lambda r: r.sm_utilization,
+        value=lambda r: r.sm_shown,
         reads=USE,
         semconv=pod_gpu_utilization("general"),
     ),
@@ -52,7 +54,8 @@ POD_FAMILIES = (
         "1",
         POD,
         "SM use relative to the compute the pod was given: sm x ratio / shares, or sm / the allocator's "
-        "compute limit (1 = exactly its share).",
+        "compute limit (1 = exactly its share). Absent where vgpu_pod_sm_utilization_ratio is, and where the "
+        "pod was given no compute.",
         prometheus_name="vgpu_pod_vgpu_utilization_ratio",
         value=lambda r: r.vgpu_utilization,
         reads=USE,

@@ -107,7 +107,7 @@ def seed_rows(snapshot: Snapshot) -> tuple[SeedRow, ...]:
     rows: dict[tuple[str, str], SeedRow] = {}
     for row in snapshot.pods:
         key = (row.pod, str(row.gpu_index))
-        sm = None if row.sm_utilization is None else row.sm_utilization * 100.0 * ratio.get(row.gpu_index, 1.0)
+        sm = None if row.sm_shown is None else row.sm_shown * 100.0 * ratio.get(row.gpu_index, 1.0)
         so_far = rows.get(key, SeedRow(*key, 0.0, 0.0, 0.0))
         rows[key] = SeedRow(
             *key,

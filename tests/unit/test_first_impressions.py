@@ -68,10 +68,10 @@ faults: [{call: utilization_samples, gpu: 0, code: NOT_SUPPORTED, to_s: 4.0}]
         seen: list[tuple[bool, bool]] = []
 
         def back() -> bool:
-            # The log first: a scrape serves the last sweep or waits for the one in flight, so
-            # one begun after the sweep that said "recovered" has that sweep's figures.
-            recovered = "process_utilization recovered" in agent.logged()
+            # The scrape first: it serves a sweep that has ended, and a sweep that read the
+            # pods' use again has said "recovered" before it ended.
             has_sm = bool(agent.scrape().series("vgpu_pod_sm_utilization_ratio"))
+            recovered = "process_utilization recovered" in agent.logged()
             seen.append((has_sm, recovered))
             return has_sm
 
@@ -80,8 +80,9 @@ faults: [{call: utilization_samples, gpu: 0, code: NOT_SUPPORTED, to_s: 4.0}]
     assert time.monotonic() - started >= 0.5  # the fault's window, then the next ask
     assert "cannot report per-process utilization; SM families omitted, asking again every 0.5 s" in log
     assert log.count("cannot report per-process utilization") == 1
-    # "recovered" is never in the log while the SM families are still missing.
-    assert not any(recovered and not has_sm for has_sm, recovered in seen)
+    # No SM figure is served before the log says "recovered"; they follow it once the GPU's
+    # first periods after it have settled (collect/aggregate.py, PodRow.settled).
+    assert not any(has_sm and not recovered for has_sm, recovered in seen)
     assert "process_utilization recovered" in log
 
 

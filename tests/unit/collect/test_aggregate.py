@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import pytest
 
 from otel_vgpu.allocation.ratio import Ratios
 from otel_vgpu.allocation.shares import Allocation, Grant
 from otel_vgpu.collect.aggregate import GpuReading, GpuRow, PodRow, aggregate
+from otel_vgpu.export.family import Family
+from otel_vgpu.export.pod_families import POD_FAMILIES
 from otel_vgpu.gpu.backend import Device, GpuProcess, MigDevice, ProcessUse
 from otel_vgpu.pods.cgroups import PodRef
 from otel_vgpu.pods.directory import PodMeta
@@ -272,3 +275,33 @@ def test_a_pod_whose_allocation_is_known_holds_no_share_where_it_was_given_none(
     assert {(r.pod, r.gpu_index): r.memory_used for r in rows}[("b", 1)] == 2 * GIB
     # the pod nobody answered for keeps the rule for unknown allocations: one share
     assert got[("c", 1)] == (1.0, 40 * GIB, 0.3 * 2)
+
+
+def test_before_a_gpu_s_first_settled_period_its_pods_sm_is_not_shown() -> None:
+    # The ledger has settled no period of GPU 0 yet (they wait for samples NVML shows late;
+    # window_seconds 0, no window figure): what its pods ran is not known, and their SM gauges
+    # have no series, where they read 0 beside the GPU's own figure (0.7). Their SM counters
+    # still begin, at 0 (collect/usage.py counts `sm_utilization`). Once a period has settled,
+    # the pods' figures are shown, 0 included.
+    def rows(window_utilization: float | None) -> dict[tuple[str, str, int], PodRow]:
+        reading = GpuReading(
+            GPU0,
+            [GpuProcess(1, 10 * GIB), GpuProcess(2, 5 * GIB)],
+            {},
+            window_seconds=0.0,
+            window_utilization=window_utilization,
+        )
+        pods = {1: PodRef("uid-a", "c1"), 2: PodRef("uid-b", "c1")}
+        shares = {("uid-a", "", "GPU-0"): 1, ("uid-b", "", "GPU-0"): 1}
+        return by_key(run([reading], pods, NAMES.get, grants(shares), 2.0)[1])
+
+    waiting = rows(None)
+    assert [(r.sm_utilization, r.sm_shown, r.vgpu_utilization) for r in waiting.values()] == [(0.0, None, None)] * 2
+    shown = rows(0.0)
+    assert [(r.sm_utilization, r.sm_shown, r.vgpu_utilization) for r in shown.values()] == [(0.0, 0.0, 0.0)] * 2
+    # The gauge families read the shown figure; the counters' source stays the figure itself.
+    sm_gauge = cast(
+        Family[PodRow], next(f for f in POD_FAMILIES if f.prometheus_name == "vgpu_pod_sm_utilization_ratio")
+    )
+    assert [sm_gauge.value(r) for r in waiting.values()] == [None, None]
+    assert [sm_gauge.value(r) for r in shown.values()] == [0.0, 0.0]
