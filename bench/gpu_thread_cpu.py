@@ -10,9 +10,10 @@ third idle); the agent as the manifest runs it, scraped every 15 s, as Prometheu
 of its threads' CPU (utime + stime of /proc/<pid>/task/<tid>/stat) over `--seconds`, by name.
 With `--before DIR` (a directory holding an earlier `otel_vgpu`), that version's agent too, over
 the same processes, one after the other: which thread a change made dearer. With `--profile DIR`,
-this checkout's agent is also sampled by py-spy over the same window (`--native`: the time in
-the driver's library shows as its frames): DIR gets the flame graph and the raw stacks, and the
-report the functions on top of the most samples, the idle ones left out. py-spy is the `profile`
+this checkout's agent is also sampled by py-spy over the same window (the driver's calls show
+as pynvml's frames; `--native` was tried on the H100 and fell behind: 612 samples of 16 threads
+in 30 s, its addresses unnamed): DIR gets the raw stacks, by thread, and the report the
+functions on top of the most samples, those of waiting threads left out. py-spy is the `profile`
 extra's, installed beside the agent (`--target` puts it in `bin/` there, found on PATH or there).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,9 +67,9 @@ def py_spy() -> str:
 
 
 def sampled(pid: int, seconds: float, out: Path, fmt: str) -> subprocess.Popen[bytes]:
-    """py-spy sampling process `pid` for `seconds`, 100 times a second, native frames too."""
+    """py-spy sampling process `pid` for `seconds`, 100 times a second, each thread apart."""
     command = [py_spy(), "record", "--pid", str(pid), "--duration", str(round(seconds)), "--rate", "100"]
-    command += ["--native", "--threads", "--format", fmt, "--output", str(out)]
+    command += ["--threads", "--format", fmt, "--output", str(out)]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -89,7 +91,11 @@ def measure(
         wall = scraped_for(f"{URL}/metrics", args.seconds)
         after = threads(pid)
         for spy in spies:
-            _, error = spy.communicate(timeout=60)
+            try:
+                _, error = spy.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                spy.send_signal(signal.SIGINT)  # py-spy writes what it has sampled, and exits
+                _, error = spy.communicate(timeout=60)
             if spy.returncode != 0:
                 print(f"py-spy exited {spy.returncode}: {error.decode(errors='replace')[-400:]}", file=sys.stderr)
     finally:
