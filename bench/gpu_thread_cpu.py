@@ -77,7 +77,7 @@ def measure(
     args: argparse.Namespace, cluster: Doubles, tmp: Path, code: Path | None, profile: Path | None = None
 ) -> dict[str, float]:
     """Each thread's CPU, in percent of a core, of the agent in `code` (None: this checkout's);
-    with `profile`, py-spy's raw stacks and flame graph of the same window written there."""
+    with `profile`, py-spy's raw stacks of the same window written there."""
     agent = pod_harness(args.pod, tmp, cluster, NODE, code=code)
     spies: list[subprocess.Popen[bytes]] = []
     try:
@@ -95,7 +95,11 @@ def measure(
                 _, error = spy.communicate(timeout=60)
             except subprocess.TimeoutExpired:
                 spy.send_signal(signal.SIGINT)  # py-spy writes what it has sampled, and exits
-                _, error = spy.communicate(timeout=60)
+                try:
+                    _, error = spy.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
+                    _, error = spy.communicate()
             if spy.returncode != 0:
                 print(f"py-spy exited {spy.returncode}: {error.decode(errors='replace')[-400:]}", file=sys.stderr)
     finally:
@@ -103,9 +107,10 @@ def measure(
     return {name: 100 * (after[name] - before.get(name, 0.0)) / wall for name in after}
 
 
-# Frames that py-spy may sample where a thread waits (a pool's idle worker, gRPC's server loop):
-# not CPU, and left out of the report's shares.
-WAITING = ("Condition.wait ", "Event.wait ", "_worker ", "_serve ", "select ", "poll ", "epoll_wait", "sleep")
+# Functions py-spy may sample a thread waiting in (a pool's idle worker, gRPC's server loop, an
+# event loop's selector): not CPU, and left out of the report's shares. py-spy names a frame
+# `Class.function (file:line)`: matched by the function.
+WAITING = frozenset({"wait", "_worker", "_serve", "select", "poll", "epoll_wait", "sleep", "accept"})
 
 
 def top_frames(raw: Path, most: int) -> list[str]:
@@ -118,7 +123,7 @@ def top_frames(raw: Path, most: int) -> list[str]:
         if not stack:
             continue
         frame = stack.split(";")[-1]
-        if frame.startswith(WAITING):
+        if frame.split(" (", 1)[0].rsplit(".", 1)[-1] in WAITING:
             continue
         frame = frame[: frame.rfind(":")] + ")" if frame.endswith(")") and ":" in frame else frame
         own[frame] = own.get(frame, 0) + int(count)

@@ -13,7 +13,7 @@ context at `offset` after the start, busy for `life` seconds, then gone; a child
 has passed when the one before it ends starts at once (back-to-back restarts). `--dodge`:
 [seconds, margin ms], a tenant that times itself to the driver's ticks, as any process that can
 open the GPU can: it reads the stamps of the GPU's own utilization samples from NVML
-(nvmlDeviceGetSamples, no privilege needed), and runs kernels only from `margin` after one
+(nvmlDeviceGetSamples; the recordings ran it as root), and runs kernels only from `margin` after one
 tick to `margin` before the next, so that it is never on the GPU when the driver picks the
 process a period's sample goes to (docs/nvml-sampling.md).
 
@@ -27,6 +27,7 @@ are (the lent GPU machine), not in the tests.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -90,7 +91,7 @@ def _dodge(torch: Any, matrix: Any, seconds: float, margin_ms: float, bursts: li
         if len(ticks) < 3:
             time.sleep(0.05)
             continue
-        gaps = sorted(b - a for a, b in zip(ticks[-9:], ticks[-8:], strict=False))
+        gaps = sorted(b - a for a, b in itertools.pairwise(ticks[-9:]))
         period = gaps[len(gaps) // 2] / 1e6
         tick = ticks[-1] / 1e6
         while tick + period < time.time():  # a tick NVML has not shown yet

@@ -42,8 +42,8 @@ POD_FAMILIES = (
         "1",
         POD,
         "Share of the physical GPU's SMs the pod's processes used since the last collection, 0-1. Absent where "
-        "per-pod SM is unknown (MIG, MPS), and from the agent's start until its GPU's first periods settle (a few "
-        "seconds: they wait for the samples NVML shows late).",
+        "per-pod SM is unknown (MIG, MPS), and after the agent starts or a read of the GPU's processes fails, "
+        "until the GPU's periods settle (up to 17 s: they wait for the samples NVML shows late).",
         prometheus_name="vgpu_pod_sm_utilization_ratio",
         value=lambda r: r.sm_shown,
         reads=USE,

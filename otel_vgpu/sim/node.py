@@ -46,7 +46,7 @@ from otel_vgpu.sim import kubelet
 from otel_vgpu.sim.device_figure_values import SimulatedHealth
 from otel_vgpu.sim.faults import Faults
 from otel_vgpu.sim.proc_tree import ProcTree, new_root
-from otel_vgpu.sim.processes import Picks, Process, Workload, own_uses, shares, uses, whole_percent
+from otel_vgpu.sim.processes import Picks, Process, Workload, dodgers, own_uses, shares, uses, whole_percent
 from otel_vgpu.sim.scenario import PIPES, MigSpec, Scenario
 
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
@@ -405,12 +405,14 @@ class SimulatedNode:
         if self.scenario.driver.ended_samples_s <= 0:
             alive = self._alive(latest)
             running = {p.pid for p in alive if p.gpu == index and p.mps != "client" and p.starts_at <= now < p.ends_at}
-        on_gpu = [p for p in self._processes_at(self._scenario_time(latest)) if p.gpu == index]
-        kept = {(p.pid, p.start_time) for p in on_gpu if p.starts_at <= now < p.ends_at or p.ends_at > kept_since}
+        kept = {
+            (p.pid, p.start_time)
+            for p in self._processes_at(self._scenario_time(latest))
+            if p.gpu == index and (p.starts_at <= now < p.ends_at or p.ends_at > kept_since)
+        }
         driver = self.scenario.driver
         rhythm_us = round(driver.rhythm_ms * 1000) if driver.one_sample_a_period else 0
-        dodging = frozenset((p.pid, p.start_time) for p in on_gpu if p.dodges_ticks)
-        picks = Picks(index, period, driver.draw_seed, rhythm_us, dodging)
+        picks = Picks(index, period, driver.draw_seed, rhythm_us, dodgers(self.scenario, self._alive, index))
         for stamp in (latest - k * SAMPLE_PERIOD_US for k in range(SAMPLES_KEPT)):
             if stamp <= since_us or (running is not None and running <= newest.keys()):
                 break

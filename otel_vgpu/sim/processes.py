@@ -328,6 +328,10 @@ def time_sliced(wanted: Sequence[float]) -> list[float]:
 DODGE_MARGIN_US = 25_000
 """How far from each tick a process that dodges the ticks keeps its kernels (the recorder's
 `tick-dodging`, bench/gpu_record_sampling.py)."""
+DODGE_MOST = 0.75
+"""The most of a period such a process can run: the driver's 200 ms period (sim/node.py
+SAMPLE_PERIOD_US) less `DODGE_MARGIN_US` each side of its tick. One that asks more is on the
+GPU at the ticks, as any other."""
 
 
 def stamped_in(
@@ -346,15 +350,16 @@ def stamped_in(
     of the period, the same draw for a GPU and period every time it is asked (and `seed`).
     With `rhythm_us`, as the recordings show it picks: the one on the GPU at the tick.
 
-    A process in `dodging` keeps its kernels off the GPU at every tick, ending them
-    `DODGE_MARGIN_US` before it: at the tick rule it is never the one on the GPU, and is given the
-    sample only where none is and no other ran since; drawn by use, it is drawn only where it
-    alone ran (what the tick rule gives it beside any process on the GPU at the tick)."""
+    A process in `dodging` that asks at most `DODGE_MOST` of the period keeps its kernels off the
+    GPU at every tick, ending them `DODGE_MARGIN_US` before it: at the tick rule it is never the
+    one on the GPU, and is given the sample where none is and it ran last (its neighbour off the
+    GPU since before); drawn by use, it is drawn only where it alone ran (what the tick rule
+    gives it beside a process on the GPU at the tick, as the recordings' was)."""
     ran = [(key, use.sm) for key, use in sorted(used.items()) if use.sm > 0]
     if len(ran) <= 1:
         return ran[0][0] if ran else None
     if rhythm_us <= 0 and dodging:
-        ran = [(key, sm) for key, sm in ran if key not in dodging] or ran
+        ran = [(key, sm) for key, sm in ran if key not in dodging or sm > DODGE_MOST] or ran
         if len(ran) == 1:
             return ran[0][0]
     if rhythm_us > 0:
@@ -392,8 +397,10 @@ class Picks:
         uses: Callable[[int], dict[tuple[int, int], ProcessUse]],
         seed: int,
         rhythm_us: int,
-        dodging: frozenset[tuple[int, int]] = frozenset(),
+        dodging: Callable[[int], frozenset[tuple[int, int]]] = lambda stamp: frozenset(),
     ) -> None:
+        """`dodging`: the processes that dodge the ticks among those that ran in the period
+        ending at a stamp."""
         self._index, self._uses, self._seed, self._rhythm_us = index, uses, seed, rhythm_us
         self._dodging = dodging
         self._taken: dict[int, tuple[int, int] | None] = {}
@@ -401,7 +408,7 @@ class Picks:
     def taker(self, stamp: int) -> tuple[int, int] | None:
         if stamp not in self._taken:
             self._taken[stamp] = stamped_in(
-                self._index, stamp, self._uses(stamp), self._seed, self._rhythm_us, self._dodging
+                self._index, stamp, self._uses(stamp), self._seed, self._rhythm_us, self._dodging(stamp)
             )
         return self._taken[stamp]
 
@@ -416,10 +423,21 @@ class Picks:
         return dataclasses.replace(own, sm=min(1.0, period) if self.taker(stamp) == key else 0.0)
 
 
+def dodgers(
+    scenario: Scenario, alive: Callable[[int], Sequence[Process]], index: int
+) -> Callable[[int], frozenset[tuple[int, int]]]:
+    """The processes of GPU `index` that dodge the ticks among those `alive` in the period
+    ending at a stamp: asked of that period's, so that one that has ended since still dodges in
+    its kept periods (none where the scenario has no such process)."""
+    if not any(spec.dodges_ticks for pod in scenario.pods for spec in pod.processes):
+        return lambda stamp: frozenset()
+    return lambda stamp: frozenset((p.pid, p.start_time) for p in alive(stamp) if p.gpu == index and p.dodges_ticks)
+
+
 def _at_tick(key: tuple[int, int], sm: float, stamp: int, rhythm_us: int, seed: int, dodges: bool) -> float:
     """Where in its rhythm a process is at the tick `stamp`: at its own phase, or dodging the
-    ticks, with its kernels ended `DODGE_MARGIN_US` before (where they fit between two margins)."""
-    if dodges and sm * rhythm_us + 2 * DODGE_MARGIN_US <= rhythm_us:
+    ticks, its kernels ended `DODGE_MARGIN_US` before (off the GPU: past its use of the rhythm)."""
+    if dodges and sm <= DODGE_MOST:
         return sm * rhythm_us + DODGE_MARGIN_US
     return (stamp + _phase(key, rhythm_us, seed)) % rhythm_us
 

@@ -316,7 +316,8 @@ def test_on_a_kai_node_each_pod_is_given_what_kai_granted_and_the_reservation_is
         agent.wait_sweeps(2)
         # The pods' SM once GPU 0's first periods have settled: with four processes on it they
         # wait for samples the driver gives one a period (collect/settling.py), and until then
-        # each of its pods reads 0 (a scrape after two sweeps did, one run in twelve under load).
+        # its pods have no SM figure (they read 0 before PodRow.settled, one run in twelve under
+        # load, a scrape two sweeps after the grants).
         notebook = ("team-a", "notebook-a")
         exposition = wait_for(agent, lambda e: by_pod(e, "vgpu_pod_sm_utilization_ratio").get(notebook, 0.0) > 0)
         log = agent.logged()

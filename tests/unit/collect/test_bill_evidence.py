@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.collect.estimator import SLACK
 from testkit.bill_runs import ATTACKER, STEADY, THIRD, VICTIM, attacks, case, node, run
 
 pytestmark = pytest.mark.unit
@@ -149,20 +150,38 @@ def test_a_tenant_s_pulses_under_a_percent_each_are_not_a_bursty_neighbour_s(tmp
     assert bill.pods.get(ATTACKER, 0.0) + bill.unattributed_sm["unexplained"] >= TENANT_LEAST * bill.ran[ATTACKER], bill
 
 
-@pytest.mark.parametrize("driver", ["", "driver: {rhythm_ms: 200}\n"])
-def test_a_tenant_that_dodges_the_ticks_hides_nothing_from_the_gpu_s_sum(tmp_path: Path, driver: str) -> None:
+def test_a_tenant_that_dodges_the_ticks_hides_its_work_in_the_unexplained_drawn_by_use(tmp_path: Path) -> None:
     # A tenant off the GPU at every tick of the driver is given no sample beside a neighbour on
     # it (docs/chargeback.md, "A tenant that times itself to the ticks"): its work is in no
     # figure of its own. Drawn by use, the neighbour's figure is its own and the tenant's work is
-    # the GPU's `unexplained`, shown; at the recorded tick rule the neighbour's figure is the
-    # GPU's whole period, and it is billed the tenant's work as well, which no figure of NVML's
-    # tells apart. Either way the pods and the reasons add up to the GPU, and nothing is billed
-    # that the GPU did not run.
+    # the GPU's `unexplained`, shown, and in no pod's bill but for the 5 % a lone pod's figures
+    # may read low (estimator.SLACK); the pods and the reasons add up to the GPU.
     text, seconds = case("tick-dodging")
-    bill = run(tmp_path, text + driver, seconds=seconds)
+    bill = run(tmp_path, text, seconds=seconds)
     assert bill.ran[ATTACKER] > 10.0, bill
     assert bill.imbalance <= CONSERVED, bill
-    assert bill.pods.get(VICTIM, 0.0) <= (bill.ran[VICTIM] + bill.ran[ATTACKER]) * 1.01, bill
-    if not driver:
-        shown = bill.pods.get(ATTACKER, 0.0) + bill.unattributed_sm["unexplained"]
-        assert shown >= TENANT_LEAST * bill.ran[ATTACKER], bill
+    assert bill.ratio(VICTIM) <= 1 + SLACK + 0.02, bill
+    shown = bill.pods.get(ATTACKER, 0.0) + bill.unattributed_sm["unexplained"]
+    assert shown >= TENANT_LEAST * bill.ran[ATTACKER], bill
+
+
+def test_at_the_tick_rule_whoever_ran_last_before_the_ticks_is_billed_both_pods_work(tmp_path: Path) -> None:
+    # The recorded tick rule (driver.rhythm_ms): each period's sample goes to the process on the
+    # GPU at the tick, else the one that ran last, credited with the GPU's whole period. Beside
+    # a tenant that dodges the ticks, at each phase (seed) one of the two takes every sample: the
+    # victim where it is on at the ticks (the H100's busy victim was: 1.79 and 1.83), and is
+    # billed both pods' work; the tenant where the victim's kernels end before its own, and is
+    # billed both. NVML's figures tell neither case from a pod that ran it all alone.
+    text, seconds = case("tick-dodging")
+    payers = set()
+    for seed in range(1, 7):
+        bill = run(
+            tmp_path / str(seed), text + f"driver: {{rhythm_ms: 200, draw_seed: {seed}}}\n", seed=seed, seconds=seconds
+        )
+        both = bill.ran[VICTIM] + bill.ran[ATTACKER]
+        assert bill.imbalance <= CONSERVED, bill
+        (payer,) = [uid for uid in (VICTIM, ATTACKER) if bill.pods.get(uid, 0.0) > 0.5 * both]
+        assert bill.pods[payer] == pytest.approx(both, rel=0.02), (seed, bill)
+        assert sum(bill.pods.get(uid, 0.0) for uid in (VICTIM, ATTACKER) if uid != payer) < 0.02 * both, bill
+        payers.add(payer)
+    assert payers == {VICTIM, ATTACKER}

@@ -439,7 +439,7 @@ def test_rhythms_that_drift_against_the_tick_share_the_samples_about_as_they_ran
 
 def test_a_tenant_that_dodges_the_ticks_gets_no_sample_beside_a_busy_process() -> None:
     # tick-dodging, two takes: a tenant that reads the stamps of the GPU's own samples from NVML
-    # (no privilege needed) and keeps its kernels off the GPU from 25 ms before each tick to 25 ms
+    # (nvmlDeviceGetSamples) and keeps its kernels off the GPU from 25 ms before each tick to 25 ms
     # after, beside a busy victim. Over 10 s it ran about a third of the two's work, was on the
     # GPU at none of the 52 ticks, and was given none of their samples: the victim took each,
     # credited with the GPU's whole period. NVML's per-process figures say the tenant ran nothing

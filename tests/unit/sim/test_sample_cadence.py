@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from otel_vgpu.gpu.backend import ProcessUse
 from otel_vgpu.sim.node import SAMPLE_PERIOD_US, SimulatedNode
+from otel_vgpu.sim.processes import DODGE_MARGIN_US, DODGE_MOST, stamped_in
 from otel_vgpu.sim.scenario_file import parse_scenario
 from testkit.bill_runs import node, pod
 from testkit.clock import Clock
@@ -20,12 +22,15 @@ BUSY = "11111111-1111-4111-8111-111111111111"
 LIGHT = "22222222-2222-4222-8222-222222222222"
 
 
-def new_samples(tmp_path: Path, driver: str, seconds: float, light: str = "") -> tuple[dict[int, int], int]:
+def new_samples(
+    tmp_path: Path, driver: str, seconds: float, light: str = "", text: str | None = None
+) -> tuple[dict[int, int], int]:
     """Each PID's count of new samples over `seconds`, read at every period, and the periods;
-    `light`: the light process's other fields."""
-    text = node(
-        pod("a", "busy", BUSY, "memory: 4GiB, sm: 0.6"), pod("b", "light", LIGHT, f"memory: 4GiB, sm: 0.3{light}")
-    )
+    `light`: the light process's other fields; `text`: another scenario."""
+    if text is None:
+        text = node(
+            pod("a", "busy", BUSY, "memory: 4GiB, sm: 0.6"), pod("b", "light", LIGHT, f"memory: 4GiB, sm: 0.3{light}")
+        )
     clock = Clock()
     sim = SimulatedNode(parse_scenario(text + driver, "s.yaml"), tmp_path / "proc", clock.monotonic, clock.wall_us)
     seen: set[tuple[int, int]] = set()
@@ -112,14 +117,43 @@ def test_with_a_rhythm_the_taker_s_figure_is_the_gpu_s_whole_period(tmp_path: Pa
     assert max(drawn) <= 0.61
 
 
-@pytest.mark.parametrize("driver", ["", "driver: {rhythm_ms: 200}\n", "driver: {rhythm_ms: 100, draw_seed: 3}\n"])
-def test_a_process_that_dodges_the_ticks_is_given_no_sample_beside_one_on_the_gpu(tmp_path: Path, driver: str) -> None:
-    # What the recorded tick rule gives a process that keeps its kernels off the GPU at every
-    # tick (dodges_ticks: the recorder's tick-dodging): beside a process that runs in every
-    # period it never takes a period's sample, drawn by use or at a rhythm, and the other
-    # takes every one, where without dodging it has a part of them.
-    counts, periods = new_samples(tmp_path / "dodging", driver, 20.0, light=", dodges_ticks: true")
-    assert len(counts) == 1
-    assert sum(counts.values()) == pytest.approx(periods, abs=2)
-    plain, _ = new_samples(tmp_path / "plain", "driver: {rhythm_ms: 200}\n" if driver else "", 20.0)
-    assert min(plain.values()) >= periods / 8
+def test_a_process_that_dodges_the_ticks_takes_no_sample_from_one_on_the_gpu_at_them(tmp_path: Path) -> None:
+    # dodges_ticks: the recorder's tick-dodging tenant, off the GPU from 25 ms before each tick to
+    # 25 ms after. Drawn by use, the process beside it takes every period's sample, where without
+    # dodging the light one has a part of them. At the recorded tick rule, whichever of the two
+    # ran last before a tick takes it, the GPU's whole period credited: at each phase (seed) one
+    # of them takes every sample, the neighbour where it is on the GPU at the ticks (as the
+    # recordings' busy victim was), the dodger where its neighbour's kernels end before its own.
+    plain, periods = new_samples(tmp_path / "plain", "", 20.0)
+    busy, light = sorted(plain)  # the first pod's process has the lower PID
+    assert plain[light] >= periods / 8
+    drawn, _ = new_samples(tmp_path / "drawn", "", 20.0, light=", dodges_ticks: true")
+    assert set(drawn) == {busy} and drawn[busy] == pytest.approx(periods, abs=2)
+    takers = []
+    for seed in range(10):
+        driver = f"driver: {{rhythm_ms: 200, draw_seed: {seed}}}\n"
+        counts, _ = new_samples(tmp_path / str(seed), driver, 20.0, light=", dodges_ticks: true")
+        assert len(counts) == 1 and sum(counts.values()) == pytest.approx(periods, abs=2), (seed, counts)
+        takers.append(next(iter(counts)))
+    assert set(takers) == {busy, light}
+
+
+def test_a_process_that_asks_more_than_fits_between_two_ticks_cannot_dodge_them() -> None:
+    # DODGE_MOST: the driver's period less DODGE_MARGIN_US each side of its tick. Drawn by use, a
+    # dodger that asks 0.7 of each period is never picked beside a neighbour that ran; one that
+    # asks 0.8 is on the GPU at the ticks and drawn as any process is.
+    assert pytest.approx(1 - 2 * DODGE_MARGIN_US / SAMPLE_PERIOD_US) == DODGE_MOST
+    for ask, picked in ((0.7, False), (0.8, True)):
+        used = {(1, 10): ProcessUse(0.2), (2, 20): ProcessUse(ask)}
+        picks = [stamped_in(0, k * SAMPLE_PERIOD_US, used, 0, 0, frozenset({(2, 20)})) for k in range(1, 41)]
+        assert ((2, 20) in picks) is picked, ask
+
+
+def test_a_process_that_dodged_the_ticks_dodges_them_in_its_kept_periods_after_it_ends(tmp_path: Path) -> None:
+    # NVML keeps an ended process's sample a while (driver.ended_samples_s): the periods it ran
+    # in before it ended are picked as they were while it lived, dodging included, whenever
+    # they are asked.
+    light = pod("b", "light", LIGHT, "memory: 4GiB, sm: 0.3, dodges_ticks: true", more="period_s: 10\nactive_s: 5")
+    text = node(pod("a", "busy", BUSY, "memory: 4GiB, sm: 0.6"), light) + "driver: {ended_samples_s: 10}\n"
+    counts, periods = new_samples(tmp_path, "", 20.0, text=text)
+    assert len(counts) == 1 and sum(counts.values()) == pytest.approx(periods, abs=2), counts
