@@ -15,13 +15,14 @@ agent's parts on the replay) is sampled. py-spy needs to ptrace the process it s
 from __future__ import annotations
 
 import argparse
-import collections
-import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from testkit.py_spy import py_spy, top_functions
 
 AGENT_COST = Path(__file__).resolve().parent / "agent_cost.py"
 
@@ -39,31 +40,10 @@ def row_command(recorded: Path, scrape_every: float, seconds: float) -> list[str
     return [sys.executable, str(AGENT_COST), "--row", str(recorded), *every]
 
 
-def py_spy() -> str:
-    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(found).exists():
-        raise SystemExit("py-spy not found: install the profile extra, .venv/bin/uv pip install -e '.[profile]'")
-    return found
-
-
 def profile(row: list[str], out: Path, rate: int, fmt: str) -> None:
     """The row's process sampled `rate` times a second, every thread, idle ones left out."""
     command = [py_spy(), "record", "--rate", str(rate), "--format", fmt, "--output", str(out), "--", *row]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-
-
-def top_functions(raw: Path, most: int) -> list[tuple[str, int, float]]:
-    """The frames that were on top of the most samples (self time), with their share."""
-    own: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack:
-            continue
-        # py-spy names each frame `function (file:line)`: summed over the function's lines.
-        own[re.sub(r":\d+\)$", ")", stack.split(";")[-1])] += int(count)
-        total += int(count)
-    return [(frame, n, 100 * n / total) for frame, n in own.most_common(most)]
 
 
 def main() -> int:

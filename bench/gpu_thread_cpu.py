@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from testkit.cpu_compare import load_gpu
 from testkit.cuda_workloads import nvml_truth, require_gpu
 from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, Doubles, pod_harness
 from testkit.host_pods import HostPod, stop_pods
+from testkit.py_spy import py_spy, top_functions
 from testkit.report import publish, scraped_for
 
 URL = f"http://127.0.0.1:{AGENT_PORT}"
@@ -53,17 +53,6 @@ def threads(pid: int) -> dict[str, float]:
             continue  # the thread ended
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
     return out
-
-
-def py_spy() -> str:
-    """py-spy: on PATH, or in the `bin/` beside the agent's installed packages (pip --target)."""
-    found = shutil.which("py-spy")
-    if found is None:
-        for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-            if entry and (Path(entry) / "bin" / "py-spy").exists():
-                return str(Path(entry) / "bin" / "py-spy")
-        raise SystemExit("--profile: py-spy not found (the profile extra of pyproject.toml)")
-    return found
 
 
 def sampled(pid: int, seconds: float, out: Path, fmt: str) -> subprocess.Popen[bytes]:
@@ -108,28 +97,8 @@ def measure(
 
 
 # Functions py-spy may sample a thread waiting in (a pool's idle worker, gRPC's server loop, an
-# event loop's selector): not CPU, and left out of the report's shares. py-spy names a frame
-# `Class.function (file:line)`: matched by the function.
+# event loop's selector): not CPU, and left out of the report's shares.
 WAITING = frozenset({"wait", "_worker", "_serve", "select", "poll", "epoll_wait", "sleep", "accept"})
-
-
-def top_frames(raw: Path, most: int) -> list[str]:
-    """The report's lines of the frames on top of the most samples (summed over their lines),
-    those of a waiting thread left out."""
-    own: dict[str, int] = {}
-    total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack:
-            continue
-        frame = stack.split(";")[-1]
-        if frame.split(" (", 1)[0].rsplit(".", 1)[-1] in WAITING:
-            continue
-        frame = frame[: frame.rfind(":")] + ")" if frame.endswith(")") and ":" in frame else frame
-        own[frame] = own.get(frame, 0) + int(count)
-        total += int(count)
-    ranked = sorted(own.items(), key=lambda item: -item[1])[:most]
-    return [f"| {n} | {100 * n / total:.1f} % | `{frame}` |" for frame, n in ranked]
 
 
 def main() -> int:
@@ -168,7 +137,9 @@ def main() -> int:
         if args.profile is not None and (args.profile / "stacks.txt").exists():
             where = f"`{args.profile}/stacks.txt`"
             lines += ["", f"py-spy over the same {args.seconds:g} s ({where}), the frames on top:", ""]
-            lines += ["| samples | share | frame |", "|---|---|---|", *top_frames(args.profile / "stacks.txt", 40)]
+            top = top_functions(args.profile / "stacks.txt", 40, WAITING)
+            lines += ["| samples | share | frame |", "|---|---|---|"]
+            lines += [f"| {n} | {share:.1f} % | `{frame}` |" for frame, n, share in top]
     finally:
         stop_pods(pods)
         cluster.stop()

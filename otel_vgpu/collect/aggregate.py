@@ -299,6 +299,8 @@ def aggregate(
         unattributed: int | None = None
         if reading.processes is not None:
             unattributed = 0
+            # Until the GPU's ledger has settled a period, no pod's use of it is known yet.
+            settled = reading.window_seconds is None or reading.window_utilization is not None
             for unit in _units(device):
                 mine = [p for p in reading.processes if (p.mig_uuid or device.uuid) == unit.uuid]
                 placed_here = placed.get(unit.uuid, {})
@@ -307,8 +309,6 @@ def aggregate(
                 if unit.mig is None and reading.earlier_use:
                     pod_rows.extend(_ended_rows(reading, labeller, rows, by_container))
                 ratio = ratios.of(unit.uuid)
-                # Until the GPU's ledger has settled a period, no pod's use of it is known yet.
-                settled = reading.window_seconds is None or reading.window_utilization is not None
                 for row in rows.values():
                     grant = _grant(row.keys, placed_here, unplaced, running_on, allocation.answered)
                     use = None if reading.use_by_pid is None or row.use_unknown else row.use.capped()

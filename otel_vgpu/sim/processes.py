@@ -360,8 +360,6 @@ def stamped_in(
         return ran[0][0] if ran else None
     if rhythm_us <= 0 and dodging:
         ran = [(key, sm) for key, sm in ran if key not in dodging or sm > DODGE_MOST] or ran
-        if len(ran) == 1:
-            return ran[0][0]
     if rhythm_us > 0:
         # What the recordings show the driver does (docs/nvml-sampling.md): the sample goes to
         # the process on the GPU at the tick, or where none is, to the last one that was. Each

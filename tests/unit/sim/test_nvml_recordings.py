@@ -360,6 +360,20 @@ def test_a_period_s_sample_with_none_on_the_gpu_at_its_tick_goes_to_the_last_tha
     assert taken / periods >= 0.95
 
 
+def idle_context_shares(name: str) -> tuple[float, float, int]:
+    """Over an idle-context take's contended seconds (the half-time process's bursts, their first
+    and last second left out): that process's part of the two's work, its part of the periods'
+    samples, and how many periods had one."""
+    recorded = load(name)
+    (steady,) = [t for t in recorded.truths if t.worker == "steady"]
+    (halves,) = [t for t in recorded.truths if t.worker == "idle"]
+    start, end = halves.bursts[0][0] + 1_000_000, halves.bursts[-1][1] - 1_000_000
+    mine = halves.work_s(recorded.solo_s, start, end)
+    ran = mine / (mine + steady.work_s(recorded.solo_s, start, end))
+    stamps = {s.stamp_us: s.pid for s in recorded.samples if start < s.stamp_us <= end}
+    return ran, sum(pid == halves.pid for pid in stamps.values()) / len(stamps), len(stamps)
+
+
 def test_rhythms_locked_to_the_period_give_one_process_every_sample_whatever_each_ran() -> None:
     # idle-context, three takes: a process at half of every 100 ms for 6 s beside one at 40 %.
     # A 100 ms rhythm keeps its phase to the driver's 200 ms ticks, so which one is on the GPU
@@ -370,16 +384,9 @@ def test_rhythms_locked_to_the_period_give_one_process_every_sample_whatever_eac
     # figure says what it ran: no estimator over NVML's per-process samples can (docs/chargeback.md).
     parts = []
     for take in (1, 2, 3):
-        recorded = load(f"idle-context-{take}")
-        (steady,) = [t for t in recorded.truths if t.worker == "steady"]
-        (halves,) = [t for t in recorded.truths if t.worker == "idle"]
-        start, end = halves.bursts[0][0] + 1_000_000, halves.bursts[-1][1] - 1_000_000
-        ran = halves.work_s(recorded.solo_s, start, end) / (
-            halves.work_s(recorded.solo_s, start, end) + steady.work_s(recorded.solo_s, start, end)
-        )
+        ran, part, _ = idle_context_shares(f"idle-context-{take}")
         assert 0.5 < ran < 0.65
-        stamps = {s.stamp_us: s.pid for s in recorded.samples if start < s.stamp_us <= end}
-        parts.append(sum(pid == halves.pid for pid in stamps.values()) / len(stamps))
+        parts.append(part)
     assert max(parts) >= 0.9
     assert min(parts) <= 0.1
 
@@ -425,15 +432,8 @@ def test_rhythms_that_drift_against_the_tick_share_the_samples_about_as_they_ran
     # locked to the tick it was 0 to 0.97
     # (test_rhythms_locked_to_the_period_give_one_process_every_sample_whatever_each_ran).
     for take in (1, 2, 3):
-        recorded = load(f"idle-context-drifting-{take}")
-        (steady,) = [t for t in recorded.truths if t.worker == "steady"]
-        (halves,) = [t for t in recorded.truths if t.worker == "idle"]
-        start, end = halves.bursts[0][0] + 1_000_000, halves.bursts[-1][1] - 1_000_000
-        mine = halves.work_s(recorded.solo_s, start, end)
-        ran = mine / (mine + steady.work_s(recorded.solo_s, start, end))
-        stamps = {s.stamp_us: s.pid for s in recorded.samples if start < s.stamp_us <= end}
-        assert len(stamps) >= 18
-        part = sum(pid == halves.pid for pid in stamps.values()) / len(stamps)
+        ran, part, periods = idle_context_shares(f"idle-context-drifting-{take}")
+        assert periods >= 18
         assert part == pytest.approx(ran, abs=0.1), (take, part, ran)
 
 
