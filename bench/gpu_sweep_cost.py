@@ -17,20 +17,18 @@ repository root:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit.agent import free_port
 from testkit.cuda_workloads import require_gpu, start_workload
 from testkit.gpu_node import bare_agent_command, nvitop_exporter_command, wait_for_metrics
+from testkit.nvml_call_costs import call_costs
 from testkit.procstat import rss_mib
 from testkit.report import cpu_while_scraped, publish
 
@@ -47,40 +45,6 @@ def cost(command: list[str], url: str, seconds: float) -> tuple[float, float]:
     finally:
         process.terminate()
         process.wait(timeout=15)
-
-
-def call_costs(pynvml: Any, repeat: int = 50) -> list[str]:
-    """CPU per call (user + system, this process) of each NVML call in a sweep of GPU 0."""
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    since = time.time_ns() // 1000 - 2_000_000
-    calls: dict[str, Callable[[], object]] = {
-        "nvmlDeviceGetCount": pynvml.nvmlDeviceGetCount,
-        "nvmlDeviceGetMemoryInfo": lambda: pynvml.nvmlDeviceGetMemoryInfo(handle),
-        "nvmlDeviceGetUUID": lambda: pynvml.nvmlDeviceGetUUID(handle),
-        "nvmlDeviceGetName": lambda: pynvml.nvmlDeviceGetName(handle),
-        "nvmlDeviceGetMigMode": lambda: pynvml.nvmlDeviceGetMigMode(handle),
-        "nvmlDeviceGetUtilizationRates": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle),
-        "nvmlDeviceGetTotalEnergyConsumption": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle),
-        "nvmlDeviceGetComputeRunningProcesses": lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle),
-        "nvmlDeviceGetGraphicsRunningProcesses": lambda: pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle),
-        "nvmlDeviceGetMPSComputeRunningProcesses": lambda: pynvml.nvmlDeviceGetMPSComputeRunningProcesses(handle),
-        "nvmlDeviceGetProcessUtilization": lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, since),
-        "nvmlDeviceGetSamples (GPU utilization)": lambda: pynvml.nvmlDeviceGetSamples(
-            handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since
-        ),
-    }
-    lines = ["", f"| NVML call (GPU 0) | CPU per call, mean of {repeat} |", "|---|---|"]
-    total = 0.0
-    for name, call in calls.items():
-        started = time.process_time()
-        for _ in range(repeat):
-            with contextlib.suppress(pynvml.NVMLError):
-                call()
-        each = (time.process_time() - started) / repeat
-        total += each
-        lines.append(f"| {name} | {each * 1000:.3f} ms |")
-    lines.append(f"| all of them | {total * 1000:.3f} ms |")
-    return lines
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
 Run as root on a GPU node from the repository root (bench/README.md says what the GPU scripts need):
 
     python3 bench/gpu_thread_cpu.py --pod chart-defaults.yaml [--before DIR] [--seconds 45] [--processes 12]
-        [--out results.md] [--profile DIR]
+        [--out results.md] [--profile DIR] [--calls]
 
 `--processes` CUDA processes in pods on GPU 0 (a third compute-bound, a third memory-bound, a
 third idle); the agent as the manifest runs it, scraped every 15 s, as Prometheus would; each
@@ -15,6 +15,8 @@ as pynvml's frames; `--native` was tried on the H100 and fell behind: 612 sample
 in 30 s, its addresses unnamed): DIR gets the raw stacks, by thread, and the report the
 functions on top of the most samples, those of waiting threads left out. py-spy is the `profile`
 extra's, installed beside the agent (`--target` puts it in `bin/` there, found on PATH or there).
+With `--calls`, the CPU of each NVML call a sweep makes, over the same processes
+(testkit/nvml_call_costs.py): which of the sweeper's calls the driver makes dear.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from testkit.cpu_compare import load_gpu
 from testkit.cuda_workloads import nvml_truth, require_gpu
 from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, Doubles, pod_harness
 from testkit.host_pods import HostPod, stop_pods
+from testkit.nvml_call_costs import call_costs
 from testkit.py_spy import py_spy, top_functions
 from testkit.report import publish, scraped_for
 
@@ -101,6 +104,17 @@ def measure(
 WAITING = frozenset({"wait", "_worker", "_serve", "select", "poll", "epoll_wait", "sleep", "accept"})
 
 
+def nvml_calls() -> list[str]:
+    """The CPU of each call of a sweep of GPU 0 (testkit/nvml_call_costs.py), in an NVML session of its own."""
+    import pynvml  # noqa: PLC0415 - only on a GPU node
+
+    pynvml.nvmlInit()
+    try:
+        return call_costs(pynvml)
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pod", type=Path, required=True, metavar="MANIFEST")
@@ -109,6 +123,9 @@ def main() -> int:
     parser.add_argument("--before", type=Path, help="the directory of an earlier otel_vgpu, measured first")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--profile", type=Path, help="a directory for py-spy's stacks of this checkout's agent")
+    parser.add_argument(
+        "--calls", action="store_true", help="also the CPU of each NVML call of a sweep, over the same processes"
+    )
     args = parser.parse_args()
     require_gpu()
     tmp = Path(tempfile.mkdtemp(prefix="gpu-threads-", dir="/var/tmp"))
@@ -140,6 +157,9 @@ def main() -> int:
             top = top_functions(args.profile / "stacks.txt", 40, WAITING)
             lines += ["| samples | share | frame |", "|---|---|---|"]
             lines += [f"| {n} | {share:.1f} % | `{frame}` |" for frame, n, share in top]
+        if args.calls:
+            lines += ["", f"Each NVML call of a sweep, made in this process over the same {len(processes)} processes:"]
+            lines += nvml_calls()
     finally:
         stop_pods(pods)
         cluster.stop()
