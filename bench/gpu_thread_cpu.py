@@ -38,6 +38,7 @@ from testkit.cuda_workloads import nvml_truth, require_gpu
 from testkit.gpu_node import AGENT_PORT, NODE, POD_RESOURCES_DIR, Doubles, pod_harness
 from testkit.host_pods import HostPod, stop_pods
 from testkit.nvml_call_costs import call_costs
+from testkit.procstat import rss_by_mapping
 from testkit.py_spy import py_spy, top_functions
 from testkit.report import publish, scraped_for
 
@@ -67,9 +68,10 @@ def sampled(pid: int, seconds: float, out: Path, fmt: str) -> subprocess.Popen[b
 
 def measure(
     args: argparse.Namespace, cluster: Doubles, tmp: Path, code: Path | None, profile: Path | None = None
-) -> dict[str, float]:
-    """Each thread's CPU, in percent of a core, of the agent in `code` (None: this checkout's);
-    with `profile`, py-spy's raw stacks of the same window written there."""
+) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """Each thread's CPU, in percent of a core, of the agent in `code` (None: this checkout's),
+    and its resident memory by mapping at the end; with `profile`, py-spy's raw stacks of the
+    same window written there."""
     agent = pod_harness(args.pod, tmp, cluster, NODE, code=code)
     spies: list[subprocess.Popen[bytes]] = []
     try:
@@ -82,6 +84,7 @@ def measure(
         before = threads(pid)
         wall = scraped_for(f"{URL}/metrics", args.seconds)
         after = threads(pid)
+        memory = rss_by_mapping(pid, 12)
         for spy in spies:
             try:
                 _, error = spy.communicate(timeout=60)
@@ -96,7 +99,7 @@ def measure(
                 print(f"py-spy exited {spy.returncode}: {error.decode(errors='replace')[-400:]}", file=sys.stderr)
     finally:
         agent.stop()
-    return {name: 100 * (after[name] - before.get(name, 0.0)) / wall for name in after}
+    return {name: 100 * (after[name] - before.get(name, 0.0)) / wall for name in after}, memory
 
 
 # Functions py-spy may sample a thread waiting in (a pool's idle worker, gRPC's server loop, an
@@ -136,10 +139,11 @@ def main() -> int:
     try:
         pods, processes = load_gpu(cluster, args.processes, gpu_uuid)
         versions = {"now": None} if args.before is None else {"before": args.before, "now": None}
-        spent = {
+        measured = {
             label: measure(args, cluster, tmp / label, code, args.profile if code is None else None)
             for label, code in versions.items()
         }
+        spent = {label: cpu for label, (cpu, _) in measured.items()}
         lines += [
             f"GPU: {model}, driver {driver}; {len(processes)} CUDA processes in {len(pods)} pods; the agent as "
             f"`{args.pod.name}` runs it, scraped every 15 s; CPU of each thread over {args.seconds:g} s",
@@ -151,6 +155,13 @@ def main() -> int:
         for name in names:
             lines.append(f"| {name} | " + " | ".join(f"{t.get(name, 0.0):.3f} %" for t in spent.values()) + " |")
         lines.append("| all threads | " + " | ".join(f"{sum(t.values()):.3f} %" for t in spent.values()) + " |")
+        memory = measured["now"][1]
+        lines += [
+            "",
+            f"The agent's resident memory by mapping at the end ({sum(m for _, m in memory):.1f} MiB in these):",
+            "",
+        ]
+        lines += ["| mapping | resident |", "|---|---|"] + [f"| `{name}` | {mib:.1f} MiB |" for name, mib in memory]
         if args.profile is not None and (args.profile / "stacks.txt").exists():
             where = f"`{args.profile}/stacks.txt`"
             lines += ["", f"py-spy over the same {args.seconds:g} s ({where}), the frames on top:", ""]

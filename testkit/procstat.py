@@ -23,6 +23,22 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def rss_by_mapping(pid: int, most: int = 10) -> list[tuple[str, float]]:
+    """A process's resident memory by what is mapped (a library's file, `[heap]`, `[anon]` for
+    the unnamed), in MiB, the `most` largest: how much of it is the process's own and how much
+    the libraries it loaded (libnvidia-ml and the CUDA driver's, say), from /proc/<pid>/smaps."""
+    by_name: dict[str, int] = {}
+    name = "[anon]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            name = Path(head[5]).name if len(head) == 6 and head[5].startswith("/") else (head[5:] or ["[anon]"])[0]
+        elif head and head[0] == "Rss:":
+            by_name[name] = by_name.get(name, 0) + int(head[1])
+    ranked = sorted(by_name.items(), key=lambda item: -item[1])
+    return [(mapped, kib / 1024) for mapped, kib in ranked[:most]]
+
+
 def children(pid: int) -> list[int]:
     """The PIDs of a process's children (the first process of a PID namespace
     that `unshare --fork` made, say)."""
