@@ -23,13 +23,20 @@ the ratios are what to compare.
    pod-resources clients loaded and in use (the API and kubelet doubles of
    testkit/ serve the node's pods), and what each dependency costs.
 
+With `--replay`, the agent serves each node recorded ahead of time (testkit/replay_agent.py):
+its process then does the agent's work alone, where on the simulated node each sweep also works
+out the node's answers in the agent's process (sim/node.py), which a real node's driver does not.
+Part 5 measures the simulated node either way.
+
     python bench/scrape_bench.py                        # 80 and 384 pods
     python bench/scrape_bench.py --sizes 80             # the realistic size only
+    python bench/scrape_bench.py --sizes 80 --replay    # the agent alone, on the recorded node
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import socket
 import statistics
@@ -38,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +56,17 @@ from otel_vgpu.sim.scenario_file import load_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from testkit import replay_agent
 from testkit.agent import free_port
 from testkit.procstat import compile_bytecode, cpu_seconds, rss_mib
-from testkit.scrape_load import FRESH, Served, agent_command, floor_command, scenario, scrape, serving
+from testkit.scrape_load import FRESH, Served, floor_command, replayed_agent_command, scenario, scrape, serving
+from testkit.scrape_load import agent_command as simulated_agent_command
 from testkit.sim_cluster import sim_cluster
 
 GOALS = {"sweep": 2.5, "concurrent": 3.0, "idle_ms": 100.0, "rss_mb": 60.0}
+# How much of the recorded node's clock each agent may serve: each starts at the recording's
+# beginning, and the longest (32 scrapers for 10 s after a warm-up) stays well inside it.
+RECORDED_S = 90.0
 
 
 # --- HTTP --------------------------------------------------------------------------
@@ -253,6 +265,14 @@ def dependency_costs() -> list[tuple[str, float]]:
 # --- the run -------------------------------------------------------------------------
 
 
+def agent_on(scenario_path: Path, recording: Path | None) -> Callable[..., list[str]]:
+    """The agent's command line, given its ratio file, port, --min-interval and more flags: on the
+    simulated node of `scenario_path`, or on its `recording`."""
+    if recording is None:
+        return functools.partial(simulated_agent_command, scenario_path)
+    return functools.partial(replayed_agent_command, recording)
+
+
 def met(ok: bool) -> str:
     return "met" if ok else "NOT MET"
 
@@ -278,6 +298,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--idle", type=int, default=200)
     parser.add_argument("--port", type=int, default=0, help="where the agent and the floor serve; 0: a free one")
+    parser.add_argument("--replay", action="store_true", help="the agent on each node recorded ahead of time")
     args = parser.parse_args()
     port = args.port or free_port()
 
@@ -288,7 +309,12 @@ def main() -> None:
             processes = 4 * pods
             scenario_path = Path(tmp) / f"node-{pods}.yaml"
             scenario_path.write_text(yaml.safe_dump(scenario(args.gpus, pods, processes)))
-            print(f"\n=== {args.gpus} GPUs, {pods} pods, {processes} processes ===")
+            recording = Path(tmp) / f"recording-{pods}" if args.replay else None
+            if recording is not None:
+                replay_agent.record(recording, scenario_path, RECORDED_S)
+            agent_command = agent_on(scenario_path, recording)
+            node_name = "simulated" if recording is None else "recorded ahead"
+            print(f"\n=== {args.gpus} GPUs, {pods} pods, {processes} processes, the node {node_name} ===")
             realistic = size_index == 0
             with serving(floor_command(scenario_path, ratio, port), port) as floor:
                 floor_seq = sequential(floor, args.scrapes, args.warmup)
@@ -296,19 +322,19 @@ def main() -> None:
                 if realistic:
                     floor_concurrent = concurrent(floor, args.clients, args.seconds)
                     floor_idle = idle_delay(floor, args.idle, 30)
-            with serving(agent_command(scenario_path, ratio, port, "60"), port) as agent:
+            with serving(agent_command(ratio, port, "60"), port) as agent:
                 kept = sequential(agent, args.scrapes, args.warmup)
                 if realistic:
                     agent_idle = idle_delay(agent, args.idle, 30)
             # A sweep per scrape: with sweeps of its own (--sweep-interval, every 2 s by default)
             # the agent serves the body of its last sweep, whatever --min-interval says.
             per_scrape = ("--sweep-interval", "0")
-            with serving(agent_command(scenario_path, ratio, port, "0", *per_scrape), port) as agent:
+            with serving(agent_command(ratio, port, "0", *per_scrape), port) as agent:
                 sweep = sequential(agent, args.scrapes, args.warmup)
                 if realistic:
                     every_sweep = concurrent(agent, args.clients, args.seconds)
             if realistic:
-                with serving(agent_command(scenario_path, ratio, port, "1"), port) as agent:
+                with serving(agent_command(ratio, port, "1"), port) as agent:
                     default = concurrent(agent, args.clients, args.seconds)
             print(
                 f"  series per scrape: agent {kept.series}, floor {floor_seq.series}; response {kept.size_kib:.0f} KiB"
@@ -358,12 +384,14 @@ def main() -> None:
 
 def memory(scenario_path: Path, ratio: Path, port: int, floor_rss: float, where: Path) -> None:
     header("5. resident memory after the scrapes, at this size")
-    with serving(agent_command(scenario_path, ratio, port, "1"), port) as agent:
+    with serving(simulated_agent_command(scenario_path, ratio, port, "1"), port) as agent:
         sequential(agent, 50, 0)
         alone = rss_mib(agent.process.pid)
     with ExitStack() as stack:
         cluster = stack.enter_context(sim_cluster(load_scenario(str(scenario_path)), where))
-        command = agent_command(scenario_path, ratio, port, "1", *cluster.args, "--pod-resources-interval", "1")
+        command = simulated_agent_command(
+            scenario_path, ratio, port, "1", *cluster.args, "--pod-resources-interval", "1"
+        )
         agent = stack.enter_context(serving(command, port, cluster.env))
         deadline = time.monotonic() + 30
         while b'namespace="inference"' not in scrape(port):  # names come from the API double

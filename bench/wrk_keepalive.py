@@ -7,7 +7,12 @@ loads each with `wrk` over one kept-alive connection and over 32, one run
 after the other on one machine. Python client threads on two cores would
 measure the client; wrk does not. Needs `wrk` (Debian's package).
 
-    .venv/bin/python bench/wrk_keepalive.py [--seconds 5]
+With `--replay`, the agent serves the same node recorded ahead of time
+(testkit/replay_agent.py): its process then does the agent's work alone, where on the simulated
+node every sweep also works out the node's answers in the agent's process (sim/node.py), which
+a real node's driver does not.
+
+    .venv/bin/python bench/wrk_keepalive.py [--seconds 5] [--replay]
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from testkit import replay_agent
 from testkit.procstat import compile_bytecode
-from testkit.scrape_load import agent_command, floor_command, scenario, serving
+from testkit.scrape_load import agent_command, floor_command, replayed_agent_command, scenario, serving
 
 _LATENCY = re.compile(r"^\s+(50|90|99)%\s+([\d.]+)(us|ms|s)\s*$", re.MULTILINE)
 _RATE = re.compile(r"^Requests/sec:\s+([\d.]+)", re.MULTILINE)
@@ -53,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
     parser.add_argument("--port", type=int, default=18199)
+    parser.add_argument("--replay", action="store_true", help="the agent on the node recorded ahead of time")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
@@ -62,9 +69,17 @@ def main() -> None:
         ratio.write_text("4\n")
         node = Path(tmp) / "node.yaml"
         node.write_text(yaml.safe_dump(scenario(8, 80, 320)))
+        if args.replay:
+            recording = Path(tmp) / "recording"
+            # The agent's warm-up and two wrk runs, with room: past its end the answers stand still.
+            replay_agent.record(recording, node, 60 + 4 * args.seconds)
+            agent = replayed_agent_command(recording, ratio, args.port, "1")
+        else:
+            agent = agent_command(node, ratio, args.port, "1")
+        node_name = "recorded" if args.replay else "simulated"
         for name, command in (
             ("floor (prometheus_client)", floor_command(node, ratio, args.port)),
-            ("otel-vgpu --min-interval 1", agent_command(node, ratio, args.port, "1")),
+            (f"otel-vgpu --min-interval 1, {node_name} node", agent),
         ):
             with serving(command, args.port):
                 for connections in (1, 32):

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from testkit import replay_agent
+
 LAYOUTS = [
     {"version": 2, "driver": "systemd", "runtime": "containerd"},
     {"version": 1, "driver": "cgroupfs", "runtime": "docker"},
@@ -103,6 +105,18 @@ def agent_command(scenario_path: Path, ratio: Path, port: int, min_interval: str
         "otel_vgpu",
         "--simulate",
         str(scenario_path),
+        *_flags(ratio, port, min_interval, extra),
+    ]
+
+
+def replayed_agent_command(recording: Path, ratio: Path, port: int, min_interval: str, *extra: str) -> list[str]:
+    """The agent on a node recorded ahead of time (testkit/replay_agent.py): its process does
+    the agent's work alone, where on the simulated node it works out the node's answers too."""
+    return replay_agent.command(recording, *_flags(ratio, port, min_interval, extra))
+
+
+def _flags(ratio: Path, port: int, min_interval: str, extra: Sequence[str]) -> list[str]:
+    return [
         "--allocation-file",
         str(ratio),
         "--address",
