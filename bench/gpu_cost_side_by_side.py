@@ -18,6 +18,9 @@ that a drift over the run falls on each alike:
 - `floor`: the NVML and /proc calls one sweep makes and nothing else, on the agent's sweep
   cadence (testkit/raw_sweep.py), a process of its own: the reference the agent is quoted
   against (issue 57: at most 1.3x);
+- `floor+bill`: the same with the reads the bill needs beyond them (`raw_sweep --bill`: the
+  GPU's own SM samples each sweep, the energy counter every 10 s), which no exporter that
+  only lists per-process use makes: the agent over it is its own work, beside the driver's;
 - `nvitop-exporter`, if it is installed, at the same interval.
 
 Each is measured `--seconds` after SETTLE_S of warm-up (past the agent's first engine and GPM
@@ -114,6 +117,9 @@ def main() -> int:
     contestants: dict[str, Callable[[int], contextlib.AbstractContextManager[tuple[str | None, Measure]]]] = {
         "now": lambda n: agent(args.pod, tmp / f"now-{n}", cluster, None),
         "floor": lambda n: process([sys.executable, "-m", "testkit.raw_sweep", "--every", f"{SWEEP_EVERY_S:g}"], None),
+        "floor+bill": lambda n: process(
+            [sys.executable, "-m", "testkit.raw_sweep", "--every", f"{SWEEP_EVERY_S:g}", "--bill"], None
+        ),
     }
     if args.before is not None:
         contestants["before"] = lambda n: agent(args.pod, tmp / f"before-{n}", cluster, args.before)
@@ -144,14 +150,16 @@ def main() -> int:
         f"cgroup), scraped every {SCRAPE_EVERY_S:g} s; the floor every {SWEEP_EVERY_S:g} s; nvitop-exporter at "
         f"--interval {SWEEP_EVERY_S:g}" + ("" if nvitop else " (not installed)"),
         "",
-        "| contestant | CPU of a core, each round | mean | RSS, last round | mean over the floor's |",
-        "|---|---|---|---|---|",
+        "| contestant | CPU of a core, each round | mean | RSS, last round | mean over the floor's "
+        "| mean over floor+bill's |",
+        "|---|---|---|---|---|---|",
     ]
     mean = {name: statistics.mean(cpu for cpu, _ in values) for name, values in figures.items()}
     for name, values in figures.items():
         each = ", ".join(f"{cpu:.3f} %" for cpu, _ in values)
         lines.append(
-            f"| {name} | {each} | {mean[name]:.3f} % | {values[-1][1]:.1f} MiB | {mean[name] / mean['floor']:.2f}x |"
+            f"| {name} | {each} | {mean[name]:.3f} % | {values[-1][1]:.1f} MiB | {mean[name] / mean['floor']:.2f}x "
+            f"| {mean[name] / mean['floor+bill']:.2f}x |"
         )
     lines.append("")
     over_floor = mean["now"] / mean["floor"]

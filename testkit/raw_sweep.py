@@ -2,7 +2,12 @@
 else (bench/gpu_bench.py times them; bench/gpu_cost_side_by_side.py runs them on the agent's
 cadence as a process of their own, whose CPU is the reference the agent's is quoted against).
 
-    python3 -m testkit.raw_sweep [--every 2]
+    python3 -m testkit.raw_sweep [--every 2] [--bill]
+
+With `--bill`, also the reads the agent's bill needs beyond them: each sweep the GPU's own SM
+samples over the window (the periods the per-process figures are fitted under,
+docs/chargeback.md), and the energy counter every 10 s (the pods' joules): the floor of an
+exporter that bills what this agent bills.
 """
 
 from __future__ import annotations
@@ -10,6 +15,25 @@ from __future__ import annotations
 import argparse
 import time
 from typing import Any
+
+# The energy counter's cadence in the agent (otel_vgpu/config.py ENERGY_EVERY_S), in sweeps of 2 s.
+ENERGY_EVERY_SWEEPS = 5
+
+
+def bill_reads(nvml: Any, handles: list[Any], since: list[int], sweep: int) -> None:
+    """The GPU's own SM samples since the last sweep, and the energy counter every
+    `ENERGY_EVERY_SWEEPS` sweeps: what billing the pods reads beyond a listing of their use.
+    `since` is the window `raw_collection` read, before it moves it."""
+    for index, handle in enumerate(handles):
+        try:  # noqa: SIM105
+            nvml.nvmlDeviceGetSamples(handle, nvml.NVML_GPU_UTILIZATION_SAMPLES, since[index])
+        except nvml.NVMLError:
+            pass
+        if sweep % ENERGY_EVERY_SWEEPS == 0:
+            try:  # noqa: SIM105
+                nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+            except nvml.NVMLError:
+                pass
 
 
 def raw_collection(nvml: Any, handles: list[Any], since: list[int]) -> None:
@@ -42,6 +66,7 @@ def raw_collection(nvml: Any, handles: list[Any], since: list[int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--every", type=float, default=2.0, help="seconds between sweeps (the agent's default)")
+    parser.add_argument("--bill", action="store_true", help="also the GPU's own samples and the energy counter")
     args = parser.parse_args()
     import pynvml  # noqa: PLC0415
 
@@ -50,7 +75,11 @@ def main() -> None:
     since = [time.time_ns() // 1000 - 1_000_000 for _ in handles]
     print("ready", flush=True)
     next_at = time.monotonic()
+    sweep = 0
     while True:
+        if args.bill:
+            bill_reads(pynvml, handles, since, sweep)
+        sweep += 1
         raw_collection(pynvml, handles, since)
         next_at += args.every
         time.sleep(max(0.0, next_at - time.monotonic()))
