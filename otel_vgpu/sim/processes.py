@@ -94,16 +94,18 @@ class Workload:
         if len(self._made) > _MADE_PER_PROCESS * sum(len(pod.processes) for pod in scenario.pods) + 64:
             self._made.clear()
         for pod in scenario.pods:
-            for spec in pod.processes:
-                pid += 1
-                # A pod that has ended runs nothing, whatever the kubelet still lists.
-                if not pod.running(t) or pod.phase in ("Succeeded", "Failed"):
-                    continue
-                # Pods that stay started before the scenario, each at its own moment, as on a node.
-                started = pod.started(t) if pod.period_s is not None else -STARTED_BEFORE_S - _jitter(pod.uid)
+            first = pid
+            pid += len(pod.processes)
+            # A pod that has ended runs nothing, whatever the kubelet still lists.
+            if not pod.processes or not pod.running(t) or pod.phase in ("Succeeded", "Failed"):
+                continue
+            # Pods that stay started before the scenario, each at its own moment, as on a node.
+            started = pod.started(t) if pod.period_s is not None else -STARTED_BEFORE_S - _jitter(pod.uid)
+            cycle = pod.cycle(t) if pod.restarts else 0
+            ends = pod.ends(t)
+            for offset, spec in enumerate(pod.processes, start=1):
+                pid = first + offset
                 memory = int(max(0.0, spec.memory.at(t)))
-                cycle = pod.cycle(t) if pod.restarts else 0
-                ends = pod.ends(t)
                 # The same scenario's spec makes the same process while these hold.
                 key = (id(scenario), pid, started, memory, cycle, ends)
                 kept = self._made.get(key)
