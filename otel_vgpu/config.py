@@ -370,10 +370,6 @@ ASK_AGAIN_S = 300.0
 # between reads is split over the sweeps it covers, so reading it every sweep buys nothing
 # but finer steps of the joules counters.
 ENERGY_EVERY_S = 10.0
-# How often a GPU whose accounting mode was off is asked again: the mode is off on most nodes
-# (nvidia-smi -am 1 turns it on, as root, at any time), and the ask is a driver call a GPU a
-# sweep for nothing; a mode turned on is found within this, its buffer then taken as history.
-ACCOUNTING_EVERY_S = 10.0
 # How long an engine window lasts. Each read of one of the GPU's sample buffers costs
 # 2.7 ms of CPU on an H200, as much as the rest of a sweep of the GPU, and each buffer
 # holds its last 14 s (71 samples 200 ms apart: bench/results/h200-engine-figures.md):

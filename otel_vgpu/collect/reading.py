@@ -10,8 +10,6 @@
 - the energy counter is read every `energy_every_s`, not every sweep, and at the sweep after
   a process left the GPU: the energy its pod is owed is then split at once, and the pod's
   series, kept until the readers have it (collect/usage.py), need not wait for the next read;
-- NVML's accounting mode is asked every sweep where it is on, and every
-  `accounting_every_s` where it was off;
 - the GPU's own samples of its other engines (memory copy, the video engines) are
   read when an engine window closes, every `engine_every_s`, and only those of an
   engine some process used in the window (collect/engines.py carries the pods'
@@ -36,7 +34,7 @@ from otel_vgpu.collect import ledger
 from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.collect.estimator import SETTLE_US, WAIT_US
 from otel_vgpu.collect.gpm_reads import GPM_DEADLINE_S, GpmReads
-from otel_vgpu.config import ACCOUNTING_EVERY_S, ASK_AGAIN_S, ENERGY_EVERY_S, ENGINE_EVERY_S
+from otel_vgpu.config import ASK_AGAIN_S, ENERGY_EVERY_S, ENGINE_EVERY_S
 from otel_vgpu.gpu.backend import (
     AccountingRecord,
     Device,
@@ -150,7 +148,6 @@ class GpuReader:
         engine_every_s: float = ENGINE_EVERY_S,
         sample_every_s: float = SAMPLE_EVERY_S,
         gpm_deadline_s: float = GPM_DEADLINE_S,
-        accounting_every_s: float = ACCOUNTING_EVERY_S,
     ) -> None:
         """`reads`: what beside the device and its processes is read; the rest is never asked."""
         self._backend = backend
@@ -192,9 +189,6 @@ class GpuReader:
         """When the watch last read each GPU's per-process samples, by UUID."""
         self.watch_samples = 0
         """How many times the watch has read per-process samples (each costs 2 ms on an H200)."""
-        self._accounting_every_s = accounting_every_s
-        self._accounting_off_until: dict[str, float] = {}
-        """By UUID, until when a GPU whose accounting mode was off is not asked again."""
         self._accounted: dict[str, dict[int, int | None]] = {}
         """By UUID, where accounting mode is on: each PID of its buffer, and the start of the
         ended process whose record was taken (None: in the buffer when the agent found it)."""
@@ -206,7 +200,6 @@ class GpuReader:
         self._listed = {uuid: pids for uuid, pids in self._listed.items() if uuid in keep}
         self._ledgers = {uuid: book for uuid, book in self._ledgers.items() if uuid in keep}
         self._engine_windows = {uuid: w for uuid, w in self._engine_windows.items() if uuid in keep}
-        self._accounting_off_until = {uuid: t for uuid, t in self._accounting_off_until.items() if uuid in keep}
         self._gpm.keep_only(keep)
 
     def read(self, index: int, errors: SweepErrors, born: Born = _unborn) -> GpuReading | None:
@@ -280,10 +273,7 @@ class GpuReader:
         accounting of each process that ended since the last read. Only a PID new to the buffer,
         or one that the last look listed and this one does not, is asked about: one call per
         process that ended, never one per process in the buffer (4,000 on an H200). The buffer
-        as the agent first finds it is history, and is not asked about at all. A mode found off
-        is not asked again for `accounting_every_s`: off, as it was."""
-        if self._clock() < self._accounting_off_until.get(device.uuid, -1.0):
-            return dataclasses.replace(device, accounting_mode=False), ()
+        as the agent first finds it is history, and is not asked about at all."""
         try:
             pids = self._backend.accounting_pids(index)
         except GpuError:
@@ -292,9 +282,7 @@ class GpuReader:
             return device, ()
         if pids is None:
             self._accounted.pop(device.uuid, None)
-            self._accounting_off_until[device.uuid] = self._clock() + self._accounting_every_s
             return dataclasses.replace(device, accounting_mode=False), ()
-        self._accounting_off_until.pop(device.uuid, None)
         device = dataclasses.replace(device, accounting_mode=True)
         done = self._accounted.get(device.uuid)
         buffered = set(pids)

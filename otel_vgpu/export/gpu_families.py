@@ -122,8 +122,7 @@ GPU_FAMILIES = (
         "1 while NVML's accounting mode is on for the GPU (an administrator's nvidia-smi -am 1; the agent never "
         "sets it): a process that lived between two looks is then known from its record, and no period it ran in "
         "is billed whole to the pod beside it. 0 while "
-        "it is off (asked again every 10 s: one turned on reads 1 within that); absent where it is not asked (MIG "
-        "mode, or no per-process figures).",
+        "it is off; absent where it is not asked (MIG mode, or no per-process figures).",
         prometheus_name="vgpu_gpu_accounting_mode",
         value=lambda g: None if g.device.accounting_mode is None else int(g.device.accounting_mode),
         reads=USE,

@@ -10,7 +10,6 @@ from otel_vgpu.agent_health import Stage
 from otel_vgpu.collect.aggregate import GpuReading
 from otel_vgpu.collect.estimator import SETTLE_US, WAIT_US
 from otel_vgpu.collect.reading import GpuReader, Read, SweepErrors
-from otel_vgpu.config import ACCOUNTING_EVERY_S
 from otel_vgpu.gpu.backend import AccountingRecord, MigDevice, ProcessUse, UtilizationSample
 from otel_vgpu.gpu.sampling import MIN_WINDOW_US
 from testkit.fake_gpu import FakeBackend, asked
@@ -226,7 +225,6 @@ def test_accounting_is_asked_only_of_processes_that_ended_since_the_last_read() 
     off = swept(reader)
     assert off is not None and off.device.accounting_mode is False
     backend.accounting = {pid: accounted(pid, 10) for pid in range(100, 140)} | {1: accounted(1, 90, running=True)}
-    clock[0] += ACCOUNTING_EVERY_S  # a mode found off is asked again after this
     first = swept(reader)
     # The buffer as first found is history: not asked about at all (4,000 PIDs on an H200).
     assert first is not None and first.device.accounting_mode is True and asked(backend, "accounting") == []
@@ -239,31 +237,3 @@ def test_accounting_is_asked_only_of_processes_that_ended_since_the_last_read() 
     swept(reader)
     # 7's record was taken; 8 still runs, and is asked again until it ends.
     assert asked(backend, "accounting") == [7, 8, 8]
-
-
-def test_accounting_mode_found_off_is_asked_again_only_after_its_interval() -> None:
-    """A mode off (most nodes) costs a driver call a GPU every `ACCOUNTING_EVERY_S`, not every
-    sweep; one turned on is found at the first sweep past it, and, on, is asked every sweep."""
-    backend, clock = FakeBackend(), [0.0]
-    reader = reader_of(backend, clock)
-    readings = []
-    for _ in range(5):  # 8 s of sweeps 2 s apart
-        readings.append(swept(reader))
-        clock[0] += 2.0
-        backend.now += 2 * S
-    assert len(asked(backend, "accounting_mode")) == 1
-    assert all(r is not None and r.device.accounting_mode is False for r in readings)
-    backend.accounting = {7: accounted(7, 98, running=True)}
-    clock[0] = ACCOUNTING_EVERY_S - 0.001
-    still_off = swept(reader)
-    assert still_off is not None and still_off.device.accounting_mode is False
-    assert len(asked(backend, "accounting_mode")) == 1
-    clock[0] = ACCOUNTING_EVERY_S
-    on = swept(reader)
-    assert on is not None and on.device.accounting_mode is True
-    for sweeps in range(2, 5):
-        clock[0] += 2.0
-        backend.now += 2 * S
-        on = swept(reader)
-        assert on is not None and on.device.accounting_mode is True
-        assert len(asked(backend, "accounting_mode")) == sweeps + 1
