@@ -59,7 +59,6 @@ class FakeBackend:
         return [GpuProcess(1, GIB), GpuProcess(2, GIB)]
 
     def accounting_pids(self, index: int) -> list[int] | None:
-        self.calls.append(("accounting_mode", 0))
         return None if self.accounting is None else list(self.accounting)
 
     def accounting_stats(self, index: int, pid: int) -> AccountingRecord | None:

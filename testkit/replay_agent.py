@@ -2,8 +2,8 @@
 time: what the HTTP benchmarks load (bench/scrape_bench.py, bench/wrk_keepalive.py with
 `--replay`) to measure the agent's scrapes without the simulator's cost in its process.
 
-    python -m testkit.replay_agent record DIR --scenario node.yaml [--seconds 90]
-    python -m testkit.replay_agent serve DIR -- AGENT-FLAGS...
+    python testkit/replay_agent.py record DIR --scenario node.yaml [--seconds 90]
+    python testkit/replay_agent.py serve DIR -- AGENT-FLAGS...
 
 `record` asks the simulated node of the scenario ahead of time (the node's proc tree is left
 in DIR, its files read by the agent's attribution); `serve` runs the agent's own command line
@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+# Run as a script from anywhere (`command`), the repository's packages importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit import nvml_replay
@@ -49,7 +50,7 @@ def serve(directory: Path, agent_flags: list[str]) -> int:
 
 def command(directory: Path, *agent_flags: str) -> list[str]:
     """The command line that serves `directory`'s recording with these agent flags."""
-    return [sys.executable, "-m", "testkit.replay_agent", "serve", str(directory), "--", *agent_flags]
+    return [sys.executable, str(Path(__file__).resolve()), "serve", str(directory), "--", *agent_flags]
 
 
 def main() -> int:
