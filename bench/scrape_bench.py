@@ -26,7 +26,8 @@ the ratios are what to compare.
 With `--replay`, the agent serves each node recorded ahead of time (testkit/replay_agent.py):
 its process then does the agent's work alone, where on the simulated node each sweep also works
 out the node's answers in the agent's process (sim/node.py), which a real node's driver does not.
-Part 5 measures the simulated node either way.
+Part 5, the memory, is measured on the simulated node only: the recorded node's process holds
+the whole recording.
 
     python bench/scrape_bench.py                        # 80 and 384 pods
     python bench/scrape_bench.py --sizes 80             # the realistic size only
@@ -376,7 +377,12 @@ def main() -> None:
                 f"idle connections still held (accepted or queued): agent {agent_idle.still_open}, "
                 f"floor {floor_idle.still_open}"
             )
-            memory(scenario_path, ratio, port, floor_rss, Path(tmp) / f"cluster-{pods}")
+            if recording is None:
+                memory(scenario_path, ratio, port, floor_rss, Path(tmp) / f"cluster-{pods}")
+        if args.replay:
+            # The recorded node's process holds the whole recording: its memory is not the agent's.
+            print("\n5. memory: measured on the simulated node, without --replay")
+            return
         print("\n5b. what each dependency adds to a fresh interpreter's resident memory")
         for name, mib in dependency_costs():
             print(f"  {name:54} {mib:6.1f} MiB")
