@@ -26,8 +26,8 @@ the ratios are what to compare.
 With `--replay`, the agent serves each node recorded ahead of time (testkit/replay_agent.py):
 its process then does the agent's work alone, where on the simulated node each sweep also works
 out the node's answers in the agent's process (sim/node.py), which a real node's driver does not.
-Part 5, the memory, is measured on the simulated node only: the recorded node's process holds
-the whole recording.
+Part 5, the agent's memory, is measured on the simulated node only: the recorded node's
+process holds the whole recording.
 
     python bench/scrape_bench.py                        # 80 and 384 pods
     python bench/scrape_bench.py --sizes 80             # the realistic size only
@@ -65,9 +65,16 @@ from testkit.scrape_load import agent_command as simulated_agent_command
 from testkit.sim_cluster import sim_cluster
 
 GOALS = {"sweep": 2.5, "concurrent": 3.0, "idle_ms": 100.0, "rss_mb": 60.0}
-# How much of the recorded node's clock each agent may serve: each starts at the recording's
-# beginning, and the longest (32 scrapers for 10 s after a warm-up) stays well inside it.
-RECORDED_S = 90.0
+# A sweep per scrape on the recorded node, at most: 384 pods take about 0.2 s (bench/README.md).
+SWEEP_S = 0.25
+
+
+def recorded_s(args: argparse.Namespace) -> float:
+    """How much of the recorded node's clock an agent may serve: each starts at the recording's
+    beginning, and the longest-lived (part 2's scrapes, a sweep each, then part 3's scrapers)
+    must stay inside it, past which the answers would stand still."""
+    scrapes, seconds = int(args.scrapes + args.warmup), float(args.seconds)
+    return 30 + SWEEP_S * scrapes + 2 * seconds + 30
 
 
 # --- HTTP --------------------------------------------------------------------------
@@ -312,7 +319,7 @@ def main() -> None:
             scenario_path.write_text(yaml.safe_dump(scenario(args.gpus, pods, processes)))
             recording = Path(tmp) / f"recording-{pods}" if args.replay else None
             if recording is not None:
-                replay_agent.record(recording, scenario_path, RECORDED_S)
+                replay_agent.record(recording, scenario_path, recorded_s(args))
             agent_command = agent_on(scenario_path, recording)
             node_name = "simulated" if recording is None else "recorded ahead"
             print(f"\n=== {args.gpus} GPUs, {pods} pods, {processes} processes, the node {node_name} ===")
@@ -382,7 +389,6 @@ def main() -> None:
         if args.replay:
             # The recorded node's process holds the whole recording: its memory is not the agent's.
             print("\n5. memory: measured on the simulated node, without --replay")
-            return
         print("\n5b. what each dependency adds to a fresh interpreter's resident memory")
         for name, mib in dependency_costs():
             print(f"  {name:54} {mib:6.1f} MiB")

@@ -20,7 +20,10 @@ FI_DEV_TOTAL_ENERGY_CONSUMPTION = 83
 
 def calls_of_a_sweep(pynvml: Any, handle: Any) -> dict[str, Callable[[], object]]:
     """Each call by the name the table shows, as the agent (or the floor) makes it."""
-    since = time.time_ns() // 1000 - 2_000_000
+
+    def since() -> int:
+        """The last 2 s, from the moment of the call, as a sweep 2 s after the last asks."""
+        return time.time_ns() // 1000 - 2_000_000
 
     def now_us() -> int:
         return time.time_ns() // 1000 + 1_000_000
@@ -42,16 +45,16 @@ def calls_of_a_sweep(pynvml: Any, handle: Any) -> dict[str, Callable[[], object]
         "nvmlDeviceGetMPSComputeRunningProcesses": lambda: pynvml.nvmlDeviceGetMPSComputeRunningProcesses(handle),
         "nvmlDeviceGetAccountingMode": lambda: pynvml.nvmlDeviceGetAccountingMode(handle),
         "nvmlDeviceGetComputeMode": lambda: pynvml.nvmlDeviceGetComputeMode(handle),
-        "nvmlDeviceGetProcessUtilization (last 2 s)": lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, since),
+        "nvmlDeviceGetProcessUtilization (last 2 s)": lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, since()),
         "nvmlDeviceGetProcessUtilization (from now)": lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, now_us()),
         "nvmlDeviceGetProcessesUtilizationInfo (last 2 s)": lambda: pynvml.nvmlDeviceGetProcessesUtilizationInfo(
-            handle, since
+            handle, since()
         ),
         "nvmlDeviceGetProcessesUtilizationInfo (from now)": lambda: pynvml.nvmlDeviceGetProcessesUtilizationInfo(
             handle, now_us()
         ),
         "nvmlDeviceGetSamples (GPU utilization, last 2 s)": lambda: pynvml.nvmlDeviceGetSamples(
-            handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since
+            handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since()
         ),
         "nvmlDeviceGetSamples (GPU utilization, from now)": lambda: pynvml.nvmlDeviceGetSamples(
             handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, now_us()

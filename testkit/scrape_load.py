@@ -14,8 +14,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from testkit import replay_agent
-
 LAYOUTS = [
     {"version": 2, "driver": "systemd", "runtime": "containerd"},
     {"version": 1, "driver": "cgroupfs", "runtime": "docker"},
@@ -112,6 +110,8 @@ def agent_command(scenario_path: Path, ratio: Path, port: int, min_interval: str
 def replayed_agent_command(recording: Path, ratio: Path, port: int, min_interval: str, *extra: str) -> list[str]:
     """The agent on a node recorded ahead of time (testkit/replay_agent.py): its process does
     the agent's work alone, where on the simulated node it works out the node's answers too."""
+    from testkit import replay_agent  # noqa: PLC0415 - the recording's modules, only where one is served
+
     return replay_agent.command(recording, *_flags(ratio, port, min_interval, extra))
 
 

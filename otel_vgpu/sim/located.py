@@ -30,9 +30,22 @@ class LineDict(dict[Any, Any]):
     key_lines: dict[str, int]
 
 
-# libyaml's parser where PyYAML was built with it (its wheels are): the same nodes, marks and
-# errors' lines, for a tenth of the pure-Python parser's time (every --simulate start parses one).
-_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's nesting bound (1,000 levels) came with 0.2.6: an older one recurses on the C stack
+# through a deeply nested document, where the pure-Python parser raises RecursionError.
+LIBYAML_BOUNDED = (0, 2, 6)
+
+
+def _safe_loader() -> type[yaml.SafeLoader]:
+    """libyaml's parser where PyYAML was built with one that bounds nesting (its wheels are): the
+    same nodes, marks and errors' lines, in about a quarter of the pure-Python parser's time
+    (every --simulate start parses one); the pure-Python parser otherwise."""
+    loader = getattr(yaml, "CSafeLoader", None)
+    binding = getattr(yaml, "_yaml", None)
+    version = tuple(binding.get_version()) if binding is not None else ()
+    return loader if loader is not None and version >= LIBYAML_BOUNDED else yaml.SafeLoader
+
+
+_SAFE_LOADER = _safe_loader()
 
 
 class LineLoader(_SAFE_LOADER):  # type: ignore[valid-type,misc]
@@ -58,7 +71,11 @@ LineLoader.add_constructor(
 
 def load_document(text: str, source: str) -> Any:
     """The document in `text`, its mappings `LineDict`s; `source` names it in errors."""
-    loader = LineLoader(text)
+    try:
+        # The pure-Python reader checks the characters here, libyaml's as it parses.
+        loader = LineLoader(text)
+    except yaml.YAMLError as error:
+        raise _not_yaml(source, error) from None
     try:
         node = loader.get_single_node()
         # Anchors and aliases are fine (yaml.dump writes them for shared
@@ -75,16 +92,22 @@ def load_document(text: str, source: str) -> Any:
     except RecursionError:
         raise ScenarioError(f"{source}: nested too deep to be a scenario") from None
     except yaml.YAMLError as error:
-        if "maximum nesting depth" in str(getattr(error, "problem", "")):
-            # libyaml's own bound on nesting, where the pure-Python parser recurses.
-            raise ScenarioError(f"{source}: nested too deep to be a scenario") from None
-        mark = getattr(error, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or str(error)
-        raise ScenarioError(f"{source}{where}: not valid YAML or JSON ({problem})") from None
+        raise _not_yaml(source, error) from None
     finally:
         loader.dispose()
     return document
+
+
+def _not_yaml(source: str, error: yaml.YAMLError) -> ScenarioError:
+    """The error a scenario file that YAML cannot read gets: its file, its line where the
+    parser gives one, and the parser's problem."""
+    if "maximum nesting depth" in str(getattr(error, "problem", "")):
+        # libyaml's own bound on nesting, where the pure-Python parser recurses.
+        return ScenarioError(f"{source}: nested too deep to be a scenario")
+    mark = getattr(error, "problem_mark", None)
+    where = f":{mark.line + 1}" if mark is not None else ""
+    problem = getattr(error, "problem", None) or str(error)
+    return ScenarioError(f"{source}{where}: not valid YAML or JSON ({problem})")
 
 
 def too_long_number(node: yaml.Node, seen: set[int]) -> yaml.ScalarNode | None:

@@ -481,14 +481,12 @@ class SimulatedNode:
         return every.get(index, {})
 
     def _trim_uses(self, latest: int) -> None:
-        """Uses a figure no longer reaches let go (a sample's figure smooths over the periods up to
-        it, `SAMPLES_KEPT` back at most: kept that far, the next GPU a sweep reads finds what the
-        one before worked out); older than `ALIVE_KEPT` periods, only those of the processes
-        alive now, where the driver keeps no ended process's sample."""
+        """Uses a figure no longer reaches let go; older than `ALIVE_KEPT` periods, only those of
+        the processes alive now, where the driver keeps no ended process's sample."""
         trim, alive = self.scenario.driver.ended_samples_s <= 0, {(p.pid, p.start_time) for p in self._alive(latest)}
         with self._alive_lock:
             for (index, stamp), then in list(self._uses_at.items()):
-                if stamp <= latest - (SAMPLES_KEPT + SMOOTHED_PERIODS) * SAMPLE_PERIOD_US:
+                if stamp <= latest - (ALIVE_KEPT + SMOOTHED_PERIODS) * SAMPLE_PERIOD_US:
                     del self._uses_at[(index, stamp)]
                 elif trim and stamp <= latest - ALIVE_KEPT * SAMPLE_PERIOD_US and not then.keys() <= alive:
                     self._uses_at[(index, stamp)] = {k: u for k, u in then.items() if k in alive}

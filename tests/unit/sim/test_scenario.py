@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
 import yaml
 
+from otel_vgpu.sim import located
 from otel_vgpu.sim.scenario import BUILTIN, ScenarioError, Wave
 from otel_vgpu.sim.scenario_file import load_scenario, parse_scenario
 
@@ -252,3 +254,25 @@ def test_aliases_that_yaml_dump_writes_for_shared_objects_are_fine() -> None:
     text = yaml.safe_dump({"gpus": [{}], "pods": [{"name": f"p{i}", "cgroup": layout} for i in range(3)]})
     assert "&id" in text and "*id" in text  # anchors and aliases, as yaml.dump writes them
     assert [pod.cgroup.driver for pod in parse_scenario(text, "dumped.yaml").pods] == ["systemd"] * 3
+
+
+def test_libyaml_parses_only_where_it_bounds_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libyaml before 0.2.6 has no bound on nesting and would recurse on the C stack through a
+    deep document: the pure-Python parser, whose recursion ends in a clear error, serves then."""
+    binding = importlib.import_module("yaml._yaml")  # PyYAML's wheels carry libyaml
+    monkeypatch.setattr(binding, "get_version", lambda: (0, 2, 5))
+    assert located._safe_loader() is yaml.SafeLoader
+    monkeypatch.setattr(binding, "get_version", lambda: (0, 2, 6))
+    assert located._safe_loader() is getattr(yaml, "CSafeLoader")  # noqa: B009 - typed apart from SafeLoader
+
+
+@pytest.mark.parametrize("parser", ["libyaml", "pure-Python"])
+def test_a_control_character_is_refused_naming_the_file(parser: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Either parser's reader refuses it (the pure-Python one as the loader is made, before the
+    parse): a located error, not a traceback."""
+    if parser == "pure-Python":
+        monkeypatch.setattr(importlib.import_module("yaml._yaml"), "get_version", lambda: (0, 2, 5))
+        # The reader refuses the text before any mapping is built: the base loader stands in.
+        monkeypatch.setattr(located, "LineLoader", located._safe_loader())
+    with pytest.raises(ScenarioError, match=r"^bad\.yaml(:\d+)?: not valid YAML or JSON \(unacceptable character"):
+        parse_scenario('gpus: [{}]\nnode: "a\x01b"\n', "bad.yaml")
