@@ -37,7 +37,6 @@ process holds the whole recording.
 from __future__ import annotations
 
 import argparse
-import functools
 import http.client
 import socket
 import statistics
@@ -46,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testkit import replay_agent
 from testkit.agent import free_port
 from testkit.procstat import compile_bytecode, cpu_seconds, rss_mib
-from testkit.scrape_load import FRESH, Served, floor_command, replayed_agent_command, scenario, scrape, serving
+from testkit.scrape_load import FRESH, Served, agent_on, floor_command, scenario, scrape, serving
 from testkit.scrape_load import agent_command as simulated_agent_command
 from testkit.sim_cluster import sim_cluster
 
@@ -271,14 +270,6 @@ def dependency_costs() -> list[tuple[str, float]]:
 
 
 # --- the run -------------------------------------------------------------------------
-
-
-def agent_on(scenario_path: Path, recording: Path | None) -> Callable[..., list[str]]:
-    """The agent's command line, given its ratio file, port, --min-interval and more flags: on the
-    simulated node of `scenario_path`, or on its `recording`."""
-    if recording is None:
-        return functools.partial(simulated_agent_command, scenario_path)
-    return functools.partial(replayed_agent_command, recording)
 
 
 def met(ok: bool) -> str:

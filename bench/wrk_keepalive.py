@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testkit import replay_agent
 from testkit.procstat import compile_bytecode
-from testkit.scrape_load import agent_command, floor_command, replayed_agent_command, scenario, serving
+from testkit.scrape_load import agent_on, floor_command, scenario, serving
 
 _LATENCY = re.compile(r"^\s+(50|90|99)%\s+([\d.]+)(us|ms|s)\s*$", re.MULTILINE)
 _RATE = re.compile(r"^Requests/sec:\s+([\d.]+)", re.MULTILINE)
@@ -69,14 +69,12 @@ def main() -> None:
         ratio.write_text("4\n")
         node = Path(tmp) / "node.yaml"
         node.write_text(yaml.safe_dump(scenario(8, 80, 320)))
-        if args.replay:
-            recording = Path(tmp) / "recording"
+        recording = Path(tmp) / "recording" if args.replay else None
+        if recording is not None:
             # The agent's warm-up and two wrk runs, with room: past its end the answers stand still.
             replay_agent.record(recording, node, 60 + 4 * args.seconds)
-            agent = replayed_agent_command(recording, ratio, args.port, "1")
-        else:
-            agent = agent_command(node, ratio, args.port, "1")
-        node_name = "recorded" if args.replay else "simulated"
+        agent = agent_on(node, recording)(ratio, args.port, "1")
+        node_name = "simulated" if recording is None else "recorded"
         for name, command in (
             ("floor (prometheus_client)", floor_command(node, ratio, args.port)),
             (f"otel-vgpu --min-interval 1, {node_name} node", agent),

@@ -16,20 +16,21 @@ import argparse
 import time
 from typing import Any
 
-# The energy counter's cadence in the agent (otel_vgpu/config.py ENERGY_EVERY_S), in sweeps of 2 s.
-ENERGY_EVERY_SWEEPS = 5
+# The energy counter's cadence in the agent (otel_vgpu/config.py ENERGY_EVERY_S, not imported:
+# the floor's memory is Python's and NVML's alone).
+ENERGY_EVERY_S = 10.0
 
 
-def bill_reads(nvml: Any, handles: list[Any], since: list[int], sweep: int) -> None:
-    """The GPU's own SM samples since the last sweep, and the energy counter every
-    `ENERGY_EVERY_SWEEPS` sweeps: what billing the pods reads beyond a listing of their use.
-    `since` is the window `raw_collection` read, before it moves it."""
+def bill_reads(nvml: Any, handles: list[Any], since: list[int], energy: bool) -> None:
+    """The GPU's own SM samples since the last sweep, and with `energy` the energy counter: what
+    billing the pods reads beyond a listing of their use. `since` is the window
+    `raw_collection` read, before it moves it."""
     for index, handle in enumerate(handles):
         try:  # noqa: SIM105
             nvml.nvmlDeviceGetSamples(handle, nvml.NVML_GPU_UTILIZATION_SAMPLES, since[index])
         except nvml.NVMLError:
             pass
-        if sweep % ENERGY_EVERY_SWEEPS == 0:
+        if energy:
             try:  # noqa: SIM105
                 nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
             except nvml.NVMLError:
@@ -74,12 +75,12 @@ def main() -> None:
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     since = [time.time_ns() // 1000 - 1_000_000 for _ in handles]
     print("ready", flush=True)
-    next_at = time.monotonic()
-    sweep = 0
+    next_at = energy_at = time.monotonic()
     while True:
         if args.bill:
-            bill_reads(pynvml, handles, since, sweep)
-        sweep += 1
+            energy = time.monotonic() >= energy_at
+            energy_at += ENERGY_EVERY_S if energy else 0.0
+            bill_reads(pynvml, handles, since, energy)
         raw_collection(pynvml, handles, since)
         next_at += args.every
         time.sleep(max(0.0, next_at - time.monotonic()))

@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 SIZE = 8192
@@ -123,27 +124,29 @@ def calibrate() -> float:
     return best
 
 
-def plan(truth: str, start_at: float, segments: list[list[float]]) -> None:
+def alone(truth: str, start_at: float, run: Callable[[Any, Any, list[list[float]]], Any]) -> None:
+    """One process with its context made, `run` from `start_at` with the torch module, the
+    matrix and the bursts to note, its truth written when it is done."""
     created = time.time()
     torch, matrix = _context()
     record: dict[str, Any] = {"pid": os.getpid(), "context": [created, time.time()], "bursts": []}
     print("ready", flush=True)
     time.sleep(max(0.0, start_at - time.time()))
-    for seconds, period_ms, on_ms in segments:
-        matrix = _run(torch, matrix, seconds, period_ms, on_ms, record["bursts"])
+    run(torch, matrix, record["bursts"])
     record["exit"] = time.time()
     _write(truth, [record])
+
+
+def plan(truth: str, start_at: float, segments: list[list[float]]) -> None:
+    def run(torch: Any, matrix: Any, bursts: list[list[float]]) -> None:
+        for seconds, period_ms, on_ms in segments:
+            matrix = _run(torch, matrix, seconds, period_ms, on_ms, bursts)
+
+    alone(truth, start_at, run)
 
 
 def dodge(truth: str, start_at: float, seconds: float, margin_ms: float) -> None:
-    created = time.time()
-    torch, matrix = _context()
-    record: dict[str, Any] = {"pid": os.getpid(), "context": [created, time.time()], "bursts": []}
-    print("ready", flush=True)
-    time.sleep(max(0.0, start_at - time.time()))
-    _dodge(torch, matrix, seconds, margin_ms, record["bursts"])
-    record["exit"] = time.time()
-    _write(truth, [record])
+    alone(truth, start_at, lambda torch, matrix, bursts: _dodge(torch, matrix, seconds, margin_ms, bursts))
 
 
 def spawn(truth: str, start_at: float, children: list[list[float]]) -> None:

@@ -4,12 +4,13 @@ sweep_cost.py, scrape_profile.py): a simulated node of a given size, the agent a
 
 from __future__ import annotations
 
+import functools
 import http.client
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,14 @@ def replayed_agent_command(recording: Path, ratio: Path, port: int, min_interval
     from testkit import replay_agent  # noqa: PLC0415 - the recording's modules, only where one is served
 
     return replay_agent.command(recording, *_flags(ratio, port, min_interval, extra))
+
+
+def agent_on(scenario_path: Path, recording: Path | None) -> Callable[..., list[str]]:
+    """The agent's command line, given its ratio file, port, --min-interval and more flags: on the
+    simulated node of `scenario_path`, or on its `recording` (`--replay` of the benchmarks)."""
+    if recording is None:
+        return functools.partial(agent_command, scenario_path)
+    return functools.partial(replayed_agent_command, recording)
 
 
 def _flags(ratio: Path, port: int, min_interval: str, extra: Sequence[str]) -> list[str]:
