@@ -19,11 +19,11 @@ from otel_vgpu import __version__
 from otel_vgpu.config import FLAGS
 from otel_vgpu.export.families import FAMILIES, families_markdown
 from otel_vgpu.flag_table import flags_markdown
-from testkit.agent import ROOT, agent_in_process, clean_env
+from testkit.agent import ROOT, agent_in_process, clean_env, wait_for
 from testkit.doc_commands import doc_files
 from testkit.helm import chart_daemonset
 from testkit.otlp_names import prometheus_name
-from testkit.promtext import parse
+from testkit.promtext import Exposition, parse
 from testkit.scripts import load as load_script
 
 README = (ROOT / "README.md").read_text()
@@ -196,8 +196,15 @@ def test_the_readmes_excerpt_and_log_are_what_the_builtin_node_serves_and_says()
     excerpt = parse(_text_block_after("GPU 0's rows, from one scrape:"))
     assert len(excerpt.values) >= 8, "an excerpt of pod and GPU families"
     # as the README's first command runs it, in the repository: its gpu_allocation.txt
+    wanted = {(name, labels) for name in excerpt.values for labels in excerpt.series(name)}
+
+    def serves_the_excerpts_series(exposition: Exposition) -> bool:
+        return all(labels in exposition.series(name) for name, labels in wanted)
+
     with agent_in_process("--simulate", env=clean_env()) as agent:
-        served = agent.scrape()
+        # A pod's SM series waits for its GPU's periods to settle after the start
+        # (docs/metrics.md), a sweep or two, later on a loaded machine: scraped until served.
+        served = wait_for(agent, serves_the_excerpts_series, timeout=30)
         logged = [line.split(" ", 2)[2] for line in agent.logged().splitlines()[:2]]  # after the time
     steady = {
         "vgpu_pod_memory_allocated_bytes",
