@@ -46,7 +46,7 @@ from otel_vgpu.sim import kubelet
 from otel_vgpu.sim.device_figure_values import SimulatedHealth
 from otel_vgpu.sim.faults import Faults
 from otel_vgpu.sim.proc_tree import ProcTree, new_root
-from otel_vgpu.sim.processes import Picks, Process, Workload, dodgers, own_uses, shares, uses, whole_percent
+from otel_vgpu.sim.processes import Picks, Process, Workload, busy, dodgers, own_uses, uses, whole_percent
 from otel_vgpu.sim.scenario import PIPES, MigSpec, Scenario
 
 MIG_RESERVED_BYTES = 64 * 1024 * 1024
@@ -510,9 +510,9 @@ class SimulatedNode:
             t = self._period_time(stamp_us)
             alive = self._alive(stamp_us)
             by_gpu = [[p for p in alive if p.gpu == gpu] for gpu in range(len(self.scenario.gpus))]
+            used = {"sm", *(name for p in alive for name in (*p.engines, *p.pipes))}
             figures = self._busy_at[stamp_us] = {
-                each: tuple(min(1.0, sum(shares([p.wave(each) for p in mine], t))) for mine in by_gpu)
-                for each in ("sm", *ENGINES, *PIPES)
+                each: tuple(busy(mine, each, t, used) for mine in by_gpu) for each in ("sm", *ENGINES, *PIPES)
             }
             while len(self._busy_at) > BUSY_PERIODS_KEPT:
                 del self._busy_at[next(iter(self._busy_at))]

@@ -14,12 +14,12 @@ import math
 import random
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from otel_vgpu.gpu.backend import ENGINES, ProcessUse
 from otel_vgpu.sim.proc_tree import cgroup_file, cgroup_text, container_id, start_ticks
-from otel_vgpu.sim.scenario import CgroupSpec, PodSpec, Scenario
+from otel_vgpu.sim.scenario import CgroupSpec, PodSpec, ProcessSpec, Scenario, Wave
 
 _FIRST_PID = 4000
 # A pod that does not come and go started this long before the scenario began: its processes
@@ -85,14 +85,21 @@ class Workload:
         listing and sample asks for every process again, and making 3,200 anew each time was
         most of a sweep of the simulated 8-GPU node (tests/unit/export/test_telemetry.py). Each
         holds its scenario, so that no other scenario takes its `id` while it is kept."""
+        self._pods_made: dict[tuple[object, ...], tuple[Scenario, tuple[Process, ...]]] = {}
+        """Each pod's processes as made, by what makes them differ over time: a node of 3,200
+        processes asked for them every period spent most of its look-up on `_made`'s keys."""
 
     def at(self, scenario: Scenario, t: float) -> list[Process]:
         """The processes at scenario time `t`, ended ones aside."""
         processes: list[Process] = []
         pid = _FIRST_PID
         # A few of each process's versions at most: one whose memory waves is another each time.
-        if len(self._made) > _MADE_PER_PROCESS * sum(len(pod.processes) for pod in scenario.pods) + 64:
+        if (
+            len(self._made) > _MADE_PER_PROCESS * sum(len(pod.processes) for pod in scenario.pods) + 64
+            or len(self._pods_made) > _MADE_PER_PROCESS * len(scenario.pods) + 64
+        ):
             self._made.clear()
+            self._pods_made.clear()
         for pod in scenario.pods:
             first = pid
             pid += len(pod.processes)
@@ -103,45 +110,17 @@ class Workload:
             started = pod.started(t) if pod.period_s is not None else -STARTED_BEFORE_S - _jitter(pod.uid)
             cycle = pod.cycle(t) if pod.restarts else 0
             ends = pod.ends(t)
-            for offset, spec in enumerate(pod.processes, start=1):
-                pid = first + offset
-                memory = int(max(0.0, spec.memory.at(t)))
-                # The same scenario's spec makes the same process while these hold.
-                key = (id(scenario), pid, started, memory, cycle, ends)
-                kept = self._made.get(key)
-                if kept is not None and kept[0] is scenario:
-                    processes.append(kept[1])
-                    continue
-                cid = container_id(pod, spec.container)
-                gpu = scenario.gpus[spec.gpu]
-                if spec.pid is not None:
-                    own_pid = spec.pid
-                elif pod.restarts:
-                    # A restarted container's process is a new process to the kernel, which
-                    # hands out the next free PID: fresh PIDs, cycle by cycle.
-                    own_pid = _RESTARTED_FIRST_PID + (cycle * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
-                else:
-                    own_pid = pid
-                made = Process(
-                    pid=own_pid,
-                    # A new cycle of a coming-and-going pod, or another pod,
-                    # may reuse the PID; like a real one, its start time differs.
-                    start_time=start_ticks(started),
-                    gpu=spec.gpu,
-                    memory=memory,
-                    sm=_clamped(spec.sm.at),
-                    cgroup=cgroup_file(pod.cgroup, pod.uid, cid, spec.nested),
-                    mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
-                    command=spec.command,
-                    engines={engine: _clamped(wave.at) for engine, wave in spec.engines.items()},
-                    mps=spec.mps,
-                    starts_at=started,
-                    ends_at=ends,
-                    pipes={pipe: _clamped(wave.at) for pipe, wave in spec.pipes.items()},
-                    dodges_ticks=spec.dodges_ticks,
+            memories = tuple(int(max(0.0, spec.memory.at(t))) for spec in pod.processes)
+            # The pod's processes as last made while all of these hold, else each process's.
+            pod_key = (id(scenario), first, started, memories, cycle, ends)
+            kept = self._pods_made.get(pod_key)
+            if kept is None or kept[0] is not scenario:
+                made = tuple(
+                    self._process(scenario, pod, spec, first + offset, (started, memory, cycle, ends))
+                    for offset, (spec, memory) in enumerate(zip(pod.processes, memories, strict=True), start=1)
                 )
-                self._made[key] = (scenario, made)
-                processes.append(made)
+                kept = self._pods_made[pod_key] = (scenario, made)
+            processes.extend(kept[1])
         processes.extend(self._churn_at(scenario, t))
         for host in scenario.host_processes:
             pid += 1
@@ -151,15 +130,56 @@ class Workload:
                     start_time=10,
                     gpu=host.gpu,
                     memory=int(max(0.0, host.memory.at(t))),
-                    sm=_clamped(host.sm.at),
+                    sm=_clamped(host.sm),
                     cgroup=host.cgroup + "\n",
                     command=host.command,
-                    engines={engine: _clamped(wave.at) for engine, wave in host.engines.items()},
+                    engines={engine: _clamped(wave) for engine, wave in host.engines.items()},
                     mps=host.mps,
-                    pipes={pipe: _clamped(wave.at) for pipe, wave in host.pipes.items()},
+                    pipes={pipe: _clamped(wave) for pipe, wave in host.pipes.items()},
                 )
             )
         return processes
+
+    def _process(
+        self, scenario: Scenario, pod: PodSpec, spec: ProcessSpec, pid: int, state: tuple[float, int, int, float]
+    ) -> Process:
+        """Process `pid` of `pod` from its `spec`, in `state` (started, memory, cycle, ends): as
+        made before while these hold, the same object."""
+        started, memory, cycle, ends = state
+        key = (id(scenario), pid, *state)
+        kept = self._made.get(key)
+        if kept is not None and kept[0] is scenario:
+            return kept[1]
+        cid = container_id(pod, spec.container)
+        gpu = scenario.gpus[spec.gpu]
+        if spec.pid is not None:
+            own_pid = spec.pid
+        elif pod.restarts:
+            # A restarted container's process is a new process to the kernel, which
+            # hands out the next free PID: fresh PIDs, cycle by cycle.
+            own_pid = _RESTARTED_FIRST_PID + (cycle * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
+        else:
+            own_pid = pid
+        made = Process(
+            pid=own_pid,
+            # A new cycle of a coming-and-going pod, or another pod,
+            # may reuse the PID; like a real one, its start time differs.
+            start_time=start_ticks(started),
+            gpu=spec.gpu,
+            memory=memory,
+            sm=_clamped(spec.sm),
+            cgroup=cgroup_file(pod.cgroup, pod.uid, cid, spec.nested),
+            mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
+            command=spec.command,
+            engines={engine: _clamped(wave) for engine, wave in spec.engines.items()},
+            mps=spec.mps,
+            starts_at=started,
+            ends_at=ends,
+            pipes={pipe: _clamped(wave) for pipe, wave in spec.pipes.items()},
+            dodges_ticks=spec.dodges_ticks,
+        )
+        self._made[key] = (scenario, made)
+        return made
 
     def _churn_at(self, scenario: Scenario, t: float) -> list[Process]:
         churn = scenario.churn
@@ -242,7 +262,11 @@ _CHURN_SM = _constant(0.01)
 
 def uses(processes: Sequence[Process], t: float) -> list[ProcessUse]:
     """Each process's use of its GPU at `t`, each figure shared out by `shares`."""
-    used = ("sm", *(e for e in ENGINES if any(e in p.engines for p in processes)))
+    engines = {engine for p in processes for engine in p.engines}
+    if not engines:
+        # SM alone, as most processes use: a period of a node of 3,200 asks this of each.
+        return [ProcessUse(sm) for sm in shares([p.sm for p in processes], t)]
+    used = ("sm", *(e for e in ENGINES if e in engines))
     by_figure = {figure: shares([p.wave(figure) for p in processes], t) for figure in used}
     return [ProcessUse(**{figure: by_figure[figure][k] for figure in used}) for k in range(len(processes))]
 
@@ -267,6 +291,13 @@ def own_uses(alive: list[Process], t: float) -> dict[tuple[int, int], ProcessUse
         for process, own in zip(alive, used, strict=True)
         if process.mps != "client"
     }
+
+
+def busy(processes: Sequence[Process], figure: str, t: float, used: Container[str]) -> float:
+    """What one GPU's `processes` used together of `figure` at `t`, at most all of it; one that
+    no process of the node uses (not in `used`) is 0 without asking each process."""
+    wanted = shares([p.wave(figure) for p in processes], t) if figure in used else [0.0] * len(processes)
+    return min(1.0, sum(wanted))
 
 
 def shares(waves: Sequence[Callable[[float], float]], t: float) -> list[float]:
@@ -447,9 +478,14 @@ def _phase(key: tuple[int, int], rhythm_us: int, seed: int) -> int:
     return random.Random(f"{seed}:{key[0]}:{key[1]}").randrange(rhythm_us)
 
 
-def _clamped(wave: Callable[[float], float]) -> Callable[[float], float]:
-    def value(t: float) -> float:
-        v = wave(t)
-        return min(1.0, max(0.0, v)) if math.isfinite(v) else 0.0
+def _clamped(wave: Wave) -> Callable[[float], float]:
+    if wave.amplitude == 0.0 and wave.on_s is None:
+        # A steady figure is worked out once: a period of a node of 3,200 processes asks each.
+        steady = _clamp(wave.mean)
+        return lambda t: steady
+    at = wave.at
+    return lambda t: _clamp(at(t))
 
-    return value
+
+def _clamp(v: float) -> float:
+    return min(1.0, max(0.0, v)) if math.isfinite(v) else 0.0
