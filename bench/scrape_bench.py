@@ -287,7 +287,6 @@ def header(title: str) -> None:
 
 
 def main() -> None:
-    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--sizes", type=int, nargs="+", default=[80, 384], help="pods; 4 processes each")
@@ -299,6 +298,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help="where the agent and the floor serve; 0: a free one")
     parser.add_argument("--replay", action="store_true", help="the agent on each node recorded ahead of time")
     args = parser.parse_args()
+    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     port = args.port or free_port()
 
     with tempfile.TemporaryDirectory() as tmp:

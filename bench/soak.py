@@ -23,12 +23,12 @@ from testkit.soak import run_soak
 
 
 def main() -> None:
-    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pods", type=int, default=5000)
     parser.add_argument("--live", type=int, default=100)
     parser.add_argument("--processes", type=int, default=20)
     args = parser.parse_args()
+    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     soak = run_soak(args.pods, args.live, 1.0, args.processes)
     print(f"{soak.scrapes} scrapes; {soak.pods_seen} pods seen of {args.pods}; at most {soak.max_live_pods} at once")
     print(f"scrapes whose pods were not those alive at one moment: {len(soak.wrong_scrapes)}")

@@ -65,12 +65,12 @@ def simulated_share_ms(node_file: Path, sweeps: int = 20) -> float:
 
 
 def main() -> int:
-    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--intervals", type=float, nargs="+", default=[0.0, 1.0, 2.0, 5.0])
     parser.add_argument("--scrape-every", type=float, default=15.0)
     args = parser.parse_args()
+    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     with tempfile.TemporaryDirectory() as directory:
         node = Path(directory) / "node.json"
         node.write_text(json.dumps(scenario(8, 80, 320)))

@@ -55,12 +55,12 @@ def wrk(port: int, connections: int, seconds: float) -> dict[str, float]:
 
 
 def main() -> None:
-    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
     parser.add_argument("--port", type=int, default=18199)
     parser.add_argument("--replay", action="store_true", help="the agent on the node recorded ahead of time")
     args = parser.parse_args()
+    compile_bytecode()  # the figures are the agent's, not Python compiling its imports
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     rows = []
