@@ -113,17 +113,6 @@ def test_slow_sweeps_do_not_pile_up_under_concurrent_scrapes(tmp_path: Path, rat
 def test_sixty_four_concurrent_scrapers(tmp_path: Path, ratio_file: Path) -> None:
     args = ["--simulate", "--allocation-file", str(ratio_file), "--min-interval", "1"]
     with running_agent(*args) as agent:
-        # The reference, in the same run: one scraper alone, its response parsed as below.
-        alone = []
-        for _ in range(20):
-            started = time.monotonic()
-            parse(get(f"{agent.url}/metrics", timeout=30)[1].decode())
-            alone.append(time.monotonic() - started)
-        alone.sort()
-        stop = threading.Event()
-        latencies: list[float] = []
-        failures: list[str] = []
-        lock = threading.Lock()
         # Each body is parsed once: the same bytes again (a render served to many) parse the same,
         # and 64 threads parsing every copy were most of the test's CPU.
         whole: dict[bytes, bool] = {}
@@ -137,6 +126,19 @@ def test_sixty_four_concurrent_scrapers(tmp_path: Path, ratio_file: Path) -> Non
                     and bool(exposition.series("vgpu_pod_memory_used_bytes"))
                 )
             return whole[body]
+
+        # The reference, in the same run: one scraper alone, its response checked as below.
+        alone = []
+        for _ in range(20):
+            started = time.monotonic()
+            status, body, _ = get(f"{agent.url}/metrics", timeout=30)
+            assert status == 200 and is_whole(body)
+            alone.append(time.monotonic() - started)
+        alone.sort()
+        stop = threading.Event()
+        latencies: list[float] = []
+        failures: list[str] = []
+        lock = threading.Lock()
 
         def scraper() -> None:
             while not stop.is_set():
