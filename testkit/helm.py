@@ -40,6 +40,11 @@ def helm(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str
         "HELM_CACHE_HOME": str(home / "cache"),
         "HELM_CONFIG_HOME": str(home / "config"),
         "HELM_DATA_HOME": str(home / "data"),
+        # Go's collector off and one thread: a render lives a tenth of a second and holds some
+        # 60 MiB without collecting (52 with), and the suite's 350-odd calls each cost 0.70x the
+        # CPU (0.09 s against 0.13 on the 2-core machine).
+        "GOGC": "off",
+        "GOMAXPROCS": "1",
     }
     return subprocess.run([binary, *map(str, args)], capture_output=True, text=True, check=False, env=env, cwd=cwd)
 
