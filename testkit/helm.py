@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -68,6 +70,8 @@ def packaged() -> Path:
     """The chart as `helm package` makes it (what a chart repository or an OCI registry
     serves): ci/ is not in it, files/ is."""
     out = Path(tempfile.mkdtemp(prefix="otel-vgpu-chart-"))
+    # Kept for the process's life (the cache hands it out), then removed: each run left its own.
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     result = helm("package", CHART, "--destination", out)
     assert result.returncode == 0, result.stderr
     (archive,) = out.glob("otel-vgpu-*.tgz")
