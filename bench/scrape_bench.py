@@ -56,7 +56,6 @@ from otel_vgpu.sim.scenario_file import load_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testkit import replay_agent
 from testkit.agent import free_port
 from testkit.procstat import compile_bytecode, cpu_seconds, rss_mib
 from testkit.scrape_load import FRESH, Served, agent_on, floor_command, scenario, scrape, serving
@@ -309,9 +308,7 @@ def main() -> None:
             scenario_path = Path(tmp) / f"node-{pods}.yaml"
             scenario_path.write_text(yaml.safe_dump(scenario(args.gpus, pods, processes)))
             recording = Path(tmp) / f"recording-{pods}" if args.replay else None
-            if recording is not None:
-                replay_agent.record(recording, scenario_path, recorded_s(args))
-            agent_command = agent_on(scenario_path, recording)
+            agent_command = agent_on(scenario_path, recording, recorded_s(args))
             node_name = "simulated" if recording is None else "recorded ahead"
             print(f"\n=== {args.gpus} GPUs, {pods} pods, {processes} processes, the node {node_name} ===")
             realistic = size_index == 0

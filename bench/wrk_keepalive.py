@@ -29,7 +29,6 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testkit import replay_agent
 from testkit.procstat import compile_bytecode
 from testkit.scrape_load import agent_on, floor_command, scenario, serving
 
@@ -70,10 +69,8 @@ def main() -> None:
         node = Path(tmp) / "node.yaml"
         node.write_text(yaml.safe_dump(scenario(8, 80, 320)))
         recording = Path(tmp) / "recording" if args.replay else None
-        if recording is not None:
-            # The agent's warm-up and two wrk runs, with room: past its end the answers stand still.
-            replay_agent.record(recording, node, 60 + 4 * args.seconds)
-        agent = agent_on(node, recording)(ratio, args.port, "1")
+        # The agent's warm-up and two wrk runs, with room: past the recording's end the answers stand still.
+        agent = agent_on(node, recording, 60 + 4 * args.seconds)(ratio, args.port, "1")
         node_name = "simulated" if recording is None else "recorded"
         for name, command in (
             ("floor (prometheus_client)", floor_command(node, ratio, args.port)),

@@ -116,11 +116,15 @@ def replayed_agent_command(recording: Path, ratio: Path, port: int, min_interval
     return replay_agent.command(recording, *_flags(ratio, port, min_interval, extra))
 
 
-def agent_on(scenario_path: Path, recording: Path | None) -> Callable[..., list[str]]:
+def agent_on(scenario_path: Path, recording: Path | None, seconds: float = 0.0) -> Callable[..., list[str]]:
     """The agent's command line, given its ratio file, port, --min-interval and more flags: on the
-    simulated node of `scenario_path`, or on its `recording` (`--replay` of the benchmarks)."""
+    simulated node of `scenario_path`, or (`--replay` of the benchmarks) on its recording of
+    `seconds` of the node's clock, made into the folder `recording` first."""
     if recording is None:
         return functools.partial(agent_command, scenario_path)
+    from testkit import replay_agent  # noqa: PLC0415 - the recording's modules, only where one is served
+
+    replay_agent.record(recording, scenario_path, seconds)
     return functools.partial(replayed_agent_command, recording)
 
 
