@@ -32,8 +32,8 @@ _RESTARTED_FIRST_PID = 1_000_000
 _RESTARTED_PIDS = 3_000_000
 # Churning pods whose processes are kept made, in live pods' worth (`Workload._churn_processes`).
 CHURNED_KEPT = 4
-# The versions of each pod's processes `Workload.at` keeps as made (memory, start or cycle apart).
-_MADE_PER_POD = 4
+# The versions of each process `Workload.at` keeps as made (its memory, start or cycle apart).
+_MADE_PER_PROCESS = 4
 _CHURN_PIDS = 50_000
 
 
@@ -80,20 +80,26 @@ class Workload:
         self._churned_lock = threading.Lock()
         """The sweep and the health readers ask on their own threads: one trimming `_churned`
         while another adds to it failed a health read ("dictionary changed size during iteration")."""
-        self._made: dict[tuple[object, ...], tuple[Scenario, tuple[Process, ...]]] = {}
-        """Each pod's processes as made, by what makes them differ over time (`at`): each period,
+        self._made: dict[tuple[object, ...], tuple[Scenario, Process]] = {}
+        """The pods' processes as made, by what makes each differ over time (`at`): each period,
         listing and sample asks for every process again, and making 3,200 anew each time was
-        most of a sweep of the simulated 8-GPU node (tests/unit/export/test_telemetry.py); looked
-        up a process at a time, the look-ups were. Each holds its scenario, so that no other
-        scenario takes its `id` while it is kept."""
+        most of a sweep of the simulated 8-GPU node (tests/unit/export/test_telemetry.py). Each
+        holds its scenario, so that no other scenario takes its `id` while it is kept."""
+        self._pods_made: dict[tuple[object, ...], tuple[Scenario, tuple[Process, ...]]] = {}
+        """Each pod's processes as made, by what makes them differ over time: a node of 3,200
+        processes asked for them every period spent most of its look-up on `_made`'s keys."""
 
     def at(self, scenario: Scenario, t: float) -> list[Process]:
         """The processes at scenario time `t`, ended ones aside."""
         processes: list[Process] = []
         pid = _FIRST_PID
-        # A few of each pod's versions at most: one whose memory waves is another each time.
-        if len(self._made) > _MADE_PER_POD * len(scenario.pods) + 64:
+        # A few of each process's versions at most: one whose memory waves is another each time.
+        if (
+            len(self._made) > _MADE_PER_PROCESS * sum(len(pod.processes) for pod in scenario.pods) + 64
+            or len(self._pods_made) > _MADE_PER_PROCESS * len(scenario.pods) + 64
+        ):
             self._made.clear()
+            self._pods_made.clear()
         for pod in scenario.pods:
             first = pid
             pid += len(pod.processes)
@@ -105,15 +111,15 @@ class Workload:
             cycle = pod.cycle(t) if pod.restarts else 0
             ends = pod.ends(t)
             memories = tuple(int(max(0.0, spec.memory.at(t))) for spec in pod.processes)
-            # The same scenario's pod makes the same processes while these hold.
-            key = (id(scenario), first, started, memories, cycle, ends)
-            kept = self._made.get(key)
+            # The pod's processes as last made while all of these hold, else each process's.
+            pod_key = (id(scenario), first, started, memories, cycle, ends)
+            kept = self._pods_made.get(pod_key)
             if kept is None or kept[0] is not scenario:
                 made = tuple(
-                    _process(scenario, pod, spec, first + offset, (started, memory, cycle, ends))
+                    self._process(scenario, pod, spec, first + offset, (started, memory, cycle, ends))
                     for offset, (spec, memory) in enumerate(zip(pod.processes, memories, strict=True), start=1)
                 )
-                kept = self._made[key] = (scenario, made)
+                kept = self._pods_made[pod_key] = (scenario, made)
             processes.extend(kept[1])
         processes.extend(self._churn_at(scenario, t))
         for host in scenario.host_processes:
@@ -133,6 +139,47 @@ class Workload:
                 )
             )
         return processes
+
+    def _process(
+        self, scenario: Scenario, pod: PodSpec, spec: ProcessSpec, pid: int, state: tuple[float, int, int, float]
+    ) -> Process:
+        """Process `pid` of `pod` from its `spec`, in `state` (started, memory, cycle, ends): as
+        made before while these hold, the same object."""
+        started, memory, cycle, ends = state
+        key = (id(scenario), pid, *state)
+        kept = self._made.get(key)
+        if kept is not None and kept[0] is scenario:
+            return kept[1]
+        cid = container_id(pod, spec.container)
+        gpu = scenario.gpus[spec.gpu]
+        if spec.pid is not None:
+            own_pid = spec.pid
+        elif pod.restarts:
+            # A restarted container's process is a new process to the kernel, which
+            # hands out the next free PID: fresh PIDs, cycle by cycle.
+            own_pid = _RESTARTED_FIRST_PID + (cycle * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
+        else:
+            own_pid = pid
+        made = Process(
+            pid=own_pid,
+            # A new cycle of a coming-and-going pod, or another pod,
+            # may reuse the PID; like a real one, its start time differs.
+            start_time=start_ticks(started),
+            gpu=spec.gpu,
+            memory=memory,
+            sm=_clamped(spec.sm),
+            cgroup=cgroup_file(pod.cgroup, pod.uid, cid, spec.nested),
+            mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
+            command=spec.command,
+            engines={engine: _clamped(wave) for engine, wave in spec.engines.items()},
+            mps=spec.mps,
+            starts_at=started,
+            ends_at=ends,
+            pipes={pipe: _clamped(wave) for pipe, wave in spec.pipes.items()},
+            dodges_ticks=spec.dodges_ticks,
+        )
+        self._made[key] = (scenario, made)
+        return made
 
     def _churn_at(self, scenario: Scenario, t: float) -> list[Process]:
         churn = scenario.churn
@@ -171,41 +218,6 @@ class Workload:
             while len(self._churned) > CHURNED_KEPT * churn.live:
                 del self._churned[next(iter(self._churned))]
         return made
-
-
-def _process(
-    scenario: Scenario, pod: PodSpec, spec: ProcessSpec, pid: int, state: tuple[float, int, int, float]
-) -> Process:
-    """Process `pid` of `pod` from its `spec`, in `state` (started, memory, cycle, ends)."""
-    started, memory, cycle, ends = state
-    cid = container_id(pod, spec.container)
-    gpu = scenario.gpus[spec.gpu]
-    if spec.pid is not None:
-        own_pid = spec.pid
-    elif pod.restarts:
-        # A restarted container's process is a new process to the kernel, which
-        # hands out the next free PID: fresh PIDs, cycle by cycle.
-        own_pid = _RESTARTED_FIRST_PID + (cycle * 1000 + pid - _FIRST_PID) % _RESTARTED_PIDS
-    else:
-        own_pid = pid
-    return Process(
-        pid=own_pid,
-        # A new cycle of a coming-and-going pod, or another pod,
-        # may reuse the PID; like a real one, its start time differs.
-        start_time=start_ticks(started),
-        gpu=spec.gpu,
-        memory=memory,
-        sm=_clamped(spec.sm),
-        cgroup=cgroup_file(pod.cgroup, pod.uid, cid, spec.nested),
-        mig=None if spec.mig is None else gpu.migs[spec.mig].uuid,
-        command=spec.command,
-        engines={engine: _clamped(wave) for engine, wave in spec.engines.items()},
-        mps=spec.mps,
-        starts_at=started,
-        ends_at=ends,
-        pipes={pipe: _clamped(wave) for pipe, wave in spec.pipes.items()},
-        dodges_ticks=spec.dodges_ticks,
-    )
 
 
 def whole_percent(fraction: float) -> float:
